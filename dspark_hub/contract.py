@@ -281,7 +281,6 @@ def roster(config: Mapping[str, Any]) -> dict[str, TensorSpec]:
     h, v = _int(config, "hidden_size"), _int(config, "vocab_size")
     t, ht = _int(config, "num_target_layers"), _int(config, "target_hidden_size")
     r, vd = _int(config, "markov_rank"), _int(config, "draft_vocab_size")
-    with_markov = config.get("confidence_head_with_markov", True) is not False
     specs = [
         TensorSpec("embed_tokens.weight", (v, h)),
         TensorSpec("context_proj.weight", (h, t * ht)),
@@ -289,9 +288,11 @@ def roster(config: Mapping[str, Any]) -> dict[str, TensorSpec]:
         TensorSpec("final_norm.weight", (h,)),
         TensorSpec("markov_head.markov_w1.weight", (v, r)),
         TensorSpec("markov_head.markov_w2.weight", (vd, r)),
-        TensorSpec("confidence_head.proj.weight", (1, h + r if with_markov else h)),
-        TensorSpec("confidence_head.proj.bias", (1,)),
     ]
+    if config.get("enable_confidence_head", True) is not False:
+        with_markov = config.get("confidence_head_with_markov", True) is not False
+        specs += [TensorSpec("confidence_head.proj.weight", (1, h + r if with_markov else h)),
+                  TensorSpec("confidence_head.proj.bias", (1,))]
     for i in range(_int(config, "num_hidden_layers")):
         specs.extend(layer_roster(config, i))
     return {s.name: s for s in sorted(specs, key=lambda s: s.name)}

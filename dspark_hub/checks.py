@@ -1,0 +1,425 @@
+"""`verify`: check a checkpoint against its own config, the runtime rules and (optionally)
+a drop-in reference. Returns a `Report`; never raises for problems *in* the checkpoint.
+
+Header level only: reads JSON and safetensors headers, never tensor data, never
+imports `auto_map` code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import contract
+from .checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
+from .errors import ContractError, UsageError
+from .report import Finding, Report, Summary, error, info, warning
+
+#: Config keys whose absence makes the roster or a runtime rule undecidable.
+REQUIRED_KEYS = (
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+    "v_head_dim", "vocab_size", "num_target_layers", "target_hidden_size", "target_num_hidden_layers",
+    "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "draft_vocab_size",
+    "rope_parameters",
+)
+#: Keys that may appear in a drop-in's config beyond the reference's (reported as info).
+ALLOWED_EXTRA_KEYS = {"auto_map": "added by 'dspark-hub export-code' for trust_remote_code; runtimes ignore it"}
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------- config rules
+
+def _config_family(config: Mapping[str, Any]) -> list[Finding]:
+    """Say what the config is when it is not a k3_dspark config."""
+    if config.get("speculators_model_type") == "dspark":
+        return [error("SPECULATORS_FORMAT", "config.json:speculators_model_type",
+                      "this is a speculators-format DSpark checkpoint (speculators_model_type 'dspark', "
+                      "fc/hidden_norm/norm and q_proj/k_proj/v_proj names), not a k3_dspark draft",
+                      "serve it with the speculators/vLLM 'dspark' method, or train a k3_dspark draft; "
+                      "its weights do not map onto the MLA contract")]
+    model_type = config.get("model_type")
+    if model_type != contract.MODEL_TYPE:
+        return [error("WRONG_MODEL_TYPE", "config.json:model_type",
+                      f"model_type is {_fmt(model_type)}, not 'k3_dspark'; this folder holds another kind of model",
+                      "point verify at a k3_dspark draft folder")]
+    return []
+
+
+def _rule(ok: bool, key: str, message: str, hint: str) -> list[Finding]:
+    return [] if ok else [error("CONFIG_RULE", f"config.json:{key}", message, hint)]
+
+
+def _layer_id_rules(config: Mapping[str, Any]) -> list[Finding]:
+    ids, n = config.get("target_layer_ids"), config.get("num_target_layers")
+    total = config.get("target_num_hidden_layers")
+    key, hint = "target_layer_ids", "list the target layers the draft was trained on, ascending"
+    if not isinstance(ids, list) or not ids or not all(_is_int(i) for i in ids):
+        return _rule(False, key, f"target_layer_ids is {_fmt(ids)}; it must be a non-empty list of integers "
+                     "(runtimes that default it guess other layers and acceptance collapses)", hint)
+    out = _rule(ids == sorted(set(ids)), key, f"target_layer_ids {ids} are not strictly ascending and distinct",
+                hint)
+    out += _rule(len(ids) == n, key, f"{len(ids)} target_layer_ids but num_target_layers is {_fmt(n)}",
+                 "make num_target_layers equal the number of ids")
+    if _is_int(total):
+        bad = [i for i in ids if not 0 <= i < total]
+        out += _rule(not bad, key, f"ids {bad} are outside [0, target_num_hidden_layers={total})",
+                     "use 0-based ids of the target's decoder layers")
+    return out
+
+
+def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
+    out: list[Finding] = []
+    layers = config.get("num_hidden_layers")
+    out += _rule(_is_int(layers) and layers > 0, "num_hidden_layers",
+                 f"num_hidden_layers is {_fmt(layers)}; it must be > 0", "set the draft's layer count")
+    vocab, mask = config.get("vocab_size"), config.get("mask_token_id")
+    out += _rule(_is_int(mask) and _is_int(vocab) and 0 <= mask < vocab, "mask_token_id",
+                 f"mask_token_id is {_fmt(mask)}; it must be an id in [0, vocab_size={_fmt(vocab)})",
+                 "use the reserved mask token the draft was trained with")
+    head = config.get("markov_head_type")
+    if head not in contract.SERVING_MARKOV_HEAD_TYPES:
+        known = head in contract.TRAINING_MARKOV_HEAD_TYPES
+        out += _rule(False, "markov_head_type", f"markov_head_type is {_fmt(head)}; serving runtimes accept only "
+                     f"{sorted(contract.SERVING_MARKOV_HEAD_TYPES)}" + (" (it is a training-only head)" if known
+                                                                        else ""),
+                     "train with the vanilla Markov head")
+    rank = config.get("markov_rank")
+    out += _rule(_is_int(rank) and rank > 0, "markov_rank", f"markov_rank is {_fmt(rank)}; it must be > 0",
+                 "set the rank of markov_head.markov_w1/w2")
+    stream = config.get("aux_hidden_stream", "prefix")
+    out += _rule(stream in contract.AUX_HIDDEN_STREAMS, "aux_hidden_stream",
+                 f"aux_hidden_stream is {_fmt(stream)}; runtimes accept {sorted(contract.AUX_HIDDEN_STREAMS)}",
+                 "remove the key (default 'prefix')")
+    for key in ("mla_use_nope", "mla_use_output_gate"):
+        out += _rule(config.get(key, False) is False, key, f"{key} is {_fmt(config.get(key))}; runtimes require "
+                     "false", f"set {key} to false")
+    q_rank = config.get("q_lora_rank")
+    out += _rule(_is_int(q_rank) and q_rank > 0, "q_lora_rank", f"q_lora_rank is {_fmt(q_rank)}; it must be > 0",
+                 "the k3_dspark attention always uses a q low-rank projection")
+    return out
+
+
+def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
+    out: list[Finding] = []
+    for key, why in contract.FORBIDDEN_KEYS.items():
+        if key in config:
+            out.append(error("FORBIDDEN_KEY", f"config.json:{key}", f"{key} is not a k3_dspark key: {why}",
+                             f"delete {key} (or run 'dspark-hub convert')"))
+    arch = config.get("architectures")
+    if arch != [contract.ARCHITECTURE]:
+        out.append(error("CONFIG_RULE", "config.json:architectures", f"architectures is {_fmt(arch)}; runtimes "
+                         f"resolve the draft class from it", f"set architectures to [\"{contract.ARCHITECTURE}\"]"))
+    for key in REQUIRED_KEYS:
+        if key not in config and key != "architectures":
+            out.append(error("CONFIG_MISSING_KEY", f"config.json:{key}", f"{key} is missing; runtimes either fail "
+                             "or fall back to a default the draft was not trained with",
+                             f"add {key} (reference value {_fmt(contract.REFERENCE_CONFIG[key])})"))
+    for key in contract.REFERENCE_CONFIG:
+        if key not in config and key not in REQUIRED_KEYS:
+            out.append(warning("CONFIG_MISSING_KEY", f"config.json:{key}", f"{key} is missing",
+                               f"add it (reference value {_fmt(contract.REFERENCE_CONFIG[key])})"))
+    nulls = [k for k, v in config.items() if v is None]
+    for key in nulls:
+        out.append(warning("CONFIG_NULL_VALUE", f"config.json:{key}", f"{key} is null; runtimes read it as unset",
+                           "give it a value or remove it"))
+    if config.get("draft_vocab_size", config.get("vocab_size")) != config.get("vocab_size"):
+        out.append(warning("DRAFT_VOCAB_PRUNED", "config.json:draft_vocab_size",
+                           f"draft_vocab_size {_fmt(config.get('draft_vocab_size'))} differs from vocab_size "
+                           f"{_fmt(config.get('vocab_size'))}; the k3_dspark contract has no d2t map for a pruned "
+                           "vocabulary", "keep draft_vocab_size equal to vocab_size"))
+    return out
+
+
+def check_config(config: Mapping[str, Any]) -> list[Finding]:
+    """Every config rule serving runtimes apply at start-up, plus the contract's own."""
+    family = _config_family(config)
+    if family:
+        return family
+    return _structure_rules(config) + _layer_id_rules(config) + _value_rules(config)
+
+
+# ---------------------------------------------------------------- roster
+
+def _strip_prefix(name: str) -> tuple[str | None, str]:
+    for prefix in contract.FOREIGN_PREFIXES:
+        if name.startswith(prefix):
+            return prefix, name[len(prefix):]
+    return None, name
+
+
+def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
+                 expected: Mapping[str, contract.TensorSpec], *, drop_in: bool = False) -> list[Finding]:
+    """Compare present tensors (name -> (shape, dtype)) with a roster; explain known wrong layouts."""
+    out: list[Finding] = []
+    missing = [n for n in expected if n not in present]
+    unexpected = [n for n in present if n not in expected]
+    explained: set[str] = set()
+
+    prefixed: dict[str, list[str]] = {}
+    for name in unexpected:
+        prefix, bare = _strip_prefix(name)
+        if prefix and bare in expected and bare not in present:
+            prefixed.setdefault(prefix, []).append(name)
+            explained.update({name, bare})
+    for prefix, names in prefixed.items():
+        out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{len(names)} tensors carry the {prefix!r} prefix "
+                         f"(e.g. {names[0]}); runtimes look the contract names up without it and ignore these",
+                         f"strip the {prefix!r} prefix ('dspark-hub convert')"))
+    for wrong, right in contract.KNOWN_MISNAMES.items():
+        for name in unexpected:
+            prefix, bare = _strip_prefix(name)
+            if bare == wrong and right in missing:
+                out.append(error("TRAINER_NAME", name, f"is the trainer-internal name of {right}; a runtime that "
+                                 "ignores unknown names drops the context path and serves at 0% acceptance",
+                                 f"rename {name} -> {right} ('dspark-hub convert')"))
+                explained.update({name, right})
+    for name in unexpected:
+        if name in explained:
+            continue
+        if name in contract.SKIPPED_EXTRAS:
+            shape, dtype = present[name]
+            make = error if drop_in else warning
+            out.append(make("SHIPPED_LM_HEAD", name, f"is not in the contract (shape {list(shape)}, {dtype}); "
+                            "runtimes skip it and use the target's lm_head, so it only costs download bytes",
+                            "drop it ('dspark-hub convert')"))
+        else:
+            out.append(error("UNEXPECTED_TENSOR", name, "is not in the roster the config implies; runtimes that "
+                             "ignore unknown names drop it silently",
+                             "remove it, or fix the config if the architecture really differs"))
+    for name in missing:
+        if name not in explained:
+            spec = expected[name]
+            out.append(error("MISSING_TENSOR", name, f"is missing (expected {list(spec.shape)} {spec.dtype})",
+                             "export every contract tensor; see 'dspark-hub verify --json' for the full roster"))
+    for name, spec in expected.items():
+        if name not in present:
+            continue
+        shape, dtype = present[name]
+        if tuple(shape) != spec.shape:
+            transposed = tuple(reversed(spec.shape)) == tuple(shape) and len(shape) == 2
+            out.append(error("SHAPE_MISMATCH", name, f"has shape {list(shape)}, the config implies "
+                             f"{list(spec.shape)}", "re-export it transposed" if transposed else
+                             "fix the export or the config so they agree"))
+        if dtype != spec.dtype:
+            out.append(error("DTYPE_MISMATCH", name, f"is {dtype}, the contract stores {spec.dtype}",
+                             "cast to bfloat16 ('dspark-hub convert')"))
+    return out
+
+
+# ---------------------------------------------------------------- summary
+
+def summarize(view: CheckpointView) -> Summary:
+    shapes = {name: info.shape for name, (_, info) in view.tensors.items()}
+    metas = [h.metadata for h in view.headers.values()]
+    return Summary(
+        model_type=(view.config or {}).get("model_type"),
+        layout=view.layout,
+        files=[{"name": name, "size": view.files[name]} for name in view.headers],
+        tensors=len(view.tensors),
+        parameters=contract.count_parameters(shapes).to_dict() if shapes else None,
+        bytes=sum(view.files[name] for name in view.headers),
+        dtypes=dict(Counter(info.dtype for _, info in view.tensors.values())),
+        metadata=metas[0] if len(metas) == 1 else None,
+    )
+
+
+def _dtype_consistency(config: Mapping[str, Any], view: CheckpointView) -> list[Finding]:
+    declared = config.get("torch_dtype", config.get("dtype"))
+    want = contract.TORCH_DTYPE_NAMES.get(declared) if isinstance(declared, str) else None
+    dtypes = {info.dtype for _, info in view.tensors.values()}
+    if want is None or not dtypes or dtypes == {want}:
+        return []
+    return [error("TORCH_DTYPE_MISMATCH", "config.json:torch_dtype", f"torch_dtype is {declared!r} but the "
+                  f"tensors are {', '.join(sorted(dtypes))}", "cast the tensors or fix torch_dtype")]
+
+
+def _metadata_findings(view: CheckpointView) -> list[Finding]:
+    out = []
+    for name, header in view.headers.items():
+        if header.metadata == {}:
+            out.append(warning("EMPTY_METADATA", name, "__metadata__ is an empty map, which crashes some loaders "
+                               "(fastsafetensors)", "write {\"torchspec_version\": \"0.1.0\"} or no metadata"))
+        order = list(header.tensors)
+        if view.layout == "single" and order != sorted(order):
+            out.append(warning("TENSOR_ORDER", name, "tensor data is not in sorted-name order, unlike the "
+                               "published file; the bytes (and so the SHA-256) cannot match a drop-in",
+                               "re-export with safetensors (which sorts names)"))
+    return out
+
+
+# ---------------------------------------------------------------- drop-in
+
+@dataclass(frozen=True)
+class DropInReference:
+    """What a drop-in must equal: config, roster, file layout and per-file metadata."""
+
+    name: str
+    config: dict[str, Any]
+    tensors: dict[str, tuple[tuple[int, ...], str]]
+    files: dict[str, tuple[int, int, dict[str, str] | None]]   # file -> (size, header length, metadata)
+
+
+def bundled_reference(name: str) -> DropInReference:
+    config = contract.REFERENCES[name]
+    specs = contract.roster(config)
+    header = contract.header_bytes(specs, contract.TORCHSPEC_METADATA)
+    return DropInReference(
+        name=name, config=config,
+        tensors={n: (s.shape, s.dtype) for n, s in specs.items()},
+        files={contract.WEIGHTS_NAME: (contract.expected_file_size(config), len(header),
+                                       dict(contract.TORCHSPEC_METADATA))},
+    )
+
+
+def reference_from_view(view: CheckpointView) -> DropInReference:
+    return DropInReference(
+        name=view.location, config=view.config or {},
+        tensors={n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()},
+        files={f: (view.files[f], h.header_length, h.metadata) for f, h in view.headers.items()},
+    )
+
+
+def resolve_reference(ref: str) -> DropInReference:
+    """`kimi-k3` (bundled) or a local checkpoint folder.
+
+    Raises:
+        UsageError: neither a bundled reference nor a readable folder.
+    """
+    if ref in contract.REFERENCES:
+        return bundled_reference(ref)
+    if not Path(ref).is_dir():
+        raise UsageError(f"--drop-in: {ref!r} is neither a bundled reference ({', '.join(contract.REFERENCES)}) "
+                         "nor a checkpoint folder")
+    view = open_checkpoint(LocalSource(ref))
+    if view.config is None or not view.tensors:
+        raise UsageError(f"--drop-in: {ref}: cannot be read as a reference (verify it first)")
+    return reference_from_view(view)
+
+
+def check_drop_in(view: CheckpointView, ref: DropInReference) -> list[Finding]:
+    """Demand identity with `ref`: config keys and values, roster, shapes, dtypes, layout, metadata."""
+    out: list[Finding] = []
+    where_ref = f"drop-in {ref.name}"
+    config = view.config or {}
+    for key in ref.config:
+        if key not in config:
+            out.append(error("DROPIN_CONFIG_KEY_MISSING", f"config.json:{key}", f"{key} is missing; {where_ref} "
+                             f"has {_fmt(ref.config[key])}", f"add {key} with the reference value"))
+        elif config[key] != ref.config[key]:
+            out.append(error("DROPIN_CONFIG_VALUE", f"config.json:{key}", f"{key} is {_fmt(config[key])}, "
+                             f"{where_ref} has {_fmt(ref.config[key])}; not a drop-in replacement",
+                             "a drop-in changes only the weights"))
+    for key in config:
+        if key in ref.config:
+            continue
+        if key in ALLOWED_EXTRA_KEYS:
+            out.append(info("DROPIN_ALLOWED_EXTRA_KEY", f"config.json:{key}", ALLOWED_EXTRA_KEYS[key]))
+        else:
+            out.append(error("DROPIN_CONFIG_EXTRA_KEY", f"config.json:{key}", f"{key} is not in {where_ref}'s "
+                             "config", f"remove {key}"))
+    present = {n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()}
+    for name in sorted(set(ref.tensors) - set(present)):
+        out.append(error("DROPIN_TENSOR_MISSING", name, f"is in {where_ref} but not here"))
+    for name in sorted(set(present) - set(ref.tensors)):
+        out.append(error("DROPIN_TENSOR_EXTRA", name, f"is not in {where_ref}", "remove it"))
+    for name in sorted(set(present) & set(ref.tensors)):
+        (shape, dtype), (rshape, rdtype) = present[name], ref.tensors[name]
+        if tuple(shape) != tuple(rshape):
+            out.append(error("DROPIN_SHAPE", name, f"has shape {list(shape)}, {where_ref} has {list(rshape)}",
+                             "same architecture name, different dimensions: not a drop-in"))
+        if dtype != rdtype:
+            out.append(error("DROPIN_DTYPE", name, f"is {dtype}, {where_ref} has {rdtype}"))
+    out += _drop_in_files(view, ref, where_ref)
+    return out
+
+
+def _drop_in_files(view: CheckpointView, ref: DropInReference, where_ref: str) -> list[Finding]:
+    out: list[Finding] = []
+    mine = set(view.headers)
+    if mine != set(ref.files):
+        out.append(error("DROPIN_LAYOUT", "weights", f"weight files are {sorted(mine)}, {where_ref} has "
+                         f"{sorted(ref.files)}", "merge or split the weights to the same file layout "
+                         "('dspark-hub convert' merges shards)"))
+        return out
+    for name, (size, header_len, metadata) in ref.files.items():
+        header = view.headers[name]
+        if header.metadata != metadata:
+            out.append(error("DROPIN_METADATA", name, f"__metadata__ is {_fmt(header.metadata)}, {where_ref} has "
+                             f"{_fmt(metadata)}", "write the same safetensors metadata"))
+        if view.files[name] != size or header.header_length != header_len:
+            out.append(error("DROPIN_FILE_SIZE", name, f"{view.files[name]:,} bytes with a {header.header_length:,}"
+                             f"-byte header, {where_ref} has {size:,} with {header_len:,}",
+                             "re-export with the same names, shapes, dtypes and metadata"))
+    return out
+
+
+# ---------------------------------------------------------------- entry point
+
+def source_for(path: str | os.PathLike[str]) -> Source:
+    """A `Source` for a local folder or an `hf://org/name[@rev]` URL."""
+    text = os.fspath(path)
+    if text.startswith("hf://"):
+        from .hub import HubSource   # huggingface_hub only when a Hub path is given
+        return HubSource.from_url(text)
+    return LocalSource(text)
+
+
+def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None = None) -> Report:
+    """Run every header-level check on an opened checkpoint."""
+    report = Report(path=view.location, summary=summarize(view))
+    report.findings.extend(view.findings)
+    config = view.config
+    if config is not None:
+        config_findings = check_config(config)
+        report.findings.extend(config_findings)
+        foreign = any(f.code in ("SPECULATORS_FORMAT", "WRONG_MODEL_TYPE") for f in config_findings)
+        if not foreign and view.tensors:
+            present = {n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()}
+            try:
+                expected = contract.roster(config)
+            except ContractError as e:
+                report.findings.append(error("ROSTER_UNDECIDABLE", f"config.json:{e.key}", str(e),
+                                             "fix the config; the tensor roster depends on it"))
+            else:
+                report.findings.extend(check_roster(present, expected, drop_in=drop_in is not None))
+            report.findings.extend(_dtype_consistency(config, view))
+    report.findings.extend(_metadata_findings(view))
+    if drop_in is not None:
+        ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
+        report.findings.extend(check_drop_in(view, ref))
+    return report
+
+
+def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None) -> Report:
+    """Verify a checkpoint folder (or `hf://` repo) at header level.
+
+    Args:
+        path: a checkpoint folder, an `hf://org/name[@rev]` URL, or a `Source`.
+        drop_in: also demand drop-in identity with a bundled reference (`kimi-k3`) or a folder.
+
+    Returns:
+        A `Report`; `report.ok` is False when any finding is an error.
+
+    Raises:
+        CheckpointNotFoundError: the path does not exist or cannot be listed.
+        UsageError: `drop_in` names neither a bundled reference nor a folder.
+
+    Example:
+        >>> verify("ckpt").ok
+        True
+    """
+    ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
+    source = path if hasattr(path, "list_files") else source_for(path)   # type: ignore[arg-type]
+    return verify_view(open_checkpoint(source), drop_in=ref)

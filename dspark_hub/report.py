@@ -1,0 +1,106 @@
+"""Findings and the verify report: the data every check returns and `--json` prints.
+
+Schema `dspark-hub/verify/1` (stable; keys are never omitted, absent sections are null):
+
+    {
+      "schema": "dspark-hub/verify/1",
+      "ok": bool,                       # no finding of severity "error"
+      "path": str,                      # folder or hf://org/name@rev as given
+      "summary": {...},                 # see Summary.to_dict
+      "findings": [{"code", "severity", "where", "message", "hint"}],
+      "sections": {name: object|null}   # optional analyses (deep, runtimes, pairing, ...)
+    }
+
+Findings are sorted errors first, then by where and code, so output diffs stay stable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["error", "warning", "info"]
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+SCHEMA = "dspark-hub/verify/1"
+#: Section names a report may carry; each is always present in JSON (null when not run).
+SECTIONS = ("deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or note) found in a checkpoint."""
+
+    code: str
+    severity: Severity
+    where: str
+    message: str
+    hint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "severity": self.severity, "where": self.where,
+                "message": self.message, "hint": self.hint}
+
+
+def error(code: str, where: str, message: str, hint: str | None = None) -> Finding:
+    return Finding(code, "error", where, message, hint)
+
+
+def warning(code: str, where: str, message: str, hint: str | None = None) -> Finding:
+    return Finding(code, "warning", where, message, hint)
+
+
+def info(code: str, where: str, message: str, hint: str | None = None) -> Finding:
+    return Finding(code, "info", where, message, hint)
+
+
+@dataclass
+class Summary:
+    """What the checkpoint holds, as read from its headers and config."""
+
+    model_type: str | None = None
+    layout: str | None = None           # "single", "sharded" or None (no weights)
+    files: list[dict[str, Any]] = field(default_factory=list)   # [{"name", "size"}]
+    tensors: int = 0
+    parameters: dict[str, int] | None = None   # {"total", "trained", "frozen"}
+    bytes: int = 0                      # sum of weight-file sizes
+    dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> tensor count
+    metadata: dict[str, str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model_type": self.model_type, "layout": self.layout, "files": self.files,
+                "tensors": self.tensors, "parameters": self.parameters, "bytes": self.bytes,
+                "dtypes": dict(sorted(self.dtypes.items())), "metadata": self.metadata}
+
+
+@dataclass
+class Report:
+    """The result of `verify`: findings plus a summary and optional sections."""
+
+    path: str
+    summary: Summary = field(default_factory=Summary)
+    findings: list[Finding] = field(default_factory=list)
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    def codes(self) -> set[str]:
+        return {f.code for f in self.findings}
+
+    def sorted_findings(self) -> list[Finding]:
+        return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], f.where, f.code))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "ok": self.ok,
+            "path": self.path,
+            "summary": self.summary.to_dict(),
+            "findings": [f.to_dict() for f in self.sorted_findings()],
+            "sections": {name: self.sections.get(name) for name in SECTIONS},
+        }

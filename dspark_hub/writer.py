@@ -1,0 +1,172 @@
+"""Writers: atomic outputs, a streaming safetensors writer, and `init` (a conforming checkpoint).
+
+Every writer builds its output under a hidden temporary sibling and renames it into
+place at the end, so an interrupted run leaves no partial output and never touches
+its input. Existing outputs are replaced only with `force=True`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from . import contract
+from .contract import TensorSpec
+from .errors import DsparkError, RefusedOverwriteError, UsageError
+
+Progress = Callable[[int], None]
+INIT_STD = 0.02
+INIT_KINDS = ("random", "zeros")
+_CHUNK_BYTES = 64 << 20
+
+
+def check_writable(dst: Path, *, force: bool) -> None:
+    """Raise `RefusedOverwriteError` when `dst` exists and `force` is off."""
+    if dst.exists() and not force:
+        raise RefusedOverwriteError(str(dst))
+
+
+@contextmanager
+def atomic_dir(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary folder that becomes `dst` only if the block completes.
+
+    Raises:
+        RefusedOverwriteError: `dst` exists and `force` is False.
+    """
+    dst = Path(dst)
+    check_writable(dst, force=force)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _replace(tmp, dst)
+
+
+def _replace(tmp: Path, dst: Path) -> None:
+    if not dst.exists():
+        os.rename(tmp, dst)
+        return
+    trash = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    os.rename(dst, trash)
+    os.rename(tmp, dst)
+    if trash.is_dir():
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        trash.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_file(dst: str | os.PathLike[str], *, force: bool = False, mode: str = "wb") -> Iterator[Any]:
+    """Open a temporary sibling of `dst` for writing; rename it over `dst` on success."""
+    dst = Path(dst)
+    check_writable(dst, force=force)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.replace(name, dst)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
+def write_safetensors(path: str | os.PathLike[str], specs: Iterable[TensorSpec],
+                      chunks: Callable[[TensorSpec], Iterable[bytes | memoryview]], *,
+                      metadata: Mapping[str, str] | None = None, progress: Progress | None = None) -> int:
+    """Stream tensors into a safetensors file in the order given; returns the file size.
+
+    `chunks(spec)` yields the raw little-endian bytes of one tensor, in pieces; only one
+    piece is in memory at a time. Names must not be `__metadata__`.
+    """
+    ordered = list(specs)
+    if any(s.name == "__metadata__" for s in ordered):
+        raise UsageError("'__metadata__' is reserved in safetensors and cannot name a tensor")
+    header = contract.header_bytes(ordered, metadata)
+    written = 0
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)))
+        f.write(header)
+        for spec in ordered:
+            got = 0
+            for piece in chunks(spec):
+                f.write(piece)
+                n = memoryview(piece).nbytes
+                got += n
+                if progress:
+                    progress(n)
+            if got != spec.nbytes:
+                raise DsparkError(f"{path}: tensor {spec.name!r} got {got:,} bytes, expected {spec.nbytes:,}")
+            written += got
+    return 8 + len(header) + written
+
+
+def _is_norm(name: str) -> bool:
+    return name.endswith("norm.weight")
+
+
+def _row_chunks(spec: TensorSpec) -> Iterator[int]:
+    """Element counts per piece, whole rows, about 64 MiB each."""
+    row = spec.numel // spec.shape[0] if spec.shape and spec.shape[0] else spec.numel
+    per = max(1, _CHUNK_BYTES // max(1, row * 2)) * row
+    left = spec.numel
+    while left > 0:
+        n = min(per, left)
+        yield n
+        left -= n
+
+
+def init_chunks(kind: str, seed: int) -> Callable[[TensorSpec], Iterator[bytes | memoryview]]:
+    """Chunk producer for `init`: norms are ones, biases zeros, matrices N(0, 0.02) or zeros."""
+    if kind not in INIT_KINDS:
+        raise UsageError(f"--init: {kind!r} is not one of {', '.join(INIT_KINDS)}")
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+
+    def produce(spec: TensorSpec) -> Iterator[bytes | memoryview]:
+        for n in _row_chunks(spec):
+            if _is_norm(spec.name):
+                values = torch.ones(n, dtype=torch.bfloat16)
+            elif kind == "zeros" or spec.name.endswith(".bias"):
+                values = torch.zeros(n, dtype=torch.bfloat16)
+            else:
+                values = torch.empty(n).normal_(0.0, INIT_STD, generator=generator).to(torch.bfloat16)
+            yield values.view(torch.uint8).numpy().data
+
+    return produce
+
+
+def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", config: Mapping[str, Any] | None = None,
+                    init: str = "random", seed: int = 0, force: bool = False,
+                    progress: Progress | None = None) -> Path:
+    """Write a conforming checkpoint: `config.json` plus one `model.safetensors`.
+
+    Args:
+        dst: output folder (created atomically).
+        profile: `kimi-k3` (the full reference shape, 7.12 GB) or `tiny`.
+        config: a config to use instead of a profile.
+        init: `random` (seeded N(0, 0.02) matrices) or `zeros`; norms are always ones.
+        seed: seed for `random`.
+        force: replace an existing `dst`.
+        progress: called with the number of tensor bytes written.
+
+    Returns:
+        The output folder.
+    """
+    cfg = dict(config) if config is not None else contract.profile_config(profile)
+    specs = list(contract.roster(cfg).values())
+    chunks = init_chunks(init, seed)
+    with atomic_dir(dst, force=force) as tmp:
+        (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(cfg))
+        write_safetensors(tmp / contract.WEIGHTS_NAME, specs, chunks, metadata=contract.TORCHSPEC_METADATA,
+                          progress=progress)
+    return Path(dst)
