@@ -25,6 +25,12 @@ INIT_KINDS = ("random", "zeros")
 _CHUNK_BYTES = 64 << 20
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def check_writable(dst: Path, *, force: bool) -> None:
     """Raise `RefusedOverwriteError` when `dst` exists and `force` is off."""
     if dst.exists() and not force:
@@ -42,6 +48,7 @@ def atomic_dir(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator[
     check_writable(dst, force=force)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes 0700; the result should look like any new folder
     try:
         yield tmp
     except BaseException:
@@ -70,6 +77,7 @@ def atomic_file(dst: str | os.PathLike[str], *, force: bool = False, mode: str =
     check_writable(dst, force=force)
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
+    os.chmod(name, 0o666 & ~_umask())
     try:
         with os.fdopen(fd, mode) as f:
             yield f

@@ -1,0 +1,78 @@
+"""`dspark-hub init`: conforming output, determinism, atomic and non-clobbering."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from dspark_hub import contract
+from dspark_hub.checks import verify
+from dspark_hub.cli import cli
+from dspark_hub.reader import read_header
+
+from .factories import file_digest
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(map(str, args)))
+
+
+def test_init_tiny_passes_verify(tmp_path):
+    result = run("init", tmp_path / "c", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["profile"] == "tiny" and doc["weights_bytes"] == contract.expected_file_size(contract.TINY_CONFIG)
+    report = verify(tmp_path / "c")
+    assert report.ok and report.findings == []
+    assert (tmp_path / "c" / "config.json").read_bytes() == contract.config_bytes(contract.TINY_CONFIG)
+    header = read_header(tmp_path / "c" / "model.safetensors")
+    assert header.metadata == contract.TORCHSPEC_METADATA
+    assert list(header.tensors) == sorted(header.tensors)
+
+
+def test_init_matches_what_safetensors_writes(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+    run("init", tmp_path / "c")
+    tensors = load_file(str(tmp_path / "c" / "model.safetensors"))
+    save_file(tensors, str(tmp_path / "again.safetensors"), metadata=contract.TORCHSPEC_METADATA)
+    assert file_digest(tmp_path / "again.safetensors") == file_digest(tmp_path / "c" / "model.safetensors")
+    assert torch.all(tensors["final_norm.weight"] == 1) and tensors["layers.0.mlp.up_proj.weight"].std() > 0.01
+
+
+def test_seed_determinism(tmp_path):
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        run("init", tmp_path / name, "--seed", seed)
+    digest = {n: file_digest(tmp_path / n / "model.safetensors") for n in "abc"}
+    assert digest["a"] == digest["b"] != digest["c"]
+
+
+def test_zeros(tmp_path):
+    from safetensors.torch import load_file
+    run("init", tmp_path / "z", "--init", "zeros")
+    tensors = load_file(str(tmp_path / "z" / "model.safetensors"))
+    assert not tensors["context_proj.weight"].any() and tensors["context_norm.weight"].eq(1).all()
+
+
+def test_refuses_to_overwrite_without_force(tmp_path):
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = run("init", out)
+    assert result.exit_code == 2 and "--force" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    assert run("init", out, "--force").exit_code == 0
+    assert not (out / "keep.txt").exists() and verify(out).ok
+    assert [p.name for p in tmp_path.iterdir()] == ["c"]   # no temporary leftovers
+
+
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    from dspark_hub import writer
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(writer, "write_safetensors", boom)
+    result = run("init", tmp_path / "c")
+    assert result.exit_code == 2 and "No space left" in result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,33 @@
+"""The README documents every command and every finding code the code can emit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dspark_hub.cli import cli
+from dspark_hub.reader import FORMAT_CODES
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+EMITTED = re.compile(r"\b(?:error|warning|info|make)\(\s*\"([A-Z][A-Z0-9_]+)\"")
+
+
+def emitted_codes() -> set[str]:
+    codes = set(FORMAT_CODES)
+    for path in (ROOT / "dspark_hub").rglob("*.py"):
+        codes |= set(EMITTED.findall(path.read_text()))
+    return codes
+
+
+@pytest.mark.parametrize("code", sorted(emitted_codes()))
+def test_finding_code_is_documented(code):
+    assert f"`{code}`" in README or re.search(rf"\b{code}\b", README), f"{code} missing from README"
+
+
+@pytest.mark.parametrize("name", sorted(cli.commands))
+def test_command_is_documented_and_has_help(name):
+    assert f"dspark-hub {name}" in README
+    assert cli.commands[name].help

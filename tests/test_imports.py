@@ -1,0 +1,27 @@
+"""Header-level code never imports torch, transformers or numpy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "numpy", "huggingface_hub", "jinja2")
+
+
+def _imported(code: str) -> set[str]:
+    probe = code + f"; import sys; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(filter(None, out.stdout.strip().split(",")))
+
+
+def test_light_imports_stay_light():
+    assert _imported("import dspark_hub, dspark_hub.contract, dspark_hub.reader, dspark_hub.checks, "
+                     "dspark_hub.report, dspark_hub.checkpoint, dspark_hub.errors, dspark_hub.cli") == set()
+
+
+def test_verify_run_stays_light(tmp_path):
+    from .factories import write_checkpoint
+    folder = write_checkpoint(tmp_path / "c")
+    code = (f"from click.testing import CliRunner; from dspark_hub.cli import cli; "
+            f"r = CliRunner().invoke(cli, ['verify', {str(folder)!r}, '--drop-in', 'kimi-k3'])")
+    assert _imported(code) == set()
