@@ -279,8 +279,8 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
     return EvalResult(result, measure_ngram(rollouts, block_size), harness, ref, str(reference) if reference else None)
 
 
-def plot_acceptance(result: EvalResult, path: str | os.PathLike[str]) -> Path:
-    """PNG of per-position acceptance (draft, baseline, reference). Needs matplotlib."""
+def require_matplotlib() -> Any:
+    """`matplotlib.pyplot` (Agg backend), or a `MissingDependencyError` naming the package."""
     try:
         import matplotlib
 
@@ -288,6 +288,12 @@ def plot_acceptance(result: EvalResult, path: str | os.PathLike[str]) -> Path:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise MissingDependencyError("--plot needs matplotlib, which is not installed; pip install matplotlib") from exc
+    return plt
+
+
+def plot_acceptance(result: EvalResult, path: str | os.PathLike[str]) -> Path:
+    """PNG of per-position acceptance (draft, baseline, reference). Needs matplotlib."""
+    plt = require_matplotlib()
     figure, axes = plt.subplots(figsize=(6, 4))
     series = [("draft", result.draft), ("prompt lookup", result.baseline)]
     if result.reference is not None:

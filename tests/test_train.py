@@ -1,0 +1,343 @@
+"""Rollouts -> finetune -> eval -> verify on a tiny real teacher, plus the invariants training rests on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from dspark_hub import contract
+from dspark_hub.checks import verify
+from dspark_hub.cli import cli
+from dspark_hub.rollouts import RolloutData, make_rollouts
+from dspark_hub.train import TrainConfig, Trainer, finetune
+
+from .teacher_factory import build_teacher, write_draft_base, write_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: object):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny matrices: a second thread only adds contention on a shared 2-core machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A trained tiny teacher, a random draft sharing its embedding, train/held-out rollouts."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("world")
+    teacher = build_teacher(root / "teacher", steps=150)
+    base = write_draft_base(root / "base", teacher)
+    write_prompts(root / "train.jsonl", count=96, seed=11)
+    write_prompts(root / "heldout.jsonl", count=16, seed=12, dataset="words")
+    result = run("rollouts", "--teacher", teacher, "--prompts", root / "train.jsonl", "--draft-config",
+                 base / "config.json", "--out", root / "data", "--max-new-tokens", 48, "--batch-size", 32, "--json")
+    assert result.exit_code == 0, result.output
+    make_rollouts(teacher, root / "heldout.jsonl", base / "config.json", root / "heldout", max_new_tokens=48)
+    return {"root": root, "teacher": teacher, "base": base, "data": root / "data", "heldout": root / "heldout",
+            "rollouts": json.loads(result.stdout)}
+
+
+def small_config(world, out: Path, **changes) -> TrainConfig:
+    values = dict(base=str(world["base"]), out=str(out), data=str(world["data"]), steps=6, lr=3e-3, batch_size=4,
+                  max_anchors=8, warmup=2, seed=3)
+    values.update(changes)
+    return TrainConfig(**values)
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
+    from dspark_hub.teacher import capture_states, load_teacher
+
+    summary = world["rollouts"]
+    assert summary["sequences"] == 96 and summary["continuation_tokens"] == 96 * 48
+    assert summary["greedy_agreement"] == 1.0
+    data = RolloutData(world["data"])
+    sample = data[5]
+    assert sample.aux_hidden_states.dtype == torch.bfloat16 and sample.aux_hidden_states.shape == (60, 3 * 64)
+    assert sample.loss_mask.tolist() == [0] * 12 + [1] * 48
+    teacher = load_teacher(world["teacher"])
+    states = capture_states(teacher, sample.input_ids[None], [1, 3, 4])
+    assert torch.equal(states.aux_hidden_states[0].to(torch.bfloat16), sample.aux_hidden_states)
+    logits = teacher(sample.input_ids[None]).logits[0]
+    assert torch.equal(logits[11:-1].argmax(-1), sample.input_ids[12:])
+    manifest = data.manifest
+    assert manifest["settings"]["target_layer_ids"] == [1, 3, 4] and "hidden_states[l + 1]" in manifest["tap_convention"]
+
+
+def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from dspark_hub.teacher import capture_states
+
+    from .teacher_factory import teacher_config
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(teacher_config()).eval()
+    ids = torch.randint(10, 70, (2, 9))
+    hooked = {}
+    handles = [model.model.layers[i].register_forward_hook(lambda m, a, out, i=i: hooked.__setitem__(i, out))
+               for i in range(6)]
+    with torch.no_grad():
+        hidden_states = model(ids, output_hidden_states=True).hidden_states
+    for handle in handles:
+        handle.remove()
+    states = capture_states(model, ids, [4, 1, 5])
+    chunks = states.aux_hidden_states.split(64, dim=-1)
+    for chunk, layer in zip(chunks, [1, 4, 5]):     # ascending ids, whatever the order asked
+        output = hooked[layer][0] if isinstance(hooked[layer], tuple) else hooked[layer]
+        assert torch.equal(chunk, output)
+    assert torch.equal(chunks[0], hidden_states[2]) and torch.equal(chunks[1], hidden_states[5])
+    assert not torch.allclose(chunks[2], hidden_states[6], atol=1e-3)   # last entry is final-normed
+    assert torch.allclose(states.final_hidden_states, hidden_states[6], atol=1e-6)
+
+
+def test_rollouts_refuse_a_teacher_that_does_not_fit_the_draft(world, tmp_path):
+    from .teacher_factory import teacher_config
+
+    from transformers import LlamaForCausalLM
+
+    for key, value in (("hidden_size", 32), ("num_hidden_layers", 5), ("vocab_size", 600)):
+        folder = tmp_path / key
+        LlamaForCausalLM(teacher_config(**{key: value})).save_pretrained(str(folder))
+        result = run("rollouts", "--teacher", folder, "--prompts", world["root"] / "heldout.jsonl",
+                     "--draft-config", world["base"] / "config.json", "--out", tmp_path / f"out-{key}")
+        assert result.exit_code == 2
+        assert f"{key} is {value}" in result.output and len(result.output.strip().splitlines()) == 1
+        assert not (tmp_path / f"out-{key}").exists()
+
+
+def test_rollouts_resume_skips_written_prompts_and_equals_a_fresh_run(world, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", count=6, seed=21)
+    config = world["base"] / "config.json"
+    fresh = make_rollouts(world["teacher"], prompts, config, tmp_path / "fresh", max_new_tokens=8, shard_size=2)
+    assert fresh.written == 6 and fresh.shards == 3
+    # An interrupted run: only the first shard made it into the manifest.
+    partial = tmp_path / "partial"
+    make_rollouts(world["teacher"], prompts, config, partial, max_new_tokens=8, shard_size=2)
+    manifest = json.loads((partial / "manifest.json").read_text())
+    manifest["shards"] = manifest["shards"][:1]
+    (partial / "manifest.json").write_text(json.dumps(manifest))
+    resumed = make_rollouts(world["teacher"], prompts, config, partial, max_new_tokens=8, shard_size=2)
+    assert (resumed.skipped, resumed.written, resumed.sequences) == (2, 4, 6)
+    again = make_rollouts(world["teacher"], prompts, config, partial, max_new_tokens=8, shard_size=2)
+    assert (again.skipped, again.written) == (6, 0)
+    a = {r.prompt_index: r for r in RolloutData(tmp_path / "fresh")}
+    b = {r.prompt_index: r for r in RolloutData(partial)}
+    assert sorted(a) == sorted(b) == list(range(6))
+    for i in a:
+        assert torch.equal(a[i].input_ids, b[i].input_ids)
+        assert torch.equal(a[i].aux_hidden_states, b[i].aux_hidden_states)
+    with pytest.raises(Exception, match="max_new_tokens"):
+        make_rollouts(world["teacher"], prompts, config, partial, max_new_tokens=9)
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_finetune_improves_held_out_acceptance_and_stays_a_drop_in(world, tmp_path):
+    out = tmp_path / "tuned"
+    result = run("finetune", "--base", world["base"], "--data", world["data"], "--out", out, "--steps", 100,
+                 "--lr", 3e-3, "--warmup", 10, "--batch-size", 8, "--anchors", 16,
+                 "--eval-data", world["heldout"], "--eval-every", 50, "--json")
+    assert result.exit_code == 0, result.output
+    trained = json.loads(result.stdout)
+    assert trained["steps"] == 100 and trained["tokens"] == 100 * 8 * 48
+
+    evaluation = run("eval", "--draft", out, "--teacher", world["teacher"], "--prompts",
+                     world["root"] / "heldout.jsonl", "--max-new-tokens", 48, "--reference", world["base"], "--json")
+    assert evaluation.exit_code == 0, evaluation.output
+    doc = json.loads(evaluation.stdout)
+    before, after = doc["reference"]["acceptance_length"], doc["acceptance_length"]
+    assert before < 1.2 and after > before + 1.0, (before, after)
+    assert doc["reference"]["ratio"] == pytest.approx(after / before)
+    rates = doc["per_position"]
+    assert all(a >= b for a, b in zip(rates, rates[1:])) and rates[0] > rates[-1] + 0.3
+    assert after == pytest.approx(1 + sum(rates))
+    assert doc["prompts"] == 16 and doc["tokens"] == 16 * 48
+    assert set(doc["by_dataset"]) == {"words"} and doc["by_dataset"]["words"]["baseline"]["steps"] > 0
+    assert doc["baseline"]["acceptance_length"] > 1.0 and "prompt lookup" in doc["baseline"]["method"]
+    harness = doc["harness"]
+    assert (harness["mode"], harness["decoding"], harness["block_size"]) == ("teacher-forced", "greedy", 7)
+    assert harness["definition"] == doc["definition"] and "1 + sum_k a_k" in doc["definition"]
+    assert set(harness["teacher"]["digests"]) == {"config.json", "model.safetensors"}
+    from dspark_hub.teacher import sha256_file
+    assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
+    # The held-out rollouts folder gives the same measurement as in-memory rollouts.
+    from dspark_hub.evaluate import evaluate
+    assert evaluate(out, data=str(world["heldout"])).to_dict()["acceptance_length"] == after
+
+    report = verify(out, drop_in=str(world["base"]))
+    assert report.ok, [f.to_dict() for f in report.errors]
+    tuned, base = load_file(str(out / "model.safetensors")), load_file(str(world["base"] / "model.safetensors"))
+    assert torch.equal(tuned["embed_tokens.weight"], base["embed_tokens.weight"])
+    assert not torch.equal(tuned["context_proj.weight"], base["context_proj.weight"])
+    assert (out / "config.json").read_bytes() == (world["base"] / "config.json").read_bytes()
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    steps = [e for e in log if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, 101))
+    assert {"ce", "tv", "confidence", "lr", "grad_norm"} <= set(steps[0])
+    evals = [e for e in log if "eval" in e]
+    assert [e["step"] for e in evals] == [50, 100]
+    assert evals[-1]["eval"]["acceptance_length"] == pytest.approx(after, abs=0.15)
+
+
+def test_eval_plot_names_its_missing_dependency(world, tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+        pytest.skip("matplotlib is installed here")
+    except ImportError:
+        pass
+    result = run("eval", "--draft", world["base"], "--data", world["heldout"], "--plot", tmp_path / "a.png")
+    assert result.exit_code == 2 and "matplotlib" in result.output
+
+
+# ----------------------------------------------------------------------------- invariants
+
+
+def test_a_block_in_the_packed_training_batch_equals_single_block_inference(world):
+    from dspark_hub import objective
+    from dspark_hub.modeling import load_checkpoint
+    from dspark_hub.teacher import read_lm_head
+
+    model = load_checkpoint(world["base"], dtype=torch.float32).model.eval()
+    lm_head = read_lm_head(world["teacher"]).float()
+    data = RolloutData(world["data"])
+    short, long = data[0], data[1]
+    short.input_ids, short.aux_hidden_states = short.input_ids[:40], short.aux_hidden_states[:40]
+    short.final_hidden_states = short.final_hidden_states[:40]
+    anchors = [torch.tensor([14, 25, 30]), torch.tensor([12, 20])]
+    batch = objective.collate([short, long], anchors)     # short is padded; long has a padded anchor slot
+    with torch.no_grad():
+        packed = model.teacher_forced(batch.context_states, batch.input_ids, batch.anchors, block_size=7,
+                                      lm_head_weight=lm_head, doc_ids=batch.doc_ids, anchor_valid=batch.anchor_valid)
+        for row, sample in enumerate([short, long]):
+            for j, anchor in enumerate(anchors[row].tolist()):
+                single = model.propose_block(sample.aux_hidden_states[None, :anchor].float(),
+                                             sample.input_ids[anchor:anchor + 1], lm_head, block_size=7)
+                assert torch.allclose(packed.last_hidden_state[row, j], single.last_hidden_state[0], atol=1e-5)
+                assert torch.equal(packed.logits[row, j, 0].argmax(), single.tokens[0, 0])
+        perturbed = batch.context_states.clone()
+        perturbed[0, 25:] += 3.0                           # after the second anchor of row 0
+        moved = model.teacher_forced(perturbed, batch.input_ids, batch.anchors, block_size=7,
+                                     doc_ids=batch.doc_ids, anchor_valid=batch.anchor_valid).last_hidden_state
+    assert torch.equal(moved[0, :2], packed.last_hidden_state[0, :2])
+    assert not torch.allclose(moved[0, 2], packed.last_hidden_state[0, 2])
+    assert torch.equal(moved[1], packed.last_hidden_state[1])
+
+
+def _fp32_state(state_dir: Path) -> dict[str, torch.Tensor]:
+    pointer = json.loads((state_dir / "latest.json").read_text())
+    return torch.load(state_dir / pointer["file"], weights_only=False)["model"]
+
+
+@pytest.mark.slow
+def test_resume_from_a_mid_run_state_reproduces_the_uninterrupted_run(world, tmp_path):
+    whole = small_config(world, tmp_path / "whole", save_every=3)
+    finetune(whole)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_three(_n, calls=[0]):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise Interrupt
+    broken = small_config(world, tmp_path / "broken", save_every=3)
+    with pytest.raises(Interrupt):
+        finetune(broken, progress=stop_after_three)
+    assert not (tmp_path / "broken").exists()
+    finetune(small_config(world, tmp_path / "broken", save_every=3, resume=True))
+    a, b = _fp32_state(Path(f"{tmp_path}/whole.state")), _fp32_state(Path(f"{tmp_path}/broken.state"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    log_a = (tmp_path / "whole" / "training_log.jsonl").read_text().splitlines()
+    log_b = (tmp_path / "broken" / "training_log.jsonl").read_text().splitlines()
+    assert log_a == log_b and len(log_a) == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_process_torchrun_equals_one_process_on_the_same_global_batch(world, tmp_path, sharding):
+    single = small_config(world, tmp_path / "single", save_every=6)
+    finetune(single)
+    out = tmp_path / "pair"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "dspark_hub", "finetune", "--base", world["base"], "--data", world["data"], "--out", out,
+               "--steps", 6, "--lr", 3e-3, "--batch-size", 4, "--anchors", 8, "--warmup", 2, "--seed", 3,
+               "--save-every", 6, "--quiet"] + (["--fsdp"] if sharding == "fsdp" else [])
+    done = subprocess.run([str(c) for c in command], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = _fp32_state(Path(f"{tmp_path}/single.state")), _fp32_state(Path(f"{out}.state"))
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=2e-5, rtol=1e-4), name
+    moved = max((a[n] - load_file(str(world["base"] / "model.safetensors"))[n.removeprefix("model.")].float())
+                .abs().max().item() for n in a)
+    assert moved > 1e-3           # the steps did train
+    assert verify(out, drop_in=str(world["base"])).ok
+
+
+@pytest.mark.slow
+def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", count=8, seed=31)
+    config = small_config(world, tmp_path / "onpolicy", data=None, on_policy=True, rounds=2, prompts=str(prompts),
+                          teacher=str(world["teacher"]), max_new_tokens=16, steps=4)
+    result = finetune(config)
+    state = Path(result.state_dir)
+    assert [len(RolloutData(state / f"round-{r:03d}" / "data")) for r in (0, 1)] == [4, 4]
+    log = [json.loads(line) for line in (tmp_path / "onpolicy" / "training_log.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["round"]) for e in log] == [(1, 0), (2, 0), (3, 1), (4, 1)]
+    assert verify(tmp_path / "onpolicy", drop_in=str(world["base"])).ok
+
+
+def test_finetune_refuses_an_existing_output_before_training(world, tmp_path):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(Exception, match="already exists"):
+        Trainer(small_config(world, tmp_path / "taken"))
+
+
+def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from dspark_hub.rollouts import read_prompts
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "user:", "assistant:", "hello", "world", "\n"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>")
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+                               "{% if add_generation_prompt %}assistant: {% endif %}")
+    tokenizer.save_pretrained(str(tmp_path / "teacher"))
+    lines = [{"messages": [{"role": "user", "content": "hello world"}], "dataset": "chat"},
+             {"text": "world hello"}, {"input_ids": [5, 6, 7]}]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    prompts = read_prompts(tmp_path / "p.jsonl", tmp_path / "teacher")
+    assert prompts[0].input_ids == [3, 5, 6, 4] and prompts[0].dataset == "chat"
+    assert prompts[1].input_ids == [6, 5] and prompts[2].input_ids == [5, 6, 7]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "a", "input_ids": [1]}) + "\n")
+    with pytest.raises(Exception, match=r"bad.jsonl:1: needs exactly one of"):
+        read_prompts(tmp_path / "bad.jsonl", tmp_path / "teacher")
