@@ -29,7 +29,8 @@ DEFINITION = ("acceptance length = mean tokens emitted per target verification s
               "a_k = fraction of steps whose first k drafts all equal the teacher's greedy continuation "
               "(the 1 is the target's bonus token); block-wise simulated greedy decoding on teacher-greedy "
               "continuations with the teacher's own hidden states as context (teacher-forced, not served)")
-BASELINE = "prompt lookup: copy the K tokens that followed the latest earlier occurrence of the last n tokens"
+BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K tokens that followed the earliest "
+            "earlier occurrence of the last n = 3, 2, 1 tokens")
 Progress = Callable[[int], None]
 
 
@@ -112,16 +113,18 @@ def draft_proposer(model: Any, lm_head_weight: Any, rollout: Any, block_size: in
 
 
 def ngram_proposer(rollout: Any, block_size: int, max_ngram: int = 3, min_ngram: int = 1) -> Callable[[int], list[int]]:
-    """Prompt-lookup drafting over the tokens up to and including the anchor."""
+    """Prompt-lookup drafting over the tokens up to and including the anchor.
+
+    As transformers' `prompt_lookup_decoding`: longest n first, the earliest earlier occurrence of
+    the last n tokens, and the (up to K) tokens that followed it.
+    """
     tokens = rollout.input_ids.tolist()
 
     def propose(p: int) -> list[int]:
         history = tokens[:p + 1]
         for n in range(max_ngram, min_ngram - 1, -1):
-            if len(history) <= n:
-                continue
             suffix = history[-n:]
-            for start in range(len(history) - n - 1, -1, -1):
+            for start in range(len(history) - n):
                 if history[start:start + n] == suffix:
                     return history[start + n:start + n + block_size]
         return []

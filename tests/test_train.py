@@ -341,3 +341,12 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "a", "input_ids": [1]}) + "\n")
     with pytest.raises(Exception, match=r"bad.jsonl:1: needs exactly one of"):
         read_prompts(tmp_path / "bad.jsonl", tmp_path / "teacher")
+
+
+def test_bf16_autocast_and_epochs_train_to_a_drop_in(world, tmp_path):
+    config = small_config(world, tmp_path / "bf16", steps=None, epochs=0.25, batch_size=8, dtype="bf16")
+    result = finetune(config)
+    assert result.steps == 3                     # 96 sequences / 8 per step = 12 steps per epoch
+    log = [json.loads(line) for line in (tmp_path / "bf16" / "training_log.jsonl").read_text().splitlines()]
+    assert all(torch.isfinite(torch.tensor(e["loss"])) for e in log) and len(log) == 3
+    assert verify(tmp_path / "bf16", drop_in=str(world["base"])).ok
