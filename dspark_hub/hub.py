@@ -92,10 +92,10 @@ def resolve_endpoint(endpoint: str | None) -> str:
 
 # --- errors ----------------------------------------------------------------------------------------
 
-def _scrub(text: str, token: str | None) -> str:
+def _scrub(text: str, token: str | bool | None) -> str:
     """Remove any token (the one given, or the environment's) from a message; keep it on one line."""
     for secret in (token, os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")):
-        if secret and len(secret) >= 4:
+        if isinstance(secret, str) and len(secret) >= 4:
             text = text.replace(secret, "<token>")
     return " ".join(text.split())
 
@@ -146,7 +146,7 @@ def _describe(exc: BaseException, where: str, endpoint: str, action: str) -> str
 
 
 @contextmanager
-def hub_errors(where: str, *, endpoint: str, token: str | None, action: str) -> Iterator[None]:
+def hub_errors(where: str, *, endpoint: str, token: str | bool | None, action: str) -> Iterator[None]:
     """Turn huggingface_hub and network failures raised inside the block into `HubError`."""
     try:
         yield
@@ -199,7 +199,7 @@ class HubSource:
     """
 
     def __init__(self, repo_id: str, revision: str | None = None, *, endpoint: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | bool | None = None) -> None:
         self.repo_id = validate_repo_id(repo_id)
         self.revision = revision
         self.endpoint = resolve_endpoint(endpoint)
@@ -211,7 +211,7 @@ class HubSource:
         self.requests = 0
 
     @classmethod
-    def from_url(cls, url: str, *, endpoint: str | None = None, token: str | None = None) -> HubSource:
+    def from_url(cls, url: str, *, endpoint: str | None = None, token: str | bool | None = None) -> HubSource:
         repo_id, revision = parse_hf_url(url)
         return cls(repo_id, revision, endpoint=endpoint, token=token)
 
@@ -361,7 +361,7 @@ def local_digests(folder: Path, *, progress: Progress | None = None) -> Manifest
 
 
 def compare_with_hub(folder: Path | str, repo_id: str, revision: str | None = None, *,
-                     endpoint: str | None = None, token: str | None = None,
+                     endpoint: str | None = None, token: str | bool | None = None,
                      manifest: Manifest | None = None, progress: Progress | None = None) -> HubComparison:
     """Compare a local folder with a Hub revision: every mismatching, missing and extra file.
 
@@ -505,7 +505,7 @@ def plan_publish(folder: Path | str, repo_id: str, *, revision: str | None = Non
 
 def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, revision: str | None = None,
             tag: str | None = None, commit_message: str | None = None, commit_description: str | None = None,
-            endpoint: str | None = None, token: str | None = None, dry_run: bool = False,
+            endpoint: str | None = None, token: str | bool | None = None, dry_run: bool = False,
             preflight: Callable[[], Sequence[str]] | None = None,
             extra_files: Mapping[str, Path | str] | None = None,
             progress: Progress | None = None, show_hub_progress: bool = False) -> PublishResult:

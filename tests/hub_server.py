@@ -12,6 +12,7 @@ Test hooks:
 - `token` (the one valid token; any other Bearer token gets the Hub's 401), `user`;
 - counters: `bytes_served(repo_id, path=None)`, `lfs_puts` (every LFS PUT: repo, oid, size,
   bytes received, ok), `lfs_uploaded_oids(repo_id)`, `requests` (method, path, status);
+- `honour_ranges = False`: resolve GETs answer 200 with the whole file (a server ignoring `Range`);
 - faults: `fail_lfs_uploads(count, oids=None)` makes the next matching LFS PUTs fail after
   reading the body (400: not retried by the client, so it gives up at once, like an interrupted
   upload), `fail_commits(count)` refuses the next commits (500, not retried by create_commit).
@@ -150,6 +151,8 @@ class HubServer:
         self._fail_oids: set[str] | None = None
         self._fail_commits = 0
         self._counter = 0
+        #: False makes resolve GETs ignore `Range` (answer 200 with the whole file), like a naive mirror.
+        self.honour_ranges = True
         handler = type("BoundHubHandler", (_Handler,), {"hub": self})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
@@ -237,6 +240,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ConnectionResetError, BrokenPipeError):  # a client hanging up mid-response is normal
+            pass
+
     # --- plumbing --------------------------------------------------------------------------------
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -302,7 +311,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         if self.method != "HEAD":
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the client had enough bytes and hung up
+                self.close_connection = True
         return status
 
     def _send_json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> int:
@@ -718,7 +730,7 @@ class _Handler(BaseHTTPRequestHandler):
         if entry.lfs_oid:
             headers.update({"X-Linked-Etag": f'"{entry.lfs_oid}"', "X-Linked-Size": str(entry.size)})
         status, body = 200, data
-        wanted = self.headers.get("Range")
+        wanted = self.headers.get("Range") if self.hub.honour_ranges else None
         if wanted:
             span = self._byte_range(wanted, len(data))
             if span is None:

@@ -81,6 +81,18 @@ def test_source_lists_and_range_reads_without_downloading(hub, published, ckpt, 
     assert hub_token not in repr(source)
 
 
+def test_source_stops_reading_when_the_server_ignores_ranges(hub, published, ckpt, hub_token):
+    data = (ckpt / "model.safetensors").read_bytes()
+    source = HubSource(published.plan.repo_id, endpoint=hub.url, token=hub_token)
+    source.remote_files()
+    hub.honour_ranges = False
+    try:
+        assert source.read_bytes("model.safetensors", 8, 16) == data[8:24]
+    finally:
+        hub.honour_ranges = True
+    assert source.bytes_read * 4 < len(data)  # read the first chunks, then hung up
+
+
 def test_source_pins_the_commit_the_revision_resolved_to(hub, published, ckpt, hub_token, tmp_path):
     repo_id = published.plan.repo_id
     source = HubSource(repo_id, "main", endpoint=hub.url, token=hub_token)
@@ -251,3 +263,16 @@ def test_extra_files_and_branch_revision(hub, hub_repo_id, hub_token, ckpt, tmp_
     files = hub.head_files(hub_repo_id, "dev")
     assert "SHA256SUMS" in files and "model.safetensors" in files
     assert "model.safetensors" not in hub.head_files(hub_repo_id, "main")
+
+
+def test_remote_verify_matches_local_verify_and_reads_only_headers(hub, published, ckpt, hub_token):
+    from dspark_hub.checks import verify
+
+    repo_id = published.plan.repo_id
+    source = HubSource.from_url(f"hf://{repo_id}@v1", endpoint=hub.url, token=hub_token)
+    remote = verify(source)
+    local = verify(ckpt)
+    assert [f.to_dict() for f in remote.findings] == [f.to_dict() for f in local.findings]
+    assert remote.findings  # the padding tensor is not in the contract: a finding on both sides
+    weights = (ckpt / "model.safetensors").stat().st_size
+    assert hub.bytes_served(repo_id, "model.safetensors") * 100 < weights
