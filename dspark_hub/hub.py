@@ -191,7 +191,8 @@ class HubSource:
     """A checkpoint on the Hub, read file by file with HTTP range requests.
 
     The revision is resolved to a commit once (on first use); every later call reads that
-    commit, so a branch moving mid-verify cannot mix two versions.
+    commit, so a branch moving mid-verify cannot mix two versions. `token`: a token, `False`
+    for anonymous access, `None` for huggingface_hub's usual sources (HF_TOKEN, login file).
 
     Example:
         >>> src = HubSource.from_url("hf://Inferact/Kimi-K3-DSpark@main")
