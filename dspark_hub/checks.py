@@ -367,12 +367,12 @@ def _drop_in_files(view: CheckpointView, ref: DropInReference, where_ref: str) -
 
 # ---------------------------------------------------------------- entry point
 
-def source_for(path: str | os.PathLike[str]) -> Source:
+def source_for(path: str | os.PathLike[str], *, endpoint: str | None = None) -> Source:
     """A `Source` for a local folder or an `hf://org/name[@rev]` URL."""
     text = os.fspath(path)
     if text.startswith("hf://"):
         from .hub import HubSource   # huggingface_hub only when a Hub path is given
-        return HubSource.from_url(text)
+        return HubSource.from_url(text, endpoint=endpoint)
     return LocalSource(text)
 
 
@@ -402,24 +402,47 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
     return report
 
 
-def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None) -> Report:
+def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: str, *,
+                      endpoint: str | None = None) -> None:
+    """Compare local files with a Hub revision's LFS SHA-256 / blob ids and sizes (into `report`)."""
+    from .hub import compare_with_hub, parse_hf_url
+
+    repo_id, revision = parse_hf_url(hub_ref if hub_ref.startswith("hf://") else f"hf://{hub_ref}")
+    comparison = compare_with_hub(folder, repo_id, revision, endpoint=endpoint)
+    report.sections["against_hub"] = comparison.to_dict()
+    for problem in comparison.problems:
+        report.findings.append(error(f"HUB_FILE_{problem.kind.upper()}", problem.path, problem.message,
+                                     "re-download the file, or publish the local folder if it is the intended one"))
+
+
+def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None, against_hub: str | None = None,
+           endpoint: str | None = None) -> Report:
     """Verify a checkpoint folder (or `hf://` repo) at header level.
 
     Args:
         path: a checkpoint folder, an `hf://org/name[@rev]` URL, or a `Source`.
         drop_in: also demand drop-in identity with a bundled reference (`kimi-k3`) or a folder.
+        against_hub: `ORG/NAME[@REV]`: also compare every local file with the Hub's digests and sizes.
+        endpoint: the Hub endpoint for `hf://` paths and `against_hub` (default: HF_ENDPOINT).
 
     Returns:
         A `Report`; `report.ok` is False when any finding is an error.
 
     Raises:
         CheckpointNotFoundError: the path does not exist or cannot be listed.
-        UsageError: `drop_in` names neither a bundled reference nor a folder.
+        UsageError: `drop_in` names neither a bundled reference nor a folder, or `against_hub`
+            is given for an `hf://` path.
+        HubError: the Hub cannot be read.
 
     Example:
         >>> verify("ckpt").ok
         True
     """
     ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
-    source = path if hasattr(path, "list_files") else source_for(path)   # type: ignore[arg-type]
-    return verify_view(open_checkpoint(source), drop_in=ref)
+    source = path if hasattr(path, "list_files") else source_for(path, endpoint=endpoint)  # type: ignore[arg-type]
+    if against_hub is not None and not isinstance(source, LocalSource):
+        raise UsageError("--against-hub compares a local folder with the Hub; pass a local folder")
+    report = verify_view(open_checkpoint(source), drop_in=ref)
+    if against_hub is not None:
+        check_against_hub(report, os.fspath(path), against_hub, endpoint=endpoint)   # type: ignore[arg-type]
+    return report

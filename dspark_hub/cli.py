@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__, contract
-from .errors import DsparkError
+from .errors import CheckpointNotFoundError, DsparkError
 from .report import Report
 
 stdout = Console(highlight=False, soft_wrap=False)
@@ -65,21 +65,39 @@ def force_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--force", is_flag=True, help="Replace an existing output.")(f)
 
 
+def endpoint_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--endpoint", envvar="HF_ENDPOINT", metavar="URL",
+                        help="The Hub endpoint (default: $HF_ENDPOINT, else the public Hub).")(f)
+
+
 def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("-q", "--quiet", is_flag=True, help="No progress bar.")(f)
 
 
+class Bar:
+    """What `progress_bar` yields: call it with bytes done since the last call, or `stage()` it."""
+
+    def __init__(self, progress: Any, task: Any) -> None:
+        self._progress, self._task = progress, task
+
+    def __call__(self, n: int) -> None:
+        self._progress.advance(self._task, n)
+
+    def stage(self, description: str, done: int, total: int) -> None:
+        """Absolute progress of a named stage (e.g. hashing, then torrent pieces)."""
+        self._progress.update(self._task, description=description, completed=done, total=total)
+
+
 @contextmanager
-def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on stderr, shown only on a terminal; yields `advance(nbytes)`."""
+def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Bar]:
+    """A rich progress bar on stderr, shown only on a terminal."""
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   TimeRemainingColumn(), console=stderr,
                   disable=not (enabled and stderr.is_terminal)) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n: bar.advance(task, n)
+        yield Bar(bar, bar.add_task(description, total=total))
 
 
 def print_json(data: Any) -> None:
@@ -120,13 +138,21 @@ def cli(debug: bool) -> None:
 @click.option("--drop-in", "drop_in", metavar="REF",
               help=f"Also demand drop-in identity with a bundled reference ({', '.join(contract.REFERENCES)}) "
                    "or a checkpoint folder.")
+@click.option("--against-hub", "against_hub", metavar="ORG/NAME[@REV]",
+              help="Also compare every local file with the Hub's SHA-256 and sizes.")
+@endpoint_option
 @json_option
 @click.pass_context
-def verify(ctx: click.Context, path: str, drop_in: str | None, as_json: bool) -> None:
-    """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract."""
+def verify(ctx: click.Context, path: str, drop_in: str | None, against_hub: str | None, endpoint: str | None,
+           as_json: bool) -> None:
+    """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
+
+    A Hub path is verified from config.json, the index and the safetensors headers only
+    (HTTP range requests); the weights are never downloaded.
+    """
     from . import checks
 
-    report = checks.verify(path, drop_in=drop_in)
+    report = checks.verify(path, drop_in=drop_in, against_hub=against_hub, endpoint=endpoint)
     if as_json:
         print_json(report.to_dict())
     else:
@@ -158,6 +184,95 @@ def init(dst: Path, profile: str, init_kind: str, seed: int, force: bool, quiet:
                     "seed": seed, "weights_bytes": size})
     else:
         stdout.print(f"wrote {out} ({profile}, {init_kind}, {size:,} bytes); check it with: dspark-hub verify {out}")
+
+
+@cli.command("export-code")
+@click.argument("folder", type=click.Path(path_type=Path))
+@force_option
+@json_option
+def export_code(folder: Path, force: bool, as_json: bool) -> None:
+    """Copy the modeling files and an auto_map into FOLDER for trust_remote_code loading."""
+    from .modeling import export_code as export
+
+    result = export(folder, force=force)
+    if as_json:
+        print_json({"schema": "dspark-hub/export-code/1", **result.to_dict()})
+        return
+    stdout.print(f"{folder}: wrote {', '.join(result.written) or 'nothing'}"
+                 + (f" (unchanged: {', '.join(result.unchanged)})" if result.unchanged else "")
+                 + "; load with AutoModel.from_pretrained(folder, trust_remote_code=True)")
+
+
+def _file_problems_table(title: str, problems: list[Any]) -> None:
+    table = Table(title=title)
+    for col in ("file", "problem", "message"):
+        table.add_column(col, overflow="fold")
+    for p in problems:
+        table.add_row(p.path, p.kind, p.message)
+    stdout.print(table)
+
+
+@cli.command()
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--check", is_flag=True, help="Verify FOLDER against its SHA256SUMS / checksums.json instead.")
+@force_option
+@quiet_option
+@json_option
+@click.pass_context
+def checksums(ctx: click.Context, folder: Path, check: bool, force: bool, quiet: bool, as_json: bool) -> None:
+    """Write SHA256SUMS and checksums.json for FOLDER (or --check it against them)."""
+    from . import checksums as sums
+
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(f"{folder}: not a directory; pass a checkpoint folder")
+    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    with progress_bar("sha256", total, enabled=not (quiet or as_json)) as advance:
+        if check:
+            problems = sums.check_checksums(folder, progress=advance)
+        else:
+            written = sums.write_checksums(folder, force=force, progress=advance)
+    if not check:
+        if as_json:
+            print_json({"path": str(folder), **written.manifest.to_dict()})
+        else:
+            stdout.print(f"wrote {written.sums_path} and {written.manifest_path} "
+                         f"({len(written.manifest.files)} files, {written.manifest.total_bytes:,} bytes); "
+                         f"check with: sha256sum -c SHA256SUMS (in {folder})")
+        return
+    if as_json:
+        print_json({"schema": "dspark-hub/checksums-check/1", "path": str(folder), "ok": not problems,
+                    "problems": [p.to_dict() for p in problems]})
+    elif problems:
+        _file_problems_table(f"checksum problems in {folder}", problems)
+    else:
+        stdout.print(f"OK  {folder}: every file matches its checksum")
+    ctx.exit(1 if problems else 0)
+
+
+@cli.command()
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option("--repo", "repo_id", required=True, metavar="ORG/NAME", help="The Hub repo the web seeds point at.")
+@click.option("--revision", default="main", show_default=True, help="The revision the web seeds point at "
+              "(a commit sha is best).")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Package folder.")
+@endpoint_option
+@force_option
+@quiet_option
+@json_option
+def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: str | None, force: bool,
+            quiet: bool, as_json: bool) -> None:
+    """Write SHA256SUMS, checksums.json, .gitattributes, a .torrent with Hub web seeds and its magnet link."""
+    from .package import package as build
+
+    with progress_bar("checksums", None, enabled=not (quiet or as_json)) as bar:
+        result = build(ckpt, repo_id, out_dir=out_dir, revision=revision, endpoint=endpoint, force=force,
+                       progress=bar.stage)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    stdout.print(f"wrote {out_dir}: {', '.join(sorted(result.files))}")
+    stdout.print(f"infohash {result.infohash}")
+    stdout.print(f"magnet   {result.magnet}")
 
 
 def main() -> None:

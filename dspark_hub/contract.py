@@ -91,7 +91,7 @@ TINY_CONFIG: dict[str, Any] = {
     "qk_rope_head_dim": 8,
     "v_head_dim": 16,
     "vocab_size": 512,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 2048,
     "num_target_layers": 3,
     "target_hidden_size": 64,
     "target_num_hidden_layers": 6,
