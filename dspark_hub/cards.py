@@ -438,8 +438,18 @@ def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def front_matter_problems(data: Any) -> list[tuple[str, Literal["error", "warning"], str]]:
-    """Check card metadata the way the Hub does, offline: (key, severity, message) per problem.
+@dataclass(frozen=True)
+class FrontMatterProblem:
+    """A problem in card metadata: the key it concerns, a stable code, severity and message."""
+
+    key: str
+    code: str
+    severity: Literal["error", "warning"]
+    message: str
+
+
+def front_matter_problems(data: Any) -> list[FrontMatterProblem]:
+    """Check card metadata the way the Hub does, offline.
 
     Uses `huggingface_hub.ModelCardData` (parses `model-index`, eval results) and its repo-id
     validator, plus the Hub's closed vocabularies in `hub_vocab` for license, pipeline tag and
@@ -449,43 +459,47 @@ def front_matter_problems(data: Any) -> list[tuple[str, Literal["error", "warnin
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
+    P = FrontMatterProblem
     if not isinstance(data, dict):
-        return [("front_matter", "error", f"front matter is a YAML {type(data).__name__}, not a mapping")]
-    problems: list[tuple[str, Literal["error", "warning"], str]] = []
+        return [P("front_matter", "FRONT_MATTER_NOT_MAPPING", "error",
+                  f"front matter is a YAML {type(data).__name__}, not a mapping")]
+    problems: list[FrontMatterProblem] = []
     try:
         ModelCardData(**{k: v for k, v in data.items() if k != "ignore_metadata_errors"})
     except (ValueError, TypeError) as e:
-        problems.append(("model-index", "error", f"huggingface_hub rejects the metadata: {e}"))
+        problems.append(P("model-index", "METADATA_REJECTED", "error", f"huggingface_hub rejects the metadata: {e}"))
     license_id = data.get("license")
     if license_id is None:
-        problems.append(("license", "warning", "no license; the Hub shows the repository as unlicensed"))
+        problems.append(P("license", "LICENSE_MISSING", "warning", "no license; the Hub shows the model as unlicensed"))
     elif license_id not in hub_vocab.KNOWN_LICENSES:
-        problems.append(("license", "error", f"license {license_id!r} is not a Hub license id; use one of the ids in "
-                         "the Hub's license list (e.g. apache-2.0, mit) or 'other' with license_name"))
+        problems.append(P("license", "LICENSE_UNKNOWN", "error", f"license {license_id!r} is not a Hub license id; "
+                          "use an id from the Hub's license list (e.g. apache-2.0, mit) or 'other' with license_name"))
     elif license_id == "other" and not data.get("license_name"):
-        problems.append(("license", "warning", "license 'other' without license_name; the Hub asks for a name "
-                         "(and a LICENSE file or license_link)"))
+        problems.append(P("license", "LICENSE_UNNAMED", "warning", "license 'other' without license_name; the Hub "
+                          "asks for a name (and a LICENSE file or license_link)"))
     tag = data.get("pipeline_tag")
     if tag is not None and tag not in hub_vocab.PIPELINE_TAGS:
-        problems.append(("pipeline_tag", "error", f"pipeline_tag {tag!r} is not a Hub task id (e.g. text-generation)"))
+        problems.append(P("pipeline_tag", "PIPELINE_TAG_UNKNOWN", "error",
+                          f"pipeline_tag {tag!r} is not a Hub task id (e.g. text-generation)"))
     relation = data.get("base_model_relation")
     if relation is not None and relation not in hub_vocab.BASE_MODEL_RELATIONS:
-        problems.append(("base_model_relation", "error", f"base_model_relation {relation!r} is not one of "
-                         f"{', '.join(sorted(hub_vocab.BASE_MODEL_RELATIONS))}"))
+        problems.append(P("base_model_relation", "BASE_MODEL_RELATION_UNKNOWN", "error", f"base_model_relation "
+                          f"{relation!r} is not one of {', '.join(sorted(hub_vocab.BASE_MODEL_RELATIONS))}"))
     if relation is not None and not data.get("base_model"):
-        problems.append(("base_model_relation", "error", "base_model_relation without base_model"))
+        problems.append(P("base_model_relation", "BASE_MODEL_MISSING", "error", "base_model_relation without base_model"))
     bases = data.get("base_model")
     for base in ([bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []):
         try:
             validate_repo_id(base)
         except (HFValidationError, TypeError) as e:
-            problems.append(("base_model", "error", f"base_model {base!r} is not a Hub repo id ({e})"))
+            problems.append(P("base_model", "BASE_MODEL_INVALID", "error", f"base_model {base!r} is not a Hub repo id "
+                              f"({e})"))
     for key, value in data.items():
         if isinstance(value, list) and any(v is None for v in value):
-            problems.append((key, "error", f"{key} lists an empty (null) item; the Hub rejects it"))
-        if key in ("tags", "datasets", "metrics") and value is not None and not (
-                isinstance(value, list) and all(isinstance(v, str) for v in value) or isinstance(value, str)):
-            problems.append((key, "error", f"{key} must be a string or a list of strings"))
+            problems.append(P(key, "NULL_ITEM", "error", f"{key} lists an empty (null) item; the Hub rejects it"))
+        elif key in ("tags", "datasets", "metrics") and value is not None and not (
+                isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            problems.append(P(key, "NOT_STRINGS", "error", f"{key} must be a string or a list of strings"))
     return problems
 
 
@@ -602,8 +616,8 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
     meta_path = Path(meta_yaml_path)
     meta = load_card_source(meta_path)
     base = meta_path.parent
-    errors = [f"front_matter.{key}: {msg}" for key, severity, msg in front_matter_problems(meta["front_matter"])
-              if severity == "error"]
+    errors = [f"front_matter.{p.key}: {p.message}" for p in front_matter_problems(meta["front_matter"])
+              if p.severity == "error"]
     if errors:
         raise UsageError(f"{meta_path}: {errors[0]}; fix the card metadata")
     architecture = meta["architecture"]
