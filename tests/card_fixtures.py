@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from dspark_hub import contract
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +33,21 @@ def write_sparse_reference(folder: Path) -> Path:
         f.write(struct.pack("<Q", len(header)) + header)
         f.truncate(contract.expected_file_size(contract.REFERENCE_CONFIG))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def plain_cli(monkeypatch):
+    """Deterministic CLI output (no colour, wide tables); import it into a test module to use it."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny conforming checkpoint written by `init` (random weights, seed 1)."""
+    from dspark_hub.writer import init_checkpoint
+
+    return init_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", profile="tiny", seed=1)
 
 
 def render_sddd(ckpt: Path) -> str:
