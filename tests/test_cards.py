@@ -65,6 +65,9 @@ def test_card_facts_read_headers_only(reference):
     facts = card_facts(open_checkpoint(Counting(reference)), hash_files=False)
     assert facts.tensor_count == contract.REFERENCE_ARTIFACT.tensor_count
     assert sum(read) < 64 * 1024
+    doc = json.loads(json.dumps(facts.to_dict()))
+    assert doc["parameters"] == contract.parameter_counts(contract.REFERENCE_CONFIG).to_dict()
+    assert [c["sha256"] for c in doc["checksums"]] == [None, None]
 
 
 def _seed_front_matter_and_body() -> tuple[dict, str]:
