@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from . import contract, hub_vocab
-from ._hashing import sha256_file
+from ._hashing import ManifestEntry, load_checksum_manifest, sha256_file
 from .card_results import Results, load_eval, load_train_log
 from .checkpoint import CheckpointView, LocalSource, open_checkpoint
 from .errors import DsparkError, UsageError
@@ -239,57 +239,6 @@ def _layer0(name: str) -> str:
 
 
 # ------------------------------------------------------------------ checksums
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    size: int | None
-    sha256: str | None
-
-
-def load_checksum_manifest(path: str | os.PathLike[str]) -> dict[str, ManifestEntry]:
-    """Read known digests: `sha256sum` output, or JSON (`{"files": [{"path", "size", "sha256"}]}`,
-    `{"files": {name: {...}}}`, `[{...}]` or `{name: "hex"}`).
-
-    Raises:
-        UsageError: the file is missing or in none of these forms.
-    """
-    import json
-
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such file; pass a checksum manifest (JSON or sha256sum output)") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
-        return _sha256sum_lines(p, text)
-    files = doc.get("files", doc) if isinstance(doc, dict) else doc
-    out: dict[str, ManifestEntry] = {}
-    items = files.items() if isinstance(files, dict) else ((None, e) for e in files) if isinstance(files, list) else ()
-    for name, entry in items:
-        if isinstance(entry, str):
-            out[str(name)] = ManifestEntry(None, entry.lower())
-        elif isinstance(entry, dict):
-            key = name or entry.get("path") or entry.get("name") or entry.get("file")
-            sha = entry.get("sha256")
-            out[str(key)] = ManifestEntry(_int_or_none(entry.get("size")), sha.lower() if isinstance(sha, str) else None)
-    if not out:
-        raise UsageError(f"{p}: holds no file digests; expected sha256sum lines or {{\"files\": [...]}}")
-    return out
-
-
-def _sha256sum_lines(path: Path, text: str) -> dict[str, ManifestEntry]:
-    out = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        m = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](.+)", line.strip())
-        if not m:
-            raise UsageError(f"{path}:{number}: not '<sha256>  <file>'; pass sha256sum output or a JSON manifest")
-        out[m.group(2)] = ManifestEntry(None, m.group(1).lower())
-    return out
-
 
 def _checksums(view: CheckpointView, manifest: Mapping[str, ManifestEntry], hash_files: bool,
                progress: Callable[[int], None] | None) -> list[FileChecksum]:
