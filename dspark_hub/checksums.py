@@ -30,14 +30,15 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from .checkpoint import _SKIP_DIRS
-from .errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
+from .checkpoint import SKIP_DIRS
+from .errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError, UsageError
 from .writer import atomic_file
 
 SCHEMA = "dspark-hub/checksums/1"
@@ -47,7 +48,7 @@ GITATTRIBUTES_NAME = ".gitattributes"
 #: Files describing the checkpoint rather than being part of it.
 SIDECAR_NAMES = frozenset({SUMS_NAME, MANIFEST_NAME})
 #: Directories that belong to tools, never to the checkpoint (the same set `LocalSource` skips).
-IGNORED_DIRS = frozenset(_SKIP_DIRS)
+IGNORED_DIRS = frozenset(SKIP_DIRS)
 
 CHUNK_SIZE = 8 * 1024 * 1024
 #: The Hub refuses regular (non-LFS) files above 10 MiB.
@@ -416,3 +417,64 @@ def check_checksums(folder: Path | str, *, progress: Progress | None = None) -> 
                                         f"the checksums say {sha[:12]}...; the content changed",
                                         expected=sha, actual=digest.sha256))
     return sorted(problems, key=lambda p: (p.path, p.kind))
+
+
+# --- single files and known digests (used by cards) ----------------------------------------------
+
+def sha256_file(path: str | os.PathLike[str], *, progress: Progress | None = None) -> str:
+    """Hex SHA-256 of one file (same reader as `compute_manifest`)."""
+    path = Path(path)
+    return _hash_file(path, path.name, (), progress).sha256
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """A file's known size and digest from a manifest (either may be unknown)."""
+
+    size: int | None
+    sha256: str | None
+
+
+def load_checksum_manifest(path: str | os.PathLike[str]) -> dict[str, ManifestEntry]:
+    """Read known digests: `sha256sum` output, or JSON (`{"files": [{"path", "size", "sha256"}]}`,
+    `{"files": {name: {...}}}`, `[{...}]` or `{name: "hex"}`).
+
+    Raises:
+        UsageError: the file is missing or in none of these forms.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such file; pass a checksum manifest (JSON or sha256sum output)") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return _sha256sum_lines(p, text)
+    files = doc.get("files", doc) if isinstance(doc, dict) else doc
+    out: dict[str, ManifestEntry] = {}
+    items = files.items() if isinstance(files, dict) else ((None, e) for e in files) if isinstance(files, list) else ()
+    for name, entry in items:
+        if isinstance(entry, str):
+            out[str(name)] = ManifestEntry(None, entry.lower())
+        elif isinstance(entry, dict):
+            key = name or entry.get("path") or entry.get("name") or entry.get("file")
+            sha = entry.get("sha256")
+            size = entry.get("size")
+            out[str(key)] = ManifestEntry(size if isinstance(size, int) else None,
+                                          sha.lower() if isinstance(sha, str) else None)
+    if not out:
+        raise UsageError(f"{p}: holds no file digests; expected sha256sum lines or {{\"files\": [...]}}")
+    return out
+
+
+def _sha256sum_lines(path: Path, text: str) -> dict[str, ManifestEntry]:
+    out = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        m = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](.+)", line.strip())
+        if not m:
+            raise UsageError(f"{path}:{number}: not '<sha256>  <file>'; pass sha256sum output or a JSON manifest")
+        out[m.group(2)] = ManifestEntry(None, m.group(1).lower())
+    return out

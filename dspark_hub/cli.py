@@ -20,7 +20,7 @@ from rich.table import Table
 
 from . import __version__, contract
 from .errors import CheckpointNotFoundError, DsparkError
-from .report import Report
+from .report import Finding, Report
 
 stdout = Console(highlight=False, soft_wrap=False)
 stderr = Console(stderr=True, highlight=False)
@@ -104,16 +104,20 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
-def render_report(report: Report) -> None:
-    """Human view of a verify report: findings table, then summary."""
-    findings = report.sorted_findings()
+def render_findings(findings: list[Finding], title: str) -> None:
+    """A findings table (severity, where, message, hint) on stdout; nothing when there are none."""
     if findings:
-        table = Table(title=f"findings for {report.path}", show_lines=False, expand=False)
+        table = Table(title=title, show_lines=False, expand=False)
         for col in ("severity", "where", "message", "hint"):
             table.add_column(col, overflow="fold")
         for f in findings:
             table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.where, f.message, f.hint or "")
         stdout.print(table)
+
+
+def render_report(report: Report) -> None:
+    """Human view of a verify report: findings table, then summary."""
+    render_findings(report.sorted_findings(), f"findings for {report.path}")
     s = report.summary
     params = s.parameters or {}
     stdout.print(f"layout: {s.layout or '-'}   files: {len(s.files)}   tensors: {s.tensors}   "
@@ -273,6 +277,83 @@ def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: st
     stdout.print(f"wrote {out_dir}: {', '.join(sorted(result.files))}")
     stdout.print(f"infohash {result.infohash}")
     stdout.print(f"magnet   {result.magnet}")
+
+
+class DefaultCommandGroup(click.Group):
+    """A group whose first argument, when it is not a subcommand, goes to `default_command`.
+
+    So `dspark-hub card CKPT --meta M -o README.md` means `dspark-hub card render CKPT ...`
+    while `dspark-hub card lint README.md` reaches `lint` (a checkpoint folder literally
+    named `lint` needs the explicit `card render lint`).
+    """
+
+    default_command = "render"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group(cls=DefaultCommandGroup)
+def card() -> None:
+    """Render a model card from computed facts (default), or lint one: 'card lint README.md'."""
+
+
+@card.command("render")
+@click.argument("ckpt", required=False, type=click.Path(path_type=Path))
+@click.option("--meta", required=True, type=click.Path(path_type=Path), help="Card source: cards/<name>/card.yaml.")
+@click.option("--eval", "eval_json", type=click.Path(path_type=Path), help="Evaluation JSON ('dspark-hub eval --json').")
+@click.option("--train-log", type=click.Path(path_type=Path), help="Training log (JSON lines).")
+@click.option("--checksums-from", type=click.Path(path_type=Path),
+              help="Manifest of known SHA-256 digests (JSON or sha256sum output), used instead of hashing.")
+@click.option("--no-hash", is_flag=True, help="Do not hash files the manifest does not cover (their digest shows as —).")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Where to write the card.")
+@force_option
+@quiet_option
+@json_option
+def card_render(ckpt: Path | None, meta: Path, eval_json: Path | None, train_log: Path | None,
+                checksums_from: Path | None, no_hash: bool, output: Path, force: bool, quiet: bool,
+                as_json: bool) -> None:
+    """Render a model card for CKPT (omit CKPT when the weights are not at hand) to OUTPUT."""
+    import hashlib
+
+    from .cards import render_card
+    from .writer import atomic_file, check_writable
+
+    check_writable(output, force=force)
+    with progress_bar("hashing", None, enabled=not (quiet or as_json)) as advance:
+        text = render_card(meta, ckpt, eval_json, train_log, checksums_from=checksums_from, hash_files=not no_hash,
+                           progress=advance)
+    data = text.encode("utf-8")
+    with atomic_file(output, force=force) as f:
+        f.write(data)
+    if as_json:
+        print_json({"schema": "dspark-hub/card/1", "path": str(output), "bytes": len(data),
+                    "lines": text.count("\n"), "sha256": hashlib.sha256(data).hexdigest()})
+    else:
+        stdout.print(f"wrote {output} ({len(data):,} bytes); check it with: dspark-hub card lint {output}"
+                     + (f" --checkpoint {ckpt}" if ckpt else ""))
+
+
+@card.command("lint")
+@click.argument("readme", type=click.Path(path_type=Path))
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="Also check the card's weight facts against it.")
+@json_option
+@click.pass_context
+def card_lint(ctx: click.Context, readme: Path, checkpoint: Path | None, as_json: bool) -> None:
+    """Check a model card: front matter, acceptance arithmetic, duplicate rows, and weight facts."""
+    from .cardlint import lint_card
+
+    report = lint_card(readme, checkpoint)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        render_findings(report.sorted_findings(), f"findings for {report.path}")
+        errors = len(report.errors)
+        verdict = "[bold green]OK[/]" if report.ok else f"[bold red]FAILED[/] ({errors} error{'s' * (errors != 1)})"
+        stdout.print(f"{verdict}  {report.path}")
+    ctx.exit(0 if report.ok else 1)
 
 
 def main() -> None:
