@@ -356,6 +356,64 @@ def card_lint(ctx: click.Context, readme: Path, checkpoint: Path | None, as_json
     ctx.exit(0 if report.ok else 1)
 
 
+@cli.command()
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.argument("repo_id", metavar="ORG/NAME")
+@click.option("--drop-in", "drop_in", metavar="REF", help="The gate also demands drop-in identity with REF.")
+@click.option("--private", is_flag=True, default=None, help="Create the repository private.")
+@click.option("--revision", metavar="BRANCH", help="Commit to this branch (created from main if missing).")
+@click.option("--tag", metavar="TAG", help="Tag the new commit.")
+@click.option("--with-remote-code", is_flag=True, help="Also upload the modeling code and an auto_map.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every file, size, LFS or regular); send nothing.")
+@endpoint_option
+@quiet_option
+@json_option
+@click.pass_context
+def publish(ctx: click.Context, ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
+            revision: str | None, tag: str | None, with_remote_code: bool, dry_run: bool, endpoint: str | None,
+            quiet: bool, as_json: bool) -> None:
+    """Gate (verify + card lint), upload CKPT to ORG/NAME, then compare the Hub's files with the local ones.
+
+    The token comes from huggingface_hub's usual sources (HF_TOKEN, 'hf auth login') and is never printed.
+    """
+    from .release import publish_checkpoint
+
+    with progress_bar("sha256", None, enabled=not (quiet or as_json)) as advance:
+        outcome = publish_checkpoint(ckpt, repo_id, drop_in=drop_in, private=private, revision=revision, tag=tag,
+                                     with_remote_code=with_remote_code, endpoint=endpoint, dry_run=dry_run,
+                                     progress=advance)
+    if as_json:
+        print_json(outcome.to_dict())
+    else:
+        _render_publication(outcome)
+    ctx.exit(0 if outcome.ok else 1)
+
+
+def _render_publication(outcome: Any) -> None:
+    if not outcome.gate.ok:
+        stderr.print(f"[bold red]refused[/]: nothing was sent ({len(outcome.gate.refusals)} problems)")
+        for reason in outcome.gate.refusals:
+            stdout.print(f"  {reason}")
+        return
+    result = outcome.result
+    plan = result.plan
+    if result.status == "dry_run":
+        table = Table(title=f"plan: {plan.repo_id}@{plan.revision} ({plan.endpoint})")
+        for col, justify in (("file", "left"), ("bytes", "right"), ("storage", "left")):
+            table.add_column(col, justify=justify)   # type: ignore[arg-type]
+        for f in plan.files:
+            table.add_row(f.path, f"{f.size:,}", "LFS" if f.lfs else "regular")
+        stdout.print(table)
+        stdout.print(f"{len(plan.files)} files, {plan.total_bytes:,} bytes ({plan.lfs_bytes:,} through LFS); "
+                     f"commit: {plan.commit_message}; dry run: nothing sent")
+        return
+    if result.problems:
+        _file_problems_table("the Hub's files differ from the local ones", result.problems)
+    stdout.print(f"{result.status}: {result.commit_url}" + (f" (tag {result.tag})" if result.tag else ""))
+    if not result.problems:
+        stdout.print(f"the Hub's {len(plan.files)} files match the local SHA-256 digests")
+
+
 def main() -> None:
     """Console-script entry point: SIGTERM unwinds like Ctrl-C so writers clean up."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
