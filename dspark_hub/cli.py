@@ -115,23 +115,71 @@ def cli(debug: bool) -> None:
     """Verify, train, card and publish k3_dspark speculative-decoding drafts."""
 
 
+def runtime_choices() -> list[str]:
+    """`--runtime` choices, derived from the runtimes registry (never typed twice)."""
+    from .runtimes import RUNTIMES
+
+    return [*RUNTIMES, "all"]
+
+
 @cli.command()
 @click.argument("path")
 @click.option("--drop-in", "drop_in", metavar="REF",
               help=f"Also demand drop-in identity with a bundled reference ({', '.join(contract.REFERENCES)}) "
                    "or a checkpoint folder.")
+@click.option("--runtime", "runtime", multiple=True, type=click.Choice(runtime_choices()),
+              help="Judge every tensor through this runtime's loader (repeatable, or 'all') and print its "
+                   "serving command.")
+@click.option("--target", "target", metavar="TARGET",
+              help="Check the pairing with this target model (folder or hf://ORG/NAME[@REV]).")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=None,
+              help="Draft tokens per block for the serving commands (not a config key; default 7, the "
+                   "reference draft's).")
 @json_option
 @click.pass_context
-def verify(ctx: click.Context, path: str, drop_in: str | None, as_json: bool) -> None:
+def verify(ctx: click.Context, path: str, drop_in: str | None, runtime: tuple[str, ...], target: str | None,
+           block_size: int | None, as_json: bool) -> None:
     """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract."""
     from . import checks
 
-    report = checks.verify(path, drop_in=drop_in)
+    report = checks.verify(path, drop_in=drop_in, runtime=list(runtime) or None, target=target,
+                           block_size=block_size)
     if as_json:
         print_json(report.to_dict())
     else:
+        render_sections(report)
         render_report(report)
     ctx.exit(0 if report.ok else 1)
+
+
+VERDICT_STYLE = {"loaded": "green", "skipped": "cyan", "ignored": "bold red", "fatal": "bold red"}
+
+
+def render_sections(report: Report) -> None:
+    """Human view of the optional family, runtimes and pairing sections (nothing when absent)."""
+    family = report.sections.get("family")
+    if family and family["family"] != "k3_dspark":
+        stdout.print(f"family: {family['title']} ({'; '.join(family['evidence'])})")
+    for name, data in (report.sections.get("runtimes") or {}).items():
+        table = Table(title=f"{data['title']}: per-tensor verdicts", expand=False)
+        for col in ("tensor", "verdict", "detail"):
+            table.add_column(col, overflow="fold")
+        rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
+        rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
+        for tensor, verdict, detail in rows:
+            table.add_row(tensor, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
+        stdout.print(table)
+        serving = data["serving"]
+        stdout.print(f"serve with {data['title']} ({serving['num_speculative_tokens']} draft tokens; "
+                     f"{serving['block_size_source']}; target layers {serving['target_layer_ids']} from "
+                     "config.json):")
+        stdout.print(f"  {serving['command']}", markup=False)
+    pairing = report.sections.get("pairing")
+    if pairing:
+        embedding = pairing["embedding"]
+        stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
+                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: "
+                     f"{embedding['identical']})")
 
 
 @cli.command()
