@@ -1,0 +1,284 @@
+"""Load, save and ship code for `k3_dspark` checkpoints (the toolkit side; never copied into checkpoints).
+
+`save_checkpoint` writes what the published artifact looks like (one `model.safetensors`, the
+input's safetensors metadata, a `config.json` with the input's key set and order), which
+`save_pretrained` cannot: it stamps `{"format": "pt"}` and sorts the config keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from .. import contract
+from ..errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
+from .configuration_k3_dspark import ordered_config
+from .modeling_k3_dspark import K3DSparkModel
+
+#: What `export_code` adds to `config.json`.
+AUTO_MAP: dict[str, str] = {
+    "AutoConfig": "configuration_k3_dspark.K3DSparkConfig",
+    "AutoModel": "modeling_k3_dspark.K3DSparkModel",
+}
+CODE_FILES = ("configuration_k3_dspark.py", "modeling_k3_dspark.py")
+_SOURCE_ATTR = "_dspark_source"
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint loaded into a `K3DSparkModel`, with what is needed to write it back alike."""
+
+    model: K3DSparkModel
+    config: dict[str, Any]
+    metadata: dict[str, str] | None
+    missing_keys: list[str] = field(default_factory=list)
+    unexpected_keys: list[str] = field(default_factory=list)
+    mismatched_keys: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing_keys or self.unexpected_keys or self.mismatched_keys)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metadata": self.metadata, "missing_keys": self.missing_keys,
+                "unexpected_keys": self.unexpected_keys, "mismatched_keys": self.mismatched_keys}
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What `save_checkpoint` wrote."""
+
+    folder: str
+    tensor_count: int
+    dtype: str
+    metadata: dict[str, str] | None
+    config_keys: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"folder": self.folder, "tensor_count": self.tensor_count, "dtype": self.dtype,
+                "metadata": self.metadata, "config_keys": self.config_keys}
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export_code` changed in a checkpoint folder."""
+
+    folder: str
+    written: list[str]
+    unchanged: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"folder": self.folder, "written": self.written, "unchanged": self.unchanged}
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def _folder(path: str | os.PathLike[str]) -> Path:
+    folder = Path(path)
+    if not (folder / contract.CONFIG_NAME).is_file():
+        raise CheckpointNotFoundError(f"{folder}: no {contract.CONFIG_NAME}; pass a checkpoint folder")
+    return folder
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / contract.CONFIG_NAME
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointFormatError("config-unreadable", f"not readable JSON ({exc}); fix or restore the file",
+                                    path=str(path)) from exc
+
+
+def read_metadata(folder: str | os.PathLike[str]) -> dict[str, str] | None:
+    """The `__metadata__` of the folder's single `model.safetensors` (None if absent or sharded)."""
+    from safetensors import safe_open
+
+    path = Path(folder) / contract.WEIGHTS_NAME
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as handle:
+        return handle.metadata()
+
+
+def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
+                    dtype: torch.dtype | str = "auto") -> LoadedCheckpoint:
+    """Load a checkpoint folder into `K3DSparkModel` (mmap-backed, low memory).
+
+    Args:
+        folder: holds `config.json` and `model.safetensors` (or an index and shards).
+        strict: raise when a tensor is missing, unexpected or of the wrong shape.
+        dtype: parameter dtype; "auto" keeps the config's (`torch_dtype`).
+
+    Returns:
+        The model plus the input's raw config, safetensors metadata and the key report.
+        The model remembers config and metadata, so `save_checkpoint(model, out)` writes alike.
+
+    Raises:
+        CheckpointNotFoundError: no `config.json` in `folder`.
+        CheckpointFormatError: `strict` and the tensor names or shapes do not match the model.
+    """
+    path = _folder(folder)
+    raw_config = _read_config(path)
+    model, info = K3DSparkModel.from_pretrained(str(path), dtype=dtype, output_loading_info=True,
+                                                ignore_mismatched_sizes=not strict)
+    loaded = LoadedCheckpoint(
+        model=model,
+        config=raw_config,
+        metadata=read_metadata(path),
+        missing_keys=sorted(info["missing_keys"]),
+        unexpected_keys=sorted(info["unexpected_keys"]),
+        mismatched_keys=sorted(str(item[0]) for item in info["mismatched_keys"]),
+    )
+    if strict and not loaded.ok:
+        problems = [f"{label} {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
+                    for label, keys in (("missing", loaded.missing_keys), ("unexpected", loaded.unexpected_keys),
+                                        ("mismatched", loaded.mismatched_keys)) if keys]
+        raise CheckpointFormatError("state-dict-mismatch", f"tensors do not match the model: {'; '.join(problems)}; "
+                                    "run 'dspark-hub verify' for the full list", path=str(path))
+    setattr(model, _SOURCE_ATTR, {"config": raw_config, "metadata": loaded.metadata})
+    return loaded
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def checkpoint_config(model: K3DSparkModel, *, dtype: torch.dtype,
+                      like: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The `config.json` document for `model` saved in `dtype`.
+
+    With `like` (the input's config), the key set and order are exactly `like`'s, values from
+    the model. Without it, the published order, then any extra keys the config carries.
+    """
+    values = model.config.to_diff_dict()
+    values["architectures"] = [type(model).__name__]
+    values["torch_dtype"] = _dtype_name(dtype)
+    if like is None:
+        return ordered_config(values)
+    return {key: values.get(key, like[key]) for key in like}
+
+
+def _write_atomic(path: Path, write: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    _write_atomic(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+_INHERIT: Any = object()
+
+
+def save_checkpoint(
+    model: K3DSparkModel,
+    folder: str | os.PathLike[str],
+    *,
+    metadata: Mapping[str, str] | None = _INHERIT,
+    config_like: Mapping[str, Any] | None = _INHERIT,
+    dtype: torch.dtype | None = None,
+    force: bool = False,
+) -> SaveResult:
+    """Write `model` as a drop-in checkpoint: one `model.safetensors` plus `config.json`.
+
+    Tensor names are the model's state-dict names (the contract's, no prefix), in the model's
+    dtype unless `dtype` is given. Each file is written to a temporary sibling and renamed.
+
+    Args:
+        model: the draft.
+        folder: output folder (created if needed).
+        metadata: safetensors `__metadata__`. Default: the loaded input's (e.g.
+            `{"torchspec_version": "0.1.0"}`) when the model came from `load_checkpoint`, else none.
+        config_like: the input config whose key set and order to reproduce. Default: the loaded
+            input's; else the published layout (`dspark_hub.contract.config_bytes` format).
+        dtype: cast tensors on the way out (the model is not changed).
+        force: replace existing `model.safetensors` / `config.json` in `folder`.
+
+    Raises:
+        RefusedOverwriteError: an output file exists and `force` is False.
+    """
+    from safetensors.torch import save_file
+
+    source = getattr(model, _SOURCE_ATTR, None) or {}
+    if metadata is _INHERIT:
+        metadata = source.get("metadata")
+    if config_like is _INHERIT:
+        config_like = source.get("config")
+    out = Path(folder)
+    targets = [out / contract.WEIGHTS_NAME, out / contract.CONFIG_NAME]
+    for target in targets:
+        if target.exists() and not force:
+            raise RefusedOverwriteError(str(target))
+    out.mkdir(parents=True, exist_ok=True)
+
+    state = {name: tensor.detach().to(dtype or tensor.dtype).contiguous()
+             for name, tensor in model.state_dict().items()}
+    saved_dtype = dtype or next(iter(state.values())).dtype
+    document = checkpoint_config(model, dtype=saved_dtype, like=config_like)
+    _write_atomic(targets[0], lambda tmp: save_file(state, tmp, metadata=dict(metadata) if metadata else None))
+    _write_bytes_atomic(targets[1], contract.config_bytes(document))
+    return SaveResult(folder=str(out), tensor_count=len(state), dtype=_dtype_name(saved_dtype),
+                      metadata=dict(metadata) if metadata else None, config_keys=list(document))
+
+
+# ----------------------------------------------------------------------------- export code
+
+
+def code_sources() -> dict[str, bytes]:
+    """File name -> bytes of the two modeling files shipped for `trust_remote_code`."""
+    here = Path(__file__).parent
+    return {name: (here / name).read_bytes() for name in CODE_FILES}
+
+
+def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> ExportResult:
+    """Make a checkpoint loadable with `trust_remote_code=True` where dspark-hub is not installed.
+
+    Copies `configuration_k3_dspark.py` and `modeling_k3_dspark.py` into `folder` and adds
+    `auto_map` (appended after the existing keys, whose order is kept) to its `config.json`.
+    Each write goes to a temporary sibling, then is renamed. Files already identical are left alone.
+
+    Raises:
+        CheckpointNotFoundError: no `config.json` in `folder`.
+        RefusedOverwriteError: a code file or `auto_map` exists with other content and `force` is False.
+    """
+    path = _folder(folder)
+    config = _read_config(path)
+    pending: dict[Path, bytes] = {path / name: data for name, data in code_sources().items()}
+    new_config = {**config, "auto_map": {**(config.get("auto_map") or {}), **AUTO_MAP}}
+    pending[path / contract.CONFIG_NAME] = contract.config_bytes(new_config)
+
+    existing_map = config.get("auto_map") or {}
+    clashing_map = any(existing_map.get(key, value) != value for key, value in AUTO_MAP.items())
+    written, unchanged = [], []
+    for target, data in pending.items():
+        if target.exists() and target.read_bytes() == data:
+            unchanged.append(target.name)
+            continue
+        clashes = clashing_map if target.name == contract.CONFIG_NAME else target.exists()
+        if clashes and not force:
+            raise RefusedOverwriteError(str(target))
+        written.append(target.name)
+    for target, data in pending.items():
+        if target.name in written:
+            _write_bytes_atomic(target, data)
+    return ExportResult(folder=str(path), written=written, unchanged=unchanged)
+
+
+__all__ = ["AUTO_MAP", "CODE_FILES", "ExportResult", "LoadedCheckpoint", "SaveResult", "checkpoint_config",
+           "code_sources", "export_code", "load_checkpoint", "read_metadata", "save_checkpoint"]
