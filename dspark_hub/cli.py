@@ -208,6 +208,87 @@ def init(dst: Path, profile: str, init_kind: str, seed: int, force: bool, quiet:
         stdout.print(f"wrote {out} ({profile}, {init_kind}, {size:,} bytes); check it with: dspark-hub verify {out}")
 
 
+class DefaultCommandGroup(click.Group):
+    """A group whose first argument may be a subcommand or the default command's argument.
+
+    `dspark-hub golden CKPT -o F` runs the hidden `write` command; `dspark-hub golden check ...`
+    runs `check`.
+    """
+
+    default_command = "write"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group(cls=DefaultCommandGroup)
+def golden() -> None:
+    """Golden vectors: `golden CKPT -o FILE` writes a fixture of the reference forward; `golden check` recomputes it.
+
+    \b
+    dspark-hub golden CKPT -o golden.safetensors [--lm-head FILE] [--seed N] [--block-size K]
+    dspark-hub golden check CKPT golden.safetensors [--lm-head FILE] [--atol X --rtol Y]
+    """
+
+
+@golden.command("write", hidden=True)
+@click.argument("ckpt", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The golden .safetensors file to write.")
+@click.option("--lm-head", "lm_head", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A safetensors file with the target's lm_head weight (default: a seeded stand-in).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the inputs and the stand-in lm_head.")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=7, show_default=True)
+@force_option
+@json_option
+def golden_write(ckpt: Path, output: Path, lm_head: Path | None, seed: int, block_size: int, force: bool,
+                 as_json: bool) -> None:
+    """Write the golden fixture of CKPT."""
+    from .golden import write_golden
+
+    result = write_golden(ckpt, output, lm_head=lm_head, seed=seed, block_size=block_size, force=force)
+    if as_json:
+        print_json(result)
+    else:
+        stdout.print(f"wrote {result['path']} ({result['bytes']:,} bytes; cases "
+                     f"{', '.join(f'{c} from position {p}' for c, p in result['cases'].items())}); "
+                     f"check it with: dspark-hub golden check {ckpt} {output}")
+
+
+@golden.command("check")
+@click.argument("ckpt", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("fixture", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--lm-head", "lm_head", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The lm_head file the fixture was written with (if any).")
+@click.option("--atol", type=float, default=None, help="Override the stored absolute tolerance.")
+@click.option("--rtol", type=float, default=None, help="Override the stored relative tolerance.")
+@json_option
+@click.pass_context
+def golden_check(ctx: click.Context, ckpt: Path, fixture: Path, lm_head: Path | None, atol: float | None,
+                 rtol: float | None, as_json: bool) -> None:
+    """Recompute FIXTURE on CKPT and compare within the stored tolerances (exit 0 when all match, else 1)."""
+    from .golden import check_golden
+
+    result = check_golden(ckpt, fixture, lm_head=lm_head, atol=atol, rtol=rtol)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        table = Table(title=f"golden check {fixture}", expand=False)
+        for col in ("tensor", "ok", "max |diff|", "tolerance"):
+            table.add_column(col)
+        for c in result.comparisons:
+            tol = f"atol {c['atol']:g} rtol {c['rtol']:g}" if "atol" in c else "exact"
+            diff = "-" if c.get("max_abs") is None else f"{c['max_abs']:.3g}"
+            table.add_row(c["tensor"], "[green]yes[/]" if c["ok"] else "[bold red]NO[/]", diff, tol)
+        stdout.print(table)
+        for problem in result.problems:
+            stdout.print(f"[bold red]problem[/]: {problem}")
+        stdout.print("[bold green]OK[/]" if result.ok else "[bold red]FAILED[/]")
+    ctx.exit(0 if result.ok else 1)
+
+
 def main() -> None:
     """Console-script entry point: SIGTERM unwinds like Ctrl-C so writers clean up."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

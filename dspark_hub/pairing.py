@@ -123,9 +123,9 @@ def _sha256_file(view: CheckpointView, name: str) -> str:
 
 def target_revision(view: CheckpointView) -> tuple[str | None, str | None]:
     """The target's commit, when the source knows it: a Hub source, an HF cache snapshot, or `hf download`."""
-    revision = getattr(view.source, "revision", None)
-    if isinstance(revision, str) and revision:
-        return revision, "hub"
+    commit = getattr(view.source, "commit", None)      # hub.HubSource resolves the revision to a commit
+    if isinstance(commit, str) and commit:
+        return commit, "hub"
     match = _SNAPSHOT.search(os.fspath(getattr(view.source, "root", view.location)).replace(os.sep, "/") + "/")
     if match:
         return match.group(1), "hf cache snapshot path"
@@ -274,6 +274,18 @@ def _embedding(draft_view: CheckpointView, target_view: CheckpointView, name: st
     return out, section
 
 
+def _file_digests(view: CheckpointView, hashed: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Config/tokenizer files hashed here; weight files by size, plus the Hub's LFS SHA-256 when remote."""
+    remote = view.source.remote_files() if hasattr(view.source, "remote_files") else {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, size in view.files.items():
+        if name in hashed:
+            out[name] = {"size": size, "sha256": _sha256_file(view, name)}
+        elif name in view.headers or name == contract.INDEX_NAME:
+            out[name] = {"size": size, "sha256": getattr(remote.get(name), "lfs_sha256", None)}
+    return out
+
+
 # ---------------------------------------------------------------- entry point
 
 def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
@@ -304,9 +316,7 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
         "revision_source": revision_source,
         "config": {"hidden_size": tcfg.get("hidden_size"), "num_hidden_layers": tcfg.get("num_hidden_layers"),
                    "vocab_size": tcfg.get("vocab_size"), "sha256": _sha256_file(target_view, "config.json")},
-        "files": {name: {"size": size, "sha256": _sha256_file(target_view, name) if name in hashed else None}
-                  for name, size in target_view.files.items()
-                  if name in hashed or name in target_view.headers or name == contract.INDEX_NAME},
+        "files": _file_digests(target_view, hashed),
         "embedding": embedding,
         "mask_token": token.to_dict() if token else None,
     }
