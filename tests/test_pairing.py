@@ -143,3 +143,19 @@ def test_target_without_config_is_a_usage_error(tmp_path, draft):
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(cli, ["verify", str(draft), "--target", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "no readable config.json" in result.output
+
+
+def test_remote_target_through_the_hub_source(tmp_path, draft, draft_tensors, hub, hub_repo_id, hub_token):
+    from dspark_hub.hub import HubSource, publish
+
+    teacher = make_teacher(tmp_path / "t", draft_tensors["embed_tokens.weight"])
+    result = publish(teacher, hub_repo_id, token=hub_token, endpoint=hub.url, private=True)
+    assert result.ok, result.to_dict()
+    source = HubSource.from_url(f"hf://{hub_repo_id}", endpoint=hub.url, token=hub_token)
+    report = verify(draft, target=source)
+    assert report.ok, [f.to_dict() for f in report.findings]
+    pairing = report.sections["pairing"]
+    assert pairing["revision_source"] == "hub" and len(pairing["revision"]) == 40
+    assert pairing["embedding"]["identical"] is True
+    assert pairing["files"]["model.safetensors"]["sha256"] == hashlib.sha256(
+        (teacher / "model.safetensors").read_bytes()).hexdigest()
