@@ -137,18 +137,33 @@ def cli(debug: bool) -> None:
     """Verify, train, card and publish k3_dspark speculative-decoding drafts."""
 
 
+def runtime_choices() -> list[str]:
+    """`--runtime` choices, derived from the runtimes registry (never typed twice)."""
+    from .runtimes import RUNTIMES
+
+    return [*RUNTIMES, "all"]
+
+
 @cli.command()
 @click.argument("path")
 @click.option("--drop-in", "drop_in", metavar="REF",
               help=f"Also demand drop-in identity with a bundled reference ({', '.join(contract.REFERENCES)}) "
                    "or a checkpoint folder.")
+@click.option("--runtime", "runtime", multiple=True, type=click.Choice(runtime_choices()),
+              help="Judge every tensor through this runtime's loader (repeatable, or 'all') and print its "
+                   "serving command.")
+@click.option("--target", "target", metavar="TARGET",
+              help="Check the pairing with this target model (folder or hf://ORG/NAME[@REV]).")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=None,
+              help="Draft tokens per block for the serving commands (not a config key; default 7, the "
+                   "reference draft's).")
 @click.option("--against-hub", "against_hub", metavar="ORG/NAME[@REV]",
               help="Also compare every local file with the Hub's SHA-256 and sizes.")
 @endpoint_option
 @json_option
 @click.pass_context
-def verify(ctx: click.Context, path: str, drop_in: str | None, against_hub: str | None, endpoint: str | None,
-           as_json: bool) -> None:
+def verify(ctx: click.Context, path: str, drop_in: str | None, runtime: tuple[str, ...], target: str | None,
+           block_size: int | None, against_hub: str | None, endpoint: str | None, as_json: bool) -> None:
     """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
 
     A Hub path is verified from config.json, the index and the safetensors headers only
@@ -156,12 +171,44 @@ def verify(ctx: click.Context, path: str, drop_in: str | None, against_hub: str 
     """
     from . import checks
 
-    report = checks.verify(path, drop_in=drop_in, against_hub=against_hub, endpoint=endpoint)
+    report = checks.verify(path, drop_in=drop_in, runtime=list(runtime) or None, target=target,
+                           block_size=block_size, against_hub=against_hub, endpoint=endpoint)
     if as_json:
         print_json(report.to_dict())
     else:
         render_report(report)
+        render_sections(report)
     ctx.exit(0 if report.ok else 1)
+
+
+VERDICT_STYLE = {"loaded": "green", "skipped": "cyan", "ignored": "bold red", "fatal": "bold red"}
+
+
+def render_sections(report: Report) -> None:
+    """Human view of the optional family, runtimes and pairing sections (nothing when absent)."""
+    family = report.sections.get("family")
+    if family and family["family"] != "k3_dspark":
+        stdout.print(f"family: {family['title']} ({'; '.join(family['evidence'])})")
+    for name, data in (report.sections.get("runtimes") or {}).items():
+        table = Table(title=f"{data['title']}: per-tensor verdicts", expand=False)
+        for col in ("tensor", "verdict", "detail"):
+            table.add_column(col, overflow="fold")
+        rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
+        rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
+        for tensor, verdict, detail in rows:
+            table.add_row(tensor, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
+        stdout.print(table)
+        serving = data["serving"]
+        stdout.print(f"serve with {data['title']} ({serving['num_speculative_tokens']} draft tokens; "
+                     f"{serving['block_size_source']}; target layers {serving['target_layer_ids']} from "
+                     "config.json):")
+        stdout.print(f"  {serving['command']}", markup=False)
+    pairing = report.sections.get("pairing")
+    if pairing:
+        embedding = pairing["embedding"]
+        stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
+                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: "
+                     f"{embedding['identical']})")
 
 
 @cli.command()
@@ -283,11 +330,13 @@ class DefaultCommandGroup(click.Group):
     """A group whose first argument, when it is not a subcommand, goes to `default_command`.
 
     So `dspark-hub card CKPT --meta M -o README.md` means `dspark-hub card render CKPT ...`
-    while `dspark-hub card lint README.md` reaches `lint` (a checkpoint folder literally
-    named `lint` needs the explicit `card render lint`).
+    while `dspark-hub card lint README.md` reaches `lint`; likewise `golden CKPT -o F` and
+    `golden check` (a checkpoint folder literally named like a subcommand needs the explicit form).
     """
 
-    default_command = "render"
+    def __init__(self, *args: Any, default_command: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.default_command = default_command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
@@ -295,7 +344,7 @@ class DefaultCommandGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-@cli.group(cls=DefaultCommandGroup)
+@cli.group(cls=DefaultCommandGroup, default_command="render")
 def card() -> None:
     """Render a model card from computed facts (default), or lint one: 'card lint README.md'."""
 
@@ -412,6 +461,72 @@ def _render_publication(outcome: Any) -> None:
     stdout.print(f"{result.status}: {result.commit_url}" + (f" (tag {result.tag})" if result.tag else ""))
     if not result.problems:
         stdout.print(f"the Hub's {len(plan.files)} files match the local SHA-256 digests")
+
+
+@cli.group(cls=DefaultCommandGroup, default_command="write")
+def golden() -> None:
+    """Golden vectors: `golden CKPT -o FILE` writes a fixture of the reference forward; `golden check` recomputes it.
+
+    \b
+    dspark-hub golden CKPT -o golden.safetensors [--lm-head FILE] [--seed N] [--block-size K]
+    dspark-hub golden check CKPT golden.safetensors [--lm-head FILE] [--atol X --rtol Y]
+    """
+
+
+@golden.command("write", hidden=True)
+@click.argument("ckpt", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The golden .safetensors file to write.")
+@click.option("--lm-head", "lm_head", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A safetensors file with the target's lm_head weight (default: a seeded stand-in).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the inputs and the stand-in lm_head.")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=7, show_default=True)
+@force_option
+@json_option
+def golden_write(ckpt: Path, output: Path, lm_head: Path | None, seed: int, block_size: int, force: bool,
+                 as_json: bool) -> None:
+    """Write the golden fixture of CKPT."""
+    from .golden import write_golden
+
+    result = write_golden(ckpt, output, lm_head=lm_head, seed=seed, block_size=block_size, force=force)
+    if as_json:
+        print_json(result)
+    else:
+        stdout.print(f"wrote {result['path']} ({result['bytes']:,} bytes; cases "
+                     f"{', '.join(f'{c} from position {p}' for c, p in result['cases'].items())}); "
+                     f"check it with: dspark-hub golden check {ckpt} {output}")
+
+
+@golden.command("check")
+@click.argument("ckpt", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("fixture", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--lm-head", "lm_head", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The lm_head file the fixture was written with (if any).")
+@click.option("--atol", type=float, default=None, help="Override the stored absolute tolerance.")
+@click.option("--rtol", type=float, default=None, help="Override the stored relative tolerance.")
+@json_option
+@click.pass_context
+def golden_check(ctx: click.Context, ckpt: Path, fixture: Path, lm_head: Path | None, atol: float | None,
+                 rtol: float | None, as_json: bool) -> None:
+    """Recompute FIXTURE on CKPT and compare within the stored tolerances (exit 0 when all match, else 1)."""
+    from .golden import check_golden
+
+    result = check_golden(ckpt, fixture, lm_head=lm_head, atol=atol, rtol=rtol)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        table = Table(title=f"golden check {fixture}", expand=False)
+        for col in ("tensor", "ok", "max |diff|", "tolerance"):
+            table.add_column(col)
+        for c in result.comparisons:
+            tol = f"atol {c['atol']:g} rtol {c['rtol']:g}" if "atol" in c else "exact"
+            diff = "-" if c.get("max_abs") is None else f"{c['max_abs']:.3g}"
+            table.add_row(c["tensor"], "[green]yes[/]" if c["ok"] else "[bold red]NO[/]", diff, tol)
+        stdout.print(table)
+        for problem in result.problems:
+            stdout.print(f"[bold red]problem[/]: {problem}")
+        stdout.print("[bold green]OK[/]" if result.ok else "[bold red]FAILED[/]")
+    ctx.exit(0 if result.ok else 1)
 
 
 def main() -> None:
