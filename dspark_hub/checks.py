@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import contract
 from .checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
@@ -402,12 +402,18 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
     return report
 
 
-def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None) -> Report:
-    """Verify a checkpoint folder (or `hf://` repo) at header level.
+def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None, deep: bool = False,
+           frozen_embed: str | os.PathLike[str] | None = None,
+           progress: Callable[[int], None] | None = None) -> Report:
+    """Verify a checkpoint folder (or `hf://` repo) at header level, and optionally its bytes.
 
     Args:
         path: a checkpoint folder, an `hf://org/name[@rev]` URL, or a `Source`.
         drop_in: also demand drop-in identity with a bundled reference (`kimi-k3`) or a folder.
+        deep: also stream every weight file: SHA-256, NaN/inf, all-zero matrices (`deep.py`; local only).
+        frozen_embed: a teacher checkpoint (folder or file) whose embedding `embed_tokens.weight` must
+            equal bit for bit (local only).
+        progress: called with bytes read by the deep and frozen-embed passes.
 
     Returns:
         A `Report`; `report.ok` is False when any finding is an error.
@@ -422,4 +428,9 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None)
     """
     ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
     source = path if hasattr(path, "list_files") else source_for(path)   # type: ignore[arg-type]
-    return verify_view(open_checkpoint(source), drop_in=ref)
+    view = open_checkpoint(source)
+    report = verify_view(view, drop_in=ref)
+    if deep or frozen_embed is not None:
+        from . import deep as byte_level   # numpy only when tensor bytes are read
+        byte_level.extend_report(report, view, deep=deep, frozen_embed=frozen_embed, progress=progress)
+    return report

@@ -120,13 +120,31 @@ def cli(debug: bool) -> None:
 @click.option("--drop-in", "drop_in", metavar="REF",
               help=f"Also demand drop-in identity with a bundled reference ({', '.join(contract.REFERENCES)}) "
                    "or a checkpoint folder.")
+@click.option("--deep", is_flag=True, help="Also stream every weight file: SHA-256, NaN/inf counts, all-zero "
+                                          "matrices, per-tensor mean/std/max|x| (local folders).")
+@click.option("--frozen-embed", "frozen_embed", metavar="TEACHER",
+              help="Demand embed_tokens.weight be bit-identical to the embedding in the TEACHER checkpoint "
+                   "(folder, sharded or not, or a .safetensors file).")
+@quiet_option
 @json_option
 @click.pass_context
-def verify(ctx: click.Context, path: str, drop_in: str | None, as_json: bool) -> None:
-    """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract."""
+def verify(ctx: click.Context, path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
+           quiet: bool, as_json: bool) -> None:
+    """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
+
+    Exit codes: 0 no error finding, 1 error findings, 2 usage or I/O error.
+    """
     from . import checks
 
-    report = checks.verify(path, drop_in=drop_in)
+    if deep or frozen_embed is not None:
+        from .deep import planned_bytes
+
+        total = planned_bytes(path, deep=deep, frozen_embed=frozen_embed)
+        with progress_bar("verify --deep" if deep else "frozen-embed", total,
+                          enabled=not (quiet or as_json)) as advance:
+            report = checks.verify(path, drop_in=drop_in, deep=deep, frozen_embed=frozen_embed, progress=advance)
+    else:
+        report = checks.verify(path, drop_in=drop_in)
     if as_json:
         print_json(report.to_dict())
     else:
