@@ -2,10 +2,11 @@
 
 One streaming pass per weight file computes the file's SHA-256 and, per tensor, the
 count of NaN and inf values, whether it is all zeros, and its mean, std and max |x|.
-A reader thread fills a small ring of reused buffers; a hash thread feeds them to
-`hashlib` (which releases the GIL on large updates) while a stats thread runs numpy over
-the same buffers, so the scan hides behind the hash. Several files run in parallel.
-Memory is bounded by `RING_DEPTH x CHUNK_BYTES` per file plus small scratch arrays.
+The file is mapped in windows (no copy out of the page cache); a hash thread feeds each
+window to `hashlib` (which releases the GIL on large updates) while a stats thread runs
+numpy over the same window, so the scan hides behind the hash. Several files run in
+parallel. Memory is bounded by `RING_DEPTH x CHUNK_BYTES` mapped per file plus small
+scratch arrays.
 
 `sections["deep"]` (JSON)::
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 import os
 import queue
 import threading
@@ -66,19 +68,33 @@ class _Scratch:
 
     def __init__(self, n: int) -> None:
         self.wide = np.empty(n, dtype=np.uint32)
+        self.odd = np.empty(n // 2, dtype=np.uint32)
+        self.even = np.empty(n // 2, dtype=np.uint32)
         self.f32 = np.empty(n, dtype=np.float32)
         self.ones = np.ones(n, dtype=np.float32)
         self.abs = {code: np.empty(n, dtype=code) for code in ("<u2", "<u4", "<u8")}
 
-    def floats(self, bits: np.ndarray, dtype: str) -> np.ndarray:
+    def floats(self, bits: np.ndarray, dtype: str) -> list[np.ndarray]:
+        """The values of `bits` as float32 (float64 for F64), in one or more arrays (order not kept)."""
         m = bits.size
-        if dtype == "BF16":   # BF16 is the high half of an F32: shift the bits into a uint32
+        if dtype == "BF16" and m % 2 == 0:
+            # BF16 is the high half of an F32. Read element pairs as uint32: masking keeps the odd element
+            # as an F32, shifting left makes the even one; 1.5x faster than a uint16 -> uint32 cast.
+            pairs, half = bits.view("<u4"), m // 2
+            np.bitwise_and(pairs, 0xFFFF_0000, out=self.odd[:half])
+            np.left_shift(pairs, 16, out=self.even[:half])
+            return [self.odd[:half].view(np.float32), self.even[:half].view(np.float32)]
+        if dtype == "BF16":
             np.left_shift(bits, 16, out=self.wide[:m], dtype=np.uint32)
-            return self.wide[:m].view(np.float32)
+            return [self.wide[:m].view(np.float32)]
         if dtype == "F16":
             np.copyto(self.f32[:m], bits.view("<f2"), casting="unsafe")
-            return self.f32[:m]
-        return bits.view("<f4" if dtype == "F32" else "<f8")
+            return [self.f32[:m]]
+        return [bits.view("<f4" if dtype == "F32" else "<f8")]
+
+
+def _json_float(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 @dataclass
@@ -108,10 +124,12 @@ class TensorStats:
         return not self.any_nonzero
 
     def mean_std(self) -> tuple[float | None, float | None]:
+        """Mean and population std of the finite values (None where float32 partial sums overflowed)."""
         if not self.is_float or self.finite == 0:
             return None, None
         mean = self.total / self.finite
-        return mean, math.sqrt(max(0.0, self.total_sq / self.finite - mean * mean))
+        var = self.total_sq / self.finite - mean * mean
+        return _json_float(mean), _json_float(math.sqrt(max(0.0, var)) if math.isfinite(var) else var)
 
     def max_abs(self) -> float | None:
         if not self.is_float or self.finite == 0:
@@ -163,19 +181,20 @@ class _Accumulator:
         code, mask, inf_bits = FLOAT_BITS[s.dtype]
         magnitude = np.bitwise_and(bits, mask, out=scratch.abs[code][:bits.size])
         top = int(magnitude.max())
-        values = scratch.floats(bits, s.dtype)
+        parts = scratch.floats(bits, s.dtype)
         if top >= inf_bits:   # rare: count non-finite values and keep the finite ones
             s.nan += int(np.count_nonzero(magnitude > inf_bits))
             s.inf += int(np.count_nonzero(magnitude == inf_bits))
             finite = magnitude < inf_bits
-            values = values[finite]
-            top = int(magnitude[finite].max()) if values.size else 0
+            parts = scratch.floats(bits[finite], s.dtype) if finite.any() else []
+            top = int(magnitude[finite].max()) if parts else 0
         s.max_bits = max(s.max_bits, top)
-        s.finite += values.size
-        # BLAS dot products are several times faster than ufunc reductions here
-        ones = scratch.ones[:values.size] if values.dtype == np.float32 else np.ones(values.size)
-        s.total += float(np.dot(values, ones))
-        s.total_sq += float(np.dot(values, values))
+        for values in parts:
+            s.finite += values.size
+            # BLAS dot products are several times faster than ufunc reductions here
+            ones = scratch.ones[:values.size] if values.dtype == np.float32 else np.ones(values.size)
+            s.total += float(np.dot(values, ones))
+            s.total_sq += float(np.dot(values, values))
 
 
 class _FileScanner:
@@ -193,6 +212,10 @@ class _FileScanner:
         self.next = 0
 
     def feed(self, offset: int, data: memoryview) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):   # overflowing sums are reported as null
+            self._feed(offset, data)
+
+    def _feed(self, offset: int, data: memoryview) -> None:
         end = offset + len(data)
         while self.next < len(self.spans):
             start, stop, acc = self.spans[self.next]
@@ -223,10 +246,10 @@ class FileScan:
 
 
 class _Job:
-    __slots__ = ("buf", "n", "offset", "pending")
+    __slots__ = ("window", "offset", "pending")
 
-    def __init__(self, buf: bytearray, n: int, offset: int) -> None:
-        self.buf, self.n, self.offset, self.pending = buf, n, offset, 2
+    def __init__(self, window: mmap.mmap, offset: int) -> None:
+        self.window, self.offset, self.pending = window, offset, 2
 
 
 def _consume(jobs: queue.Queue, work: Callable[[_Job], None], done: Callable[[_Job], None],
@@ -241,59 +264,87 @@ def _consume(jobs: queue.Queue, work: Callable[[_Job], None], done: Callable[[_J
             done(job)
 
 
+def _map_window(fd: int, offset: int, length: int) -> mmap.mmap:
+    # Mapping page-cache pages costs a tenth of copying them with readinto (measured: 0.17 s vs 1.4-1.9 s
+    # of system time per 3 GB); MAP_POPULATE maps the whole window up front instead of page by page.
+    return mmap.mmap(fd, length, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ,
+                     offset=offset)
+
+
+def _unmap(window: mmap.mmap) -> None:
+    try:
+        window.close()
+    except BufferError:   # a view is still referenced (a traceback); the mapping goes with it
+        pass
+
+
+def _hash_window(hasher: Any, job: _Job) -> None:
+    with memoryview(job.window) as view:
+        hasher.update(view)
+
+
+def _scan_window(scanner: _FileScanner, job: _Job) -> None:
+    with memoryview(job.window) as view:
+        scanner.feed(job.offset, view)
+
+
 def scan_file(path: str | os.PathLike[str], header: SafetensorsHeader, *, name: str | None = None,
               progress: Progress | None = None, chunk_bytes: int = CHUNK_BYTES,
               depth: int = RING_DEPTH) -> FileScan:
     """SHA-256 of a whole file and statistics of every tensor in it, in one overlapped pass.
 
+    The file is mapped in windows of `chunk_bytes` (at most `depth` at a time, which bounds
+    memory); a hash thread and a stats thread consume each window while the next is mapped.
+    The file must not shrink while it is scanned.
+
     Args:
         path: the safetensors file.
         header: its validated header (`reader.read_header`).
         name: how to name the file in the result (default: the path).
-        progress: called with the number of bytes read.
-        chunk_bytes: size of each ring buffer.
-        depth: number of ring buffers (bounds memory at `depth * chunk_bytes`).
+        progress: called with the number of bytes mapped.
+        chunk_bytes: window size (rounded up to the mapping granularity).
+        depth: windows in flight.
     """
     shown = name or str(path)
+    window = -(-chunk_bytes // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
     scanner = _FileScanner(header, shown)
     hasher = hashlib.sha256()
-    free: queue.Queue = queue.Queue()
-    for _ in range(depth):
-        free.put(bytearray(chunk_bytes))
+    slots = threading.Semaphore(depth)
     lock = threading.Lock()
     failures: list[BaseException] = []
 
     def done(job: _Job) -> None:
         with lock:
             job.pending -= 1
-            if job.pending == 0:
-                free.put(job.buf)
+            last = job.pending == 0
+        if last:
+            _unmap(job.window)
+            slots.release()
 
     to_hash: queue.Queue = queue.Queue()
     to_scan: queue.Queue = queue.Queue()
     workers = [
         threading.Thread(target=_consume, daemon=True, name="deep-hash",
-                         args=(to_hash, lambda j: hasher.update(memoryview(j.buf)[:j.n]), done, failures)),
+                         args=(to_hash, lambda job: _hash_window(hasher, job), done, failures)),
         threading.Thread(target=_consume, daemon=True, name="deep-stats",
-                         args=(to_scan, lambda j: scanner.feed(j.offset, memoryview(j.buf)[:j.n]), done, failures)),
+                         args=(to_scan, lambda job: _scan_window(scanner, job), done, failures)),
     ]
     for w in workers:
         w.start()
     began = time.perf_counter()
-    size = 0
     try:
         with open(path, "rb", buffering=0) as f:
-            while not failures:
-                buf = free.get()
-                n = f.readinto(buf)
-                if not n:
+            size = os.fstat(f.fileno()).st_size
+            for offset in range(0, size, window):
+                slots.acquire()
+                if failures:
                     break
-                job = _Job(buf, n, size)
+                length = min(window, size - offset)
+                job = _Job(_map_window(f.fileno(), offset, length), offset)
                 to_hash.put(job)
                 to_scan.put(job)
-                size += n
                 if progress:
-                    progress(n)
+                    progress(length)
     finally:
         to_hash.put(None)
         to_scan.put(None)

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from dspark_hub import contract
 from dspark_hub.checks import verify
 from dspark_hub.cli import cli
-from dspark_hub.deep import scan_file
+from dspark_hub.deep import _FileScanner, scan_file
 from dspark_hub.errors import UsageError
 from dspark_hub.reader import read_header
 
@@ -86,31 +86,46 @@ def test_sharded_checkpoint_scans_every_shard(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_stats_match_torch(tmp_path, dtype):
+@pytest.mark.parametrize("nans", [0, 1, 2])
+def test_stats_match_torch(tmp_path, dtype, nans):
     state = tensors_for(contract.TINY_CONFIG, dtype=dtype)
     state[MATRIX] = (torch.randn(state[MATRIX].shape) * 3 + 0.5).to(dtype)
-    state[MATRIX][2, 2] = float("nan")     # excluded from the stats, counted
+    for i in range(nans):     # excluded from the stats, counted
+        state[MATRIX][2, 2 + i] = float("nan")
     folder = write_checkpoint(tmp_path / "c", tensors=state)
     got = verify(folder, deep=True).sections["deep"]["tensors"][MATRIX]
     x = state[MATRIX].double().flatten()
     x = x[torch.isfinite(x)]
-    assert got["nan"] == 1
+    assert got["nan"] == nans
     assert got["mean"] == pytest.approx(x.mean().item(), rel=1e-4, abs=1e-6)
     assert got["std"] == pytest.approx(x.std(unbiased=False).item(), rel=1e-4)
     assert got["max_abs"] == x.abs().max().item()
 
 
+def test_huge_values_keep_the_json_valid(tmp_path):
+    folder = write_checkpoint(tmp_path / "c", mutate=_set(MATRIX, (0, 0), 3e38))
+    report = verify(folder, deep=True)
+    got = report.sections["deep"]["tensors"][MATRIX]
+    assert report.ok and got["std"] is None and got["max_abs"] == pytest.approx(3e38, rel=1e-2)
+    json.dumps(report.to_dict(), allow_nan=False)
+
+
 def test_odd_chunk_boundaries_give_the_same_result(tmp_path):
-    """Chunks that split elements (7 bytes) must carry the partial element over."""
+    """Pieces that split elements (7 bytes) must carry the partial element over; small windows too."""
     folder = write_checkpoint(tmp_path / "c", tensors=tensors_for(contract.TINY_CONFIG, dtype=torch.float32))
     path = folder / contract.WEIGHTS_NAME
     header = read_header(path)
     whole = scan_file(path, header)
-    tiny = scan_file(path, header, chunk_bytes=7, depth=3)
-    assert tiny.sha256 == whole.sha256 == file_digest(path)
-    for a, b in zip(whole.tensors, tiny.tensors):
-        assert (a.name, a.finite, a.max_bits) == (b.name, b.finite, b.max_bits)
-        assert math.isclose(a.total_sq, b.total_sq, rel_tol=1e-5)
+    windows = scan_file(path, header, chunk_bytes=4096, depth=2)
+    assert windows.sha256 == whole.sha256 == file_digest(path)
+    pieces = _FileScanner(header, "x")
+    data = path.read_bytes()
+    for offset in range(0, len(data), 7):
+        pieces.feed(offset, memoryview(data[offset:offset + 7]))
+    for other in (windows.tensors, pieces.stats):
+        for a, b in zip(whole.tensors, other):
+            assert (a.name, a.finite, a.max_bits) == (b.name, b.finite, b.max_bits)
+            assert math.isclose(a.total_sq, b.total_sq, rel_tol=1e-5)
 
 
 def test_progress_counts_every_byte(tmp_path):
