@@ -43,7 +43,7 @@ from . import contract
 from .checkpoint import CheckpointView, LocalSource, open_checkpoint
 from .contract import TensorSpec
 from .errors import UsageError
-from .tensorio import TensorLocation, iter_elements
+from .tensorio import TensorLocation, iter_elements, view_location
 from .writer import atomic_dir, check_writable, write_safetensors
 
 SCHEMA = "dspark-hub/convert/1"
@@ -120,7 +120,7 @@ def plan_tensors(view: CheckpointView) -> tuple[list[TensorPlan], list[Change]]:
     origin: dict[str, str] = {}
     changes: list[Change] = []
     for name in sorted(view.tensors):
-        file, info = view.tensors[name]
+        _, info = view.tensors[name]
         target, stripped = contract_name(name)
         if stripped:
             changes.append(Change("strip_prefix", name, f"-> {target} (removed {''.join(stripped)!r})"))
@@ -136,8 +136,7 @@ def plan_tensors(view: CheckpointView) -> tuple[list[TensorPlan], list[Change]]:
         dtype = contract.CONTRACT_DTYPE if info.dtype in CAST_TO_BF16 else info.dtype
         if dtype != info.dtype:
             changes.append(Change("cast", target, f"{info.dtype} -> {dtype} (round to nearest even)"))
-        source = TensorLocation(path=view.source.path(file), header=view.headers[file], info=info)
-        plans[target] = TensorPlan(source=source, spec=TensorSpec(target, info.shape, dtype))
+        plans[target] = TensorPlan(source=view_location(view, name), spec=TensorSpec(target, info.shape, dtype))
         origin[target] = name
     return [plans[n] for n in sorted(plans)], changes
 

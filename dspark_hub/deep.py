@@ -53,7 +53,8 @@ from .checkpoint import CheckpointView, LocalSource, open_checkpoint
 from .errors import UsageError
 from .reader import SafetensorsHeader, TensorInfo
 from .report import Finding, Report, error
-from .tensorio import CHUNK_BYTES, FLOAT_BITS, TensorLocation, decode_float, locate_tensor, tensor_digest
+from .tensorio import (CHUNK_BYTES, FLOAT_BITS, TensorLocation, decode_float, locate_tensor, tensor_digest,
+                       view_location)
 
 Progress = Callable[[int], None]
 RING_DEPTH = 4
@@ -425,10 +426,8 @@ class FrozenEmbedResult:
 
 def draft_location(view: CheckpointView, name: str) -> TensorLocation | None:
     """Where a tensor of an opened local checkpoint lives, or None if it is absent."""
-    if name not in view.tensors:
-        return None
-    file, info = view.tensors[name]
-    return TensorLocation(path=_local(view).path(file), header=view.headers[file], info=info)
+    _local(view)
+    return view_location(view, name) if name in view.tensors else None
 
 
 def check_frozen_embed(view: CheckpointView, teacher: str | os.PathLike[str], *,

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from .checkpoint import CheckpointView, LocalSource, open_checkpoint
 from .report import Finding
-from .tensorio import TensorLocation, decode_float, float_dtype_supported, iter_elements
+from .tensorio import TensorLocation, decode_float, float_dtype_supported, iter_elements, view_location
 
 SCHEMA = "dspark-hub/diff/1"
 Progress = Callable[[int], None]
@@ -143,11 +143,6 @@ def compare_tensor(a: TensorLocation, b: TensorLocation, *, progress: Progress |
     return TensorDelta(identical=identical, rel_l2=rel if rel is None or math.isfinite(rel) else None)
 
 
-def _location(view: CheckpointView, name: str) -> TensorLocation:
-    file, info = view.tensors[name]
-    return TensorLocation(path=view.source.path(file), header=view.headers[file], info=info)
-
-
 def _roster(report: DiffReport, va: CheckpointView, vb: CheckpointView) -> list[str]:
     """Fill the roster differences; return the names whose bytes can be compared."""
     ta = {n: (info.shape, info.dtype) for n, (_, info) in va.tensors.items()}
@@ -198,6 +193,6 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progres
     report.config_added, report.config_removed, report.config_changed = added, removed, changed
     names = _roster(report, va, vb)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="diff") as pool:
-        deltas = pool.map(lambda n: compare_tensor(_location(va, n), _location(vb, n), progress=progress), names)
+        deltas = pool.map(lambda n: compare_tensor(view_location(va, n), view_location(vb, n), progress=progress), names)
         report.tensors = dict(zip(names, deltas))
     return report

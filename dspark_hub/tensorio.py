@@ -100,6 +100,12 @@ class TensorDigest:
                 "bytes": self.nbytes, "sha256": self.sha256}
 
 
+def view_location(view: Any, name: str) -> TensorLocation:
+    """Where tensor `name` of an opened local checkpoint (`checkpoint.CheckpointView`) lives."""
+    file, info = view.tensors[name]
+    return TensorLocation(path=view.source.path(file), header=view.headers[file], info=info)
+
+
 def tensor_digest(location: TensorLocation, *, progress: Progress | None = None) -> TensorDigest:
     """Hash a tensor's bytes in place (streamed from its byte range, never loaded whole)."""
     start, end = location.byte_range
