@@ -25,6 +25,7 @@ from .report import Report
 stdout = Console(highlight=False, soft_wrap=False)
 stderr = Console(stderr=True, highlight=False)
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
 
 
 class DsparkGroup(click.Group):
@@ -173,8 +174,14 @@ def render_convert(result: Any) -> None:
     table = Table(title=f"changes {d['src']} -> {d['dst']}", expand=False)
     for col in ("kind", "target", "detail"):
         table.add_column(col, overflow="fold")
+    shown: dict[str, int] = {}
     for c in d["changes"]:
-        table.add_row(c["kind"], c["target"], c["detail"])
+        shown[c["kind"]] = shown.get(c["kind"], 0) + 1
+        if shown[c["kind"]] <= CHANGES_PER_KIND:
+            table.add_row(c["kind"], c["target"], c["detail"])
+    for kind, n in shown.items():
+        if n > CHANGES_PER_KIND:
+            table.add_row(kind, f"... and {n - CHANGES_PER_KIND} more", "(all listed with --json)")
     if d["changes"]:
         stdout.print(table)
     stdout.print(f"wrote {d['dst']}: {d['tensors']} tensors, {d['weights_bytes']:,} bytes")

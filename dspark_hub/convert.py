@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,13 +216,13 @@ def repair_config(config: dict[str, Any], tensor_dtypes: set[str]) -> tuple[dict
     changes: list[Change] = []
     for key, why in contract.FORBIDDEN_KEYS.items():
         if key in cfg:
-            changes.append(Change("config_remove", key, f"removed {key}={cfg.pop(key)!r}: {why}"))
+            changes.append(Change("config_remove", key, f"removed {key}={json.dumps(cfg.pop(key))}: {why}"))
     if DTYPE_ALIAS in cfg:
-        changes.append(Change("config_remove", DTYPE_ALIAS, f"removed {DTYPE_ALIAS}={cfg.pop(DTYPE_ALIAS)!r}: "
+        changes.append(Change("config_remove", DTYPE_ALIAS, f"removed {DTYPE_ALIAS}={json.dumps(cfg.pop(DTYPE_ALIAS))}: "
                               "the transformers-v5 alias of torch_dtype, which the contract writes"))
     torch_dtype = next((n for n, d in contract.TORCH_DTYPE_NAMES.items() if {d} == tensor_dtypes), None)
     if torch_dtype and "torch_dtype" in cfg and cfg["torch_dtype"] != torch_dtype:
-        changes.append(Change("config_set", "torch_dtype", f"{cfg['torch_dtype']!r} -> {torch_dtype!r} "
+        changes.append(Change("config_set", "torch_dtype", f"{json.dumps(cfg['torch_dtype'])} -> {json.dumps(torch_dtype)} "
                               "(the dtype of the converted tensors)"))
         cfg["torch_dtype"] = torch_dtype
     for key, value in contract.REFERENCE_CONFIG.items():
@@ -232,7 +233,7 @@ def repair_config(config: dict[str, Any], tensor_dtypes: set[str]) -> tuple[dict
                                   "the value the weights were trained with"))
             continue
         cfg[key] = copy.deepcopy(torch_dtype if key == "torch_dtype" and torch_dtype else value)
-        changes.append(Change("config_add", key, f"added {key}={cfg[key]!r} (reference value)"))
+        changes.append(Change("config_add", key, f"added {key}={json.dumps(cfg[key])} (reference value)"))
     ordered = _ordered(cfg)
     if [k for k in ordered if k in config] != [k for k in config if k in ordered]:
         changes.append(Change("config_order", contract.CONFIG_NAME, "keys written in the published order"))
@@ -306,8 +307,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: 
     from .checks import verify
 
     src_p, dst_p = Path(src), Path(dst)
-    check_writable(dst_p, force=force)
     _check_paths(src_p, dst_p)
+    check_writable(dst_p, force=force)
     view = _open_source(src_p)
     plans, changes = plan_tensors(view)
     config, config_changes = repair_config(view.config or {}, {p.spec.dtype for p in plans})

@@ -3,7 +3,9 @@
 Config keys added, removed and changed; roster differences (tensors added, removed,
 reshaped, recast); and, per tensor present in both with the same shape, whether the
 bytes are identical and otherwise the relative L2 change ``||b - a|| / ||a||``. Both
-files are read in lockstep in fixed-size chunks, so memory stays bounded. This is how a
+files are read in lockstep in fixed-size chunks, so memory stays bounded; comparing the
+chunks directly answers "identical bytes?" exactly as comparing two SHA-256 digests would,
+without hashing either side. This is how a
 user proves "only the weights differ" and "embed_tokens stayed frozen".
 
 JSON (schema `dspark-hub/diff/1`; keys are never omitted)::

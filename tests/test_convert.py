@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ from safetensors.torch import load_file
 from dspark_hub import contract
 from dspark_hub.checks import verify
 from dspark_hub.cli import cli
-from dspark_hub.convert import convert, f32_bits_to_bf16, repair_config
+from dspark_hub.checkpoint import LocalSource, open_checkpoint
+from dspark_hub.contract import TensorSpec
+from dspark_hub.convert import convert, f32_bits_to_bf16, plan_tensors, repair_config
 from dspark_hub.errors import RefusedOverwriteError, UsageError
 from dspark_hub.writer import init_checkpoint
 
@@ -85,6 +88,34 @@ def test_reference_dimension_export_config_becomes_the_published_bytes():
     assert contract.config_bytes(config) == contract.reference_config_bytes()
     assert {c.target for c in changes if c.kind == "config_add"} == {"_torchspec_version", "torch_dtype",
                                                                      "mla_use_nope"}
+
+
+def test_reference_dimension_trainer_export_plans_the_published_layout(tmp_path):
+    """At reference dimensions the planned header and config are the published ones, byte for byte.
+
+    The export is a sparse file (header only), so nothing 7 GB is read or written.
+    """
+    specs = [TensorSpec("model." + TRAINER.get(n, n), s.shape, "F32")
+             for n, s in contract.roster(contract.REFERENCE_CONFIG).items()]
+    cfg = contract.REFERENCE_CONFIG
+    specs.append(TensorSpec("lm_head.weight", (cfg["vocab_size"], cfg["hidden_size"]), "F32"))
+    specs.sort(key=lambda s: s.name)
+    header = contract.header_bytes(specs, {"format": "pt"})
+    folder = tmp_path / "export"
+    folder.mkdir()
+    with open(folder / contract.WEIGHTS_NAME, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + sum(s.nbytes for s in specs))
+    exported = messy_config(cfg)
+    del exported["my_trainer_note"]
+    (folder / "config.json").write_text(json.dumps(exported))
+
+    view = open_checkpoint(LocalSource(folder))
+    plans, _ = plan_tensors(view)
+    config, _ = repair_config(view.config, {p.spec.dtype for p in plans})
+    assert contract.config_bytes(config) == contract.reference_config_bytes()
+    assert contract.header_bytes([p.spec for p in plans], contract.TORCHSPEC_METADATA) == \
+        contract.expected_header(cfg)
 
 
 def test_missing_dimension_key_is_not_invented():
