@@ -420,7 +420,8 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
 
     Raises:
         CheckpointNotFoundError: the path does not exist or cannot be listed.
-        UsageError: `drop_in` names neither a bundled reference nor a folder.
+        UsageError: `drop_in` names neither a bundled reference nor a folder; `deep`/`frozen_embed` on an
+            `hf://` path; the teacher holds no embedding.
 
     Example:
         >>> verify("ckpt").ok
