@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from . import contract
 from .checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
@@ -434,28 +434,34 @@ def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: s
                                      "re-download the file, or publish the local folder if it is the intended one"))
 
 
-def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
-           runtime: str | list[str] | None = None, target: str | os.PathLike[str] | Source | None = None,
-           block_size: int | None = None, against_hub: str | None = None, endpoint: str | None = None) -> Report:
-    """Verify a checkpoint folder (or `hf://` repo) at header level.
+def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None, deep: bool = False,
+           frozen_embed: str | os.PathLike[str] | None = None, runtime: str | list[str] | None = None,
+           target: str | os.PathLike[str] | Source | None = None, block_size: int | None = None,
+           against_hub: str | None = None, endpoint: str | None = None,
+           progress: Callable[[int], None] | None = None) -> Report:
+    """Verify a checkpoint folder (or `hf://` repo) at header level, and optionally its bytes.
 
     Args:
         path: a checkpoint folder, an `hf://org/name[@rev]` URL, or a `Source`.
         drop_in: also demand drop-in identity with a bundled reference (`kimi-k3`) or a folder.
+        deep: also stream every weight file: SHA-256, NaN/inf, all-zero matrices (`deep.py`; local only).
+        frozen_embed: a teacher checkpoint (folder or file) whose embedding `embed_tokens.weight` must
+            equal bit for bit (local only).
         runtime: also judge the checkpoint through these runtimes' loaders (`all`, or names from
             `runtimes.RUNTIMES`) and add their serving commands.
         target: also check the pairing with this target (folder or `hf://`); hashes both embeddings.
         block_size: draft tokens per block for the serving commands (default: the reference's 7).
         against_hub: `ORG/NAME[@REV]`: also compare every local file with the Hub's digests and sizes.
         endpoint: the Hub endpoint for `hf://` paths and `against_hub` (default: HF_ENDPOINT).
+        progress: called with bytes read by the deep and frozen-embed passes.
 
     Returns:
         A `Report`; `report.ok` is False when any finding is an error.
 
     Raises:
         CheckpointNotFoundError: the path does not exist or cannot be listed.
-        UsageError: `drop_in` names neither a bundled reference nor a folder, or `against_hub`
-            is given for an `hf://` path.
+        UsageError: `drop_in` names neither a bundled reference nor a folder; `deep`, `frozen_embed` or
+            `against_hub` on an `hf://` path; the teacher holds no embedding.
         HubError: the Hub cannot be read.
 
     Example:
@@ -468,6 +474,9 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         raise UsageError("--against-hub compares a local folder with the Hub; pass a local folder")
     view = open_checkpoint(source)
     report = verify_view(view, drop_in=ref)
+    if deep or frozen_embed is not None:
+        from . import deep as byte_level   # numpy only when tensor bytes are read
+        byte_level.extend_report(report, view, deep=deep, frozen_embed=frozen_embed, progress=progress)
     if runtime is not None:
         from . import runtimes
         runtimes.extend_report(report, view, runtime, block_size=block_size)

@@ -25,6 +25,7 @@ from .report import Finding, Report
 stdout = Console(highlight=False, soft_wrap=False)
 stderr = Console(stderr=True, highlight=False)
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
 
 
 class DsparkGroup(click.Group):
@@ -130,6 +131,89 @@ def render_report(report: Report) -> None:
     stdout.print(f"{verdict}  {report.path}")
 
 
+def render_deep(report: Report) -> None:
+    """Digests and the frozen-embedding verdict of a deep verify."""
+    deep = report.sections.get("deep")
+    if deep:
+        for f in deep["files"]:
+            stdout.print(f"sha256  {f['sha256']}  {f['name']} ({f['size']:,} bytes, {f['seconds']:.1f} s)")
+        flagged = sum(1 for t in deep["tensors"].values() if t["nan"] or t["inf"])
+        stdout.print(f"scanned {len(deep['tensors'])} tensors: {flagged} with NaN/inf")
+    frozen = report.sections.get("frozen_embed")
+    if frozen:
+        verdict = {True: "[green]bit-identical[/]", False: "[bold red]DIFFERENT[/]", None: "not checked"}
+        stdout.print(f"frozen embed vs {frozen['teacher_tensor']['location']}: {verdict[frozen['identical']]}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def render_diff(result: Any) -> None:
+    """Human view of a `DiffReport`."""
+    d = result.to_dict()
+    cfg, roster = d["config"], d["roster"]
+    if cfg["added"] or cfg["removed"] or cfg["changed"]:
+        table = Table(title="config.json", expand=False)
+        for col in ("key", "A", "B"):
+            table.add_column(col, overflow="fold")
+        for key, value in cfg["removed"].items():
+            table.add_row(f"[red]- {key}[/]", _short(value), "")
+        for key, value in cfg["added"].items():
+            table.add_row(f"[green]+ {key}[/]", "", _short(value))
+        for key, pair in cfg["changed"].items():
+            table.add_row(f"[yellow]~ {key}[/]", _short(pair["a"]), _short(pair["b"]))
+        stdout.print(table)
+    for name, e in roster["removed"].items():
+        stdout.print(f"[red]- {name}[/] {e['shape']} {e['dtype']} (only in A)")
+    for name, e in roster["added"].items():
+        stdout.print(f"[green]+ {name}[/] {e['shape']} {e['dtype']} (only in B)")
+    for name, e in roster["shape"].items():
+        stdout.print(f"[yellow]~ {name}[/] shape {e['a']} -> {e['b']}")
+    for name, e in roster["dtype"].items():
+        stdout.print(f"[yellow]~ {name}[/] dtype {e['a']} -> {e['b']}")
+    changed = {n: t for n, t in d["tensors"].items() if not t["identical"]}
+    if changed:
+        table = Table(title="changed tensors (relative L2 ||b-a||/||a||)", expand=False)
+        table.add_column("tensor")
+        table.add_column("rel L2", justify="right")
+        for name, t in sorted(changed.items(), key=lambda kv: -(kv[1]["rel_l2"] or float("inf"))):
+            table.add_row(name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}")
+        stdout.print(table)
+    for p in d["problems"]:
+        stdout.print(f"[red]{p['side'].upper()}: {p['where']}: {p['message']}[/]")
+    s = d["summary"]
+    verdict = ("[bold green]identical[/]" if d["identical"] else
+               "[yellow]only the weights differ[/]" if d["weights_only"] else "[bold red]different[/]")
+    stdout.print(f"{verdict}: {s['identical']} of {s['compared']} common tensors byte-identical, "
+                 f"{s['changed']} changed  ({d['a']} -> {d['b']})")
+
+
+def render_convert(result: Any) -> None:
+    """Human view of a `ConvertReport`."""
+    d = result.to_dict()
+    table = Table(title=f"changes {d['src']} -> {d['dst']}", expand=False)
+    for col in ("kind", "target", "detail"):
+        table.add_column(col, overflow="fold")
+    shown: dict[str, int] = {}
+    for c in d["changes"]:
+        shown[c["kind"]] = shown.get(c["kind"], 0) + 1
+        if shown[c["kind"]] <= CHANGES_PER_KIND:
+            table.add_row(c["kind"], c["target"], c["detail"])
+    for kind, n in shown.items():
+        if n > CHANGES_PER_KIND:
+            table.add_row(kind, f"... and {n - CHANGES_PER_KIND} more", "(all listed with --json)")
+    if d["changes"]:
+        stdout.print(table)
+    stdout.print(f"wrote {d['dst']}: {d['tensors']} tensors, {d['weights_bytes']:,} bytes")
+    if d["verify"]["ok"]:
+        stdout.print("[bold green]verify OK[/]")
+    else:
+        errors = ", ".join(f"{e['code']} ({e['where']})" for e in d["verify"]["errors"][:5])
+        stdout.print(f"[bold red]verify still fails[/]: {errors}; run: dspark-hub verify {d['dst']}")
+
+
 @click.group(cls=DsparkGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dspark-hub")
 @click.option("--debug", is_flag=True, help="Show full tracebacks (or set DSPARK_DEBUG=1).")
@@ -149,6 +233,11 @@ def runtime_choices() -> list[str]:
 @click.option("--drop-in", "drop_in", metavar="REF",
               help=f"Also demand drop-in identity with a bundled reference ({', '.join(contract.REFERENCES)}) "
                    "or a checkpoint folder.")
+@click.option("--deep", is_flag=True, help="Also stream every weight file: SHA-256, NaN/inf counts, all-zero "
+                                          "matrices, per-tensor mean/std/max|x| (local folders).")
+@click.option("--frozen-embed", "frozen_embed", metavar="TEACHER",
+              help="Demand embed_tokens.weight be bit-identical to the embedding in the TEACHER checkpoint "
+                   "(folder, sharded or not, or a .safetensors file).")
 @click.option("--runtime", "runtime", multiple=True, type=click.Choice(runtime_choices()),
               help="Judge every tensor through this runtime's loader (repeatable, or 'all') and print its "
                    "serving command.")
@@ -160,23 +249,36 @@ def runtime_choices() -> list[str]:
 @click.option("--against-hub", "against_hub", metavar="ORG/NAME[@REV]",
               help="Also compare every local file with the Hub's SHA-256 and sizes.")
 @endpoint_option
+@quiet_option
 @json_option
 @click.pass_context
-def verify(ctx: click.Context, path: str, drop_in: str | None, runtime: tuple[str, ...], target: str | None,
-           block_size: int | None, against_hub: str | None, endpoint: str | None, as_json: bool) -> None:
+def verify(ctx: click.Context, path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
+           runtime: tuple[str, ...], target: str | None, block_size: int | None, against_hub: str | None,
+           endpoint: str | None, quiet: bool, as_json: bool) -> None:
     """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
 
     A Hub path is verified from config.json, the index and the safetensors headers only
     (HTTP range requests); the weights are never downloaded.
+    Exit codes: 0 no error finding, 1 error findings, 2 usage or I/O error.
     """
     from . import checks
 
-    report = checks.verify(path, drop_in=drop_in, runtime=list(runtime) or None, target=target,
-                           block_size=block_size, against_hub=against_hub, endpoint=endpoint)
+    options = dict(drop_in=drop_in, runtime=list(runtime) or None, target=target, block_size=block_size,
+                   against_hub=against_hub, endpoint=endpoint)
+    if deep or frozen_embed is not None:
+        from .deep import planned_bytes
+
+        total = planned_bytes(path, deep=deep, frozen_embed=frozen_embed)
+        with progress_bar("verify --deep" if deep else "frozen-embed", total,
+                          enabled=not (quiet or as_json)) as advance:
+            report = checks.verify(path, deep=deep, frozen_embed=frozen_embed, progress=advance, **options)
+    else:
+        report = checks.verify(path, **options)
     if as_json:
         print_json(report.to_dict())
     else:
         render_report(report)
+        render_deep(report)
         render_sections(report)
     ctx.exit(0 if report.ok else 1)
 
@@ -527,6 +629,51 @@ def golden_check(ctx: click.Context, ckpt: Path, fixture: Path, lm_head: Path | 
             stdout.print(f"[bold red]problem[/]: {problem}")
         stdout.print("[bold green]OK[/]" if result.ok else "[bold red]FAILED[/]")
     ctx.exit(0 if result.ok else 1)
+
+
+@cli.command()
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@quiet_option
+@json_option
+def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
+    """Compare checkpoint folders A and B: config keys, roster, and every common tensor's bytes.
+
+    Per tensor: identical bytes, or the relative L2 change ||b-a||/||a||. Exit code 0 whether or not
+    they differ (read "identical" / "weights_only" in the output); 2 on usage or I/O error.
+    """
+    from .diff import diff as diff_checkpoints, planned_bytes
+
+    with progress_bar("diff", planned_bytes(a, b), enabled=not (quiet or as_json)) as advance:
+        result = diff_checkpoints(a, b, progress=advance)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_diff(result)
+
+
+@cli.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@force_option
+@quiet_option
+@json_option
+def convert(src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> None:
+    """Rewrite a near-miss export in SRC as a contract checkpoint in DST, reporting every change.
+
+    Renames trainer names, strips model./module. prefixes, drops lm_head, casts F32/F16 to BF16,
+    merges shards, repairs the config. SRC is never modified. Exit codes: 0 written, 2 usage or I/O error.
+    """
+    from .convert import convert as convert_checkpoint, planned_bytes
+    from .writer import check_writable
+
+    check_writable(dst, force=force)
+    with progress_bar("convert", planned_bytes(src), enabled=not (quiet or as_json)) as advance:
+        result = convert_checkpoint(src, dst, force=force, progress=advance)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_convert(result)
 
 
 def main() -> None:
