@@ -162,7 +162,8 @@ TORCH_DTYPE_NAMES: dict[str, str] = {"bfloat16": "BF16", "float16": "F16", "floa
 #: Tensors that are part of the checkpoint but never trained (a copy of the target's embedding).
 FROZEN_TENSORS = ("embed_tokens.weight",)
 #: Where a teacher (target) checkpoint keeps the embedding the draft must copy bit for bit.
-TEACHER_EMBED_NAMES = ("embed_tokens.weight", "model.embed_tokens.weight", "language_model.model.embed_tokens.weight")
+TEACHER_EMBED_NAMES = ("embed_tokens.weight", "model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
+                       "model.language_model.embed_tokens.weight")
 
 #: Trainer-internal names that load silently in some runtimes and serve at 0% acceptance.
 KNOWN_MISNAMES: dict[str, str] = {

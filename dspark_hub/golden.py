@@ -39,7 +39,6 @@ the reference; a bf16 serving kernel needs looser ones (`check_golden(..., atol=
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import __version__, contract
+from .checksums import sha256_file
 from .errors import CheckpointNotFoundError, RefusedOverwriteError, UsageError
 
 SCHEMA = "dspark-hub/golden/1"
@@ -78,19 +78,11 @@ class GoldenCheck:
                 "checkpoint": self.checkpoint, "problems": self.problems, "comparisons": self.comparisons}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _weight_digests(folder: Path) -> dict[str, str]:
     files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
     if not files:
         raise CheckpointNotFoundError(f"{folder}: no *.safetensors; pass a k3_dspark checkpoint folder")
-    return {p.name: _sha256(p) for p in files}
+    return {p.name: sha256_file(p) for p in files}
 
 
 def _cases(config: Mapping[str, Any], block_size: int) -> dict[str, int]:
@@ -194,7 +186,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     model = _load_model(folder)
     config = json.loads((folder / contract.CONFIG_NAME).read_text())
     head = _load_lm_head(lm_head) if lm_head is not None else standin_lm_head(config, seed)
-    head_info = ({"kind": "file", "sha256": _sha256(Path(lm_head)), "shape": list(head.shape)} if lm_head else
+    head_info = ({"kind": "file", "sha256": sha256_file(Path(lm_head)), "shape": list(head.shape)} if lm_head else
                  {"kind": "seeded-standin", "seed": seed, "std": "hidden_size ** -0.5", "dtype": "float32",
                   "shape": list(head.shape), "recipe": "torch.randn(V, D, generator=torch.Generator()."
                                                         "manual_seed(seed)) * D ** -0.5"})
@@ -206,7 +198,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         for name, value in {**inputs, **_outputs(model, inputs, head, block_size)}.items():
             tensors[f"{case}.{name}"] = value.contiguous()
     metadata = {
-        "schema": SCHEMA, "config": json.dumps(config), "config_sha256": _sha256(folder / contract.CONFIG_NAME),
+        "schema": SCHEMA, "config": json.dumps(config), "config_sha256": sha256_file(folder / contract.CONFIG_NAME),
         "weights_sha256": json.dumps(_weight_digests(folder)), "lm_head": json.dumps(head_info),
         "tolerances": json.dumps({name: DEFAULT_TOLERANCE for name in FLOAT_OUTPUTS}),
         "block_size": str(block_size), "seed": str(seed),
@@ -262,7 +254,7 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
         raise UsageError(f"{path}: not a dspark-hub golden fixture (schema {meta.get('schema')!r}); write one with "
                          "'dspark-hub golden CKPT -o FILE'")
     result = GoldenCheck(golden=str(path), checkpoint=str(folder))
-    if _sha256(folder / contract.CONFIG_NAME) != meta["config_sha256"]:
+    if sha256_file(folder / contract.CONFIG_NAME) != meta["config_sha256"]:
         result.problems.append("config.json differs from the one the fixture was written for (config_sha256)")
     digests = _weight_digests(folder)
     if digests != json.loads(meta["weights_sha256"]):
@@ -272,7 +264,7 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
         if lm_head is None:
             raise UsageError(f"{path}: was written with an lm_head file (sha256 {head_info['sha256'][:16]}); pass "
                              "it with --lm-head")
-        if _sha256(Path(lm_head)) != head_info["sha256"]:
+        if sha256_file(Path(lm_head)) != head_info["sha256"]:
             result.problems.append("the lm_head file differs from the one the fixture was written with")
         head = _load_lm_head(lm_head)
     else:

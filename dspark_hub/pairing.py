@@ -38,32 +38,16 @@ from . import contract
 from .checkpoint import CheckpointView, Source, open_checkpoint
 from .errors import UsageError
 from .report import Finding, Report, error, info, warning
+from .tensorio import TensorDigest
 
 Progress = Callable[[int], None]
 CHUNK_BYTES = 16 << 20
 #: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
-#: The deep-scan helper keeps the same list as `contract.TEACHER_EMBED_NAMES`; dedupe on merge.
-TARGET_EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "language_model.model.embed_tokens.weight",
-                      "model.language_model.embed_tokens.weight")
+TARGET_EMBED_NAMES = contract.TEACHER_EMBED_NAMES
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _RESERVED = re.compile(r"reserved|mask|<\|.*\|>|^\[.*\]$|^<.*>$", re.IGNORECASE)
 _HF_METADATA = ".cache/huggingface/download/config.json.metadata"
 _SNAPSHOT = re.compile(r"snapshots/([0-9a-f]{40})(?:/|$)")
-
-
-@dataclass(frozen=True)
-class Digest:
-    """SHA-256 of one tensor's bytes, with the dtype and shape that give them meaning."""
-
-    location: str
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"location": self.location, "dtype": self.dtype, "shape": list(self.shape), "bytes": self.nbytes,
-                "sha256": self.sha256}
 
 
 def hash_source_range(source: Source, name: str, start: int, end: int, *, progress: Progress | None = None,
@@ -86,13 +70,13 @@ def hash_source_range(source: Source, name: str, start: int, end: int, *, progre
     return hasher.hexdigest()
 
 
-def tensor_digest(view: CheckpointView, name: str, *, progress: Progress | None = None) -> Digest | None:
+def tensor_digest(view: CheckpointView, name: str, *, progress: Progress | None = None) -> TensorDigest | None:
     """Hash one tensor of an opened checkpoint in place (None when it is absent)."""
     if name not in view.tensors:
         return None
     file, tinfo = view.tensors[name]
     start, end = view.headers[file].absolute_range(name)
-    return Digest(location=f"{view.location}/{file}:{name}", dtype=tinfo.dtype, shape=tuple(tinfo.shape),
+    return TensorDigest(location=f"{view.location}/{file}:{name}", dtype=tinfo.dtype, shape=tuple(tinfo.shape),
                   nbytes=end - start, sha256=hash_source_range(view.source, file, start, end, progress=progress))
 
 
