@@ -297,9 +297,14 @@ def render_sections(report: Report) -> None:
             table.add_column(col, overflow="fold")
         rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
         rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
+        loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
         for tensor, verdict, detail in rows:
-            table.add_row(tensor, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
-        stdout.print(table)
+            if verdict != "loaded":   # the loaded majority is counted below; --json lists every tensor
+                table.add_row(tensor, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
+        if table.row_count:
+            stdout.print(table)
+        stdout.print(f"{data['title']}: {loaded} of {len(data['verdicts'])} tensors loaded"
+                     + ("" if table.row_count else "; nothing skipped, ignored or fatal"))
         serving = data["serving"]
         stdout.print(f"serve with {data['title']} ({serving['num_speculative_tokens']} draft tokens; "
                      f"{serving['block_size_source']}; target layers {serving['target_layer_ids']} from "
