@@ -18,7 +18,7 @@ from .errors import CheckpointFormatError, CheckpointNotFoundError
 from .reader import SafetensorsHeader, ShardIndex, TensorInfo, loads_strict, parse_index, read_header_with
 from .report import Finding, error, warning
 
-_SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__"}
+SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__"}
 
 
 class Source(Protocol):
@@ -50,7 +50,7 @@ class LocalSource:
         files: dict[str, int] = {}
         try:
             for dirpath, dirnames, filenames in os.walk(self.root):
-                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
                 for name in filenames:
                     full = Path(dirpath) / name
                     files[full.relative_to(self.root).as_posix()] = full.stat().st_size

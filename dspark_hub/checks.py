@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from . import contract
 from .checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
@@ -27,6 +27,8 @@ REQUIRED_KEYS = (
     "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "draft_vocab_size",
     "rope_parameters",
 )
+#: Findings that say the folder is not a k3_dspark draft at all (the roster is then not checked).
+FAMILY_CODES = ("SPECULATORS_FORMAT", "WRONG_MODEL_TYPE", "FOREIGN_DRAFT_FAMILY")
 #: Keys that may appear in a drop-in's config beyond the reference's (reported as info).
 ALLOWED_EXTRA_KEYS = {"auto_map": "added by 'dspark-hub export-code' for trust_remote_code; runtimes ignore it"}
 
@@ -41,20 +43,30 @@ def _is_int(value: Any) -> bool:
 
 # ---------------------------------------------------------------- config rules
 
-def _config_family(config: Mapping[str, Any]) -> list[Finding]:
-    """Say what the config is when it is not a k3_dspark config."""
-    if config.get("speculators_model_type") == "dspark":
+def _config_family(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
+    """One finding naming the family when the folder is not a k3_dspark draft (else none)."""
+    from .family import fingerprint
+
+    found = fingerprint(config, names)
+    if found.is_k3_dspark:
+        return []
+    if found.family == "speculators_dspark":
         return [error("SPECULATORS_FORMAT", "config.json:speculators_model_type",
                       "this is a speculators-format DSpark checkpoint (speculators_model_type 'dspark', "
                       "fc/hidden_norm/norm and q_proj/k_proj/v_proj names), not a k3_dspark draft",
                       "serve it with the speculators/vLLM 'dspark' method, or train a k3_dspark draft; "
                       "its weights do not map onto the MLA contract")]
     model_type = config.get("model_type")
-    if model_type != contract.MODEL_TYPE:
+    if found.family == "unknown":
         return [error("WRONG_MODEL_TYPE", "config.json:model_type",
                       f"model_type is {_fmt(model_type)}, not 'k3_dspark'; this folder holds another kind of model",
                       "point verify at a k3_dspark draft folder")]
-    return []
+    methods = ", ".join(f"{rt} {m}" for rt, m in found.spec.methods.items() if m) or "none found"
+    claim = " although config.json says k3_dspark" if model_type == contract.MODEL_TYPE else ""
+    return [error("FOREIGN_DRAFT_FAMILY", "config.json:model_type",
+                  f"this is not a k3_dspark draft, it is {found.spec.title}{claim} "
+                  f"({'; '.join(found.evidence)})",
+                  f"serve it with the method that fits ({methods}), or verify a k3_dspark draft")]
 
 
 def _rule(ok: bool, key: str, message: str, hint: str) -> list[Finding]:
@@ -142,9 +154,13 @@ def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
     return out
 
 
-def check_config(config: Mapping[str, Any]) -> list[Finding]:
-    """Every config rule serving runtimes apply at start-up, plus the contract's own."""
-    family = _config_family(config)
+def check_config(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
+    """Every config rule serving runtimes apply at start-up, plus the contract's own.
+
+    `names` (the checkpoint's tensor names) sharpen the family check: a folder of another
+    draft family gets one finding naming it instead of the k3_dspark rules.
+    """
+    family = _config_family(config, names)
     if family:
         return family
     return _structure_rules(config) + _layer_id_rules(config) + _value_rules(config)
@@ -367,12 +383,12 @@ def _drop_in_files(view: CheckpointView, ref: DropInReference, where_ref: str) -
 
 # ---------------------------------------------------------------- entry point
 
-def source_for(path: str | os.PathLike[str]) -> Source:
+def source_for(path: str | os.PathLike[str], *, endpoint: str | None = None) -> Source:
     """A `Source` for a local folder or an `hf://org/name[@rev]` URL."""
     text = os.fspath(path)
     if text.startswith("hf://"):
         from .hub import HubSource   # huggingface_hub only when a Hub path is given
-        return HubSource.from_url(text)
+        return HubSource.from_url(text, endpoint=endpoint)
     return LocalSource(text)
 
 
@@ -382,9 +398,12 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
     report.findings.extend(view.findings)
     config = view.config
     if config is not None:
-        config_findings = check_config(config)
+        config_findings = check_config(config, view.tensors)
         report.findings.extend(config_findings)
-        foreign = any(f.code in ("SPECULATORS_FORMAT", "WRONG_MODEL_TYPE") for f in config_findings)
+        foreign = any(f.code in FAMILY_CODES for f in config_findings)
+        if foreign:
+            from .family import fingerprint
+            report.sections["family"] = fingerprint(config, view.tensors).to_dict()
         if not foreign and view.tensors:
             present = {n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()}
             try:
@@ -402,24 +421,68 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
     return report
 
 
-def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None) -> Report:
-    """Verify a checkpoint folder (or `hf://` repo) at header level.
+def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: str, *,
+                      endpoint: str | None = None) -> None:
+    """Compare local files with a Hub revision's LFS SHA-256 / blob ids and sizes (into `report`)."""
+    from .hub import compare_with_hub, parse_hf_url
+
+    repo_id, revision = parse_hf_url(hub_ref if hub_ref.startswith("hf://") else f"hf://{hub_ref}")
+    comparison = compare_with_hub(folder, repo_id, revision, endpoint=endpoint)
+    report.sections["against_hub"] = comparison.to_dict()
+    for problem in comparison.problems:
+        report.findings.append(error(f"HUB_FILE_{problem.kind.upper()}", problem.path, problem.message,
+                                     "re-download the file, or publish the local folder if it is the intended one"))
+
+
+def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None, deep: bool = False,
+           frozen_embed: str | os.PathLike[str] | None = None, runtime: str | list[str] | None = None,
+           target: str | os.PathLike[str] | Source | None = None, block_size: int | None = None,
+           against_hub: str | None = None, endpoint: str | None = None,
+           progress: Callable[[int], None] | None = None) -> Report:
+    """Verify a checkpoint folder (or `hf://` repo) at header level, and optionally its bytes.
 
     Args:
         path: a checkpoint folder, an `hf://org/name[@rev]` URL, or a `Source`.
         drop_in: also demand drop-in identity with a bundled reference (`kimi-k3`) or a folder.
+        deep: also stream every weight file: SHA-256, NaN/inf, all-zero matrices (`deep.py`; local only).
+        frozen_embed: a teacher checkpoint (folder or file) whose embedding `embed_tokens.weight` must
+            equal bit for bit (local only).
+        runtime: also judge the checkpoint through these runtimes' loaders (`all`, or names from
+            `runtimes.RUNTIMES`) and add their serving commands.
+        target: also check the pairing with this target (folder or `hf://`); hashes both embeddings.
+        block_size: draft tokens per block for the serving commands (default: the reference's 7).
+        against_hub: `ORG/NAME[@REV]`: also compare every local file with the Hub's digests and sizes.
+        endpoint: the Hub endpoint for `hf://` paths and `against_hub` (default: HF_ENDPOINT).
+        progress: called with bytes read by the deep and frozen-embed passes.
 
     Returns:
         A `Report`; `report.ok` is False when any finding is an error.
 
     Raises:
         CheckpointNotFoundError: the path does not exist or cannot be listed.
-        UsageError: `drop_in` names neither a bundled reference nor a folder.
+        UsageError: `drop_in` names neither a bundled reference nor a folder; `deep`, `frozen_embed` or
+            `against_hub` on an `hf://` path; the teacher holds no embedding.
+        HubError: the Hub cannot be read.
 
     Example:
         >>> verify("ckpt").ok
         True
     """
     ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
-    source = path if hasattr(path, "list_files") else source_for(path)   # type: ignore[arg-type]
-    return verify_view(open_checkpoint(source), drop_in=ref)
+    source = path if hasattr(path, "list_files") else source_for(path, endpoint=endpoint)  # type: ignore[arg-type]
+    if against_hub is not None and not isinstance(source, LocalSource):
+        raise UsageError("--against-hub compares a local folder with the Hub; pass a local folder")
+    view = open_checkpoint(source)
+    report = verify_view(view, drop_in=ref)
+    if deep or frozen_embed is not None:
+        from . import deep as byte_level   # numpy only when tensor bytes are read
+        byte_level.extend_report(report, view, deep=deep, frozen_embed=frozen_embed, progress=progress)
+    if runtime is not None:
+        from . import runtimes
+        runtimes.extend_report(report, view, runtime, block_size=block_size)
+    if target is not None:
+        from . import pairing
+        pairing.extend_report(report, view, target)
+    if against_hub is not None:
+        check_against_hub(report, os.fspath(path), against_hub, endpoint=endpoint)   # type: ignore[arg-type]
+    return report

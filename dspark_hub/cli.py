@@ -19,12 +19,13 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__, contract
-from .errors import DsparkError
-from .report import Report
+from .errors import CheckpointNotFoundError, DsparkError
+from .report import Finding, Report
 
 stdout = Console(highlight=False, soft_wrap=False)
 stderr = Console(stderr=True, highlight=False)
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
 
 
 class DsparkGroup(click.Group):
@@ -65,37 +66,59 @@ def force_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--force", is_flag=True, help="Replace an existing output.")(f)
 
 
+def endpoint_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--endpoint", envvar="HF_ENDPOINT", metavar="URL",
+                        help="The Hub endpoint (default: $HF_ENDPOINT, else the public Hub).")(f)
+
+
 def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("-q", "--quiet", is_flag=True, help="No progress bar.")(f)
 
 
+class Bar:
+    """What `progress_bar` yields: call it with bytes done since the last call, or `stage()` it."""
+
+    def __init__(self, progress: Any, task: Any) -> None:
+        self._progress, self._task = progress, task
+
+    def __call__(self, n: int) -> None:
+        self._progress.advance(self._task, n)
+
+    def stage(self, description: str, done: int, total: int) -> None:
+        """Absolute progress of a named stage (e.g. hashing, then torrent pieces)."""
+        self._progress.update(self._task, description=description, completed=done, total=total)
+
+
 @contextmanager
-def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on stderr, shown only on a terminal; yields `advance(nbytes)`."""
+def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Bar]:
+    """A rich progress bar on stderr, shown only on a terminal."""
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   TimeRemainingColumn(), console=stderr,
                   disable=not (enabled and stderr.is_terminal)) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n: bar.advance(task, n)
+        yield Bar(bar, bar.add_task(description, total=total))
 
 
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
-def render_report(report: Report) -> None:
-    """Human view of a verify report: findings table, then summary."""
-    findings = report.sorted_findings()
+def render_findings(findings: list[Finding], title: str) -> None:
+    """A findings table (severity, where, message, hint) on stdout; nothing when there are none."""
     if findings:
-        table = Table(title=f"findings for {report.path}", show_lines=False, expand=False)
+        table = Table(title=title, show_lines=False, expand=False)
         for col in ("severity", "where", "message", "hint"):
             table.add_column(col, overflow="fold")
         for f in findings:
             table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.where, f.message, f.hint or "")
         stdout.print(table)
+
+
+def render_report(report: Report) -> None:
+    """Human view of a verify report: findings table, then summary."""
+    render_findings(report.sorted_findings(), f"findings for {report.path}")
     s = report.summary
     params = s.parameters or {}
     stdout.print(f"layout: {s.layout or '-'}   files: {len(s.files)}   tensors: {s.tensors}   "
@@ -108,6 +131,89 @@ def render_report(report: Report) -> None:
     stdout.print(f"{verdict}  {report.path}")
 
 
+def render_deep(report: Report) -> None:
+    """Digests and the frozen-embedding verdict of a deep verify."""
+    deep = report.sections.get("deep")
+    if deep:
+        for f in deep["files"]:
+            stdout.print(f"sha256  {f['sha256']}  {f['name']} ({f['size']:,} bytes, {f['seconds']:.1f} s)")
+        flagged = sum(1 for t in deep["tensors"].values() if t["nan"] or t["inf"])
+        stdout.print(f"scanned {len(deep['tensors'])} tensors: {flagged} with NaN/inf")
+    frozen = report.sections.get("frozen_embed")
+    if frozen:
+        verdict = {True: "[green]bit-identical[/]", False: "[bold red]DIFFERENT[/]", None: "not checked"}
+        stdout.print(f"frozen embed vs {frozen['teacher_tensor']['location']}: {verdict[frozen['identical']]}")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def render_diff(result: Any) -> None:
+    """Human view of a `DiffReport`."""
+    d = result.to_dict()
+    cfg, roster = d["config"], d["roster"]
+    if cfg["added"] or cfg["removed"] or cfg["changed"]:
+        table = Table(title="config.json", expand=False)
+        for col in ("key", "A", "B"):
+            table.add_column(col, overflow="fold")
+        for key, value in cfg["removed"].items():
+            table.add_row(f"[red]- {key}[/]", _short(value), "")
+        for key, value in cfg["added"].items():
+            table.add_row(f"[green]+ {key}[/]", "", _short(value))
+        for key, pair in cfg["changed"].items():
+            table.add_row(f"[yellow]~ {key}[/]", _short(pair["a"]), _short(pair["b"]))
+        stdout.print(table)
+    for name, e in roster["removed"].items():
+        stdout.print(f"[red]- {name}[/] {e['shape']} {e['dtype']} (only in A)")
+    for name, e in roster["added"].items():
+        stdout.print(f"[green]+ {name}[/] {e['shape']} {e['dtype']} (only in B)")
+    for name, e in roster["shape"].items():
+        stdout.print(f"[yellow]~ {name}[/] shape {e['a']} -> {e['b']}")
+    for name, e in roster["dtype"].items():
+        stdout.print(f"[yellow]~ {name}[/] dtype {e['a']} -> {e['b']}")
+    changed = {n: t for n, t in d["tensors"].items() if not t["identical"]}
+    if changed:
+        table = Table(title="changed tensors (relative L2 ||b-a||/||a||)", expand=False)
+        table.add_column("tensor")
+        table.add_column("rel L2", justify="right")
+        for name, t in sorted(changed.items(), key=lambda kv: -(kv[1]["rel_l2"] or float("inf"))):
+            table.add_row(name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}")
+        stdout.print(table)
+    for p in d["problems"]:
+        stdout.print(f"[red]{p['side'].upper()}: {p['where']}: {p['message']}[/]")
+    s = d["summary"]
+    verdict = ("[bold green]identical[/]" if d["identical"] else
+               "[yellow]only the weights differ[/]" if d["weights_only"] else "[bold red]different[/]")
+    stdout.print(f"{verdict}: {s['identical']} of {s['compared']} common tensors byte-identical, "
+                 f"{s['changed']} changed  ({d['a']} -> {d['b']})")
+
+
+def render_convert(result: Any) -> None:
+    """Human view of a `ConvertReport`."""
+    d = result.to_dict()
+    table = Table(title=f"changes {d['src']} -> {d['dst']}", expand=False)
+    for col in ("kind", "target", "detail"):
+        table.add_column(col, overflow="fold")
+    shown: dict[str, int] = {}
+    for c in d["changes"]:
+        shown[c["kind"]] = shown.get(c["kind"], 0) + 1
+        if shown[c["kind"]] <= CHANGES_PER_KIND:
+            table.add_row(c["kind"], c["target"], c["detail"])
+    for kind, n in shown.items():
+        if n > CHANGES_PER_KIND:
+            table.add_row(kind, f"... and {n - CHANGES_PER_KIND} more", "(all listed with --json)")
+    if d["changes"]:
+        stdout.print(table)
+    stdout.print(f"wrote {d['dst']}: {d['tensors']} tensors, {d['weights_bytes']:,} bytes")
+    if d["verify"]["ok"]:
+        stdout.print("[bold green]verify OK[/]")
+    else:
+        errors = ", ".join(f"{e['code']} ({e['where']})" for e in d["verify"]["errors"][:5])
+        stdout.print(f"[bold red]verify still fails[/]: {errors}; run: dspark-hub verify {d['dst']}")
+
+
 @click.group(cls=DsparkGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dspark-hub")
 @click.option("--debug", is_flag=True, help="Show full tracebacks (or set DSPARK_DEBUG=1).")
@@ -115,23 +221,101 @@ def cli(debug: bool) -> None:
     """Verify, train, card and publish k3_dspark speculative-decoding drafts."""
 
 
+def runtime_choices() -> list[str]:
+    """`--runtime` choices, derived from the runtimes registry (never typed twice)."""
+    from .runtimes import RUNTIMES
+
+    return [*RUNTIMES, "all"]
+
+
 @cli.command()
 @click.argument("path")
 @click.option("--drop-in", "drop_in", metavar="REF",
               help=f"Also demand drop-in identity with a bundled reference ({', '.join(contract.REFERENCES)}) "
                    "or a checkpoint folder.")
+@click.option("--deep", is_flag=True, help="Also stream every weight file: SHA-256, NaN/inf counts, all-zero "
+                                          "matrices, per-tensor mean/std/max|x| (local folders).")
+@click.option("--frozen-embed", "frozen_embed", metavar="TEACHER",
+              help="Demand embed_tokens.weight be bit-identical to the embedding in the TEACHER checkpoint "
+                   "(folder, sharded or not, or a .safetensors file).")
+@click.option("--runtime", "runtime", multiple=True, type=click.Choice(runtime_choices()),
+              help="Judge every tensor through this runtime's loader (repeatable, or 'all') and print its "
+                   "serving command.")
+@click.option("--target", "target", metavar="TARGET",
+              help="Check the pairing with this target model (folder or hf://ORG/NAME[@REV]).")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=None,
+              help="Draft tokens per block for the serving commands (not a config key; default 7, the "
+                   "reference draft's).")
+@click.option("--against-hub", "against_hub", metavar="ORG/NAME[@REV]",
+              help="Also compare every local file with the Hub's SHA-256 and sizes.")
+@endpoint_option
+@quiet_option
 @json_option
 @click.pass_context
-def verify(ctx: click.Context, path: str, drop_in: str | None, as_json: bool) -> None:
-    """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract."""
+def verify(ctx: click.Context, path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
+           runtime: tuple[str, ...], target: str | None, block_size: int | None, against_hub: str | None,
+           endpoint: str | None, quiet: bool, as_json: bool) -> None:
+    """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
+
+    A Hub path is verified from config.json, the index and the safetensors headers only
+    (HTTP range requests); the weights are never downloaded.
+    Exit codes: 0 no error finding, 1 error findings, 2 usage or I/O error.
+    """
     from . import checks
 
-    report = checks.verify(path, drop_in=drop_in)
+    options = dict(drop_in=drop_in, runtime=list(runtime) or None, target=target, block_size=block_size,
+                   against_hub=against_hub, endpoint=endpoint)
+    if deep or frozen_embed is not None:
+        from .deep import planned_bytes
+
+        total = planned_bytes(path, deep=deep, frozen_embed=frozen_embed)
+        with progress_bar("verify --deep" if deep else "frozen-embed", total,
+                          enabled=not (quiet or as_json)) as advance:
+            report = checks.verify(path, deep=deep, frozen_embed=frozen_embed, progress=advance, **options)
+    else:
+        report = checks.verify(path, **options)
     if as_json:
         print_json(report.to_dict())
     else:
         render_report(report)
+        render_deep(report)
+        render_sections(report)
     ctx.exit(0 if report.ok else 1)
+
+
+VERDICT_STYLE = {"loaded": "green", "skipped": "cyan", "ignored": "bold red", "fatal": "bold red"}
+
+
+def render_sections(report: Report) -> None:
+    """Human view of the optional family, runtimes and pairing sections (nothing when absent)."""
+    family = report.sections.get("family")
+    if family and family["family"] != "k3_dspark":
+        stdout.print(f"family: {family['title']} ({'; '.join(family['evidence'])})")
+    for name, data in (report.sections.get("runtimes") or {}).items():
+        table = Table(title=f"{data['title']}: per-tensor verdicts", expand=False)
+        for col in ("tensor", "verdict", "detail"):
+            table.add_column(col, overflow="fold")
+        rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
+        rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
+        loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
+        for tensor, verdict, detail in rows:
+            if verdict != "loaded":   # the loaded majority is counted below; --json lists every tensor
+                table.add_row(tensor, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
+        if table.row_count:
+            stdout.print(table)
+        stdout.print(f"{data['title']}: {loaded} of {len(data['verdicts'])} tensors loaded"
+                     + ("" if table.row_count else "; nothing skipped, ignored or fatal"))
+        serving = data["serving"]
+        stdout.print(f"serve with {data['title']} ({serving['num_speculative_tokens']} draft tokens; "
+                     f"{serving['block_size_source']}; target layers {serving['target_layer_ids']} from "
+                     "config.json):")
+        stdout.print(f"  {serving['command']}", markup=False)
+    pairing = report.sections.get("pairing")
+    if pairing:
+        embedding = pairing["embedding"]
+        stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
+                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: "
+                     f"{embedding['identical']})")
 
 
 @cli.command()
@@ -280,7 +464,7 @@ def render_eval(data: dict[str, Any]) -> None:
     stdout.print(table)
     harness = data["harness"]
     stdout.print(f"{data['prompts']} prompts, {data['tokens']:,} continuation tokens, {data['steps']:,} steps; "
-                 f"block size {harness['block_size']}; teacher {harness['teacher']['label']}")
+                 f"block size {harness['block_size']}; teacher {harness['teacher']}")
     if data["reference"]:
         stdout.print(f"ratio to reference: {data['reference']['ratio']:.4f}")
     stdout.print(f"definition: {data['definition']}")
@@ -316,6 +500,341 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
         print_json(result.to_dict())
     else:
         render_eval(result.to_dict())
+@cli.command("export-code")
+@click.argument("folder", type=click.Path(path_type=Path))
+@force_option
+@json_option
+def export_code(folder: Path, force: bool, as_json: bool) -> None:
+    """Copy the modeling files and an auto_map into FOLDER for trust_remote_code loading."""
+    from .modeling import export_code as export
+
+    result = export(folder, force=force)
+    if as_json:
+        print_json({"schema": "dspark-hub/export-code/1", **result.to_dict()})
+        return
+    stdout.print(f"{folder}: wrote {', '.join(result.written) or 'nothing'}"
+                 + (f" (unchanged: {', '.join(result.unchanged)})" if result.unchanged else "")
+                 + "; load with AutoModel.from_pretrained(folder, trust_remote_code=True)")
+
+
+def _file_problems_table(title: str, problems: list[Any]) -> None:
+    table = Table(title=title)
+    for col in ("file", "problem", "message"):
+        table.add_column(col, overflow="fold")
+    for p in problems:
+        table.add_row(p.path, p.kind, p.message)
+    stdout.print(table)
+
+
+@cli.command()
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--check", is_flag=True, help="Verify FOLDER against its SHA256SUMS / checksums.json instead.")
+@force_option
+@quiet_option
+@json_option
+@click.pass_context
+def checksums(ctx: click.Context, folder: Path, check: bool, force: bool, quiet: bool, as_json: bool) -> None:
+    """Write SHA256SUMS and checksums.json for FOLDER (or --check it against them)."""
+    from . import checksums as sums
+
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(f"{folder}: not a directory; pass a checkpoint folder")
+    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    with progress_bar("sha256", total, enabled=not (quiet or as_json)) as advance:
+        if check:
+            problems = sums.check_checksums(folder, progress=advance)
+        else:
+            written = sums.write_checksums(folder, force=force, progress=advance)
+    if not check:
+        if as_json:
+            print_json({"path": str(folder), **written.manifest.to_dict()})
+        else:
+            stdout.print(f"wrote {written.sums_path} and {written.manifest_path} "
+                         f"({len(written.manifest.files)} files, {written.manifest.total_bytes:,} bytes); "
+                         f"check with: sha256sum -c SHA256SUMS (in {folder})")
+        return
+    if as_json:
+        print_json({"schema": "dspark-hub/checksums-check/1", "path": str(folder), "ok": not problems,
+                    "problems": [p.to_dict() for p in problems]})
+    elif problems:
+        _file_problems_table(f"checksum problems in {folder}", problems)
+    else:
+        stdout.print(f"OK  {folder}: every file matches its checksum")
+    ctx.exit(1 if problems else 0)
+
+
+@cli.command()
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option("--repo", "repo_id", required=True, metavar="ORG/NAME", help="The Hub repo the web seeds point at.")
+@click.option("--revision", default="main", show_default=True, help="The revision the web seeds point at "
+              "(a commit sha is best).")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Package folder.")
+@endpoint_option
+@force_option
+@quiet_option
+@json_option
+def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: str | None, force: bool,
+            quiet: bool, as_json: bool) -> None:
+    """Write SHA256SUMS, checksums.json, .gitattributes, a .torrent with Hub web seeds and its magnet link."""
+    from .package import package as build
+
+    with progress_bar("checksums", None, enabled=not (quiet or as_json)) as bar:
+        result = build(ckpt, repo_id, out_dir=out_dir, revision=revision, endpoint=endpoint, force=force,
+                       progress=bar.stage)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    stdout.print(f"wrote {out_dir}: {', '.join(sorted(result.files))}")
+    stdout.print(f"infohash {result.infohash}")
+    stdout.print(f"magnet   {result.magnet}")
+
+
+class DefaultCommandGroup(click.Group):
+    """A group whose first argument, when it is not a subcommand, goes to `default_command`.
+
+    So `dspark-hub card CKPT --meta M -o README.md` means `dspark-hub card render CKPT ...`
+    while `dspark-hub card lint README.md` reaches `lint`; likewise `golden CKPT -o F` and
+    `golden check` (a checkpoint folder literally named like a subcommand needs the explicit form).
+    """
+
+    def __init__(self, *args: Any, default_command: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.default_command = default_command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group(cls=DefaultCommandGroup, default_command="render")
+def card() -> None:
+    """Render a model card from computed facts (default), or lint one: 'card lint README.md'."""
+
+
+@card.command("render")
+@click.argument("ckpt", required=False, type=click.Path(path_type=Path))
+@click.option("--meta", required=True, type=click.Path(path_type=Path), help="Card source: cards/<name>/card.yaml.")
+@click.option("--eval", "eval_json", type=click.Path(path_type=Path), help="Evaluation JSON ('dspark-hub eval --json').")
+@click.option("--train-log", type=click.Path(path_type=Path), help="Training log (JSON lines).")
+@click.option("--checksums-from", type=click.Path(path_type=Path),
+              help="Manifest of known SHA-256 digests (JSON or sha256sum output), used instead of hashing.")
+@click.option("--no-hash", is_flag=True, help="Do not hash files the manifest does not cover (their digest shows as —).")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Where to write the card.")
+@force_option
+@quiet_option
+@json_option
+def card_render(ckpt: Path | None, meta: Path, eval_json: Path | None, train_log: Path | None,
+                checksums_from: Path | None, no_hash: bool, output: Path, force: bool, quiet: bool,
+                as_json: bool) -> None:
+    """Render a model card for CKPT (omit CKPT when the weights are not at hand) to OUTPUT."""
+    import hashlib
+
+    from .cards import render_card
+    from .writer import atomic_file, check_writable
+
+    check_writable(output, force=force)
+    with progress_bar("hashing", None, enabled=not (quiet or as_json)) as advance:
+        text = render_card(meta, ckpt, eval_json, train_log, checksums_from=checksums_from, hash_files=not no_hash,
+                           progress=advance)
+    data = text.encode("utf-8")
+    with atomic_file(output, force=force) as f:
+        f.write(data)
+    if as_json:
+        print_json({"schema": "dspark-hub/card/1", "path": str(output), "bytes": len(data),
+                    "lines": text.count("\n"), "sha256": hashlib.sha256(data).hexdigest()})
+    else:
+        stdout.print(f"wrote {output} ({len(data):,} bytes); check it with: dspark-hub card lint {output}"
+                     + (f" --checkpoint {ckpt}" if ckpt else ""))
+
+
+@card.command("lint")
+@click.argument("readme", type=click.Path(path_type=Path))
+@click.option("--checkpoint", type=click.Path(path_type=Path), help="Also check the card's weight facts against it.")
+@json_option
+@click.pass_context
+def card_lint(ctx: click.Context, readme: Path, checkpoint: Path | None, as_json: bool) -> None:
+    """Check a model card: front matter, acceptance arithmetic, duplicate rows, and weight facts."""
+    from .cardlint import lint_card
+
+    report = lint_card(readme, checkpoint)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        render_findings(report.sorted_findings(), f"findings for {report.path}")
+        errors = len(report.errors)
+        verdict = "[bold green]OK[/]" if report.ok else f"[bold red]FAILED[/] ({errors} error{'s' * (errors != 1)})"
+        stdout.print(f"{verdict}  {report.path}")
+    ctx.exit(0 if report.ok else 1)
+
+
+@cli.command()
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.argument("repo_id", metavar="ORG/NAME")
+@click.option("--drop-in", "drop_in", metavar="REF", help="The gate also demands drop-in identity with REF.")
+@click.option("--private", is_flag=True, default=None, help="Create the repository private.")
+@click.option("--revision", metavar="BRANCH", help="Commit to this branch (created from main if missing).")
+@click.option("--tag", metavar="TAG", help="Tag the new commit.")
+@click.option("--with-remote-code", is_flag=True, help="Also upload the modeling code and an auto_map.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every file, size, LFS or regular); send nothing.")
+@endpoint_option
+@quiet_option
+@json_option
+@click.pass_context
+def publish(ctx: click.Context, ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
+            revision: str | None, tag: str | None, with_remote_code: bool, dry_run: bool, endpoint: str | None,
+            quiet: bool, as_json: bool) -> None:
+    """Gate (verify + card lint), upload CKPT to ORG/NAME, then compare the Hub's files with the local ones.
+
+    The token comes from huggingface_hub's usual sources (HF_TOKEN, 'hf auth login') and is never printed.
+    """
+    from .release import publish_checkpoint
+
+    with progress_bar("sha256", None, enabled=not (quiet or as_json)) as advance:
+        outcome = publish_checkpoint(ckpt, repo_id, drop_in=drop_in, private=private, revision=revision, tag=tag,
+                                     with_remote_code=with_remote_code, endpoint=endpoint, dry_run=dry_run,
+                                     progress=advance)
+    if as_json:
+        print_json(outcome.to_dict())
+    else:
+        _render_publication(outcome)
+    ctx.exit(0 if outcome.ok else 1)
+
+
+def _render_publication(outcome: Any) -> None:
+    if not outcome.gate.ok:
+        stderr.print(f"[bold red]refused[/]: nothing was sent ({len(outcome.gate.refusals)} problems)")
+        for reason in outcome.gate.refusals:
+            stdout.print(f"  {reason}")
+        return
+    result = outcome.result
+    plan = result.plan
+    if result.status == "dry_run":
+        table = Table(title=f"plan: {plan.repo_id}@{plan.revision} ({plan.endpoint})")
+        for col, justify in (("file", "left"), ("bytes", "right"), ("storage", "left")):
+            table.add_column(col, justify=justify)   # type: ignore[arg-type]
+        for f in plan.files:
+            table.add_row(f.path, f"{f.size:,}", "LFS" if f.lfs else "regular")
+        stdout.print(table)
+        stdout.print(f"{len(plan.files)} files, {plan.total_bytes:,} bytes ({plan.lfs_bytes:,} through LFS); "
+                     f"commit: {plan.commit_message}; dry run: nothing sent")
+        return
+    if result.problems:
+        _file_problems_table("the Hub's files differ from the local ones", result.problems)
+    stdout.print(f"{result.status}: {result.commit_url}" + (f" (tag {result.tag})" if result.tag else ""))
+    if not result.problems:
+        stdout.print(f"the Hub's {len(plan.files)} files match the local SHA-256 digests")
+
+
+@cli.group(cls=DefaultCommandGroup, default_command="write")
+def golden() -> None:
+    """Golden vectors: `golden CKPT -o FILE` writes a fixture of the reference forward; `golden check` recomputes it.
+
+    \b
+    dspark-hub golden CKPT -o golden.safetensors [--lm-head FILE] [--seed N] [--block-size K]
+    dspark-hub golden check CKPT golden.safetensors [--lm-head FILE] [--atol X --rtol Y]
+    """
+
+
+@golden.command("write", hidden=True)
+@click.argument("ckpt", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The golden .safetensors file to write.")
+@click.option("--lm-head", "lm_head", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A safetensors file with the target's lm_head weight (default: a seeded stand-in).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the inputs and the stand-in lm_head.")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=7, show_default=True)
+@force_option
+@json_option
+def golden_write(ckpt: Path, output: Path, lm_head: Path | None, seed: int, block_size: int, force: bool,
+                 as_json: bool) -> None:
+    """Write the golden fixture of CKPT."""
+    from .golden import write_golden
+
+    result = write_golden(ckpt, output, lm_head=lm_head, seed=seed, block_size=block_size, force=force)
+    if as_json:
+        print_json(result)
+    else:
+        stdout.print(f"wrote {result['path']} ({result['bytes']:,} bytes; cases "
+                     f"{', '.join(f'{c} from position {p}' for c, p in result['cases'].items())}); "
+                     f"check it with: dspark-hub golden check {ckpt} {output}")
+
+
+@golden.command("check")
+@click.argument("ckpt", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("fixture", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--lm-head", "lm_head", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The lm_head file the fixture was written with (if any).")
+@click.option("--atol", type=float, default=None, help="Override the stored absolute tolerance.")
+@click.option("--rtol", type=float, default=None, help="Override the stored relative tolerance.")
+@json_option
+@click.pass_context
+def golden_check(ctx: click.Context, ckpt: Path, fixture: Path, lm_head: Path | None, atol: float | None,
+                 rtol: float | None, as_json: bool) -> None:
+    """Recompute FIXTURE on CKPT and compare within the stored tolerances (exit 0 when all match, else 1)."""
+    from .golden import check_golden
+
+    result = check_golden(ckpt, fixture, lm_head=lm_head, atol=atol, rtol=rtol)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        table = Table(title=f"golden check {fixture}", expand=False)
+        for col in ("tensor", "ok", "max |diff|", "tolerance"):
+            table.add_column(col)
+        for c in result.comparisons:
+            tol = f"atol {c['atol']:g} rtol {c['rtol']:g}" if "atol" in c else "exact"
+            diff = "-" if c.get("max_abs") is None else f"{c['max_abs']:.3g}"
+            table.add_row(c["tensor"], "[green]yes[/]" if c["ok"] else "[bold red]NO[/]", diff, tol)
+        stdout.print(table)
+        for problem in result.problems:
+            stdout.print(f"[bold red]problem[/]: {problem}")
+        stdout.print("[bold green]OK[/]" if result.ok else "[bold red]FAILED[/]")
+    ctx.exit(0 if result.ok else 1)
+
+
+@cli.command()
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@quiet_option
+@json_option
+def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
+    """Compare checkpoint folders A and B: config keys, roster, and every common tensor's bytes.
+
+    Per tensor: identical bytes, or the relative L2 change ||b-a||/||a||. Exit code 0 whether or not
+    they differ (read "identical" / "weights_only" in the output); 2 on usage or I/O error.
+    """
+    from .diff import diff as diff_checkpoints, planned_bytes
+
+    with progress_bar("diff", planned_bytes(a, b), enabled=not (quiet or as_json)) as advance:
+        result = diff_checkpoints(a, b, progress=advance)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_diff(result)
+
+
+@cli.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@force_option
+@quiet_option
+@json_option
+def convert(src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> None:
+    """Rewrite a near-miss export in SRC as a contract checkpoint in DST, reporting every change.
+
+    Renames trainer names, strips model./module. prefixes, drops lm_head, casts F32/F16 to BF16,
+    merges shards, repairs the config. SRC is never modified. Exit codes: 0 written, 2 usage or I/O error.
+    """
+    from .convert import convert as convert_checkpoint, planned_bytes
+    from .writer import check_writable
+
+    check_writable(dst, force=force)
+    with progress_bar("convert", planned_bytes(src), enabled=not (quiet or as_json)) as advance:
+        result = convert_checkpoint(src, dst, force=force, progress=advance)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_convert(result)
 
 
 def main() -> None:

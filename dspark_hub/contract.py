@@ -91,7 +91,7 @@ TINY_CONFIG: dict[str, Any] = {
     "qk_rope_head_dim": 8,
     "v_head_dim": 16,
     "vocab_size": 512,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 2048,
     "num_target_layers": 3,
     "target_hidden_size": 64,
     "target_num_hidden_layers": 6,
@@ -161,6 +161,9 @@ TORCH_DTYPE_NAMES: dict[str, str] = {"bfloat16": "BF16", "float16": "F16", "floa
 
 #: Tensors that are part of the checkpoint but never trained (a copy of the target's embedding).
 FROZEN_TENSORS = ("embed_tokens.weight",)
+#: Where a teacher (target) checkpoint keeps the embedding the draft must copy bit for bit.
+TEACHER_EMBED_NAMES = ("embed_tokens.weight", "model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
+                       "model.language_model.embed_tokens.weight")
 
 #: Trainer-internal names that load silently in some runtimes and serve at 0% acceptance.
 KNOWN_MISNAMES: dict[str, str] = {

@@ -205,8 +205,11 @@ class EvalResult:
                "harness": self.harness, "reference": None}
         if self.reference is not None:
             ref = self.reference.overall
-            out["reference"] = {"path": self.reference_path, **ref.to_dict(),
-                                "ratio": overall.acceptance_length / ref.acceptance_length}
+            ratio = overall.acceptance_length / ref.acceptance_length
+            out["reference"] = {"path": self.reference_path, **ref.to_dict(), "ratio": ratio}
+            # The card renders harness values as text; a string here wins over the dict above.
+            out["harness"] = {**self.harness, "reference": f"{self.reference_path} (acceptance length "
+                              f"{ref.acceptance_length:.4f}; ratio {ratio:.4f})"}
         return out
 
 
@@ -230,9 +233,10 @@ def load_eval_rollouts(draft_config: dict[str, Any], *, teacher: str | None, pro
         rollouts = RolloutData(data)
         teacher = teacher or rollouts.teacher_path
         settings = rollouts.manifest["settings"]
+        identity = rollouts.manifest["teacher"]
         facts = {"prompts_sha256": settings["prompts_sha256"], "max_new_tokens": settings["max_new_tokens"],
                  "chat_template_sha256": rollouts.manifest.get("chat_template_sha256"),
-                 "teacher": rollouts.manifest["teacher"], "data": str(data)}
+                 "teacher": identity["label"], "teacher_identity": identity, "data": str(data)}
         if teacher is None:
             raise UsageError(f"{data}: the manifest names no teacher; pass --teacher")
         return rollouts, teacher, facts
@@ -245,9 +249,10 @@ def load_eval_rollouts(draft_config: dict[str, Any], *, teacher: str | None, pro
                                                      max_new_tokens=max_new_tokens, batch_size=batch_size,
                                                      progress=progress)))
     rollouts.rollouts.sort(key=lambda r: r.prompt_index)
+    identity = teacher_identity(teacher).to_dict()
     facts = {"prompts_sha256": sha256_file(prompts), "max_new_tokens": max_new_tokens,
-             "chat_template_sha256": chat_template_digest(teacher), "teacher": teacher_identity(teacher).to_dict(),
-             "data": None}
+             "chat_template_sha256": chat_template_digest(teacher), "teacher": identity["label"],
+             "teacher_identity": identity, "data": None}
     return rollouts, teacher, facts
 
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .checksums import sha256_file
 from .errors import CheckpointNotFoundError, DsparkError, UsageError
+from .pairing import text_config
 
-_HASH_CHUNK = 1 << 20
 _SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})")
 
 
@@ -45,11 +46,6 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointNotFoundError(f"{path}: not found; pass the file or a folder that holds it")
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language-model part of a (possibly multimodal) teacher `config.json`."""
-    return config.get("text_config") or config
 
 
 def check_pairing(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
@@ -78,15 +74,6 @@ def check_pairing(teacher_config: Mapping[str, Any], draft_config: Mapping[str, 
 # ----------------------------------------------------------------------------- identity
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Streamed SHA-256 of a file (hex)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_HASH_CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def sha256_text(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -103,7 +90,11 @@ class TeacherIdentity:
 
     @property
     def label(self) -> str:
-        return f"{self.repo}@{self.revision}" if self.repo else f"{self.path} (sha256 of {len(self.digests)} files)"
+        """`repo@revision`, else `folder (sha256 file abcdef123456, ...)` (12-digit prefixes)."""
+        if self.repo:
+            return f"{self.repo}@{self.revision}"
+        digests = ", ".join(f"{name} {digest[:12]}" for name, digest in sorted(self.digests.items()))
+        return f"{Path(self.path).name} (sha256 {digests})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "repo": self.repo, "revision": self.revision, "digests": dict(self.digests),

@@ -71,20 +71,27 @@ def _replace(tmp: Path, dst: Path) -> None:
 
 
 @contextmanager
-def atomic_file(dst: str | os.PathLike[str], *, force: bool = False, mode: str = "wb") -> Iterator[Any]:
-    """Open a temporary sibling of `dst` for writing; rename it over `dst` on success."""
+def atomic_path(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling path of `dst`; it replaces `dst` only if the block completes."""
     dst = Path(dst)
     check_writable(dst, force=force)
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
+    os.close(fd)
     os.chmod(name, 0o666 & ~_umask())
     try:
-        with os.fdopen(fd, mode) as f:
-            yield f
+        yield Path(name)
         os.replace(name, dst)
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_file(dst: str | os.PathLike[str], *, force: bool = False, mode: str = "wb") -> Iterator[Any]:
+    """Open a temporary sibling of `dst` for writing; rename it over `dst` on success."""
+    with atomic_path(dst, force=force) as tmp, open(tmp, mode) as f:
+        yield f
 
 
 def write_safetensors(path: str | os.PathLike[str], specs: Iterable[TensorSpec],

@@ -25,3 +25,9 @@ def test_verify_run_stays_light(tmp_path):
     code = (f"from click.testing import CliRunner; from dspark_hub.cli import cli; "
             f"r = CliRunner().invoke(cli, ['verify', {str(folder)!r}, '--drop-in', 'kimi-k3'])")
     assert _imported(code) == set()
+
+
+def test_every_public_name_resolves():
+    import dspark_hub
+    for name in dspark_hub.__all__:
+        assert getattr(dspark_hub, name) is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import textwrap
@@ -135,8 +136,12 @@ def test_exported_code_loads_with_trust_remote_code_where_dspark_hub_is_not_impo
     torch.manual_seed(0)
     ids, context_states = torch.randint(0, 500, (1, 7)), torch.randn(1, 4, 192)
     torch.save({"ids": ids, "context": context_states}, tmp_path / "inputs.pt")
+    # -S skips site-packages' .pth files, which is where an editable install of dspark-hub hooks in;
+    # site-packages itself goes back on the path so torch and transformers still import.
     script = textwrap.dedent(f"""
-        import importlib.util, sys, torch
+        import sys
+        sys.path.extend({site.getsitepackages()!r})
+        import importlib.util, torch
         assert importlib.util.find_spec("dspark_hub") is None, "dspark_hub must not be importable here"
         from transformers import AutoModel
         model, info = AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True,
@@ -150,7 +155,7 @@ def test_exported_code_loads_with_trust_remote_code_where_dspark_hub_is_not_impo
     """)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HOME=str(tmp_path / "hf"))
-    run = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", script], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     local = K3DSparkModel.from_pretrained(folder, dtype=torch.float32)

@@ -179,9 +179,17 @@ def test_finetune_improves_held_out_acceptance_and_stays_a_drop_in(world, tmp_pa
     harness = doc["harness"]
     assert (harness["mode"], harness["decoding"], harness["block_size"]) == ("teacher-forced", "greedy", 7)
     assert harness["definition"] == doc["definition"] and "1 + sum_k a_k" in doc["definition"]
-    assert set(harness["teacher"]["digests"]) == {"config.json", "model.safetensors"}
+    assert set(harness["teacher_identity"]["digests"]) == {"config.json", "model.safetensors"}
+    assert harness["teacher"].startswith("teacher (sha256 config.json ") and "ratio" in harness["reference"]
     from dspark_hub.teacher import sha256_file
     assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
+    # The model card reads both files as they are.
+    from dspark_hub.card_results import load_eval, load_train_log
+    (tmp_path / "eval.json").write_text(evaluation.stdout)
+    card = dict(load_eval(tmp_path / "eval.json").by_dataset.harness)
+    assert (card["measurement"], card["decoding"], card["block size"]) == ("teacher-forced", "greedy", "7")
+    assert card["teacher"] == harness["teacher"] and card["reference"] == harness["reference"]
+    assert [row.step for row in load_train_log(out / "training_log.jsonl")[0]] == [50, 100]
     # The held-out rollouts folder gives the same measurement as in-memory rollouts.
     from dspark_hub.evaluate import evaluate
     assert evaluate(out, data=str(world["heldout"])).to_dict()["acceptance_length"] == after

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,6 +16,7 @@ from typing import Any, Mapping
 import torch
 
 from .. import contract
+from ..writer import atomic_path
 from ..errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from .configuration_k3_dspark import ordered_config
 from .modeling_k3_dspark import K3DSparkModel
@@ -168,19 +168,9 @@ def checkpoint_config(model: K3DSparkModel, *, dtype: torch.dtype,
     return {key: values.get(key, like[key]) for key in like}
 
 
-def _write_atomic(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    _write_atomic(path, lambda tmp: Path(tmp).write_bytes(data))
+    with atomic_path(path, force=True) as tmp:
+        tmp.write_bytes(data)
 
 
 _INHERIT: Any = object()
@@ -231,7 +221,8 @@ def save_checkpoint(
              for name, tensor in model.state_dict().items()}
     saved_dtype = dtype or next(iter(state.values())).dtype
     document = checkpoint_config(model, dtype=saved_dtype, like=config_like)
-    _write_atomic(targets[0], lambda tmp: save_file(state, tmp, metadata=dict(metadata) if metadata else None))
+    with atomic_path(targets[0], force=True) as tmp:
+        save_file(state, str(tmp), metadata=dict(metadata) if metadata else None)
     _write_bytes_atomic(targets[1], contract.config_bytes(document))
     return SaveResult(folder=str(out), tensor_count=len(state), dtype=_dtype_name(saved_dtype),
                       metadata=dict(metadata) if metadata else None, config_keys=list(document))

@@ -1,0 +1,208 @@
+"""card lint: each check has a failing fixture and its passing twin; every finding names its line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dspark_hub import contract
+from dspark_hub.cardlint import lint_card
+from dspark_hub.cards import render_card
+from dspark_hub.cli import cli
+from tests.card_fixtures import plain_cli, tiny  # noqa: F401 (fixtures)
+from tests.card_fixtures import SDDD, SPECULATOR, write_sparse_reference
+
+FRONT = "---\nlicense: apache-2.0\nbase_model: org/teacher\ntags:\n  - dspark\npipeline_tag: text-generation\n---\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_card(tmp_path_factory, tiny) -> str:
+    """A card rendered (with computed checksums) for the tiny checkpoint: the passing twin."""
+    folder = tmp_path_factory.mktemp("meta")
+    meta = {"name": "Tiny", "front_matter": yaml.safe_load(FRONT.strip("-\n")),
+            "architecture": {"block_size": 2}}
+    (folder / "card.yaml").write_text(yaml.safe_dump(meta))
+    return render_card(folder / "card.yaml", tiny)
+
+
+def _lint(tmp_path: Path, text: str, checkpoint: Path | None = None):
+    path = tmp_path / "README.md"
+    path.write_text(text)
+    return lint_card(path, checkpoint)
+
+
+def _line_of(text: str, needle: str, occurrence: int = 1) -> int:
+    hits = [i for i, line in enumerate(text.splitlines(), start=1) if needle in line]
+    return hits[occurrence - 1]
+
+
+def _only_errors(report) -> list[tuple[str, str]]:
+    return [(f.code, f.where) for f in report.sorted_findings() if f.severity == "error"]
+
+
+def _acceptance_card(*rows: str) -> str:
+    head = "| Dataset | Pos 0 | Pos 1 | Pos 2 | Acceptance length |\n| --- | --- | --- | --- | --- |\n"
+    return FRONT + "\n# Card\n\n## Results\n\n" + head + "\n".join(rows) + "\n"
+
+
+# ------------------------------------------------------------------ weight facts (tiny checkpoint)
+
+def test_rendered_card_passes_against_its_checkpoint(tmp_path, tiny, tiny_card):
+    report = _lint(tmp_path, tiny_card, tiny)
+    assert report.ok and _only_errors(report) == []
+    assert report.findings == []
+
+
+def test_wrong_parameter_count(tmp_path, tiny, tiny_card):
+    total = contract.parameter_counts(contract.TINY_CONFIG).total
+    bad = tiny_card.replace(f"{total:,} parameters", f"{total + 1:,} parameters")
+    assert bad != tiny_card
+    errors = _only_errors(_lint(tmp_path, bad, tiny))
+    assert ("PARAMETERS_MISMATCH", f"README.md:{_line_of(bad, f'{total + 1:,}')}") in errors
+    assert {code for code, _ in errors} == {"PARAMETERS_MISMATCH", "PARAMETERS_INCONSISTENT"}
+
+
+def test_wrong_trained_count(tmp_path, tiny, tiny_card):
+    trained = contract.parameter_counts(contract.TINY_CONFIG).trained
+    bad = tiny_card.replace(f"only {trained:,} parameters", f"only {trained - 7:,} parameters")
+    report = _lint(tmp_path, bad, tiny)
+    line = _line_of(bad, f"{trained - 7:,}")
+    assert ("PARAMETERS_MISMATCH", f"README.md:{line}") in _only_errors(report)
+    assert ("PARAMETERS_INCONSISTENT", f"README.md:{line}") in _only_errors(report)   # trained + frozen != total
+
+
+def test_shape_that_disagrees_with_the_checkpoint(tmp_path, tiny, tiny_card):
+    h, r = contract.TINY_CONFIG["hidden_size"], contract.TINY_CONFIG["q_lora_rank"]
+    good_row = f"| `layers.{{0..1}}.self_attn.q_a_proj.weight` | {r} x {h} |"
+    assert good_row in tiny_card
+    bad = tiny_card.replace(good_row, f"| `layers.{{0..1}}.self_attn.q_a_proj.weight` | {h} x {r} |")
+    report = _lint(tmp_path, bad, tiny)
+    where = f"README.md:{_line_of(bad, 'q_a_proj')}"
+    assert _only_errors(report) == [("SHAPE_MISMATCH", where), ("SHAPE_MISMATCH", where)]   # layers 0 and 1
+    assert "layers.1.self_attn.q_a_proj.weight" in report.sorted_findings()[1].message
+
+
+def test_tensor_the_checkpoint_does_not_have(tmp_path, tiny, tiny_card):
+    bad = tiny_card.replace("`final_norm.weight`", "`norm.weight`")
+    report = _lint(tmp_path, bad, tiny)
+    assert _only_errors(report) == [("TENSOR_NOT_IN_CHECKPOINT", f"README.md:{_line_of(bad, '`norm.weight`')}")]
+
+
+def test_wrong_target_layers_and_tensor_count(tmp_path, tiny, tiny_card):
+    ids = contract.TINY_CONFIG["target_layer_ids"]
+    n = len(contract.roster(contract.TINY_CONFIG))
+    bad = tiny_card.replace(f"`{ids}`", "`[0, 1, 2]`").replace(f"across {n} tensors", f"across {n + 1} tensors")
+    codes = {code for code, _ in _only_errors(_lint(tmp_path, bad, tiny))}
+    assert codes == {"TARGET_LAYERS_MISMATCH", "TENSOR_COUNT_MISMATCH"}
+
+
+def test_checksum_that_disagrees_with_the_file(tmp_path, tiny, tiny_card):
+    import hashlib
+
+    digest = hashlib.sha256((tiny / "config.json").read_bytes()).hexdigest()
+    bad = tiny_card.replace(digest, "0" * 64)
+    report = _lint(tmp_path, bad, tiny)
+    assert _only_errors(report) == [("CHECKSUM_MISMATCH", f"README.md:{_line_of(bad, '`config.json`')}")]
+    size = (tiny / "config.json").stat().st_size
+    bad = tiny_card.replace(f"| `config.json` | {size:,} |", f"| `config.json` | {size + 1:,} |")
+    assert _only_errors(_lint(tmp_path, bad, tiny)) == [
+        ("CHECKSUM_SIZE_MISMATCH", f"README.md:{_line_of(bad, '`config.json`')}")]
+
+
+def test_sddd_card_against_the_reference_shape_and_a_wrong_checkpoint(tmp_path, tiny):
+    ref = write_sparse_reference(tmp_path / "ref")
+    assert lint_card(SDDD / "README.md", ref).ok
+    wrong = lint_card(SDDD / "README.md", tiny)
+    assert {"PARAMETERS_MISMATCH", "TENSOR_COUNT_MISMATCH", "SHAPE_MISMATCH", "TARGET_LAYERS_MISMATCH",
+            "LAYER_COUNT_MISMATCH", "CHECKSUM_SIZE_MISMATCH"} <= wrong.codes()
+
+
+# ------------------------------------------------------------------ acceptance tables
+
+def test_acceptance_length_that_is_not_one_plus_the_sum(tmp_path):
+    good = _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |")
+    assert _lint(tmp_path, good).ok
+    bad = _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.10 |")
+    assert _only_errors(_lint(tmp_path, bad)) == [("ACCEPTANCE_LENGTH_MISMATCH", f"README.md:{_line_of(bad, 'code')}")]
+
+
+def test_acceptance_tolerance_follows_the_tables_rounding(tmp_path):
+    # 1 + 0.813 + 0.673 + 0.569 = 3.055: printed as 3.05 or 3.06 both agree at two decimals.
+    for shown in ("3.05", "3.06"):
+        assert _lint(tmp_path, _acceptance_card(f"| he | 81.3% | 67.3% | 56.9% | {shown} |")).ok
+    assert not _lint(tmp_path, _acceptance_card("| he | 81.3% | 67.3% | 56.9% | 3.07 |")).ok
+
+
+def test_rates_that_increase_along_a_row(tmp_path):
+    bad = _acceptance_card("| code | 30.0% | 60.0% | 10.0% | 2.00 |")
+    assert _only_errors(_lint(tmp_path, bad)) == [("RATES_INCREASE", f"README.md:{_line_of(bad, 'code')}")]
+
+
+def test_duplicated_row(tmp_path):
+    good = _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", "| chat | 50.0% | 30.0% | 10.0% | 1.90 |")
+    assert _lint(tmp_path, good).ok
+    bad = _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", "| code | 50.0% | 30.0% | 10.0% | 1.90 |")
+    report = _lint(tmp_path, bad)
+    first, second = _line_of(bad, "| code", 1), _line_of(bad, "| code", 2)
+    assert _only_errors(report) == [("DUPLICATE_ROW", f"README.md:{second}")]
+    assert f"repeats line {first} with different values" in report.errors[0].message
+
+
+def test_speculator_mirror_duplicate_is_flagged_on_its_line():
+    text = (SPECULATOR / "README.md").read_text()
+    report = lint_card(SPECULATOR / "README.md")
+    second = _line_of(text, "| Agent history QA | 12,000 |", 2)
+    assert _only_errors(report) == [("DUPLICATE_ROW", f"README.md:{second}")]
+
+
+def test_block_size_statements_must_agree(tmp_path):
+    text = FRONT + "\nIt predicts `block_size=7` positions.\n\nHarness: block size: 8\n"
+    assert _only_errors(_lint(tmp_path, text)) == [("BLOCK_SIZE_CONFLICT", f"README.md:{_line_of(text, 'Harness')}")]
+    assert _lint(tmp_path, text.replace("block size: 8", "block size: 7")).ok
+
+
+# ------------------------------------------------------------------ front matter
+
+def test_invalid_license_key(tmp_path):
+    good = FRONT + "\n# Card\n"
+    assert _lint(tmp_path, good).ok
+    bad = good.replace("license: apache-2.0", "license: apache2")
+    assert _only_errors(_lint(tmp_path, bad)) == [("LICENSE_UNKNOWN", "README.md:2")]
+
+
+@pytest.mark.parametrize("change, code, line", [
+    (("pipeline_tag: text-generation", "pipeline_tag: drafting"), "PIPELINE_TAG_UNKNOWN", 6),
+    (("base_model: org/teacher", "base_model: org/teacher\nbase_model_relation: distilled"),
+     "BASE_MODEL_RELATION_UNKNOWN", 4),
+    (("  - dspark", "  - dspark\n  -"), "NULL_ITEM", 4),
+    (("tags:\n", "tags: [\n"), "FRONT_MATTER_INVALID_YAML", 5),      # where the YAML parser stops
+])
+def test_front_matter_problems_name_their_line(tmp_path, change, code, line):
+    text = (FRONT + "\n# Card\n").replace(*change)
+    assert _only_errors(_lint(tmp_path, text)) == [(code, f"README.md:{line}")]
+
+
+def test_missing_front_matter(tmp_path):
+    assert _only_errors(_lint(tmp_path, "# Card\n")) == [("FRONT_MATTER_MISSING", "README.md:1")]
+
+
+# ------------------------------------------------------------------ CLI
+
+def test_cli_exit_codes_and_json(tmp_path, tiny, tiny_card):
+    runner = CliRunner()
+    good = tmp_path / "good.md"
+    good.write_text(tiny_card)
+    ok = runner.invoke(cli, ["card", "lint", str(good), "--checkpoint", str(tiny), "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout) == {"schema": "dspark-hub/card-lint/1", "ok": True, "path": str(good),
+                                     "checkpoint": str(tiny), "findings": []}
+    failed = runner.invoke(cli, ["card", "lint", str(SPECULATOR / "README.md")])
+    assert failed.exit_code == 1 and "repeats line" in failed.stdout and "README.md:" in failed.stdout
+    missing = runner.invoke(cli, ["card", "lint", str(tmp_path / "nope.md")])
+    assert missing.exit_code == 2 and "no such file" in missing.stderr
+    no_ckpt = runner.invoke(cli, ["card", "lint", str(good), "--checkpoint", str(tmp_path / "nope")])
+    assert no_ckpt.exit_code == 2

@@ -1,0 +1,190 @@
+"""checksums: SHA256SUMS that coreutils accepts, git blob ids that git agrees with, and --check findings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from dspark_hub import checksums
+from dspark_hub.errors import CheckpointNotFoundError, RefusedOverwriteError
+from tests.hub_checkpoints import write_tiny_checkpoint
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    folder = write_tiny_checkpoint(tmp_path / "ckpt")
+    (folder / "README.md").write_text("# tiny draft\n")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "notes.txt").write_text("nested file\n")
+    return folder
+
+
+@pytest.fixture
+def written(ckpt):
+    checksums.write_checksums(ckpt)
+    return ckpt
+
+
+def git_hash_object(path) -> str:
+    return subprocess.run(["git", "hash-object", "--no-filters", str(path)], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_sha256sum_accepts_the_sums_file(written):
+    result = subprocess.run(["sha256sum", "-c", "--strict", checksums.SUMS_NAME], cwd=written,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    checked = {line.rsplit(": ", 1)[0] for line in result.stdout.splitlines()}
+    assert checked == {"README.md", "config.json", "model.safetensors", "sub/notes.txt"}
+
+
+def test_sha256sum_rejects_a_changed_file(written):
+    (written / "README.md").write_text("# changed\n")
+    result = subprocess.run(["sha256sum", "-c", checksums.SUMS_NAME], cwd=written, capture_output=True, text=True)
+    assert result.returncode != 0 and "README.md: FAILED" in result.stdout
+
+
+def test_manifest_digests_match_hashlib_and_git(ckpt):
+    manifest = checksums.compute_manifest(ckpt, workers=3)
+    by_path = manifest.by_path()
+    assert sorted(by_path) == ["README.md", "config.json", "model.safetensors", "sub/notes.txt"]
+    for digest in manifest.files:
+        content = (ckpt / digest.path).read_bytes()
+        assert digest.size == len(content)
+        assert digest.sha256 == hashlib.sha256(content).hexdigest()
+    assert by_path["model.safetensors"].lfs and not by_path["config.json"].lfs
+    # Regular files: the git blob id of the content, as `git hash-object` computes it.
+    for name in ("config.json", "README.md", "sub/notes.txt"):
+        assert by_path[name].blob_id == git_hash_object(ckpt / name)
+
+
+def test_lfs_blob_id_is_the_git_id_of_the_pointer(ckpt, tmp_path):
+    weights = checksums.compute_manifest(ckpt).by_path()["model.safetensors"]
+    pointer = tmp_path / "pointer"
+    pointer.write_text(f"version https://git-lfs.github.com/spec/v1\noid sha256:{weights.sha256}\n"
+                       f"size {weights.size}\n")
+    assert weights.blob_id == git_hash_object(pointer)
+
+
+def test_manifest_json_schema(written):
+    data = json.loads((written / checksums.MANIFEST_NAME).read_text())
+    assert data["schema"] == "dspark-hub/checksums/1" and data["algorithm"] == "sha256"
+    assert data["file_count"] == len(data["files"]) == 4
+    assert data["total_bytes"] == sum(f["size"] for f in data["files"])
+    assert [f["path"] for f in data["files"]] == sorted(f["path"] for f in data["files"])
+    assert all(set(f) == {"path", "size", "sha256", "blob_id", "lfs"} for f in data["files"])
+    assert checksums.Manifest.from_dict(data) == checksums.compute_manifest(written)
+
+
+def test_sidecars_and_tool_folders_are_not_listed(written):
+    (written / ".git").mkdir()
+    (written / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (written / ".cache" / "huggingface").mkdir(parents=True)
+    (written / ".cache" / "huggingface" / "x.metadata").write_text("x")
+    assert checksums.SUMS_NAME not in checksums.checkpoint_files(written)
+    assert checksums.MANIFEST_NAME not in checksums.checkpoint_files(written)
+    assert checksums.check_checksums(written) == []
+
+
+def test_progress_counts_every_byte(ckpt):
+    seen = []
+    manifest = checksums.compute_manifest(ckpt, progress=seen.append)
+    assert sum(seen) == manifest.total_bytes
+
+
+def test_refuses_to_overwrite_without_force(written):
+    before = (written / checksums.SUMS_NAME).read_text()
+    (written / "README.md").write_text("# new card\n")
+    with pytest.raises(RefusedOverwriteError):
+        checksums.write_checksums(written)
+    assert (written / checksums.SUMS_NAME).read_text() == before
+    checksums.write_checksums(written, force=True)
+    assert checksums.check_checksums(written) == []
+
+
+def test_check_without_sidecars_says_what_to_run(ckpt):
+    with pytest.raises(CheckpointNotFoundError, match="checksums"):
+        checksums.check_checksums(ckpt)
+
+
+# --- --check findings: one fixture per kind -------------------------------------------------------
+
+@pytest.fixture
+def mismatched(written):
+    path = written / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # same size, different content
+    path.write_bytes(bytes(data))
+    return written
+
+
+@pytest.fixture
+def truncated(written):
+    path = written / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-10])
+    return written
+
+
+@pytest.fixture
+def missing(written):
+    (written / "sub" / "notes.txt").unlink()
+    return written
+
+
+@pytest.fixture
+def extra(written):
+    (written / "stray.bin").write_bytes(b"\0" * 10)
+    return written
+
+
+def test_clean_folder_checks_clean(written):
+    assert checksums.check_checksums(written) == []
+
+
+def test_check_names_a_changed_file(mismatched):
+    [problem] = checksums.check_checksums(mismatched)
+    assert (problem.path, problem.kind) == ("model.safetensors", "mismatch")
+    assert problem.actual == hashlib.sha256((mismatched / "model.safetensors").read_bytes()).hexdigest()
+    assert problem.message.startswith("model.safetensors: SHA-256")
+
+
+def test_check_names_a_truncated_file_by_size(truncated):
+    [problem] = checksums.check_checksums(truncated)
+    assert (problem.path, problem.kind) == ("model.safetensors", "mismatch")
+    assert "bytes" in problem.message and int(problem.expected) - int(problem.actual) == 10
+
+
+def test_check_names_a_missing_file(missing):
+    [problem] = checksums.check_checksums(missing)
+    assert (problem.path, problem.kind) == ("sub/notes.txt", "missing")
+
+
+def test_check_names_an_extra_file(extra):
+    [problem] = checksums.check_checksums(extra)
+    assert (problem.path, problem.kind) == ("stray.bin", "extra")
+
+
+def test_check_falls_back_to_sha256sums(mismatched, missing):
+    (mismatched / checksums.MANIFEST_NAME).unlink()
+    problems = checksums.check_checksums(mismatched)
+    assert {(p.path, p.kind) for p in problems} == {("model.safetensors", "mismatch"), ("sub/notes.txt", "missing")}
+    assert all(json.dumps(p.to_dict()) for p in problems)
+
+
+def test_awkward_names_round_trip_through_sha256sum(tmp_path):
+    if shutil.which("sha256sum") is None:
+        pytest.skip("coreutils sha256sum not installed")
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "back\\slash.txt").write_text("a")
+    (folder / "two  spaces.txt").write_text("b")
+    checksums.write_checksums(folder)
+    result = subprocess.run(["sha256sum", "-c", "--strict", checksums.SUMS_NAME], cwd=folder,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (folder / checksums.MANIFEST_NAME).unlink()
+    assert checksums.check_checksums(folder) == []

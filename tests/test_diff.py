@@ -1,0 +1,101 @@
+"""diff A B: config keys, roster, per-tensor byte identity and relative L2 change (streamed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from dspark_hub import contract
+from dspark_hub.cli import cli
+from dspark_hub.diff import compare_tensor, diff
+from dspark_hub.tensorio import locate_tensor
+
+from .factories import tensors_for, tiny_config, write_checkpoint
+
+MATRIX = "layers.1.self_attn.o_proj.weight"
+
+
+@pytest.fixture
+def state():
+    return tensors_for(contract.TINY_CONFIG, seed=3)
+
+
+def test_identical_checkpoints(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    b = write_checkpoint(tmp_path / "b", tensors={k: v.clone() for k, v in state.items()}, shards=2)
+    result = diff(a, b)
+    doc = result.to_dict()
+    assert doc["schema"] == "dspark-hub/diff/1"
+    assert doc["identical"] and doc["weights_only"]
+    assert doc["summary"] == {"compared": len(state), "identical": len(state), "changed": 0}
+    assert all(t == {"identical": True, "rel_l2": 0.0} for t in doc["tensors"].values())
+
+
+def test_one_changed_tensor_reports_relative_l2(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    changed = dict(state)
+    changed[MATRIX] = (state[MATRIX].float() + 0.001 * torch.randn(state[MATRIX].shape)).to(torch.bfloat16)
+    b = write_checkpoint(tmp_path / "b", tensors=changed)
+    result = diff(a, b)
+    assert result.weights_only and not result.identical
+    assert list(result.changed) == [MATRIX]
+    xa, xb = state[MATRIX].double(), changed[MATRIX].double()
+    expected = ((xb - xa).norm() / xa.norm()).item()
+    assert result.tensors[MATRIX].rel_l2 == pytest.approx(expected, rel=1e-9)
+    assert result.tensors["embed_tokens.weight"].identical   # "embed_tokens stayed frozen"
+
+
+def test_lockstep_chunks_do_not_change_the_result(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    changed = dict(state, **{MATRIX: -state[MATRIX]})
+    b = write_checkpoint(tmp_path / "b", tensors=changed)
+    la, lb = locate_tensor(a, [MATRIX]), locate_tensor(b, [MATRIX])
+    whole = compare_tensor(la, lb)
+    chunked = compare_tensor(la, lb, chunk_elements=37)
+    assert whole.rel_l2 == pytest.approx(2.0) and chunked.rel_l2 == pytest.approx(2.0)
+
+
+def test_config_keys_added_removed_changed(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    cfg = tiny_config(markov_head_type="gated", rope_interleave=True, _torchspec_version=...)
+    b = write_checkpoint(tmp_path / "b", tensors=state, config=cfg)
+    doc = diff(a, b).to_dict()
+    assert doc["config"] == {"added": {"rope_interleave": True},
+                             "removed": {"_torchspec_version": "0.1.0"},
+                             "changed": {"markov_head_type": {"a": "vanilla", "b": "gated"}}}
+    assert not doc["weights_only"] and not doc["identical"]
+    assert doc["summary"]["changed"] == 0
+
+
+def test_roster_differences(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    other = dict(state)
+    del other["final_norm.weight"]
+    other["lm_head.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
+    other["context_norm.weight"] = torch.ones(3, dtype=torch.bfloat16)
+    other[MATRIX] = state[MATRIX].float()        # same values, F32
+    b = write_checkpoint(tmp_path / "b", tensors=other)
+    doc = diff(a, b).to_dict()
+    assert doc["roster"]["removed"] == {"final_norm.weight": {"shape": [64], "dtype": "BF16"}}
+    assert doc["roster"]["added"] == {"lm_head.weight": {"shape": [4, 4], "dtype": "BF16"}}
+    assert doc["roster"]["shape"] == {"context_norm.weight": {"a": [64], "b": [3]}}
+    assert doc["roster"]["dtype"] == {MATRIX: {"a": "BF16", "b": "F32"}}
+    assert doc["tensors"][MATRIX] == {"identical": False, "rel_l2": 0.0}   # bytes differ, values do not
+    assert "context_norm.weight" not in doc["tensors"]
+
+
+def test_cli_diff_json_and_human(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    b = write_checkpoint(tmp_path / "b", tensors=dict(state, **{MATRIX: state[MATRIX] * 2}))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["diff", str(a), str(b), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["tensors"][MATRIX]["rel_l2"] == pytest.approx(1.0)
+    human = runner.invoke(cli, ["diff", str(a), str(b)])
+    assert human.exit_code == 0 and MATRIX in human.stdout and "only the weights differ" in human.stdout
+    missing = runner.invoke(cli, ["diff", str(a), str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and missing.stdout == ""

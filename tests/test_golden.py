@@ -1,0 +1,107 @@
+"""Golden vectors: written on a tiny checkpoint, `golden check` passes; a one-ulp weight change,
+the half-split rotation or a dropped mscale make it fail."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from dspark_hub import contract
+from dspark_hub.cli import cli
+from dspark_hub.golden import check_golden, write_golden
+from dspark_hub.modeling import modeling_k3_dspark as mk
+
+from .factories import file_digest, tensors_for, write_checkpoint
+
+TINY = contract.TINY_CONFIG
+
+
+@pytest.fixture(scope="module")
+def fixture(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("golden")
+    ckpt = write_checkpoint(folder / "ckpt")
+    result = CliRunner().invoke(cli, ["golden", str(ckpt), "-o", str(folder / "golden.safetensors"), "--json"])
+    assert result.exit_code == 0, result.output
+    return ckpt, folder / "golden.safetensors"
+
+
+def numeric_failures(result):
+    return {c["tensor"] for c in result.comparisons if not c["ok"]}
+
+
+def test_fixture_binds_config_and_weights_and_covers_long_positions(fixture):
+    ckpt, golden = fixture
+    with safe_open(str(golden), framework="pt") as handle:
+        meta = handle.metadata()
+        keys = set(handle.keys())
+        positions = handle.get_tensor("long.position_ids")
+    assert meta["schema"] == "dspark-hub/golden/1"
+    assert meta["config_sha256"] == file_digest(ckpt / "config.json")
+    assert json.loads(meta["weights_sha256"]) == {"model.safetensors": file_digest(ckpt / "model.safetensors")}
+    assert json.loads(meta["lm_head"])["kind"] == "seeded-standin"
+    assert int(positions.min()) >= TINY["rope_parameters"]["original_max_position_embeddings"]
+    for case in ("short", "long"):
+        assert {f"{case}.{n}" for n in ("context_states", "anchor_ids", "drafted_tokens", "last_hidden_state",
+                                         "markov_bias", "confidence", "greedy_tokens", "greedy_logits")} <= keys
+
+
+def test_check_passes_on_the_same_checkpoint(fixture):
+    ckpt, golden = fixture
+    result = CliRunner().invoke(cli, ["golden", "check", str(ckpt), str(golden), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] and doc["problems"] == [] and len(doc["comparisons"]) == 10
+
+
+def test_one_bf16_ulp_in_one_weight_fails(fixture, tmp_path):
+    ckpt, golden = fixture
+    tensors = tensors_for(TINY)
+    bits = tensors["layers.0.self_attn.o_proj.weight"].view(torch.int16)
+    bits.view(-1)[0] += 1                                   # the next bf16 value of one element
+    changed = write_checkpoint(tmp_path / "ulp", tensors=tensors)
+    result = check_golden(changed, golden)
+    assert not result.ok
+    assert any("weights_sha256" in p for p in result.problems)
+    assert "short.last_hidden_state" in numeric_failures(result)      # the numbers themselves differ too
+
+
+def half_split_rope(x, cos, sin):
+    """NeoX rotation: pairs (i, i + d/2) instead of (2i, 2i + 1)."""
+    first, second = x.float().chunk(2, dim=-1)
+    cos, sin = cos.float(), sin.float()
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)
+
+
+def test_swapped_rope_rotation_fails(fixture, monkeypatch):
+    ckpt, golden = fixture
+    monkeypatch.setattr(mk, "apply_interleaved_rope", half_split_rope)
+    result = check_golden(ckpt, golden)
+    assert not result.ok and result.problems == []
+    assert {"short.last_hidden_state", "long.last_hidden_state"} <= numeric_failures(result)
+
+
+def test_dropped_mscale_fails(fixture, monkeypatch):
+    ckpt, golden = fixture
+    qk = TINY["qk_nope_head_dim"] + TINY["qk_rope_head_dim"]
+    monkeypatch.setattr(mk, "softmax_scale", lambda config: qk ** -0.5)
+    result = check_golden(ckpt, golden)
+    assert not result.ok and result.problems == []
+    assert "long.last_hidden_state" in numeric_failures(result)
+
+
+def test_lm_head_file_is_recorded_and_required(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "c")
+    head = tmp_path / "head.safetensors"
+    save_file({"lm_head.weight": torch.randn(TINY["draft_vocab_size"], TINY["hidden_size"])}, str(head))
+    golden = tmp_path / "g.safetensors"
+    write_golden(ckpt, golden, lm_head=head)
+    assert check_golden(ckpt, golden, lm_head=head).ok
+    missing = CliRunner().invoke(cli, ["golden", "check", str(ckpt), str(golden)])
+    assert missing.exit_code == 2 and "--lm-head" in missing.output
+    refused = CliRunner().invoke(cli, ["golden", str(ckpt), "-o", str(golden)])
+    assert refused.exit_code == 2 and "already exists" in refused.output
