@@ -284,9 +284,9 @@ class RolloutData:
 
 def _settings(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str], draft: dict[str, Any],
               max_new_tokens: int, ignore_eos: bool) -> dict[str, Any]:
-    return {"teacher": str(teacher), "prompts_sha256": sha256_file(prompts), "max_new_tokens": max_new_tokens,
-            "ignore_eos": ignore_eos, "decoding": "greedy", "target_layer_ids": list(draft["target_layer_ids"]),
-            "target_hidden_size": draft["target_hidden_size"],
+    return {"teacher": str(Path(teacher).resolve()), "prompts_sha256": sha256_file(prompts),
+            "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "decoding": "greedy",
+            "target_layer_ids": list(draft["target_layer_ids"]), "target_hidden_size": draft["target_hidden_size"],
             "target_num_hidden_layers": draft["target_num_hidden_layers"], "vocab_size": draft["vocab_size"]}
 
 
