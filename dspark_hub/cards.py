@@ -61,6 +61,7 @@ Training log (`--train-log`): JSON lines; lines carrying evaluation results beco
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import Counter, defaultdict
@@ -72,7 +73,8 @@ from . import contract, hub_vocab
 from .checksums import ManifestEntry, load_checksum_manifest, sha256_file
 from .card_results import Results, load_eval, load_train_log
 from .checkpoint import CheckpointView, LocalSource, open_checkpoint
-from .errors import DsparkError, UsageError
+from .errors import CheckpointFormatError, DsparkError, UsageError
+from .reader import read_header
 
 TEMPLATE = "model_card.md.j2"
 #: Files of a checkpoint folder that are not part of the published weights' checksum table.
@@ -135,6 +137,7 @@ class CardFacts:
     has_lm_head: bool | None = None
     config: dict[str, Any] = field(default_factory=dict)
     checksums: list[FileChecksum] = field(default_factory=list)
+    golden: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -146,7 +149,7 @@ class CardFacts:
             "num_layers": self.num_layers, "target_layer_ids": self.target_layer_ids,
             "target_num_hidden_layers": self.target_num_hidden_layers, "block_size": self.block_size,
             "markov_rank": self.markov_rank, "has_lm_head": self.has_lm_head, "config": self.config,
-            "checksums": [c.to_dict() for c in self.checksums],
+            "checksums": [c.to_dict() for c in self.checksums], "golden": self.golden,
         }
 
 
@@ -288,7 +291,26 @@ def card_facts(ckpt: str | os.PathLike[str] | CheckpointView, *, block_size: int
     facts.location = view.location
     facts.block_size = _block_size(view, block_size)
     facts.checksums = _checksums(view, manifest or {}, hash_files, progress)
+    facts.golden = _golden_fixtures(view)
     return facts
+
+
+def _golden_fixtures(view: CheckpointView) -> list[dict[str, Any]]:
+    """Golden-vector fixtures shipped under `golden/` (header metadata only)."""
+    out = []
+    for name, size in view.files.items():
+        if not (name.startswith(contract.GOLDEN_DIR + "/") and name.endswith(".safetensors")):
+            continue
+        try:
+            meta = read_header(view.source.path(name)).metadata or {}
+        except CheckpointFormatError:
+            continue
+        if not str(meta.get("schema", "")).startswith(contract.GOLDEN_SCHEMA_PREFIX):
+            continue
+        cases = json.loads(meta.get("cases", "{}"))
+        out.append({"file": name, "size": size, "block_size": meta.get("block_size"),
+                    "cases": {case: spec.get("context_start") for case, spec in cases.items()}})
+    return out
 
 
 def _block_size(view: CheckpointView, declared: int | None) -> int | None:

@@ -182,6 +182,27 @@ def _collect_sharded(view: CheckpointView, index: ShardIndex) -> None:
                                        f"but the shards hold {data:,} bytes of tensor data", "regenerate the index"))
 
 
+def _set_aside_golden(source: Source, files: dict[str, int], candidates: list[str],
+                      view: CheckpointView) -> list[str]:
+    """Drop golden-vector fixtures from the weight files (named 'golden', schema checked), with a finding."""
+    weights = []
+    for name in candidates:
+        if "golden" in name.lower():
+            try:
+                header = read_header_with(lambda start, length: source.read_bytes(name, start, length),
+                                          file_size=files[name], path=name)
+            except (CheckpointFormatError, OSError):
+                header = None
+            if header is not None and str((header.metadata or {}).get("schema", "")).startswith(
+                    contract.GOLDEN_SCHEMA_PREFIX):
+                view.findings.append(error("GOLDEN_IN_WEIGHTS_FOLDER", name, "a golden-vector fixture beside the "
+                                           "weights: runtimes that load every top-level *.safetensors would read "
+                                           "its tensors as weights", f"move it to {contract.GOLDEN_DIR}/{name}"))
+                continue
+        weights.append(name)
+    return weights
+
+
 def open_checkpoint(source: Source) -> CheckpointView:
     """Read config, index and every safetensors header of a checkpoint; never tensor data.
 
@@ -192,6 +213,7 @@ def open_checkpoint(source: Source) -> CheckpointView:
     view = CheckpointView(source=source, files=files)
     _load_config(source, view)
     weight_files = [f for f in files if f.endswith(".safetensors") and "/" not in f]
+    weight_files = _set_aside_golden(source, files, weight_files, view)
     if contract.INDEX_NAME in files:
         view.layout = "sharded"
         index = _load_index(source, view)

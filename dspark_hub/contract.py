@@ -165,6 +165,10 @@ FROZEN_TENSORS = ("embed_tokens.weight",)
 TEACHER_EMBED_NAMES = ("embed_tokens.weight", "model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
                        "model.language_model.embed_tokens.weight")
 
+#: Golden-vector fixtures ship in this subfolder: runtimes glob the top-level `*.safetensors` as weights.
+GOLDEN_DIR = "golden"
+GOLDEN_SCHEMA_PREFIX = "dspark-hub/golden/"
+
 #: Trainer-internal names that load silently in some runtimes and serve at 0% acceptance.
 KNOWN_MISNAMES: dict[str, str] = {
     "fc.weight": "context_proj.weight",

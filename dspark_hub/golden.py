@@ -181,8 +181,13 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     from safetensors.torch import save_file
 
     folder, target = Path(checkpoint), Path(out)
+    if target.suffix == ".safetensors" and target.resolve().parent == folder.resolve():
+        raise UsageError(f"{target}: a golden fixture beside the weights would be loaded as weights by runtimes "
+                         f"that read every top-level *.safetensors; write it to "
+                         f"{folder / contract.GOLDEN_DIR / target.name}")
     if target.exists() and not force:
         raise RefusedOverwriteError(str(target))
+    target.parent.mkdir(parents=True, exist_ok=True)
     model = _load_model(folder)
     config = json.loads((folder / contract.CONFIG_NAME).read_text())
     head = _load_lm_head(lm_head) if lm_head is not None else standin_lm_head(config, seed)

@@ -105,3 +105,34 @@ def test_lm_head_file_is_recorded_and_required(tmp_path):
     assert missing.exit_code == 2 and "--lm-head" in missing.output
     refused = CliRunner().invoke(cli, ["golden", str(ckpt), "-o", str(golden)])
     assert refused.exit_code == 2 and "already exists" in refused.output
+
+
+def test_fixture_ships_under_golden_and_the_card_lists_it(tmp_path, fixture):
+    import shutil
+
+    import yaml
+
+    from dspark_hub.cards import render_card
+    from dspark_hub.checks import verify
+
+    ckpt, golden = fixture
+    folder = tmp_path / "ckpt"
+    shutil.copytree(ckpt, folder)
+    beside = CliRunner().invoke(cli, ["golden", str(folder), "-o", str(folder / "golden.safetensors")])
+    assert beside.exit_code == 2 and "golden/golden.safetensors" in beside.stderr
+    assert not (folder / "golden.safetensors").exists()
+
+    (folder / "golden").mkdir()
+    shutil.copy(golden, folder / "golden" / "golden.safetensors")
+    assert verify(folder).ok   # the passing twin: a fixture under golden/ is not a weight file
+    meta = tmp_path / "card.yaml"
+    meta.write_text(yaml.safe_dump({"name": "Tiny", "front_matter": {"license": "apache-2.0"},
+                                    "architecture": {"block_size": 7}}))
+    card = render_card(meta, folder)
+    assert "`golden/golden.safetensors` (block size 7; cases: short from position 0, long from position 512)" in card
+    assert "dspark-hub golden check . golden/golden.safetensors" in card
+
+    shutil.copy(golden, folder / "golden.safetensors")   # the failing fixture: beside the weights
+    report = verify(folder)
+    assert [(f.code, f.where) for f in report.errors] == [("GOLDEN_IN_WEIGHTS_FOLDER", "golden.safetensors")]
+    assert report.summary.tensors == 32 and report.summary.layout == "single"
