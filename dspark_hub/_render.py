@@ -13,11 +13,22 @@ from typing import Any, Callable, Iterator
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .report import Finding, Report
 
-stdout = Console(highlight=False, soft_wrap=False)
-stderr = Console(stderr=True, highlight=False)
+# Markup and emoji are off: tensor names, keys and paths come from checkpoints and are printed as they
+# are ('bad[/x]name' must not crash, ':smile:' must not become a picture). Styles use `Text`.
+# soft_wrap keeps commands, URLs and paths on one line for copy and paste.
+stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+stderr = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+
+def verdict_line(ok: bool, errors: int, where: str) -> Text:
+    """`OK  path` or `FAILED (n errors)  path`, styled."""
+    head = Text("OK", style="bold green") if ok else Text.assemble(
+        ("FAILED", "bold red"), f" ({errors} error{'s' * (errors != 1)})")
+    return Text.assemble(head, f"  {where}")
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
 
@@ -59,7 +70,7 @@ def render_findings(findings: list[Finding], title: str) -> None:
         for col in ("severity", "where", "message", "hint"):
             table.add_column(col, overflow="fold")
         for f in findings:
-            table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.where, f.message, f.hint or "")
+            table.add_row(Text(f.severity, style=SEVERITY_STYLE[f.severity]), f.where, f.message, f.hint or "")
         stdout.print(table)
 
 
@@ -73,9 +84,7 @@ def render_report(report: Report) -> None:
     if params:
         stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
                      f"{params['frozen']:,} frozen (embed_tokens)")
-    errors = len(report.errors)
-    verdict = "[bold green]OK[/]" if report.ok else f"[bold red]FAILED[/] ({errors} error{'s' * (errors != 1)})"
-    stdout.print(f"{verdict}  {report.path}")
+    stdout.print(verdict_line(report.ok, len(report.errors), report.path))
 
 
 def render_deep(report: Report) -> None:
@@ -88,8 +97,10 @@ def render_deep(report: Report) -> None:
         stdout.print(f"scanned {len(deep['tensors'])} tensors: {flagged} with NaN/inf")
     frozen = report.sections.get("frozen_embed")
     if frozen:
-        verdict = {True: "[green]bit-identical[/]", False: "[bold red]DIFFERENT[/]", None: "not checked"}
-        stdout.print(f"frozen embed vs {frozen['teacher_tensor']['location']}: {verdict[frozen['identical']]}")
+        verdict = {True: Text("bit-identical", style="green"), False: Text("DIFFERENT", style="bold red"),
+                   None: Text("not checked")}
+        stdout.print(Text.assemble(f"frozen embed vs {frozen['teacher_tensor']['location']}: ",
+                                   verdict[frozen["identical"]]))
 
 
 def _short(value: Any) -> str:
@@ -106,20 +117,20 @@ def render_diff(result: Any) -> None:
         for col in ("key", "A", "B"):
             table.add_column(col, overflow="fold")
         for key, value in cfg["removed"].items():
-            table.add_row(f"[red]- {key}[/]", _short(value), "")
+            table.add_row(Text(f"- {key}", style="red"), _short(value), "")
         for key, value in cfg["added"].items():
-            table.add_row(f"[green]+ {key}[/]", "", _short(value))
+            table.add_row(Text(f"+ {key}", style="green"), "", _short(value))
         for key, pair in cfg["changed"].items():
-            table.add_row(f"[yellow]~ {key}[/]", _short(pair["a"]), _short(pair["b"]))
+            table.add_row(Text(f"~ {key}", style="yellow"), _short(pair["a"]), _short(pair["b"]))
         stdout.print(table)
     for name, e in roster["removed"].items():
-        stdout.print(f"[red]- {name}[/] {e['shape']} {e['dtype']} (only in A)")
+        stdout.print(Text.assemble((f"- {name}", "red"), f" {e['shape']} {e['dtype']} (only in A)"))
     for name, e in roster["added"].items():
-        stdout.print(f"[green]+ {name}[/] {e['shape']} {e['dtype']} (only in B)")
+        stdout.print(Text.assemble((f"+ {name}", "green"), f" {e['shape']} {e['dtype']} (only in B)"))
     for name, e in roster["shape"].items():
-        stdout.print(f"[yellow]~ {name}[/] shape {e['a']} -> {e['b']}")
+        stdout.print(Text.assemble((f"~ {name}", "yellow"), f" shape {e['a']} -> {e['b']}"))
     for name, e in roster["dtype"].items():
-        stdout.print(f"[yellow]~ {name}[/] dtype {e['a']} -> {e['b']}")
+        stdout.print(Text.assemble((f"~ {name}", "yellow"), f" dtype {e['a']} -> {e['b']}"))
     changed = {n: t for n, t in d["tensors"].items() if not t["identical"]}
     if changed:
         table = Table(title="changed tensors (relative L2 ||b-a||/||a||)", expand=False)
@@ -129,12 +140,13 @@ def render_diff(result: Any) -> None:
             table.add_row(name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}")
         stdout.print(table)
     for p in d["problems"]:
-        stdout.print(f"[red]{p['side'].upper()}: {p['where']}: {p['message']}[/]")
+        stdout.print(Text(f"{p['side'].upper()}: {p['where']}: {p['message']}", style="red"))
     s = d["summary"]
-    verdict = ("[bold green]identical[/]" if d["identical"] else
-               "[yellow]only the weights differ[/]" if d["weights_only"] else "[bold red]different[/]")
-    stdout.print(f"{verdict}: {s['identical']} of {s['compared']} common tensors byte-identical, "
-                 f"{s['changed']} changed  ({d['a']} -> {d['b']})")
+    verdict = (Text("identical", style="bold green") if d["identical"] else
+               Text("only the weights differ", style="yellow") if d["weights_only"] else
+               Text("different", style="bold red"))
+    stdout.print(Text.assemble(verdict, f": {s['identical']} of {s['compared']} common tensors byte-identical, "
+                               f"{s['changed']} changed  ({d['a']} -> {d['b']})"))
 
 
 def render_convert(result: Any) -> None:
@@ -155,10 +167,10 @@ def render_convert(result: Any) -> None:
         stdout.print(table)
     stdout.print(f"wrote {d['dst']}: {d['tensors']} tensors, {d['weights_bytes']:,} bytes")
     if d["verify"]["ok"]:
-        stdout.print("[bold green]verify OK[/]")
+        stdout.print(Text("verify OK", style="bold green"))
     else:
         errors = ", ".join(f"{e['code']} ({e['where']})" for e in d["verify"]["errors"][:5])
-        stdout.print(f"[bold red]verify still fails[/]: {errors}; run: dspark-hub verify {d['dst']}")
+        stdout.print(Text.assemble(("verify still fails", "bold red"), f": {errors}; run: dspark-hub verify {d['dst']}"))
 
 
 VERDICT_STYLE = {"loaded": "green", "skipped": "cyan", "ignored": "bold red", "fatal": "bold red"}
@@ -178,7 +190,7 @@ def render_sections(report: Report) -> None:
         loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
         for tensor, verdict, detail in rows:
             if verdict != "loaded":   # the loaded majority is counted below; --json lists every tensor
-                table.add_row(tensor, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
+                table.add_row(tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail)
         if table.row_count:
             stdout.print(table)
         stdout.print(f"{data['title']}: {loaded} of {len(data['verdicts'])} tensors loaded"
@@ -187,7 +199,7 @@ def render_sections(report: Report) -> None:
         stdout.print(f"serve with {data['title']} ({serving['num_speculative_tokens']} draft tokens; "
                      f"{serving['block_size_source']}; target layers {serving['target_layer_ids']} from "
                      "config.json):")
-        stdout.print(f"  {serving['command']}", markup=False)
+        stdout.print(f"  {serving['command']}")
     pairing = report.sections.get("pairing")
     if pairing:
         embedding = pairing["embedding"]
@@ -243,7 +255,7 @@ def _file_problems_table(title: str, problems: list[Any]) -> None:
 
 def _render_publication(outcome: Any) -> None:
     if not outcome.gate.ok:
-        stderr.print(f"[bold red]refused[/]: nothing was sent ({len(outcome.gate.refusals)} problems)")
+        stderr.print(Text.assemble(("refused", "bold red"), f": nothing was sent ({len(outcome.gate.refusals)} problems)"))
         for reason in outcome.gate.refusals:
             stdout.print(f"  {reason}")
         return

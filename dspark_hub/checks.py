@@ -120,7 +120,29 @@ def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
     q_rank = config.get("q_lora_rank")
     out += _rule(_is_int(q_rank) and q_rank > 0, "q_lora_rank", f"q_lora_rank is {_fmt(q_rank)}; it must be > 0",
                  "the k3_dspark attention always uses a q low-rank projection")
+    out += _rope_rules(config.get("rope_parameters"))
     return out
+
+
+#: What YaRN needs in `rope_parameters`, and the type of each value.
+YARN_KEYS = {"factor": (int, float), "original_max_position_embeddings": (int,), "rope_theta": (int, float),
+             "beta_fast": (int, float), "beta_slow": (int, float), "mscale": (int, float),
+             "mscale_all_dim": (int, float)}
+
+
+def _rope_rules(rope: Any) -> list[Finding]:
+    """`rope_parameters` must be the YaRN block the draft was trained with; a modeling default never fills it."""
+    hint = f"write the YaRN block the draft was trained with (reference: {_fmt(contract.REFERENCE_CONFIG['rope_parameters'])})"
+    if rope is None:
+        return []   # a missing or null key is reported by the structure rules
+    if not isinstance(rope, dict):
+        return _rule(False, "rope_parameters", f"rope_parameters is {_fmt(rope)[:60]}, not an object", hint)
+    if rope.get("rope_type") != "yarn":
+        return _rule(False, "rope_parameters", f"rope_parameters.rope_type is {_fmt(rope.get('rope_type'))}; "
+                     "the k3_dspark attention uses YaRN", hint)
+    bad = [key for key, types in YARN_KEYS.items()
+           if not isinstance(rope.get(key), types) or isinstance(rope.get(key), bool) or rope.get(key) < 0]
+    return _rule(not bad, "rope_parameters", f"rope_parameters has missing or non-numeric {', '.join(bad)}", hint)
 
 
 def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
@@ -144,8 +166,9 @@ def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
                                f"add it (reference value {_fmt(contract.REFERENCE_CONFIG[key])})"))
     nulls = [k for k, v in config.items() if v is None]
     for key in nulls:
-        out.append(warning("CONFIG_NULL_VALUE", f"config.json:{key}", f"{key} is null; runtimes read it as unset",
-                           "give it a value or remove it"))
+        make = error if key in REQUIRED_KEYS else warning
+        out.append(make("CONFIG_NULL_VALUE", f"config.json:{key}", f"{key} is null; runtimes read it as unset "
+                        "and fall back to a default", "give it the value the draft was trained with"))
     if config.get("draft_vocab_size", config.get("vocab_size")) != config.get("vocab_size"):
         out.append(warning("DRAFT_VOCAB_PRUNED", "config.json:draft_vocab_size",
                            f"draft_vocab_size {_fmt(config.get('draft_vocab_size'))} differs from vocab_size "
@@ -482,7 +505,7 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         runtimes.extend_report(report, view, runtime, block_size=block_size)
     if target is not None:
         from . import pairing
-        pairing.extend_report(report, view, target)
+        pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)
     if against_hub is not None:
         check_against_hub(report, os.fspath(path), against_hub, endpoint=endpoint)   # type: ignore[arg-type]
     return report

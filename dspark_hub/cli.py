@@ -14,11 +14,12 @@ from typing import Any, Callable
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__, contract
 from ._render import (_file_problems_table, _render_publication, count_bar, print_json, progress_bar,
                       render_convert, render_deep, render_diff, render_eval, render_findings, render_report,
-                      render_sections, stderr, stdout)
+                      render_sections, stderr, stdout, verdict_line)
 from .errors import CheckpointNotFoundError, DsparkError
 
 
@@ -465,9 +466,7 @@ def card_lint(ctx: click.Context, readme: Path, checkpoint: Path | None, as_json
         print_json(report.to_dict())
     else:
         render_findings(report.sorted_findings(), f"findings for {report.path}")
-        errors = len(report.errors)
-        verdict = "[bold green]OK[/]" if report.ok else f"[bold red]FAILED[/] ({errors} error{'s' * (errors != 1)})"
-        stdout.print(f"{verdict}  {report.path}")
+        stdout.print(verdict_line(report.ok, len(report.errors), report.path))
     ctx.exit(0 if report.ok else 1)
 
 
@@ -564,11 +563,11 @@ def golden_check(ctx: click.Context, ckpt: Path, fixture: Path, lm_head: Path | 
         for c in result.comparisons:
             tol = f"atol {c['atol']:g} rtol {c['rtol']:g}" if "atol" in c else "exact"
             diff = "-" if c.get("max_abs") is None else f"{c['max_abs']:.3g}"
-            table.add_row(c["tensor"], "[green]yes[/]" if c["ok"] else "[bold red]NO[/]", diff, tol)
+            table.add_row(c["tensor"], Text("yes", style="green") if c["ok"] else Text("NO", style="bold red"), diff, tol)
         stdout.print(table)
         for problem in result.problems:
-            stdout.print(f"[bold red]problem[/]: {problem}")
-        stdout.print("[bold green]OK[/]" if result.ok else "[bold red]FAILED[/]")
+            stdout.print(Text.assemble(("problem", "bold red"), f": {problem}"))
+        stdout.print(Text("OK", style="bold green") if result.ok else Text("FAILED", style="bold red"))
     ctx.exit(0 if result.ok else 1)
 
 

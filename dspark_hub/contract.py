@@ -190,6 +190,9 @@ FORBIDDEN_KEYS: dict[str, str] = {
                        "(6% acceptance instead of 26% in a public log)",
 }
 
+#: A draft has a handful of layers; beyond this a config is a typo, and its roster would not fit in memory.
+MAX_DRAFT_LAYERS = 1024
+
 _INT_KEYS = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
@@ -300,7 +303,11 @@ def roster(config: Mapping[str, Any]) -> dict[str, TensorSpec]:
         with_markov = config.get("confidence_head_with_markov", True) is not False
         specs += [TensorSpec("confidence_head.proj.weight", (1, h + r if with_markov else h)),
                   TensorSpec("confidence_head.proj.bias", (1,))]
-    for i in range(_int(config, "num_hidden_layers")):
+    layers = _int(config, "num_hidden_layers")
+    if layers > MAX_DRAFT_LAYERS:
+        raise ContractError(f"config.json: num_hidden_layers is {layers:,}; a draft has a few layers (the reference "
+                            f"5), more than {MAX_DRAFT_LAYERS} is a typo", key="num_hidden_layers")
+    for i in range(layers):
         specs.extend(layer_roster(config, i))
     return {s.name: s for s in sorted(specs, key=lambda s: s.name)}
 

@@ -87,7 +87,10 @@ def resolve_endpoint(endpoint: str | None) -> str:
     """The Hub endpoint to use: the argument, else huggingface_hub's (HF_ENDPOINT at its import)."""
     if endpoint:
         return endpoint.rstrip("/")
-    return str(_huggingface_hub().constants.ENDPOINT).rstrip("/")
+    _huggingface_hub()
+    from huggingface_hub import constants   # a submodule: not an attribute until imported
+
+    return str(constants.ENDPOINT).rstrip("/")
 
 
 # --- errors ----------------------------------------------------------------------------------------

@@ -312,11 +312,11 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
 
 
 def extend_report(report: Report, draft_view: CheckpointView, target: str | os.PathLike[str] | Source, *,
-                  progress: Progress | None = None) -> Report:
+                  progress: Progress | None = None, endpoint: str | None = None) -> Report:
     """Add `sections["pairing"]` and the pairing findings to a verify report."""
     from .checks import source_for
 
-    source = target if hasattr(target, "list_files") else source_for(target)   # type: ignore[arg-type]
+    source = target if hasattr(target, "list_files") else source_for(target, endpoint=endpoint)  # type: ignore[arg-type]
     findings, section = check_pairing(draft_view, open_checkpoint(source), progress=progress)
     report.findings.extend(findings)
     report.sections["pairing"] = section

@@ -365,3 +365,24 @@ def test_drop_in_dtype_and_missing_tensor(tmp_path):
 def test_drop_in_unknown_reference(good):
     with pytest.raises(UsageError):
         verify(good, drop_in="kimi-k4")
+
+
+@pytest.mark.parametrize("rope", [[1], {"rope_type": "yarn", "factor": "x"}, {"rope_type": "linear", "factor": 2.0},
+                                  {k: v for k, v in contract.TINY_CONFIG["rope_parameters"].items() if k != "factor"}])
+def test_rope_parameters_must_be_the_yarn_block(tmp_path, rope):
+    report = verify(write_checkpoint(tmp_path / "r", config=tiny_config(rope_parameters=rope),
+                                     tensors=tensors_for(contract.TINY_CONFIG)))
+    assert ("CONFIG_RULE", "config.json:rope_parameters") in codes_at(report) and not report.ok
+
+
+def test_null_required_key_is_an_error(tmp_path):
+    report = verify(write_checkpoint(tmp_path / "n", config=tiny_config(rope_parameters=None),
+                                     tensors=tensors_for(contract.TINY_CONFIG)))
+    finding = next(f for f in report.findings if f.code == "CONFIG_NULL_VALUE")
+    assert finding.severity == "error" and finding.where == "config.json:rope_parameters"
+
+
+def test_absurd_layer_count_is_one_finding_not_a_million(tmp_path):
+    report = verify(write_checkpoint(tmp_path / "l", config=tiny_config(num_hidden_layers=10**6),
+                                     tensors=tensors_for(contract.TINY_CONFIG)))
+    assert [(f.code, f.where) for f in report.errors] == [("ROSTER_UNDECIDABLE", "config.json:num_hidden_layers")]

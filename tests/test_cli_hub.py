@@ -82,3 +82,15 @@ def test_verify_hf_url_and_against_hub(hub, hub_repo_id, hub_token, ckpt):
 def test_remote_verify_of_missing_repo_is_exit_2(hub, hub_token):
     result = run("verify", "hf://org/does-not-exist", "--endpoint", hub.url, env={"HF_TOKEN": hub_token})
     assert result.exit_code == 2 and "does-not-exist" in result.stderr
+
+
+def test_default_endpoint_resolves_without_hf_endpoint():
+    # huggingface_hub.constants is a submodule: reaching it as an attribute fails in a fresh process
+    # (the tests' conftest always sets HF_ENDPOINT, which hid this).
+    import os
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "HF_ENDPOINT"}
+    out = subprocess.run([sys.executable, "-c", "from dspark_hub.hub import resolve_endpoint; "
+                          "print(resolve_endpoint(None))"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("https://")

@@ -104,3 +104,22 @@ def test_whole_process_exit_codes(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dspark_hub", "verify", str(tmp_path / "x")],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.startswith("Error: ")
+
+
+def test_names_from_the_checkpoint_are_printed_literally(tmp_path):
+    import torch
+
+    def odd(t):
+        t["bad[/x]name.weight"] = torch.zeros(2, dtype=torch.bfloat16)
+        t["a:smile:b[link=http://x]y[/link]"] = torch.zeros(2, dtype=torch.bfloat16)
+    result = run("verify", write_checkpoint(tmp_path / "c", mutate=odd))
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "bad[/x]name.weight" in result.stdout
+    assert "a:smile:b[link=http://x]y[/link]" in result.stdout
+
+
+def test_long_paths_stay_on_one_line_when_piped(tmp_path):
+    folder = write_checkpoint(tmp_path / ("a-rather-long-folder-name-" * 4))
+    result = CliRunner(env={"COLUMNS": "40"}).invoke(cli, ["verify", str(folder)])
+    assert f"OK  {folder}" in result.stdout
