@@ -48,14 +48,20 @@ class LocalSource:
 
     def list_files(self) -> dict[str, int]:
         files: dict[str, int] = {}
-        try:
-            for dirpath, dirnames, filenames in os.walk(self.root):
-                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-                for name in filenames:
-                    full = Path(dirpath) / name
-                    files[full.relative_to(self.root).as_posix()] = full.stat().st_size
-        except OSError as e:
-            raise CheckpointNotFoundError(f"{self.location}: cannot list the folder ({e.strerror})") from None
+        self.unreadable: list[tuple[str, str]] = []
+
+        def refuse(e: OSError) -> None:
+            raise CheckpointNotFoundError(f"{self.location}: cannot list the folder ({e.strerror})")
+
+        for dirpath, dirnames, filenames in os.walk(self.root, onerror=refuse):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            for name in filenames:
+                full = Path(dirpath) / name
+                rel = full.relative_to(self.root).as_posix()
+                try:
+                    files[rel] = full.stat().st_size
+                except OSError as e:   # a dangling symlink, say: a finding, not a failure to list
+                    self.unreadable.append((rel, e.strerror or str(e)))
         return dict(sorted(files.items()))
 
     def path(self, name: str) -> Path:
@@ -211,6 +217,9 @@ def open_checkpoint(source: Source) -> CheckpointView:
     """
     files = source.list_files()
     view = CheckpointView(source=source, files=files)
+    for name, why in getattr(source, "unreadable", ()):
+        view.findings.append(error("FILE_UNREADABLE", name, f"cannot be read ({why})",
+                                   "fix or remove it (a dangling symlink or a file without permission)"))
     _load_config(source, view)
     weight_files = [f for f in files if f.endswith(".safetensors") and "/" not in f]
     weight_files = _set_aside_golden(source, files, weight_files, view)

@@ -576,11 +576,13 @@ def golden_check(ctx: click.Context, ckpt: Path, fixture: Path, lm_head: Path | 
 @click.argument("b", type=click.Path(path_type=Path))
 @quiet_option
 @json_option
-def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
+@click.pass_context
+def diff(ctx: click.Context, a: Path, b: Path, quiet: bool, as_json: bool) -> None:
     """Compare checkpoint folders A and B: config keys, roster, and every common tensor's bytes.
 
     Per tensor: identical bytes, or the relative L2 change ||b-a||/||a||. Exit code 0 whether or not
-    they differ (read "identical" / "weights_only" in the output); 2 on usage or I/O error.
+    they differ (read "identical" / "weights_only" in the output); 1 when a side could not be read
+    whole (its problems are listed); 2 on usage or I/O error.
     """
     from .diff import diff as diff_checkpoints, planned_bytes
 
@@ -590,6 +592,7 @@ def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
         print_json(result.to_dict())
     else:
         render_diff(result)
+    ctx.exit(1 if any(f.severity == "error" for _, f in result.problems) else 0)
 
 
 @cli.command()
@@ -598,11 +601,13 @@ def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
 @force_option
 @quiet_option
 @json_option
-def convert(src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> None:
+@click.pass_context
+def convert(ctx: click.Context, src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> None:
     """Rewrite a near-miss export in SRC as a contract checkpoint in DST, reporting every change.
 
     Renames trainer names, strips model./module. prefixes, drops lm_head, casts F32/F16 to BF16,
-    merges shards, repairs the config. SRC is never modified. Exit codes: 0 written, 2 usage or I/O error.
+    merges shards, repairs the config. SRC is never modified. Exit codes: 0 written and DST passes
+    verify, 1 written but DST still has verify errors (so 'convert && publish' stops), 2 usage or I/O error.
     """
     from .convert import convert as convert_checkpoint, planned_bytes
     from .writer import check_writable
@@ -614,6 +619,7 @@ def convert(src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> No
         print_json(result.to_dict())
     else:
         render_convert(result)
+    ctx.exit(0 if result.verify_ok else 1)
 
 
 def main() -> None:

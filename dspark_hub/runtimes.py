@@ -27,6 +27,9 @@ Header level only: no tensor data, no torch.
 
 from __future__ import annotations
 
+import json
+import shlex
+
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
@@ -130,8 +133,7 @@ VLLM = RuntimeSpec(
     ),
     serving=ServingRecipe(
         method="dspark",
-        template="vllm serve {target} --speculative-config "
-                 "'{{\"method\": \"dspark\", \"model\": \"{draft}\", \"num_speculative_tokens\": {n}}}'",
+        template="vllm serve {target} --speculative-config {vllm_spec}",
         source="vllm-project/vllm vllm/config/speculative.py (method 'dspark'); public K3 DSpark launch configs "
                "use num_speculative_tokens 7",
     ),
@@ -395,6 +397,9 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: s
     """
     n = block_size if block_size is not None else REFERENCE_BLOCK_SIZE
     recipe = spec.serving
+    draft_id = _draft_id(draft)
+    draft = shlex.quote(draft_id)
+    vllm_spec = shlex.quote(json.dumps({"method": recipe.method, "model": draft_id, "num_speculative_tokens": n}))
     return {
         "method": recipe.method,
         "num_speculative_tokens": n,
@@ -403,10 +408,17 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: s
         "target_layer_ids": config.get("target_layer_ids"),
         "target_layer_ids_source": "read from config.json target_layer_ids by every runtime (0-based, output of "
                                    "each target layer); no command-line flag",
-        "command": recipe.template.format(target=target, draft=draft, n=n, n1=n + 1),
+        "command": recipe.template.format(target=target, draft=draft, n=n, n1=n + 1, vllm_spec=vllm_spec),
         "source": recipe.source,
         "note": recipe.note or None,
     }
+
+
+def _draft_id(draft: str) -> str:
+    """What a runtime accepts for the draft: a Hub repo id (runtimes do not know our hf:// URLs) or a path."""
+    if draft.startswith("hf://"):
+        return draft[len("hf://"):].split("@", 1)[0]
+    return draft
 
 
 def runtimes_section(tensor_names: list[str], config: Mapping[str, Any], specs: list[RuntimeSpec], *,

@@ -386,3 +386,10 @@ def test_absurd_layer_count_is_one_finding_not_a_million(tmp_path):
     report = verify(write_checkpoint(tmp_path / "l", config=tiny_config(num_hidden_layers=10**6),
                                      tensors=tensors_for(contract.TINY_CONFIG)))
     assert [(f.code, f.where) for f in report.errors] == [("ROSTER_UNDECIDABLE", "config.json:num_hidden_layers")]
+
+
+def test_dangling_symlink_is_a_finding_not_a_failure_to_list(good):
+    (good / "tokenizer.json").symlink_to(good / "nowhere.json")
+    report = verify(good)
+    assert [(f.code, f.where) for f in report.errors] == [("FILE_UNREADABLE", "tokenizer.json")]
+    assert report.summary.tensors == 32

@@ -219,3 +219,20 @@ def test_interrupted_convert_leaves_src_intact_and_no_dst(tmp_path, sig):
     assert tree_digest(src) == before
     if sig == signal.SIGTERM:   # a catchable signal also cleans up the temporary folder
         assert not list(tmp_path.glob(".dst.tmp-*"))
+
+
+def test_convert_exits_1_when_the_output_still_fails_verify(tmp_path):
+    import json as _json
+
+    import torch
+    from click.testing import CliRunner
+
+    from dspark_hub.cli import cli
+    from tests.factories import write_checkpoint
+
+    def extra(t):
+        t["mystery.weight"] = torch.zeros(4, dtype=torch.bfloat16)
+    src = write_checkpoint(tmp_path / "src", mutate=extra)
+    result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "dst"), "--json"])
+    assert result.exit_code == 1, result.output
+    assert _json.loads(result.stdout)["verify"]["ok"] is False and (tmp_path / "dst").is_dir()

@@ -99,3 +99,16 @@ def test_cli_diff_json_and_human(tmp_path, state):
     assert human.exit_code == 0 and MATRIX in human.stdout and "only the weights differ" in human.stdout
     missing = runner.invoke(cli, ["diff", str(a), str(tmp_path / "nope")])
     assert missing.exit_code == 2 and missing.stdout == ""
+
+
+def test_diff_exits_1_when_a_side_cannot_be_read(tmp_path):
+    from click.testing import CliRunner
+
+    from dspark_hub.cli import cli
+    from tests.factories import write_checkpoint
+
+    a = write_checkpoint(tmp_path / "a")
+    b = write_checkpoint(tmp_path / "b")
+    assert CliRunner().invoke(cli, ["diff", str(a), str(b)]).exit_code == 0
+    (b / "config.json").unlink()
+    assert CliRunner().invoke(cli, ["diff", str(a), str(b)]).exit_code == 1

@@ -138,3 +138,12 @@ def test_cli_runtime_choices_come_from_the_registry(tmp_path):
     human = CliRunner().invoke(cli, ["verify", str(folder), "--runtime", "vllm", "--block-size", "5"])
     assert "per-tensor verdicts" in human.stdout and '"num_speculative_tokens": 5' in human.stdout
     assert CliRunner().invoke(cli, ["verify", str(folder), "--runtime", "trt"]).exit_code == 2
+
+
+def test_serving_commands_paste_into_a_shell(tmp_path):
+    odd = str(tmp_path / "my draft's dir")
+    vllm = serving_parameters(contract.TINY_CONFIG, RUNTIMES["vllm"], draft=odd)["command"]
+    argv = shlex.split(vllm)
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == odd
+    atom = serving_parameters(contract.TINY_CONFIG, RUNTIMES["atom"], draft="hf://org/name@abc123")["command"]
+    assert shlex.split(atom)[shlex.split(atom).index("--draft-model") + 1] == "org/name"
