@@ -29,7 +29,7 @@ from . import cards
 from .checksums import sha256_file
 from .checkpoint import CheckpointView, LocalSource, open_checkpoint
 from .errors import UsageError
-from .report import SEVERITY_RANK, Finding, error, info, warning
+from .report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
 
 SCHEMA = "dspark-hub/card-lint/1"
 _POSITION = re.compile(r"^pos(?:ition)?\s*(\d+)$", re.IGNORECASE)
@@ -44,23 +44,12 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
-class CardLintReport:
+class CardLintReport(FindingsMixin):
     """Findings about one card; `ok` when none is an error."""
 
     path: str
     checkpoint: str | None = None
     findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not any(f.severity == "error" for f in self.findings)
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "error"]
-
-    def codes(self) -> set[str]:
-        return {f.code for f in self.findings}
 
     def sorted_findings(self) -> list[Finding]:
         def line(f: Finding) -> int:

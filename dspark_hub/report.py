@@ -53,6 +53,23 @@ def info(code: str, where: str, message: str, hint: str | None = None) -> Findin
     return Finding(code, "info", where, message, hint)
 
 
+class FindingsMixin:
+    """`ok`, `errors` and `codes()` for any result that carries `findings`."""
+
+    findings: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    def codes(self) -> set[str]:
+        return {f.code for f in self.findings}
+
+
 @dataclass
 class Summary:
     """What the checkpoint holds, as read from its headers and config."""
@@ -73,24 +90,13 @@ class Summary:
 
 
 @dataclass
-class Report:
+class Report(FindingsMixin):
     """The result of `verify`: findings plus a summary and optional sections."""
 
     path: str
     summary: Summary = field(default_factory=Summary)
     findings: list[Finding] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not any(f.severity == "error" for f in self.findings)
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == "error"]
-
-    def codes(self) -> set[str]:
-        return {f.code for f in self.findings}
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], f.where, f.code))
