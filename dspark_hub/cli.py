@@ -16,7 +16,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__, contract
+from . import __version__, contract, objective
 from ._render import (_file_problems_table, _render_publication, count_bar, print_json, progress_bar,
                       render_convert, render_deep, render_diff, render_eval, render_findings, render_report,
                       render_sections, stderr, stdout, verdict_line)
@@ -235,6 +235,9 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--block-size", "block_size", type=int, default=7, show_default=True, help="K drafts per block.")
 @click.option("--anchors", "max_anchors", type=int, default=512, show_default=True, help="Max anchors per sequence.")
 @click.option("--loss", default='{"ce":0.1,"tv":0.9}', show_default=True, help="JSON weights of ce, kl, tv.")
+@click.option("--loss-chunk", "loss_chunk", type=click.IntRange(min=0), default=objective.DEFAULT_LOSS_CHUNK,
+              show_default=True, metavar="ROWS",
+              help="(anchor, position) rows per loss chunk; bounds loss memory in the vocabulary (0 = no chunking).")
 @click.option("--gamma", type=float, default=4.0, show_default=True, help="Slot weight exp(-k/gamma).")
 @click.option("--alpha", type=float, default=1.0, show_default=True, help="Confidence-head BCE weight.")
 @click.option("--clip", type=float, default=1.0, show_default=True, help="Gradient-norm clip (0 = off).")

@@ -18,6 +18,10 @@ Terms (p = teacher softmax at temperature 1, q = draft softmax with the Markov b
   - `tv`: total variation 1 - sum_v min(p_v, q_v);
   - confidence: BCE-with-logits of the confidence head against the detached overlap
     `1 - TV(p, q)` (the per-slot acceptance probability of speculative sampling), weight `alpha`.
+
+`loss_sums` takes the full `[B, A, K, V]` draft logits; `chunked_loss_sums` computes the same sums
+and gradients from the draft's hidden rows a chunk of (anchor, position) rows at a time, so memory
+is bounded in the vocabulary dimension (163,840 at K3 scale: ~2.3 GB per tensor for 512 anchors).
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from . import contract
 from .errors import UsageError
 
 LOSS_TERMS = ("ce", "kl", "tv")
+DraftLogits = Callable[[Any, Any], Any]
+#: Default rows per loss chunk: one float32 `[rows, V]` tensor at the K3 vocabulary is ~256 MiB.
+DEFAULT_LOSS_CHUNK = (256 << 20) // (4 * contract.REFERENCE_CONFIG["draft_vocab_size"])
 
 
 def parse_loss(spec: str | dict[str, float]) -> dict[str, float]:
@@ -125,9 +133,63 @@ class LossSums:
     stats: dict[str, Any]     # detached sums for logging: "accuracy", "overlap", "slots"
 
 
+def slot_weights(labels: Any, target_positions: Any, loss_mask: Any, gamma: float) -> tuple[Any, Any]:
+    """`(slot_mask, weights)`, both `[B, A, K]`: the contiguous supervised prefix, and it times the decay."""
+    import torch
+
+    rows, _, block = labels.shape
+    label_positions = (target_positions.reshape(rows, -1) + 1).clamp(max=loss_mask.shape[1] - 1)
+    supervised = loss_mask.gather(1, label_positions).reshape_as(labels)
+    slot_mask = torch.cumprod(((labels != -100) & supervised).float(), dim=-1)
+    return slot_mask, slot_mask * decay_weights(block, gamma).to(labels.device)
+
+
+def _teacher_distribution(final_hidden: Any, lm_head_weight: Any) -> Any:
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        return F.linear(final_hidden.to(lm_head_weight.dtype), lm_head_weight).float().softmax(-1)
+
+
+def _slot_losses(logits: Any, target: Any, labels: Any, terms: Sequence[str]) -> tuple[dict[str, Any], Any, Any]:
+    """Per-slot `{term: loss}`, the detached overlap `1 - TV` and argmax hits, all shaped like `labels`."""
+    import torch
+
+    log_q = logits.log_softmax(-1)
+    q = log_q.exp()
+    tv = 0.5 * (q - target).abs().sum(-1)
+    overlap = (1.0 - tv).detach().clamp(0.0, 1.0)
+    safe_labels = labels.clamp(min=0)
+    per_slot = {
+        "ce": lambda: -log_q.gather(-1, safe_labels[..., None]).squeeze(-1),
+        "kl": lambda: (target * (target.clamp_min(1e-30).log() - log_q)).sum(-1),
+        "tv": lambda: tv,
+    }
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == labels).float()
+    return {name: per_slot[name]() for name in terms}, overlap, correct
+
+
+def _finish(sums: dict[str, Any], confidence_logits: Any | None, overlap: Any, hits: Any, slot_mask: Any,
+            weights: Any) -> LossSums:
+    import torch
+    import torch.nn.functional as F
+
+    if confidence_logits is not None:
+        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), overlap, reduction="none")
+        sums["confidence"] = (bce * weights).sum()
+    with torch.no_grad():
+        stats = {"accuracy": hits, "overlap": (overlap * slot_mask).sum(),
+                 "slots": slot_mask.sum()}
+    return LossSums(terms=sums, weight=weights.sum().detach(), stats=stats)
+
+
 def loss_sums(logits: Any, confidence_logits: Any | None, labels: Any, target_positions: Any, batch: Batch,
               lm_head_weight: Any, *, terms: Sequence[str], gamma: float) -> LossSums:
     """Per-slot losses of a teacher-forced pass, weighted and summed (see the module docstring).
+
+    Holds `[B, A, K, V]` logits and targets at once; `chunked_loss_sums` is the memory-bounded twin.
 
     Args:
         logits: `[B, A, K, V]` float32 draft logits with the teacher-forced Markov bias.
@@ -140,38 +202,77 @@ def loss_sums(logits: Any, confidence_logits: Any | None, labels: Any, target_po
         gamma: decay constant of the slot weights.
     """
     import torch
-    import torch.nn.functional as F
 
-    rows, anchors, block = labels.shape
-    flat_positions = target_positions.reshape(rows, -1)
-    label_positions = (flat_positions + 1).clamp(max=batch.loss_mask.shape[1] - 1)
-    supervised = batch.loss_mask.gather(1, label_positions).reshape_as(labels)
-    slot_mask = torch.cumprod(((labels != -100) & supervised).float(), dim=-1)
-    weights = slot_mask * decay_weights(block, gamma).to(logits.device)
-
+    slot_mask, weights = slot_weights(labels, target_positions, batch.loss_mask, gamma)
+    flat_positions = target_positions.reshape(labels.shape[0], -1)
     hidden = batch.final_hidden.gather(1, flat_positions[..., None].expand(-1, -1, batch.final_hidden.shape[-1]))
+    target = _teacher_distribution(hidden, lm_head_weight).reshape_as(logits)
+    losses, overlap, correct = _slot_losses(logits, target, labels, terms)
+    sums = {name: (loss * weights).sum() for name, loss in losses.items()}
     with torch.no_grad():
-        target_logits = F.linear(hidden.to(lm_head_weight.dtype), lm_head_weight).float().reshape_as(logits)
-        target = target_logits.softmax(-1)
-    log_q = logits.log_softmax(-1)
-    q = log_q.exp()
-    tv = 0.5 * (q - target).abs().sum(-1)
-    overlap = (1.0 - tv).detach().clamp(0.0, 1.0)
-    safe_labels = labels.clamp(min=0)
-    per_slot = {
-        "ce": lambda: -log_q.gather(-1, safe_labels[..., None]).squeeze(-1),
-        "kl": lambda: (target * (target.clamp_min(1e-30).log() - log_q)).sum(-1),
-        "tv": lambda: tv,
-    }
-    sums = {name: (per_slot[name]() * weights).sum() for name in terms}
-    if confidence_logits is not None:
-        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), overlap, reduction="none")
-        sums["confidence"] = (bce * weights).sum()
-    with torch.no_grad():
-        correct = (logits.argmax(-1) == labels).float()
-        stats = {"accuracy": (correct * slot_mask).sum(), "overlap": (overlap * slot_mask).sum(),
-                 "slots": slot_mask.sum()}
-    return LossSums(terms=sums, weight=weights.sum().detach(), stats=stats)
+        hits = (correct * slot_mask).sum()
+    return _finish(sums, confidence_logits, overlap, hits, slot_mask, weights)
+
+
+def _chunk_sums(draft_logits: DraftLogits, lm_head_weight: Any, terms: Sequence[str], teacher_hidden: Any,
+                labels: Any, weights: Any, *draft_rows: Any) -> tuple[Any, Any, Any]:
+    """`([sum(w * l) per term], overlap [n], hits)` of n rows; nothing vocabulary-sized outlives it."""
+    import torch
+
+    logits = draft_logits(*draft_rows).float()
+    # As `loss_sums` after an autocast forward: bf16 may shape the draft logits, never the loss arithmetic.
+    with torch.autocast(logits.device.type, enabled=False):
+        target = _teacher_distribution(teacher_hidden, lm_head_weight)
+        losses, overlap, correct = _slot_losses(logits, target, labels, terms)
+        sums = [(losses[name] * weights).sum() for name in terms]
+    return torch.stack(sums) if sums else weights.new_zeros(0), overlap, correct.sum()
+
+
+def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[Any], confidence_logits: Any | None,
+                      labels: Any, target_positions: Any, batch: Batch, lm_head_weight: Any, *,
+                      terms: Sequence[str], gamma: float, chunk_rows: int) -> LossSums:
+    """`loss_sums` without ever holding more than `chunk_rows` rows of `[rows, V]` logits or targets.
+
+    Only supervised slots (non-zero weight) are computed; they are taken `chunk_rows` at a time,
+    and each chunk runs under `torch.utils.checkpoint`, so its logits, softmaxes and teacher
+    targets are freed after its forward and recomputed, one chunk at a time, in backward.
+
+    Args:
+        draft_logits: `(*rows) -> [n, V]` Markov-corrected draft logits of n rows of each of
+            `draft_inputs` (e.g. the hidden rows and their Markov features `markov_w1[prev]`:
+            gather the features once, outside, so no chunk back-propagates a `[vocab, rank]`
+            embedding gradient of its own).
+        draft_inputs: `[B, A, K, ...]` per-slot tensors `draft_logits` reads.
+        confidence_logits, labels, target_positions, batch, lm_head_weight, terms, gamma: as in
+            `loss_sums`.
+        chunk_rows: (anchor, position) rows per chunk, >= 1.
+    """
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if chunk_rows < 1:
+        raise UsageError(f"--loss-chunk: {chunk_rows} rows per chunk; use a positive number (0 = no chunking)")
+    slot_mask, weights = slot_weights(labels, target_positions, batch.loss_mask, gamma)
+    rows = torch.nonzero(slot_mask.flatten()).flatten()
+    sequence = torch.arange(labels.shape[0], device=labels.device)[:, None, None].expand_as(labels)
+    teacher_hidden = batch.final_hidden[sequence.flatten()[rows], target_positions.flatten()[rows]]
+    inputs = [teacher_hidden, labels.flatten()[rows], weights.flatten()[rows]]
+    inputs += [tensor.flatten(0, labels.dim() - 1)[rows] for tensor in draft_inputs]
+    term_sums, overlaps, hits = [], [], []
+    # At least one (possibly empty) chunk, so a rank without supervised slots still back-propagates.
+    for start in range(0, max(rows.numel(), 1), chunk_rows):
+        part = [tensor[start:start + chunk_rows] for tensor in inputs]
+        chunk = checkpoint(_chunk_sums, draft_logits, lm_head_weight, terms, *part, use_reentrant=False,
+                           preserve_rng_state=False)
+        term_sums.append(chunk[0])
+        overlaps.append(chunk[1])
+        hits.append(chunk[2])
+    totals = torch.stack(term_sums).sum(0)
+    sums = {name: totals[i] for i, name in enumerate(terms)}
+    overlap = torch.zeros(labels.numel(), device=labels.device)
+    overlap[rows] = torch.cat(overlaps)
+    return _finish(sums, confidence_logits, overlap.reshape_as(slot_mask), torch.stack(hits).sum(), slot_mask,
+                   weights)
 
 
 def combine(sums: LossSums, loss_weights: dict[str, float], alpha: float, global_weight: Any,

@@ -7,12 +7,14 @@ ranks, so N ranks compute the gradient one process computes on the same global b
 
 `embed_tokens` is frozen (saved bit-identical). AdamW over the other tensors, linear warmup then
 cosine decay to `min_lr_ratio * lr`, gradient-norm clipping, fp32 master weights (`dtype="bf16"`
-runs the forward under bf16 autocast). Every `save_every` steps the full training state (weights,
-optimizer, scheduler, step, RNG) goes to `state_dir/step-NNNNNN.pt`; `resume=True` continues from
-the latest one and reproduces the uninterrupted run. A JSON-lines log (`training_log.jsonl`: step,
-loss terms, lr, grad norm, tokens, and eval results) is kept in `state_dir` and copied into the
-output, which is written atomically with `modeling.save_checkpoint` in the base's layout (names,
-config key order, safetensors metadata, dtype), so it passes `verify --drop-in BASE`.
+runs the forward under bf16 autocast). The loss is computed `loss_chunk` (anchor, position) rows at
+a time (`objective.chunked_loss_sums`; 0 = the whole `[B, A, K, V]` at once). Every `save_every`
+steps the full training state (weights, optimizer, scheduler, step, RNG) goes to
+`state_dir/step-NNNNNN.pt`; `resume=True` continues from the latest one and reproduces the
+uninterrupted run. A JSON-lines log (`training_log.jsonl`: step, loss terms, lr, grad norm, tokens,
+and eval results) is kept in `state_dir` and copied into the output, which is written atomically
+with `modeling.save_checkpoint` in the base's layout (names, config key order, safetensors metadata,
+dtype), so it passes `verify --drop-in BASE`.
 
 On-policy mode (`on_policy=True, rounds=K`): the prompts are split into K rounds; each round the
 teacher greedily continues that round's prompts (`dspark_hub.rollouts`, resumable, under
@@ -31,6 +33,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -62,6 +65,7 @@ class TrainConfig:
     batch_size: int = 8
     block_size: int = 7
     max_anchors: int = 512
+    loss_chunk: int = objective.DEFAULT_LOSS_CHUNK
     loss: dict[str, float] = field(default_factory=lambda: {"ce": 0.1, "tv": 0.9})
     gamma: float = 4.0
     alpha: float = 1.0
@@ -113,19 +117,61 @@ class TrainResult:
                 "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval}
 
 
-class DraftStep(nn.Module):
-    """The unit DDP/FSDP wrap: one packed teacher-forced pass (their hooks need a `forward`)."""
+def chunkable_draft_logits(model: nn.Module, lm_head_weight: torch.Tensor, hidden: torch.Tensor,
+                           prev_ids: torch.Tensor) -> tuple[objective.DraftLogits, tuple[torch.Tensor, ...]]:
+    """`model.draft_logits(hidden, lm_head, prev_ids)` split for `objective.chunked_loss_sums`.
 
-    def __init__(self, model: nn.Module, block_size: int) -> None:
+    Returns `(draft_logits, inputs)`: the per-slot inputs are the hidden rows and their Markov
+    features `markov_w1[prev_ids]`, gathered once here, so a chunk's backward does not build a
+    dense `[vocab, markov_rank]` embedding gradient of its own; `draft_logits(hidden_rows,
+    feature_rows)` adds `markov_w2(features)` to the lm_head logits.
+    """
+    markov = model.markov_head
+
+    def draft_logits(rows: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return model.draft_logits(rows, lm_head_weight) + markov.markov_w2(features).float()
+
+    return draft_logits, (hidden, markov.markov_w1(prev_ids))
+
+
+class DraftStep(nn.Module):
+    """The unit DDP/FSDP wrap: one packed teacher-forced pass and its loss sums.
+
+    The loss runs inside `forward` because the chunked loss recomputes the draft's logits (and
+    so uses the Markov head's weights) in backward; DDP and FSDP only track parameters a
+    `forward` uses. Returns `(terms, weight, stats)` of `objective.LossSums` (tensors and dicts,
+    which DDP and FSDP can walk).
+    """
+
+    def __init__(self, model: nn.Module, block_size: int, *, terms: list[str], gamma: float,
+                 loss_chunk: int) -> None:
         super().__init__()
         self.model = model
         self.block_size = block_size
+        self.terms = terms
+        self.gamma = gamma
+        self.loss_chunk = loss_chunk
 
     def forward(self, context_states: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
-                anchor_valid: torch.Tensor, doc_ids: torch.Tensor, lm_head_weight: torch.Tensor) -> tuple:
+                anchor_valid: torch.Tensor, doc_ids: torch.Tensor, final_hidden: torch.Tensor,
+                loss_mask: torch.Tensor, lm_head_weight: torch.Tensor) -> tuple:
+        chunked = self.loss_chunk > 0
         out = self.model.teacher_forced(context_states, input_ids, anchors, block_size=self.block_size,
-                                        lm_head_weight=lm_head_weight, doc_ids=doc_ids, anchor_valid=anchor_valid)
-        return out.logits, out.confidence_logits, out.labels, out.target_positions
+                                        lm_head_weight=None if chunked else lm_head_weight, doc_ids=doc_ids,
+                                        anchor_valid=anchor_valid)
+        targets = SimpleNamespace(final_hidden=final_hidden, loss_mask=loss_mask)
+        if chunked:
+            draft_logits, inputs = chunkable_draft_logits(self.model, lm_head_weight, out.last_hidden_state,
+                                                          out.prev_ids)
+            sums = objective.chunked_loss_sums(draft_logits, inputs, out.confidence_logits, out.labels,
+                                               out.target_positions, targets, lm_head_weight, terms=self.terms,
+                                               gamma=self.gamma, chunk_rows=self.loss_chunk)
+        else:
+            with torch.autocast(context_states.device.type, enabled=False):
+                sums = objective.loss_sums(out.logits.float(), out.confidence_logits, out.labels,
+                                           out.target_positions, targets, lm_head_weight, terms=self.terms,
+                                           gamma=self.gamma)
+        return sums.terms, sums.weight, sums.stats
 
 
 def init_distributed() -> tuple[int, int]:
@@ -179,7 +225,10 @@ class Trainer:
         self.model.train()
         self.save_dtype = getattr(torch, self.base_config.get("torch_dtype") or "bfloat16")
         self.lm_head = read_lm_head(self._teacher_path()).float()
-        self.module = self._wrap(DraftStep(self.model, config.block_size))
+        if config.loss_chunk < 0:
+            raise UsageError(f"--loss-chunk: {config.loss_chunk}; use rows per chunk, or 0 for no chunking")
+        self.module = self._wrap(DraftStep(self.model, config.block_size, terms=list(self.loss_weights),
+                                           gamma=config.gamma, loss_chunk=config.loss_chunk))
         trainable = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=(0.9, 0.95),
                                            weight_decay=config.weight_decay)
@@ -239,11 +288,9 @@ class Trainer:
                    for r in rollouts]
         batch = objective.collate(rollouts, anchors)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.dtype == "bf16"):
-            logits, confidence, labels, positions = self.module(batch.context_states, batch.input_ids, batch.anchors,
-                                                                batch.anchor_valid, batch.doc_ids, self.lm_head)
-        terms = list(self.loss_weights)
-        sums = objective.loss_sums(logits.float(), confidence, labels, positions, batch, self.lm_head, terms=terms,
-                                   gamma=config.gamma)
+            sums = objective.LossSums(*self.module(batch.context_states, batch.input_ids, batch.anchors,
+                                                   batch.anchor_valid, batch.doc_ids, batch.final_hidden,
+                                                   batch.loss_mask, self.lm_head))
         global_weight = _all_reduce(sums.weight.clone())
         loss = objective.combine(sums, self.loss_weights, config.alpha, global_weight, self.world)
         self.optimizer.zero_grad(set_to_none=True)

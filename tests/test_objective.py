@@ -82,3 +82,111 @@ def test_simulation_counts_a_perfect_drafter_at_k_plus_one_and_a_wrong_one_at_on
     copy = simulate(looping, ngram_proposer(looping, 7), 7)
     assert copy.acceptance_length == pytest.approx(8.0)      # a loop is trivially drafted by copying
     assert math.isnan(AcceptanceStats(7).acceptance_length)
+
+
+def _draft_case(seed: int = 0):
+    """A tiny draft, its hidden rows as a leaf, and a batch with padded anchors and unsupervised holes."""
+    from dspark_hub import contract
+    from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
+
+    torch.manual_seed(seed)
+    config = contract.TINY_CONFIG
+    model = K3DSparkModel(K3DSparkConfig(**config))
+    for parameter in model.parameters():             # post_init zeroes some heads; give every one a gradient
+        torch.nn.init.normal_(parameter, std=0.2)
+    vocab, width, block, seq = config["draft_vocab_size"], config["hidden_size"], 7, 24
+    lm_head = torch.randn(vocab, config["target_hidden_size"]) * 0.3
+    hidden = torch.randn(2, 4, block, width, requires_grad=True)
+    prev_ids = torch.randint(0, vocab, (2, 4, block))
+    labels = torch.randint(0, vocab, (2, 4, block))
+    labels[1, 3] = -100                               # a padded anchor
+    labels[0, 1, 5:] = -100                           # a block running past the sequence end
+    positions = torch.randint(0, seq - 1, (2, 4, 1)) + torch.arange(block)
+    positions = positions.clamp(max=seq - 1)
+    loss_mask = torch.ones(2, seq, dtype=torch.bool)
+    loss_mask[0, 9] = False                           # an unsupervised label voids the rest of its block
+    batch = _batch(torch.randn(2, seq, config["target_hidden_size"]).to(torch.bfloat16), loss_mask)
+    return model, lm_head, hidden, prev_ids, labels, positions, batch
+
+
+def _loss_and_grads(model, hidden, sums):
+    loss = objective.combine(sums, {"ce": 0.1, "kl": 0.3, "tv": 0.9}, 1.0, sums.weight)
+    model.zero_grad()
+    hidden.grad = None
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()
+             if name.startswith(("markov_head", "confidence_head"))}
+    return loss.detach(), hidden.grad.clone(), grads
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 5, 16, 409])    # 5 and 16 do not divide the supervised rows
+def test_chunked_loss_and_gradients_equal_the_whole_vocabulary_loss(chunk_rows):
+    model, lm_head, hidden, prev_ids, labels, positions, batch = _draft_case()
+    from dspark_hub.train import chunkable_draft_logits
+
+    terms = ["ce", "kl", "tv"]
+    confidence = model.confidence_logits(hidden, prev_ids)
+    whole = objective.loss_sums(model.draft_logits(hidden, lm_head, prev_ids), confidence, labels, positions, batch,
+                                lm_head, terms=terms, gamma=4.0)
+    expected = _loss_and_grads(model, hidden, whole)
+    draft_logits, inputs = chunkable_draft_logits(model, lm_head, hidden, prev_ids)
+    chunked = objective.chunked_loss_sums(draft_logits, inputs, model.confidence_logits(hidden, prev_ids), labels,
+                                          positions, batch, lm_head, terms=terms, gamma=4.0, chunk_rows=chunk_rows)
+    got = _loss_and_grads(model, hidden, chunked)
+    rows = int(chunked.stats["slots"])
+    assert 40 < rows < 56 and rows % 5 and rows % 16       # holes and padding were skipped, chunks are ragged
+    for name in [*terms, "confidence"]:
+        assert torch.allclose(chunked.terms[name], whole.terms[name], rtol=1e-5, atol=1e-6), name
+    for name in ("accuracy", "overlap", "slots"):
+        assert torch.allclose(chunked.stats[name], whole.stats[name], rtol=1e-5, atol=1e-6), name
+    assert torch.equal(chunked.weight, whole.weight)
+    assert torch.allclose(got[0], expected[0], rtol=1e-6, atol=1e-7)
+    assert torch.allclose(got[1], expected[1], rtol=1e-5, atol=1e-7)
+    assert expected[2].keys() == got[2].keys() and len(got[2]) == 4
+    for name, grad in expected[2].items():
+        assert grad.abs().sum() > 0, name
+        assert torch.allclose(got[2][name], grad, rtol=1e-5, atol=1e-7), name
+
+
+def test_chunked_loss_never_makes_a_tensor_wider_than_a_chunk_of_vocabulary_rows():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, lm_head, hidden, prev_ids, labels, positions, batch = _draft_case(1)
+    vocab = lm_head.shape[0]
+
+    class WidestVocabularyRows(TorchDispatchMode):
+        rows = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(tensor, torch.Tensor) and not func.is_view and tensor.dim() and tensor.shape[-1] == vocab:
+                    self.rows = max(self.rows, tensor.numel() // vocab)
+            return out
+
+    def run(chunk_rows: int) -> tuple[int, int]:
+        saved = [0]
+
+        def keep(tensor):
+            if tensor.dim() and tensor.shape[-1] == vocab:
+                saved[0] += tensor.numel() // vocab
+            return tensor
+
+        with WidestVocabularyRows() as watch, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            conf = model.confidence_logits(hidden, prev_ids)
+            if chunk_rows:
+                sums = objective.chunked_loss_sums(lambda h, p: model.draft_logits(h, lm_head, p), (hidden, prev_ids),
+                                                   conf, labels, positions, batch, lm_head, terms=["ce", "kl", "tv"],
+                                                   gamma=4.0, chunk_rows=chunk_rows)
+            else:
+                sums = objective.loss_sums(model.draft_logits(hidden, lm_head, prev_ids), conf, labels, positions,
+                                           batch, lm_head, terms=["ce", "kl", "tv"], gamma=4.0)
+            objective.combine(sums, {"ce": 0.1, "kl": 0.3, "tv": 0.9}, 1.0, sums.weight).backward()
+        return watch.rows, saved[0]
+
+    widest, saved = run(0)
+    assert widest == labels.numel() and saved > 2 * labels.numel()      # every slot's [V] rows, kept for backward
+    assert run(6) == (6, 0)         # one chunk at a time, and none kept: backward recomputes it (checkpoint)
+    with pytest.raises(UsageError, match="--loss-chunk"):
+        objective.chunked_loss_sums(None, (hidden,), None, labels, positions, batch, lm_head, terms=["ce"],
+                                    gamma=4.0, chunk_rows=0)

@@ -358,3 +358,29 @@ def test_bf16_autocast_and_epochs_train_to_a_drop_in(world, tmp_path):
     log = [json.loads(line) for line in (tmp_path / "bf16" / "training_log.jsonl").read_text().splitlines()]
     assert all(torch.isfinite(torch.tensor(e["loss"])) for e in log) and len(log) == 3
     assert verify(tmp_path / "bf16", drop_in=str(world["base"])).ok
+
+
+def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(world, tmp_path):
+    data = RolloutData(world["data"])
+    trained = {}
+    for chunk in (0, 5, 409):
+        trainer = Trainer(small_config(world, tmp_path / f"chunk-{chunk}", loss_chunk=chunk, steps=2,
+                                       loss={"ce": 0.1, "kl": 0.2, "tv": 0.9}))
+        trainer.run_steps(data, 0, 2)
+        log = (trainer.state_dir / "training_log.jsonl").read_text().splitlines()
+        trained[chunk] = ({n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+                          [json.loads(line) for line in log])
+    whole, whole_log = trained[0]
+    base = load_file(str(world["base"] / "model.safetensors"))
+    assert max((whole[n] - base[n].float()).abs().max().item() for n in whole) > 1e-3     # the steps did train
+    for chunk in (5, 409):
+        weights, log = trained[chunk]
+        for name, value in whole.items():
+            assert torch.allclose(weights[name], value, rtol=1e-5, atol=1e-6), (chunk, name)
+        for a, b in zip(whole_log, log):
+            assert a.keys() == b.keys()
+            for key in ("loss", "ce", "kl", "tv", "confidence", "accuracy", "overlap", "grad_norm"):
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (chunk, key)
+    with pytest.raises(Exception, match="--loss-chunk"):
+        Trainer(small_config(world, tmp_path / "negative", loss_chunk=-1))
+    assert run("finetune", "--base", world["base"], "--out", tmp_path / "x", "--loss-chunk", -1).exit_code == 2
