@@ -70,24 +70,6 @@ def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("-q", "--quiet", is_flag=True, help="No progress bar.")(f)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 @click.group(cls=DsparkGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dspark-hub")
 @click.option("--debug", is_flag=True, help="Show full tracebacks (or set DSPARK_DEBUG=1).")
@@ -157,10 +139,6 @@ def verify(ctx: click.Context, path: str, drop_in: str | None, deep: bool, froze
     ctx.exit(0 if report.ok else 1)
 
 
-
-
-
-
 @cli.command()
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--profile", type=click.Choice(sorted(contract.PROFILES)), default="tiny", show_default=True,
@@ -185,8 +163,6 @@ def init(dst: Path, profile: str, init_kind: str, seed: int, force: bool, quiet:
                     "seed": seed, "weights_bytes": size})
     else:
         stdout.print(f"wrote {out} ({profile}, {init_kind}, {size:,} bytes); check it with: dspark-hub verify {out}")
-
-
 
 
 @cli.command()
@@ -282,8 +258,6 @@ def finetune(quiet: bool, as_json: bool, **options: Any) -> None:
                      f"(prompt lookup {result.eval['baseline']['acceptance_length']:.4f})")
 
 
-
-
 @cli.command(name="eval")
 @click.option("--draft", required=True, metavar="CKPT", help="The k3_dspark checkpoint to measure.")
 @click.option("--teacher", metavar="DIR", help="Teacher folder (rollouts and lm_head).")
@@ -314,6 +288,8 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
         print_json(result.to_dict())
     else:
         render_eval(result.to_dict())
+
+
 @cli.command("export-code")
 @click.argument("folder", type=click.Path(path_type=Path))
 @force_option
@@ -329,8 +305,6 @@ def export_code(folder: Path, force: bool, as_json: bool) -> None:
     stdout.print(f"{folder}: wrote {', '.join(result.written) or 'nothing'}"
                  + (f" (unchanged: {', '.join(result.unchanged)})" if result.unchanged else "")
                  + "; load with AutoModel.from_pretrained(folder, trust_remote_code=True)")
-
-
 
 
 @cli.command()
@@ -504,8 +478,6 @@ def publish(ctx: click.Context, ckpt: Path, repo_id: str, drop_in: str | None, p
     else:
         _render_publication(outcome)
     ctx.exit(0 if outcome.ok else 1)
-
-
 
 
 @cli.group(cls=DefaultCommandGroup, default_command="write")

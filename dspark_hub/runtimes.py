@@ -434,7 +434,6 @@ def runtimes_section(tensor_names: list[str], config: Mapping[str, Any], specs: 
     return section, out
 
 
-
 def extend_report(report: Any, view: Any, names: str | list[str], *, block_size: int | None = None) -> Any:
     """Add `sections["runtimes"]` (and `sections["family"]`) plus the runtime findings to a verify report.
 
