@@ -92,7 +92,7 @@ class FileDigest:
                 names `where` and the key).
         """
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where} is a JSON {_json_type(data)}, expected an object")
+            raise ValueError(f"{where} is a JSON {json_type(data)}, expected an object")
         for key, ok, wanted in _ENTRY_KEYS:
             if key not in data:
                 raise ValueError(f"{where} has no {key!r}")
@@ -102,7 +102,8 @@ class FileDigest:
                    blob_id=data["blob_id"], lfs=data["lfs"])
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (`object`, `array`, `string`, ...), for error messages."""
     names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
@@ -146,11 +147,11 @@ class Manifest:
             ValueError: not an object, no `files` array, or an entry of the wrong form (one line).
         """
         if not isinstance(data, Mapping):
-            raise ValueError(f"is a JSON {_json_type(data)}, expected an object with 'schema' and 'files'")
+            raise ValueError(f"is a JSON {json_type(data)}, expected an object with 'schema' and 'files'")
         files = data.get("files")
         if not isinstance(files, list):
             raise ValueError("has no 'files' array" if files is None else
-                             f"'files' is a JSON {_json_type(files)}, expected an array")
+                             f"'files' is a JSON {json_type(files)}, expected an array")
         digests = (FileDigest.from_dict(f, where=f"files[{i}]") for i, f in enumerate(files))
         return cls(files=tuple(sorted(digests, key=lambda f: f.path)))
 
