@@ -21,6 +21,7 @@ from dspark_hub.errors import UsageError
 from dspark_hub.writer import init_checkpoint
 from tests.card_fixtures import plain_cli, tiny  # noqa: F401 (fixtures)
 from tests.card_fixtures import SDDD, SEED_CARD, SPECULATOR, render_sddd, render_speculator, write_sparse_reference
+from tests.cli_errors import assert_one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +286,4 @@ def test_cli_card_unreadable_checksums_from_is_one_line(tmp_path, tiny, content,
     manifest.write_bytes(content if isinstance(content, bytes) else content.encode())
     result = CliRunner().invoke(cli, ["card", str(tiny), "--meta", str(_meta(tmp_path)), "--checksums-from",
                                       str(manifest), "-o", str(tmp_path / "README.md")])
-    assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    [line] = result.stderr.strip().splitlines()
-    assert all(w in line for w in words), line
+    assert_one_line_error(result, *words)

@@ -12,6 +12,7 @@ import pytest
 from dspark_hub import checksums
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from tests.hub_checkpoints import write_tiny_checkpoint
+from tests.cli_errors import assert_one_line_error
 
 
 @pytest.fixture
@@ -197,14 +198,6 @@ def run_check(folder):
 
     from dspark_hub.cli import cli
     return CliRunner().invoke(cli, ["checksums", str(folder), "--check"])
-
-
-def assert_one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.stderr
-    assert all(w in lines[0] for w in words), lines[0]
 
 
 @pytest.mark.parametrize("document, words", [

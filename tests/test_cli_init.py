@@ -12,6 +12,7 @@ from dspark_hub.cli import cli
 from dspark_hub.reader import read_header
 
 from .factories import file_digest
+from .cli_errors import assert_one_line_error
 
 
 def run(*args):
@@ -76,13 +77,6 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     result = run("init", tmp_path / "c")
     assert result.exit_code == 2 and "No space left" in result.stderr
     assert list(tmp_path.iterdir()) == []
-
-
-def assert_one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    [line] = result.stderr.strip().splitlines()
-    assert all(w in line for w in words), line
 
 
 def test_refuses_the_current_folder_and_its_parents(tmp_path, monkeypatch):

@@ -12,20 +12,11 @@ from dspark_hub import contract
 from dspark_hub.cli import cli
 
 from .factories import write_checkpoint
+from .cli_errors import assert_one_line_error
 
 
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def assert_usage_error(result, *words, one_line=True):
-    assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    if one_line:
-        assert len(lines) == 1, result.stderr
-    assert all(w in lines[-1] for w in words), lines[-1]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +43,7 @@ def rollouts(teacher, out, *extra, draft=None):
 @pytest.mark.parametrize("option", [("--batch-size", "0"), ("--max-new-tokens", "-1"), ("--shard-size", "0")])
 def test_rollouts_counts_must_be_positive(teacher, tmp_path, option):
     result = rollouts(teacher, tmp_path / "out", *option)
-    assert_usage_error(result, option[0], "x>=1", one_line=False)   # click's usage error: usage line, then this
+    assert_one_line_error(result, option[0], "x>=1", one_line=False)   # click's usage error: usage line, then this
     assert not (tmp_path / "out").exists()
 
 
@@ -60,19 +51,19 @@ def test_rollouts_counts_must_be_positive(teacher, tmp_path, option):
                                     ("--max-new-tokens", "0")])
 def test_eval_counts_must_be_positive(tmp_path, option):
     result = run("eval", "--draft", tmp_path, "--data", tmp_path, *option)
-    assert_usage_error(result, option[0], "x>=1", one_line=False)
+    assert_one_line_error(result, option[0], "x>=1", one_line=False)
 
 
 def test_rollouts_draft_config_must_be_a_config_file(teacher, tmp_path):
     array = tmp_path / "array.json"
     array.write_text("[1, 2]")
-    assert_usage_error(rollouts(teacher, tmp_path / "a", draft=array), "array.json", "JSON array",
+    assert_one_line_error(rollouts(teacher, tmp_path / "a", draft=array), "array.json", "JSON array",
                        "pass the draft's config.json file")
-    assert_usage_error(rollouts(teacher, tmp_path / "b", draft=tmp_path), "is a folder",
+    assert_one_line_error(rollouts(teacher, tmp_path / "b", draft=tmp_path), "is a folder",
                        "pass the draft's config.json file")
     no_taps = tmp_path / "no_taps.json"
     no_taps.write_text(json.dumps({k: v for k, v in contract.TINY_CONFIG.items() if k != "target_layer_ids"}))
-    assert_usage_error(rollouts(teacher, tmp_path / "c", draft=no_taps), "target_layer_ids",
+    assert_one_line_error(rollouts(teacher, tmp_path / "c", draft=no_taps), "target_layer_ids",
                        "pass the draft's config.json file")
     assert not any((tmp_path / name).exists() for name in "abc")
 
@@ -96,7 +87,7 @@ def test_rollout_files_get_new_file_permissions(teacher, tmp_path):
 def test_export_code_refuses_malformed_config(tmp_path, config, words):
     ckpt = write_checkpoint(tmp_path / "ckpt")
     (ckpt / "config.json").write_text(config)
-    assert_usage_error(run("export-code", ckpt), *words)
+    assert_one_line_error(run("export-code", ckpt), *words)
     assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "model.safetensors"]
 
 
@@ -104,7 +95,7 @@ def test_export_code_refuses_malformed_config(tmp_path, config, words):
 def test_package_refuses_revisions_git_would_refuse(tmp_path, revision):
     ckpt = write_checkpoint(tmp_path / "ckpt")
     result = run("package", ckpt, "--repo", "org/tiny", "--revision", revision, "-o", tmp_path / "pkg")
-    assert_usage_error(result, "--revision", "commit sha")
+    assert_one_line_error(result, "--revision", "commit sha")
     assert not (tmp_path / "pkg").exists()
 
 
@@ -113,7 +104,7 @@ def test_package_refuses_revisions_git_would_refuse(tmp_path, revision):
 def test_package_refuses_endpoints_that_are_not_http_urls(tmp_path, endpoint):
     ckpt = write_checkpoint(tmp_path / "ckpt")
     result = run("package", ckpt, "--repo", "org/tiny", "--endpoint", endpoint, "-o", tmp_path / "pkg")
-    assert_usage_error(result, "--endpoint", "http(s)://host")
+    assert_one_line_error(result, "--endpoint", "http(s)://host")
     assert not (tmp_path / "pkg").exists()
 
 

@@ -17,6 +17,7 @@ from dspark_hub.golden import check_golden, write_golden
 from dspark_hub.modeling import modeling_k3_dspark as mk
 
 from .factories import file_digest, tensors_for, write_checkpoint
+from .cli_errors import assert_one_line_error
 
 TINY = contract.TINY_CONFIG
 
@@ -136,13 +137,6 @@ def test_fixture_ships_under_golden_and_the_card_lists_it(tmp_path, fixture):
     report = verify(folder)
     assert [(f.code, f.where) for f in report.errors] == [("GOLDEN_IN_WEIGHTS_FOLDER", "golden.safetensors")]
     assert report.summary.tensors == 32 and report.summary.layout == "single"
-
-
-def assert_one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    [line] = result.stderr.strip().splitlines()
-    assert all(w in line for w in words), line
 
 
 def check_cli(ckpt, golden):
