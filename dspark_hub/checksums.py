@@ -84,9 +84,42 @@ class FileDigest:
                 "blob_id": self.blob_id, "lfs": self.lfs}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FileDigest:
-        return cls(path=str(data["path"]), size=int(data["size"]), sha256=str(data["sha256"]),
-                   blob_id=str(data["blob_id"]), lfs=bool(data["lfs"]))
+    def from_dict(cls, data: Any, *, where: str = "entry") -> FileDigest:
+        """Read one `files` entry of a manifest.
+
+        Raises:
+            ValueError: `data` is not an object with the five keys of their types (the message
+                names `where` and the key).
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where} is a JSON {json_type(data)}, expected an object")
+        for key, ok, wanted in _ENTRY_KEYS:
+            if key not in data:
+                raise ValueError(f"{where} has no {key!r}")
+            if not ok(data[key]):
+                raise ValueError(f"{where}: {key!r} must be {wanted}, got {data[key]!r:.40}")
+        return cls(path=data["path"], size=data["size"], sha256=data["sha256"].lower(),
+                   blob_id=data["blob_id"], lfs=data["lfs"])
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (`object`, `array`, `string`, ...), for error messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{64}", value) is not None
+
+
+#: (key, type test, what it must be) for every entry of a manifest's `files`.
+_ENTRY_KEYS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("path", lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    ("size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    ("sha256", _is_sha256, "64 hex digits"),
+    ("blob_id", lambda v: isinstance(v, str), "a string"),
+    ("lfs", lambda v: isinstance(v, bool), "true or false"),
+)
 
 
 @dataclass(frozen=True)
@@ -107,8 +140,20 @@ class Manifest:
                 "total_bytes": self.total_bytes, "files": [f.to_dict() for f in self.files]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
-        return cls(files=tuple(sorted((FileDigest.from_dict(f) for f in data["files"]), key=lambda f: f.path)))
+    def from_dict(cls, data: Any) -> Manifest:
+        """Read a `dspark-hub/checksums/1` document.
+
+        Raises:
+            ValueError: not an object, no `files` array, or an entry of the wrong form (one line).
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"is a JSON {json_type(data)}, expected an object with 'schema' and 'files'")
+        files = data.get("files")
+        if not isinstance(files, list):
+            raise ValueError("has no 'files' array" if files is None else
+                             f"'files' is a JSON {json_type(files)}, expected an array")
+        digests = (FileDigest.from_dict(f, where=f"files[{i}]") for i, f in enumerate(files))
+        return cls(files=tuple(sorted(digests, key=lambda f: f.path)))
 
 
 @dataclass(frozen=True)
@@ -348,73 +393,157 @@ def write_checksums(folder: Path | str, *, force: bool = False, progress: Progre
     return ChecksumFiles(sums_path=sums_path, manifest_path=manifest_path, manifest=manifest)
 
 
-def _parse_sums(path: Path) -> dict[str, str]:
-    expected: dict[str, str] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+#: How to repair a sidecar `dspark-hub checksums` wrote.
+REGENERATE = "regenerate it with 'dspark-hub checksums --force'"
+_SUMS_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)", re.DOTALL)
+_SUMS_ESCAPES = {"\\": "\\", "n": "\n", "r": "\r"}
+
+
+def read_sidecar_text(path: Path, remedy: str) -> str:
+    """The UTF-8 text of a checksum file.
+
+    Raises:
+        CheckpointFormatError: the bytes are not UTF-8 (the message ends with `remedy`).
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointFormatError("NOT_UTF8", f"byte 0x{data[e.start]:02x} at offset {e.start} is not UTF-8 "
+                                    f"text; {remedy}", path=str(path)) from None
+
+
+def parse_sums(text: str, *, path: str, remedy: str = REGENERATE) -> list[tuple[str, str]]:
+    """(file, lowercase sha256) for every line of GNU `sha256sum` output, in order, duplicates kept.
+
+    Accepts the text form `sha256sum -c` reads: `<hex>  <name>` or `<hex> *<name>`, leading blanks,
+    `#` comment lines, CRLF line ends, and the backslash-escaped form for names holding a newline,
+    carriage return or backslash.
+
+    Raises:
+        CheckpointFormatError: a line of any other form (the message names `path`, the line and `remedy`).
+    """
+    pairs: list[tuple[str, str]] = []
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = raw.removesuffix("\r").lstrip(" \t")
+        if not line or line.startswith("#"):
             continue
         escaped = line.startswith("\\")
-        body = line[1:] if escaped else line
-        digest, sep, name = body.partition(" ")
-        if not sep or len(digest) != 64 or name[:1] not in (" ", "*"):
-            raise CheckpointFormatError("BAD_SUMS_LINE", f"line {number} is not '<sha256>  <path>'; "
-                                        "regenerate it with 'dspark-hub checksums --force'", path=str(path))
-        name = name[1:]
+        match = _SUMS_LINE.fullmatch(line[1:] if escaped else line)
+        if match is None:
+            raise CheckpointFormatError("BAD_SUMS_LINE", f"line {number} is not '<sha256>  <path>'; {remedy}",
+                                        path=path)
+        name = match.group(2)
         if escaped:
-            name = name.replace("\\n", "\n").replace("\\\\", "\\")
-        expected[name] = digest.lower()
-    return expected
+            name = re.sub(r"\\([\\nr])", lambda m: _SUMS_ESCAPES[m.group(1)], name)
+        pairs.append((name, match.group(1).lower()))
+    return pairs
 
 
-def load_expected(folder: Path) -> dict[str, tuple[str, int | None]]:
-    """path -> (sha256, size or None) from `checksums.json`, else from `SHA256SUMS`.
+def read_manifest(path: Path) -> Manifest:
+    """Read a `checksums.json` this tool wrote.
+
+    Raises:
+        CheckpointFormatError: not UTF-8, not JSON, another schema, or entries of the wrong form.
+    """
+    text = read_sidecar_text(path, REGENERATE)
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointFormatError("BAD_MANIFEST", f"not valid JSON ({str(e).splitlines()[0]}); {REGENERATE}",
+                                    path=str(path)) from None
+    if isinstance(data, dict) and data.get("schema") != SCHEMA:
+        raise CheckpointFormatError("BAD_MANIFEST", f"schema is {data.get('schema')!r:.60}, expected {SCHEMA!r}; "
+                                    f"{REGENERATE}", path=str(path))
+    try:
+        return Manifest.from_dict(data)
+    except ValueError as e:
+        raise CheckpointFormatError("BAD_MANIFEST", f"{e}; {REGENERATE}", path=str(path)) from None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one sidecar says about one file (`size` is None where the sidecar holds no size)."""
+
+    sha256: str
+    size: int | None
+    source: str
+
+
+def load_expected(folder: Path) -> dict[str, list[Claim]]:
+    """path -> every claim `checksums.json` and `SHA256SUMS` make about it (both are read when both exist).
 
     Raises:
         CheckpointNotFoundError: neither file exists.
+        CheckpointFormatError: a sidecar is malformed.
     """
     manifest_path, sums_path = folder / MANIFEST_NAME, folder / SUMS_NAME
+    if not manifest_path.is_file() and not sums_path.is_file():
+        raise CheckpointNotFoundError(f"{sums_path}: not found (nor {MANIFEST_NAME}); "
+                                      f"run 'dspark-hub checksums {folder}' first")
+    claims: dict[str, list[Claim]] = {}
     if manifest_path.is_file():
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
-        if data.get("schema") != SCHEMA:
-            raise CheckpointFormatError("BAD_MANIFEST", f"schema is {data.get('schema')!r}, expected {SCHEMA!r}; "
-                                        "regenerate it with 'dspark-hub checksums --force'", path=str(manifest_path))
-        return {f.path: (f.sha256, f.size) for f in Manifest.from_dict(data).files}
+        for f in read_manifest(manifest_path).files:
+            claims.setdefault(f.path, []).append(Claim(f.sha256, f.size, MANIFEST_NAME))
     if sums_path.is_file():
-        return {name: (digest, None) for name, digest in _parse_sums(sums_path).items()}
-    raise CheckpointNotFoundError(f"{sums_path}: not found (nor {MANIFEST_NAME}); "
-                                  f"run 'dspark-hub checksums {folder}' first")
+        for name, sha in parse_sums(read_sidecar_text(sums_path, REGENERATE), path=str(sums_path)):
+            claims.setdefault(name, []).append(Claim(sha, None, SUMS_NAME))
+    return claims
+
+
+def _who(claims: Iterable[Claim]) -> str:
+    """`SHA256SUMS says` / `checksums.json and SHA256SUMS say`."""
+    sources = sorted({c.source for c in claims}, key=[MANIFEST_NAME, SUMS_NAME].index)
+    return " and ".join(sources) + (" say" if len(sources) > 1 else " says")
+
+
+def _listing_problems(rel: str, claims: list[Claim], sources: set[str], actual_size: int) -> list[FileProblem]:
+    """Problems found without hashing: a sidecar that omits a present file, sizes that differ."""
+    problems = [FileProblem(rel, "extra", f"{rel}: in the folder and {_who(claims).rsplit(' ', 1)[0]} but not in "
+                            f"{source}; regenerate the checksums") for source in sorted(sources - {c.source for c in claims})]
+    for size in sorted({c.size for c in claims if c.size is not None and c.size != actual_size}):
+        said = [c for c in claims if c.size == size]
+        problems.append(FileProblem(rel, "mismatch", f"{rel}: {actual_size} bytes, {_who(said)} {size}; "
+                                    "the file is truncated or was replaced",
+                                    expected=str(size), actual=str(actual_size)))
+    return problems
 
 
 def check_checksums(folder: Path | str, *, progress: Progress | None = None) -> list[FileProblem]:
-    """Compare a folder with its `checksums.json` (or `SHA256SUMS`); name every bad, missing and extra file.
+    """Compare a folder with `checksums.json` and `SHA256SUMS` (each that exists); name every bad, missing and extra file.
 
-    Sizes are compared before hashing, so a truncated file is reported without reading it.
+    Sizes are compared before hashing, so a truncated file is reported without reading it. A file
+    listed twice with different digests (as `sha256sum -c` would) fails on the digest it does not have.
 
     Raises:
         CheckpointNotFoundError: the folder has no checksum files.
+        CheckpointFormatError: a checksum file is malformed.
     """
     folder = Path(folder)
     expected = load_expected(folder)
+    sources = {c.source for claims in expected.values() for c in claims}
     present = set(checkpoint_files(folder))
     problems: list[FileProblem] = []
     to_hash: list[str] = []
-    for rel, (sha, size) in expected.items():
+    for rel, claims in expected.items():
         if rel not in present:
-            problems.append(FileProblem(rel, "missing", f"{rel}: listed in the checksums but not in the folder; "
-                                        "restore it or regenerate the checksums", expected=sha))
-        elif size is not None and (actual := (folder / rel).stat().st_size) != size:
-            problems.append(FileProblem(rel, "mismatch", f"{rel}: {actual} bytes, the checksums say {size}; "
-                                        "the file is truncated or was replaced", expected=str(size), actual=str(actual)))
-        else:
+            problems.append(FileProblem(rel, "missing", f"{rel}: {_who(claims).rsplit(' ', 1)[0]} list it but it is "
+                                        "not in the folder; restore it or regenerate the checksums",
+                                        expected=claims[0].sha256))
+            continue
+        found = _listing_problems(rel, claims, sources, (folder / rel).stat().st_size)
+        problems.extend(found)
+        if not any(p.kind == "mismatch" for p in found):
             to_hash.append(rel)
     for rel in sorted(present - expected.keys()):
         problems.append(FileProblem(rel, "extra", f"{rel}: in the folder but not in the checksums; "
                                     "remove it or regenerate the checksums"))
     for digest in compute_manifest(folder, paths=to_hash, progress=progress).files:
-        sha = expected[digest.path][0]
-        if digest.sha256 != sha:
+        claims = expected[digest.path]
+        for sha in sorted({c.sha256 for c in claims} - {digest.sha256}):
             problems.append(FileProblem(digest.path, "mismatch", f"{digest.path}: SHA-256 {digest.sha256[:12]}..., "
-                                        f"the checksums say {sha[:12]}...; the content changed",
+                                        f"{_who(c for c in claims if c.sha256 == sha)} {sha[:12]}...; "
+                                        "the content changed or that checksum is wrong",
                                         expected=sha, actual=digest.sha256))
     return sorted(problems, key=lambda p: (p.path, p.kind))
 
@@ -441,16 +570,18 @@ def load_checksum_manifest(path: str | os.PathLike[str]) -> dict[str, ManifestEn
 
     Raises:
         UsageError: the file is missing or in none of these forms.
+        CheckpointFormatError: the file is not UTF-8, or a sha256sum line is malformed.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such file; pass a checksum manifest (JSON or sha256sum output)") from None
+    if not p.exists():
+        raise UsageError(f"{p}: no such file; pass a checksum manifest (JSON or sha256sum output)")
+    text = read_sidecar_text(p, _MANIFEST_FORMS)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
-        return _sha256sum_lines(p, text)
+        return _sha256sum_entries(p, text)
+    except RecursionError:
+        raise UsageError(f"{p}: JSON nested too deeply to read; {_MANIFEST_FORMS}") from None
     files = doc.get("files", doc) if isinstance(doc, dict) else doc
     out: dict[str, ManifestEntry] = {}
     items = files.items() if isinstance(files, dict) else ((None, e) for e in files) if isinstance(files, list) else ()
@@ -468,13 +599,13 @@ def load_checksum_manifest(path: str | os.PathLike[str]) -> dict[str, ManifestEn
     return out
 
 
-def _sha256sum_lines(path: Path, text: str) -> dict[str, ManifestEntry]:
-    out = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        m = re.fullmatch(r"([0-9a-fA-F]{64}) [ *](.+)", line.strip())
-        if not m:
-            raise UsageError(f"{path}:{number}: not '<sha256>  <file>'; pass sha256sum output or a JSON manifest")
-        out[m.group(2)] = ManifestEntry(None, m.group(1).lower())
+_MANIFEST_FORMS = "pass sha256sum output or a JSON manifest"
+
+
+def _sha256sum_entries(path: Path, text: str) -> dict[str, ManifestEntry]:
+    out: dict[str, ManifestEntry] = {}
+    for name, sha in parse_sums(text, path=str(path), remedy=_MANIFEST_FORMS):
+        if name in out and out[name].sha256 != sha:
+            raise UsageError(f"{path}: lists {name!r} twice with different digests; keep the right line")
+        out[name] = ManifestEntry(None, sha)
     return out

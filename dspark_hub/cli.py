@@ -53,6 +53,10 @@ def _cli_error(message: str, hint: str | None, code: int) -> click.ClickExceptio
     return err
 
 
+#: Counts and sizes that must be at least 1.
+POSITIVE = click.IntRange(min=1)
+
+
 def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON document (stable schema).")(f)
 
@@ -171,10 +175,10 @@ def init(dst: Path, profile: str, init_kind: str, seed: int, force: bool, quiet:
 @click.option("--draft-config", "draft_config", required=True, metavar="CONFIG",
               help="The draft's config.json (taps and pairing keys).")
 @click.option("--out", required=True, metavar="DIR", help="Rollouts folder (resumed when it exists).")
-@click.option("--max-new-tokens", "max_new_tokens", type=int, default=256, show_default=True)
-@click.option("--batch-size", "batch_size", type=int, default=8, show_default=True,
+@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True,
               help="Equal-length prompts generated together.")
-@click.option("--shard-size", "shard_size", type=int, default=256, show_default=True, help="Sequences per shard.")
+@click.option("--shard-size", "shard_size", type=POSITIVE, default=256, show_default=True, help="Sequences per shard.")
 @click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Always generate --max-new-tokens tokens.")
 @force_option
 @quiet_option
@@ -264,9 +268,9 @@ def finetune(quiet: bool, as_json: bool, **options: Any) -> None:
 @click.option("--prompts", metavar="JSONL", help="Held-out prompts, continued greedily by the teacher.")
 @click.option("--data", metavar="DIR", help="A rollouts folder instead of --prompts.")
 @click.option("--reference", metavar="CKPT", help="Also measure this draft on the same data; report the ratio.")
-@click.option("--block-size", "block_size", type=int, default=7, show_default=True)
-@click.option("--max-new-tokens", "max_new_tokens", type=int, default=256, show_default=True)
-@click.option("--batch-size", "batch_size", type=int, default=8, show_default=True)
+@click.option("--block-size", "block_size", type=POSITIVE, default=7, show_default=True)
+@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
 @quiet_option
 @json_option

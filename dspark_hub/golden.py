@@ -47,7 +47,8 @@ from typing import Any, Mapping
 
 from . import __version__, contract
 from .checksums import sha256_file
-from .errors import CheckpointNotFoundError, RefusedOverwriteError, UsageError
+from .errors import CheckpointNotFoundError, ContractError, RefusedOverwriteError, UsageError
+from .writer import atomic_path
 
 SCHEMA = "dspark-hub/golden/1"
 DEFAULT_SEED = 0
@@ -147,6 +148,34 @@ def _outputs(model: Any, inputs: Mapping[str, Any], lm_head: Any, block_size: in
     return out
 
 
+def _verified_config(folder: Path) -> dict[str, Any]:
+    """The checkpoint's config, once `checks.verify` finds no error (the forward needs a sound checkpoint).
+
+    Raises:
+        UsageError: verify reports an error; the message is its first one.
+    """
+    from .checks import verify
+
+    report = verify(folder)
+    if not report.ok:
+        first = report.errors[0]
+        raise UsageError(f"{folder / first.where}: {first.message}; fix it first ('dspark-hub verify {folder}' "
+                         "lists every problem)")
+    return json.loads((folder / contract.CONFIG_NAME).read_text(encoding="utf-8"))
+
+
+def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    missing = object()
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, missing) != b.get(k, missing))
+
+
+def _same_roster(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    try:
+        return contract.roster(a) == contract.roster(b)
+    except ContractError:
+        return False
+
+
 def _load_model(folder: Path) -> Any:
     import torch
 
@@ -175,6 +204,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
 
     Raises:
         RefusedOverwriteError: `out` exists and `force` is False.
+        UsageError: `checks.verify` finds an error in the checkpoint (the first one is named).
         CheckpointNotFoundError / CheckpointFormatError: the checkpoint cannot be loaded strictly.
     """
     import torch
@@ -187,9 +217,8 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                          f"{folder / contract.GOLDEN_DIR / target.name}")
     if target.exists() and not force:
         raise RefusedOverwriteError(str(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
+    config = _verified_config(folder)
     model = _load_model(folder)
-    config = json.loads((folder / contract.CONFIG_NAME).read_text())
     head = _load_lm_head(lm_head) if lm_head is not None else standin_lm_head(config, seed)
     head_info = ({"kind": "file", "sha256": sha256_file(Path(lm_head)), "shape": list(head.shape)} if lm_head else
                  {"kind": "seeded-standin", "seed": seed, "std": "hidden_size ** -0.5", "dtype": "float32",
@@ -211,12 +240,8 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                              for c, s in cases.items()}),
         "dtype": "float32", "torch": torch.__version__, "dspark_hub": __version__,
     }
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
+    with atomic_path(target, force=force) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return {"schema": "dspark-hub/golden-write/1", "path": str(target), "checkpoint": str(folder),
             "cases": cases, "tensors": sorted(tensors), "lm_head": head_info, "bytes": target.stat().st_size}
 
@@ -235,6 +260,37 @@ def _compare(name: str, got: Any, want: Any, tol: Mapping[str, float] | None) ->
     return {"tensor": name, "ok": ok, "max_abs": float(diff.max()) if diff.numel() else 0.0, **tol}
 
 
+_JSON_METADATA = ("config", "weights_sha256", "lm_head", "tolerances", "cases")
+
+
+def _read_fixture(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metadata with its JSON fields decoded, tensors) of a golden fixture.
+
+    Raises:
+        UsageError: not a safetensors file, not a golden fixture, or its metadata is incomplete.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    rewrite = "pass a fixture written by 'dspark-hub golden CKPT -o FILE'"
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta: dict[str, Any] = dict(handle.metadata() or {})
+            stored = {name: handle.get_tensor(name) for name in handle.keys()}
+    except SafetensorError as e:
+        raise UsageError(f"{path}: not a safetensors file ({str(e).splitlines()[0]}); {rewrite}") from None
+    if meta.get("schema") != SCHEMA:
+        raise UsageError(f"{path}: not a dspark-hub golden fixture (schema {meta.get('schema')!r:.60}); {rewrite}")
+    for key in (*_JSON_METADATA, "config_sha256", "block_size"):
+        try:
+            meta[key] = json.loads(meta[key]) if key in _JSON_METADATA else meta[key]
+        except (KeyError, ValueError):
+            raise UsageError(f"{path}: metadata {key!r} is missing or not JSON; {rewrite}") from None
+    for key in ("config", "lm_head", "tolerances"):
+        if not isinstance(meta[key], dict):
+            raise UsageError(f"{path}: metadata {key!r} is not a JSON object; {rewrite}")
+    return meta, stored
+
+
 def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[str], *,
                  lm_head: str | os.PathLike[str] | None = None, atol: float | None = None,
                  rtol: float | None = None) -> GoldenCheck:
@@ -247,24 +303,26 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
         atol, rtol: override the stored tolerances for every float output.
 
     Raises:
-        UsageError: the file is not a golden fixture, or needs an lm_head file that was not given.
+        UsageError: the file is not a golden fixture, or needs an lm_head file that was not given, or
+            `checks.verify` finds an error in the checkpoint.
     """
-    from safetensors import safe_open
-
     folder, path = Path(checkpoint), Path(golden)
-    with safe_open(str(path), framework="pt") as handle:
-        meta = handle.metadata() or {}
-        stored = {name: handle.get_tensor(name) for name in handle.keys()}
-    if meta.get("schema") != SCHEMA:
-        raise UsageError(f"{path}: not a dspark-hub golden fixture (schema {meta.get('schema')!r}); write one with "
-                         "'dspark-hub golden CKPT -o FILE'")
+    meta, stored = _read_fixture(path)
+    config = _verified_config(folder)
     result = GoldenCheck(golden=str(path), checkpoint=str(folder))
+    written_for = meta["config"]
+    differing = _differing_keys(written_for, config)
     if sha256_file(folder / contract.CONFIG_NAME) != meta["config_sha256"]:
-        result.problems.append("config.json differs from the one the fixture was written for (config_sha256)")
+        keys = f"; keys that differ: {', '.join(differing)}" if differing else ""
+        result.problems.append(f"config.json differs from the one the fixture was written for (config_sha256{keys})")
+    if not _same_roster(written_for, config):
+        result.problems.append("the checkpoint's tensor shapes differ from the fixture's, so nothing was "
+                               "recomputed; check the fixture against the checkpoint it was written for")
+        return result
     digests = _weight_digests(folder)
-    if digests != json.loads(meta["weights_sha256"]):
+    if digests != meta["weights_sha256"]:
         result.problems.append("weight files differ from the ones the fixture was written for (weights_sha256)")
-    head_info = json.loads(meta["lm_head"])
+    head_info = meta["lm_head"]
     if head_info["kind"] == "file":
         if lm_head is None:
             raise UsageError(f"{path}: was written with an lm_head file (sha256 {head_info['sha256'][:16]}); pass "
@@ -273,11 +331,11 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
             result.problems.append("the lm_head file differs from the one the fixture was written with")
         head = _load_lm_head(lm_head)
     else:
-        head = standin_lm_head(json.loads(meta["config"]), int(head_info["seed"]))
-    tolerances = json.loads(meta["tolerances"])
+        head = standin_lm_head(written_for, int(head_info["seed"]))
+    tolerances = meta["tolerances"]
     model = _load_model(folder)
     block_size = int(meta["block_size"])
-    for case in json.loads(meta["cases"]):
+    for case in meta["cases"]:
         inputs = {name: stored[f"{case}.{name}"] for name in INPUTS}
         for name, got in _outputs(model, inputs, head, block_size).items():
             key = f"{case}.{name}"

@@ -13,10 +13,11 @@ revision by commit sha when you can: a branch moves, the torrent's pieces do not
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from .checksums import (
     GITATTRIBUTES_NAME, LFS_ATTRIBUTES, MANIFEST_NAME, SUMS_NAME, Manifest, checkpoint_files, compute_manifest,
@@ -88,11 +89,31 @@ def _torf() -> Any:
     return torf
 
 
+#: What `git check-ref-format` refuses in one ref component: control characters and space, `~^:?*[\\`,
+#: `..` and `@{`; '/' is refused too (the revision names the torrent, a single path component).
+_BAD_REF = re.compile(r"[\x00-\x20\x7f~^:?*\[\\/]|\.\.|@\{")
+
+
 def _check_revision(revision: str) -> str:
-    if not revision or "/" in revision or revision.strip() != revision:
-        raise UsageError(f"--revision: {revision!r} cannot name a torrent; use a branch, tag or commit sha "
-                         "without '/'")
+    """A revision usable as a git ref component and a torrent name (branch, tag or commit sha)."""
+    if (not revision or revision == "@" or _BAD_REF.search(revision) or any(c.isspace() for c in revision)
+            or revision.startswith((".", "-")) or revision.endswith((".", ".lock"))):
+        raise UsageError(f"--revision: {revision!r} is not a git branch, tag or commit sha usable here (no "
+                         "whitespace, '/', '..', '~^:?*[\\', '@{{', leading '.' or '-'); pass e.g. main or a commit sha")
     return revision
+
+
+def _check_endpoint(endpoint: str) -> str:
+    """An `http(s)://host[:port][/path]` endpoint for the web seeds."""
+    parts = urlsplit(endpoint)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if (parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or parts.query or parts.fragment
+            or any(c.isspace() for c in endpoint)):
+        raise UsageError(f"--endpoint: {endpoint!r} is not an http(s)://host URL; pass e.g. https://huggingface.co")
+    return endpoint
 
 
 def _check_out_dir(folder: Path, out_dir: Path, force: bool) -> None:
@@ -149,7 +170,7 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
 
     Raises:
         RefusedOverwriteError: `out_dir` exists and `force` is off (checked before hashing).
-        UsageError: bad repo id or revision, or `out_dir` overlaps `folder`.
+        UsageError: bad repo id, revision or endpoint, or `out_dir` overlaps `folder`.
         CheckpointNotFoundError: `folder` is not a directory or holds no file.
     """
     folder, out_dir = Path(folder), Path(out_dir)
@@ -158,7 +179,7 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
     if not folder.is_dir():
         raise CheckpointNotFoundError(f"{folder}: not a directory; pass a checkpoint folder")
     _check_out_dir(folder, out_dir, force)
-    endpoint = resolve_endpoint(endpoint)
+    endpoint = _check_endpoint(resolve_endpoint(endpoint))
     if manifest is None:
         manifest = _hash(folder, progress)
     if not manifest.files or manifest.total_bytes == 0:

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Iterator
 from .errors import RefusedOverwriteError, UsageError
 from .teacher import (capture_states, check_pairing, chat_template_digest, load_teacher, load_tokenizer, read_json,
                       sha256_file, teacher_identity)
+from .writer import atomic_file, atomic_path
 
 SCHEMA = "dspark-hub/rollouts/1"
 MANIFEST = "manifest.json"
@@ -229,19 +230,13 @@ def write_shard(path: Path, rollouts: Iterable[Rollout]) -> None:
                         f"{key}.loss_mask": r.loss_mask,
                         f"{key}.aux_hidden_states": r.aux_hidden_states.contiguous(),
                         f"{key}.final_hidden_states": r.final_hidden_states.contiguous()})
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path, force=True) as tmp:
         save_file(tensors, str(tmp), metadata={"schema": SCHEMA})
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, folder / MANIFEST)
+    with atomic_file(folder / MANIFEST, force=True, mode="w") as handle:
+        handle.write(json.dumps(manifest, indent=2) + "\n")
 
 
 class RolloutData:
@@ -335,8 +330,10 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
         TeacherMismatchError: the teacher does not fit the draft config (one line, naming the key).
         UsageError: malformed prompts, or a resume whose settings differ.
     """
-    draft = draft_config if isinstance(draft_config, dict) else read_json(draft_config)
-    check_pairing(read_json(Path(teacher) / "config.json"), draft, teacher_name=str(teacher))
+    draft = (draft_config if isinstance(draft_config, dict)
+             else read_json(draft_config, what="the draft's config.json file"))
+    check_pairing(read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json"), draft,
+                  teacher_name=str(teacher))
     out = Path(out)
     settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos)
     manifest = _open_manifest(out, settings, force)

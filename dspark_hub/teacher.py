@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .checksums import sha256_file
+from .checksums import json_type, sha256_file
 from .errors import CheckpointNotFoundError, DsparkError, UsageError
 from .pairing import text_config
 
@@ -40,12 +40,29 @@ class TeacherMismatchError(DsparkError):
 # ----------------------------------------------------------------------------- config pairing
 
 
-def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a JSON object from `path`; a missing file is a `CheckpointNotFoundError`."""
+def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder that holds it") -> dict[str, Any]:
+    """Read a JSON object from `path`.
+
+    Args:
+        path: the file.
+        what: what the caller should pass instead, for the error messages.
+
+    Raises:
+        CheckpointNotFoundError: `path` does not exist.
+        UsageError: `path` is a folder, not UTF-8 JSON, or not a JSON object (one line ending `pass <what>`).
+    """
     path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder; pass {what}")
     if not path.is_file():
-        raise CheckpointNotFoundError(f"{path}: not found; pass the file or a folder that holds it")
-    return json.loads(path.read_text(encoding="utf-8"))
+        raise CheckpointNotFoundError(f"{path}: not found; pass {what}")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise UsageError(f"{path}: not valid JSON ({str(e).splitlines()[0]}); pass {what}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: is a JSON {json_type(doc)}, not an object; pass {what}")
+    return doc
 
 
 def check_pairing(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
@@ -53,8 +70,19 @@ def check_pairing(teacher_config: Mapping[str, Any], draft_config: Mapping[str, 
     """Refuse a teacher whose hidden size, layer count or vocabulary disagree with the draft config.
 
     Raises:
+        UsageError: either config is not an object, or `target_layer_ids` is not a list of integers.
         TeacherMismatchError: one line naming the first disagreeing key.
     """
+    if not isinstance(draft_config, Mapping):
+        raise UsageError(f"the draft's config is a JSON {json_type(draft_config)}, not an object; "
+                         "pass the draft's config.json file")
+    if not isinstance(teacher_config, Mapping):
+        raise UsageError(f"{teacher_name}: config.json is a JSON {json_type(teacher_config)}, not an object; "
+                         "pass a transformers causal LM folder")
+    taps = draft_config.get("target_layer_ids")
+    if not isinstance(taps, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in taps):
+        raise UsageError(f"the draft's config: target_layer_ids is {json.dumps(taps)[:60]}, not a list of layer "
+                         "ids; pass the draft's config.json file")
     teacher = text_config(teacher_config)
     pairs = (("hidden_size", "target_hidden_size"), ("num_hidden_layers", "target_num_hidden_layers"),
              ("vocab_size", "vocab_size"), ("vocab_size", "draft_vocab_size"))

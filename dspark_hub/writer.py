@@ -37,14 +37,28 @@ def check_writable(dst: Path, *, force: bool) -> None:
         raise RefusedOverwriteError(str(dst))
 
 
+def _refuse_enclosing(dst: Path) -> Path:
+    """`dst` with its parent resolved; refuse `.`, a name ending in `..`, the current folder and its parents.
+
+    Replacing the folder a shell is in (or one above it) would pull the working directory out
+    from under the user, and a trailing `..` names a folder other than the one the name shows.
+    """
+    cwd = Path.cwd().resolve()
+    if dst.name in ("", "..") or dst.resolve() == cwd or dst.resolve() in cwd.parents:
+        raise UsageError(f"{dst}: is the current folder or a parent of it; writing there would replace the "
+                         "folder you are in; pass a new folder name (e.g. out/draft)")
+    return dst.parent.resolve() / dst.name
+
+
 @contextmanager
 def atomic_dir(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
     """Yield an empty temporary folder that becomes `dst` only if the block completes.
 
     Raises:
+        UsageError: `dst` is (or ends in) `.` or `..`, the current folder or one of its parents.
         RefusedOverwriteError: `dst` exists and `force` is False.
     """
-    dst = Path(dst)
+    dst = _refuse_enclosing(Path(dst))
     check_writable(dst, force=force)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
@@ -57,30 +71,58 @@ def atomic_dir(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator[
     _replace(tmp, dst)
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _replace(tmp: Path, dst: Path) -> None:
-    if not dst.exists():
-        os.rename(tmp, dst)
+    """Rename `tmp` to `dst`; on any failure remove `tmp` and leave the old `dst` where it was."""
+    if not os.path.lexists(dst):
+        try:
+            os.rename(tmp, dst)
+        except BaseException:
+            _remove(tmp)
+            raise
         return
     trash = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-    os.rename(dst, trash)
-    os.rename(tmp, dst)
-    if trash.is_dir():
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        trash.unlink(missing_ok=True)
+    try:
+        os.rename(dst, trash)
+    except BaseException:
+        _remove(tmp)
+        raise
+    try:
+        os.rename(tmp, dst)
+    except BaseException:
+        _remove(tmp)
+        try:
+            os.rename(trash, dst)
+        except OSError as e:
+            raise DsparkError(f"{dst}: could not put the previous output back ({e.strerror}); it is at {trash}, "
+                              "move it back by hand") from e
+        raise
+    _remove(trash)
 
 
 @contextmanager
 def atomic_path(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling path of `dst`; it replaces `dst` only if the block completes."""
+    """Yield a temporary sibling path of `dst`; it replaces `dst` only if the block completes.
+
+    The result gets the permissions of any new file (0666 minus the umask), also when the block
+    replaced the temporary file itself (safetensors `save_file` writes 0600).
+    """
     dst = Path(dst)
     check_writable(dst, force=force)
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
     os.close(fd)
-    os.chmod(name, 0o666 & ~_umask())
+    mode = 0o666 & ~_umask()
+    os.chmod(name, mode)
     try:
         yield Path(name)
+        os.chmod(name, mode)
         os.replace(name, dst)
     except BaseException:
         Path(name).unlink(missing_ok=True)

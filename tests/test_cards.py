@@ -21,6 +21,7 @@ from dspark_hub.errors import UsageError
 from dspark_hub.writer import init_checkpoint
 from tests.card_fixtures import plain_cli, tiny  # noqa: F401 (fixtures)
 from tests.card_fixtures import SDDD, SEED_CARD, SPECULATOR, render_sddd, render_speculator, write_sparse_reference
+from tests.cli_errors import assert_one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +275,15 @@ def test_cli_card_without_checkpoint(tmp_path):
     result = CliRunner().invoke(cli, ["card", "--meta", str(SPECULATOR / "card.yaml"), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes() == (SPECULATOR / "README.md").read_bytes()
+
+
+@pytest.mark.parametrize("content, words", [
+    ("[" * 100_000 + "]" * 100_000, ("deep.json", "nested too deeply")),
+    (b"\xff\xfe junk", ("deep.json", "UTF-8")),
+])
+def test_cli_card_unreadable_checksums_from_is_one_line(tmp_path, tiny, content, words):
+    manifest = tmp_path / "deep.json"
+    manifest.write_bytes(content if isinstance(content, bytes) else content.encode())
+    result = CliRunner().invoke(cli, ["card", str(tiny), "--meta", str(_meta(tmp_path)), "--checksums-from",
+                                      str(manifest), "-o", str(tmp_path / "README.md")])
+    assert_one_line_error(result, *words)

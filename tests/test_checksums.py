@@ -10,8 +10,9 @@ import subprocess
 import pytest
 
 from dspark_hub import checksums
-from dspark_hub.errors import CheckpointNotFoundError, RefusedOverwriteError
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from tests.hub_checkpoints import write_tiny_checkpoint
+from tests.cli_errors import assert_one_line_error
 
 
 @pytest.fixture
@@ -188,3 +189,83 @@ def test_awkward_names_round_trip_through_sha256sum(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     (folder / checksums.MANIFEST_NAME).unlink()
     assert checksums.check_checksums(folder) == []
+
+
+# --- malformed sidecars: one line, exit 2, never a traceback ---------------------------------------
+
+def run_check(folder):
+    from click.testing import CliRunner
+
+    from dspark_hub.cli import cli
+    return CliRunner().invoke(cli, ["checksums", str(folder), "--check"])
+
+
+@pytest.mark.parametrize("document, words", [
+    ("[1]", ("checksums.json", "array", "--force")),
+    ('{"schema": "dspark-hub/checksums/1"}', ("checksums.json", "'files'")),
+    ('{"schema": "dspark-hub/checksums/1", "files": 5}', ("checksums.json", "'files'", "number")),
+    ('{"schema": "dspark-hub/checksums/1", "files": [{"path": "config.json"}]}', ("files[0]", "'size'")),
+    ('{"schema": "dspark-hub/checksums/1", "files": [7]}', ("files[0]", "number")),
+    ('{"schema": "dspark-hub/checksums/1", "files": [{"path": "a", "size": "9", "sha256": "x", '
+     '"blob_id": "", "lfs": false}]}', ("files[0]", "'size'", "integer")),
+    ("not json {", ("checksums.json", "not valid JSON")),
+    ("[" * 100_000 + "]" * 100_000, ("checksums.json", "not valid JSON")),
+])
+def test_malformed_manifest_is_one_line_exit_2(written, document, words):
+    (written / checksums.MANIFEST_NAME).write_text(document)
+    with pytest.raises(CheckpointFormatError):
+        checksums.check_checksums(written)
+    assert_one_line_error(run_check(written), *words)
+
+
+def test_manifest_entry_with_a_bad_digest_is_refused(written):
+    data = json.loads((written / checksums.MANIFEST_NAME).read_text())
+    data["files"][0]["sha256"] = "not hex"
+    (written / checksums.MANIFEST_NAME).write_text(json.dumps(data))
+    assert_one_line_error(run_check(written), "files[0]", "'sha256'", "64 hex")
+
+
+def test_sums_that_are_not_utf8_are_one_line_exit_2(written):
+    (written / checksums.MANIFEST_NAME).unlink()
+    (written / checksums.SUMS_NAME).write_bytes(b"\xff\xfe" + "a".encode("utf-16-le"))
+    assert_one_line_error(run_check(written), "SHA256SUMS", "0xff", "UTF-8")
+
+
+def test_a_wrong_sums_file_beside_a_right_manifest_fails(written):
+    sums = written / checksums.SUMS_NAME
+    wrong = "0" * 64
+    sums.write_text(sums.read_text().replace(hashlib.sha256((written / "README.md").read_bytes()).hexdigest(), wrong))
+    [problem] = checksums.check_checksums(written)
+    assert (problem.path, problem.kind, problem.expected) == ("README.md", "mismatch", wrong)
+    assert "SHA256SUMS says" in problem.message
+    result = run_check(written)
+    assert result.exit_code == 1 and "OK" not in result.stdout
+
+
+def test_a_file_missing_from_one_sidecar_is_named(written):
+    sums = written / checksums.SUMS_NAME
+    sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines() if "README.md" not in line))
+    [problem] = checksums.check_checksums(written)
+    assert (problem.path, problem.kind) == ("README.md", "extra") and "not in SHA256SUMS" in problem.message
+
+
+def test_duplicate_sums_lines_with_different_digests_fail(written):
+    (written / checksums.MANIFEST_NAME).unlink()
+    sums = written / checksums.SUMS_NAME
+    sums.write_text(f"{'1' * 64}  config.json\n" + sums.read_text())   # the right line comes last
+    assert subprocess.run(["sha256sum", "-c", checksums.SUMS_NAME], cwd=written,
+                          capture_output=True).returncode != 0   # coreutils fails it too
+    [problem] = checksums.check_checksums(written)
+    assert (problem.path, problem.kind, problem.expected) == ("config.json", "mismatch", "1" * 64)
+
+
+def test_one_sums_parser_serves_check_and_cards(tmp_path):
+    text = f"# a comment\n{'AB' * 32}  plain.txt\r\n \\{'cd' * 32}  back\\\\slash\\nnewline\n"
+    pairs = checksums.parse_sums(text, path="SUMS")
+    assert pairs == [("plain.txt", "ab" * 32), ("back\\slash\nnewline", "cd" * 32)]
+    path = tmp_path / "SUMS"
+    path.write_text(text)
+    loaded = checksums.load_checksum_manifest(path)
+    assert {name: e.sha256 for name, e in loaded.items()} == dict(pairs)
+    with pytest.raises(CheckpointFormatError, match="line 2"):
+        checksums.parse_sums(f"{'ab' * 32}  ok\nnonsense\n", path="SUMS")

@@ -12,6 +12,7 @@ from dspark_hub.cli import cli
 from dspark_hub.reader import read_header
 
 from .factories import file_digest
+from .cli_errors import assert_one_line_error
 
 
 def run(*args):
@@ -76,3 +77,50 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     result = run("init", tmp_path / "c")
     assert result.exit_code == 2 and "No space left" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_the_current_folder_and_its_parents(tmp_path, monkeypatch):
+    work = tmp_path / "s" / "a"
+    work.mkdir(parents=True)
+    (work / "keep.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    for dst in (".", "..", str(work), str(tmp_path), "../a", "x/..", "s/a/.."):
+        assert_one_line_error(run("init", dst, "--force"), dst, "current folder", "new folder name")
+    assert (work / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["a"]
+
+
+def test_failed_final_rename_keeps_the_old_output(tmp_path, monkeypatch):
+    from dspark_hub import writer
+
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    real_rename = writer.os.rename
+
+    def rename(src, dst):
+        if str(src).startswith(str(tmp_path / ".c.tmp-")):
+            raise OSError(18, "Invalid cross-device link")
+        return real_rename(src, dst)
+    monkeypatch.setattr(writer.os, "rename", rename)
+    result = run("init", out, "--force")
+    assert result.exit_code == 2 and "cross-device" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["c"]   # neither the temp folder nor a hidden .c.old-PID
+
+
+def test_atomic_path_gives_umask_permissions_even_after_save_file(tmp_path):
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    from dspark_hub.writer import atomic_path
+
+    out = tmp_path / "t.safetensors"
+    with atomic_path(out) as tmp:
+        save_file({"x": torch.zeros(2)}, str(tmp))
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask

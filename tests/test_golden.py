@@ -17,6 +17,7 @@ from dspark_hub.golden import check_golden, write_golden
 from dspark_hub.modeling import modeling_k3_dspark as mk
 
 from .factories import file_digest, tensors_for, write_checkpoint
+from .cli_errors import assert_one_line_error
 
 TINY = contract.TINY_CONFIG
 
@@ -136,3 +137,52 @@ def test_fixture_ships_under_golden_and_the_card_lists_it(tmp_path, fixture):
     report = verify(folder)
     assert [(f.code, f.where) for f in report.errors] == [("GOLDEN_IN_WEIGHTS_FOLDER", "golden.safetensors")]
     assert report.summary.tensors == 32 and report.summary.layout == "single"
+
+
+def check_cli(ckpt, golden):
+    return CliRunner().invoke(cli, ["golden", "check", str(ckpt), str(golden), "--json"])
+
+
+def test_another_shape_is_a_problem_naming_the_keys(fixture, tmp_path):
+    from .factories import sparse_reference, tiny_config
+
+    _, golden = fixture
+    config = tiny_config(markov_rank=TINY["markov_rank"] * 2)
+    other = write_checkpoint(tmp_path / "rank", config=config)
+    result = check_cli(other, golden)
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert any("markov_rank" in p for p in doc["problems"]) and doc["comparisons"] == []
+    reference = check_cli(sparse_reference(tmp_path / "ref"), golden)
+    assert reference.exit_code == 1, reference.output
+    assert any("hidden_size" in p for p in json.loads(reference.stdout)["problems"])
+
+
+def test_a_file_that_is_not_a_fixture_is_one_line(fixture):
+    ckpt, _ = fixture
+    assert_one_line_error(check_cli(ckpt, ckpt / "config.json"), "config.json", "not a safetensors file")
+
+
+@pytest.mark.parametrize("config, words", [
+    ("[1, 2]", ("config.json", "JSON list", "verify")),
+    (dict(TINY, num_hidden_layers="2"), ("config.json:num_hidden_layers", "verify")),
+])
+def test_unsound_checkpoint_is_refused_with_verifys_first_error(fixture, tmp_path, config, words):
+    _, golden = fixture
+    broken = write_checkpoint(tmp_path / "broken", config=config, tensors=tensors_for(TINY))
+    assert_one_line_error(check_cli(broken, golden), *words)
+    written = CliRunner().invoke(cli, ["golden", str(broken), "-o", str(tmp_path / "g.safetensors")])
+    assert_one_line_error(written, *words)
+    assert not (tmp_path / "g.safetensors").exists()
+
+
+def test_fixture_gets_new_file_permissions_and_no_temp_leftover(tmp_path):
+    import os
+
+    ckpt = write_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "out" / "g.safetensors"
+    write_golden(ckpt, out)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+    assert [p.name for p in out.parent.iterdir()] == ["g.safetensors"]

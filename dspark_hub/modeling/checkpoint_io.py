@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import torch
 
 from .. import contract
+from ..checksums import json_type
 from ..writer import atomic_path
 from ..errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from .configuration_k3_dspark import ordered_config
@@ -90,10 +91,14 @@ def _folder(path: str | os.PathLike[str]) -> Path:
 def _read_config(folder: Path) -> dict[str, Any]:
     path = folder / contract.CONFIG_NAME
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointFormatError("config-unreadable", f"not readable JSON ({exc}); fix or restore the file",
-                                    path=str(path)) from exc
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointFormatError("config-unreadable", f"not readable JSON ({str(exc).splitlines()[0]}); "
+                                    "fix or restore the file", path=str(path)) from exc
+    if not isinstance(config, dict):
+        raise CheckpointFormatError("config-not-object", f"is a JSON {json_type(config)}, not an object; "
+                                    "fix or restore the file", path=str(path))
+    return config
 
 
 def read_metadata(folder: str | os.PathLike[str]) -> dict[str, str] | None:
@@ -246,15 +251,22 @@ def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> Expor
 
     Raises:
         CheckpointNotFoundError: no `config.json` in `folder`.
+        CheckpointFormatError: `config.json` is not a JSON object, or its `auto_map` is not one.
         RefusedOverwriteError: a code file or `auto_map` exists with other content and `force` is False.
     """
     path = _folder(folder)
     config = _read_config(path)
+    existing_map = config.get("auto_map")
+    if existing_map is None:
+        existing_map = {}
+    elif not isinstance(existing_map, dict):
+        raise CheckpointFormatError("auto-map-not-object", f"'auto_map' is a JSON {json_type(existing_map)}, "
+                                    "not an object; remove it (export-code writes it) or make it an object",
+                                    path=str(path / contract.CONFIG_NAME))
     pending: dict[Path, bytes] = {path / name: data for name, data in code_sources().items()}
-    new_config = {**config, "auto_map": {**(config.get("auto_map") or {}), **AUTO_MAP}}
+    new_config = {**config, "auto_map": {**existing_map, **AUTO_MAP}}
     pending[path / contract.CONFIG_NAME] = contract.config_bytes(new_config)
 
-    existing_map = config.get("auto_map") or {}
     clashing_map = any(existing_map.get(key, value) != value for key, value in AUTO_MAP.items())
     written, unchanged = [], []
     for target, data in pending.items():

@@ -1,0 +1,116 @@
+"""Bad inputs to rollouts, eval, export-code and package: exit 2 with one line naming what to fix, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from dspark_hub import contract
+from dspark_hub.cli import cli
+
+from .factories import write_checkpoint
+from .cli_errors import assert_one_line_error
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """An untrained tiny Llama that pairs with the tiny draft config, plus prompts."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from .teacher_factory import teacher_config, write_prompts
+
+    root = tmp_path_factory.mktemp("teacher")
+    torch.manual_seed(0)
+    LlamaForCausalLM(teacher_config()).save_pretrained(str(root / "teacher"))
+    write_prompts(root / "p.jsonl", count=3, seed=1, length=4)
+    (root / "draft.json").write_text(json.dumps(contract.TINY_CONFIG))
+    return root
+
+
+def rollouts(teacher, out, *extra, draft=None):
+    return run("rollouts", "--teacher", teacher / "teacher", "--prompts", teacher / "p.jsonl", "--draft-config",
+               draft or teacher / "draft.json", "--out", out, *extra)
+
+
+@pytest.mark.parametrize("option", [("--batch-size", "0"), ("--max-new-tokens", "-1"), ("--shard-size", "0")])
+def test_rollouts_counts_must_be_positive(teacher, tmp_path, option):
+    result = rollouts(teacher, tmp_path / "out", *option)
+    assert_one_line_error(result, option[0], "x>=1", one_line=False)   # click's usage error: usage line, then this
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("option", [("--block-size", "0"), ("--block-size", "-3"), ("--batch-size", "0"),
+                                    ("--max-new-tokens", "0")])
+def test_eval_counts_must_be_positive(tmp_path, option):
+    result = run("eval", "--draft", tmp_path, "--data", tmp_path, *option)
+    assert_one_line_error(result, option[0], "x>=1", one_line=False)
+
+
+def test_rollouts_draft_config_must_be_a_config_file(teacher, tmp_path):
+    array = tmp_path / "array.json"
+    array.write_text("[1, 2]")
+    assert_one_line_error(rollouts(teacher, tmp_path / "a", draft=array), "array.json", "JSON array",
+                       "pass the draft's config.json file")
+    assert_one_line_error(rollouts(teacher, tmp_path / "b", draft=tmp_path), "is a folder",
+                       "pass the draft's config.json file")
+    no_taps = tmp_path / "no_taps.json"
+    no_taps.write_text(json.dumps({k: v for k, v in contract.TINY_CONFIG.items() if k != "target_layer_ids"}))
+    assert_one_line_error(rollouts(teacher, tmp_path / "c", draft=no_taps), "target_layer_ids",
+                       "pass the draft's config.json file")
+    assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_rollout_files_get_new_file_permissions(teacher, tmp_path):
+    result = rollouts(teacher, tmp_path / "out", "--max-new-tokens", "2", "--shard-size", "2", "--json")
+    assert result.exit_code == 0, result.output
+    mask = os.umask(0)
+    os.umask(mask)
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["manifest.json", "shard-00000.safetensors", "shard-00001.safetensors"]   # no temp leftovers
+    for name in files:
+        assert (tmp_path / "out" / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+@pytest.mark.parametrize("config, words", [
+    ("[1, 2]", ("config.json", "not an object")),
+    (json.dumps({**contract.TINY_CONFIG, "auto_map": [1]}), ("config.json", "'auto_map'", "not an object")),
+    (json.dumps({**contract.TINY_CONFIG, "auto_map": "x"}), ("config.json", "'auto_map'", "not an object")),
+])
+def test_export_code_refuses_malformed_config(tmp_path, config, words):
+    ckpt = write_checkpoint(tmp_path / "ckpt")
+    (ckpt / "config.json").write_text(config)
+    assert_one_line_error(run("export-code", ckpt), *words)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize("revision", ["main branch", "v1\t", "a..b", "x~1", "-rf", "tag.lock", "a:b", "@{1}"])
+def test_package_refuses_revisions_git_would_refuse(tmp_path, revision):
+    ckpt = write_checkpoint(tmp_path / "ckpt")
+    result = run("package", ckpt, "--repo", "org/tiny", "--revision", revision, "-o", tmp_path / "pkg")
+    assert_one_line_error(result, "--revision", "commit sha")
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.parametrize("endpoint", ["huggingface.co", "ftp://example.com", "http://", "http://x:99999",
+                                      "https://exa mple.com"])
+def test_package_refuses_endpoints_that_are_not_http_urls(tmp_path, endpoint):
+    ckpt = write_checkpoint(tmp_path / "ckpt")
+    result = run("package", ckpt, "--repo", "org/tiny", "--endpoint", endpoint, "-o", tmp_path / "pkg")
+    assert_one_line_error(result, "--endpoint", "http(s)://host")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_package_accepts_a_local_endpoint_and_a_sha(tmp_path):   # the passing twin
+    ckpt = write_checkpoint(tmp_path / "ckpt")
+    result = run("package", ckpt, "--repo", "org/tiny", "--revision", "0123abc", "--endpoint",
+                 "http://127.0.0.1:8080", "-o", tmp_path / "pkg", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["webseeds"] == ["http://127.0.0.1:8080/org/tiny/resolve/"]
