@@ -81,6 +81,15 @@ def cli(debug: bool) -> None:
     """Verify, train, card and publish k3_dspark speculative-decoding drafts."""
 
 
+def quiet_transformers(quiet: bool) -> None:
+    """With --quiet or --json, silence transformers' own bars and advisories (they go to stderr otherwise)."""
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+
 def runtime_choices() -> list[str]:
     """`--runtime` choices, derived from the runtimes registry (never typed twice)."""
     from .runtimes import RUNTIMES
@@ -188,6 +197,8 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
     """Write teacher greedy continuations with the draft's tap states (resumable safetensors shards)."""
     from .rollouts import make_rollouts
 
+    quiet_transformers(quiet or as_json)
+
     with count_bar("rollouts", enabled=not (quiet or as_json)) as (advance, set_total):
         summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
@@ -244,6 +255,8 @@ def finetune(quiet: bool, as_json: bool, **options: Any) -> None:
     from .objective import parse_loss
     from .train import TrainConfig, finetune as run
 
+    quiet_transformers(quiet or as_json)
+
     config = TrainConfig(**{**options, "loss": parse_loss(options["loss"])})
     with count_bar("finetune", enabled=not (quiet or as_json)) as (advance, set_total):
         if config.steps:
@@ -280,6 +293,7 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
     """Simulated acceptance of a draft on held-out prompts, next to a prompt-lookup drafter."""
     from .evaluate import evaluate, plot_acceptance, require_matplotlib
 
+    quiet_transformers(quiet or as_json)
     if plot is not None:
         require_matplotlib()   # fail before the long run, not after it
     with count_bar("eval", enabled=not (quiet or as_json)) as (advance, _):
@@ -509,6 +523,8 @@ def golden_write(ckpt: Path, output: Path, lm_head: Path | None, seed: int, bloc
     """Write the golden fixture of CKPT."""
     from .golden import write_golden
 
+    quiet_transformers(as_json)
+
     result = write_golden(ckpt, output, lm_head=lm_head, seed=seed, block_size=block_size, force=force)
     if as_json:
         print_json(result)
@@ -531,6 +547,8 @@ def golden_check(ctx: click.Context, ckpt: Path, fixture: Path, lm_head: Path | 
                  rtol: float | None, as_json: bool) -> None:
     """Recompute FIXTURE on CKPT and compare within the stored tolerances (exit 0 when all match, else 1)."""
     from .golden import check_golden
+
+    quiet_transformers(as_json)
 
     result = check_golden(ckpt, fixture, lm_head=lm_head, atol=atol, rtol=rtol)
     if as_json:

@@ -186,3 +186,15 @@ def test_fixture_gets_new_file_permissions_and_no_temp_leftover(tmp_path):
     os.umask(mask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~mask
     assert [p.name for p in out.parent.iterdir()] == ["g.safetensors"]
+
+
+def test_json_mode_leaves_stderr_empty(tmp_path):
+    # A fresh process: transformers' progress-bar switch is global, so an in-process test could pass by accident.
+    import subprocess
+    import sys
+
+    ckpt = write_checkpoint(tmp_path / "c")
+    out = subprocess.run([sys.executable, "-m", "dspark_hub", "golden", str(ckpt), "-o",
+                          str(ckpt / "golden" / "g.safetensors"), "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "" and json.loads(out.stdout)["schema"] == "dspark-hub/golden-write/1"
