@@ -193,8 +193,11 @@ def test_json_mode_leaves_stderr_empty(tmp_path):
     import subprocess
     import sys
 
+    import os
+
     ckpt = write_checkpoint(tmp_path / "c")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}   # conftest sets it
     out = subprocess.run([sys.executable, "-m", "dspark_hub", "golden", str(ckpt), "-o",
-                          str(ckpt / "golden" / "g.safetensors"), "--json"], capture_output=True, text=True)
+                          str(ckpt / "golden" / "g.safetensors"), "--json"], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stderr == "" and json.loads(out.stdout)["schema"] == "dspark-hub/golden-write/1"
