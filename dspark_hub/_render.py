@@ -141,6 +141,10 @@ def render_diff(result: Any) -> None:
         stdout.print(table)
     for p in d["problems"]:
         stdout.print(Text(f"{p['side'].upper()}: {p['where']}: {p['message']}", style="red"))
+    if not d["layout"]["same"]:
+        la, lb = d["layout"]["a"], d["layout"]["b"]
+        stdout.print(Text.assemble(("~ layout", "yellow"), f" A: {', '.join(la['files'])} {la['metadata']}; "
+                                   f"B: {', '.join(lb['files'])} {lb['metadata']}"))
     s = d["summary"]
     verdict = (Text("identical", style="bold green") if d["identical"] else
                Text("only the weights differ", style="yellow") if d["weights_only"] else

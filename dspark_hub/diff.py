@@ -14,11 +14,13 @@ JSON (schema `dspark-hub/diff/1`; keys are never omitted)::
       "schema": "dspark-hub/diff/1",
       "a": str, "b": str,
       "identical": bool,           # same config, same roster, every tensor byte-identical
-      "weights_only": bool,        # same config and roster (a drop-in); tensors may differ
+      "weights_only": bool,        # same config, roster and file layout (a drop-in); tensors may differ
       "config": {"added": {key: value}, "removed": {key: value},
                  "changed": {key: {"a": value, "b": value}}},
       "roster": {"added": {name: {"shape", "dtype"}}, "removed": {name: {"shape", "dtype"}},
                  "shape": {name: {"a": [int], "b": [int]}}, "dtype": {name: {"a": str, "b": str}}},
+      "layout": {"same": bool, "a": {"files": [str], "metadata": {str: str}|null},
+                 "b": {"files": [str], "metadata": {str: str}|null}},   # weight files and __metadata__
       "tensors": {name: {"identical": bool, "rel_l2": float|null}},   # common tensors, equal shapes
       "summary": {"compared": int, "identical": int, "changed": int},
       "problems": [{"side": "a"|"b", "code", "severity", "where", "message", "hint"}]
@@ -72,11 +74,18 @@ class DiffReport:
     dtype_changed: dict[str, tuple[str, str]] = field(default_factory=dict)
     tensors: dict[str, TensorDelta] = field(default_factory=dict)
     problems: list[tuple[str, Finding]] = field(default_factory=list)   # ("a" | "b", finding)
+    layout_a: dict[str, Any] = field(default_factory=dict)
+    layout_b: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def same_layout(self) -> bool:
+        return self.layout_a == self.layout_b
 
     @property
     def weights_only(self) -> bool:
-        return not (self.config_added or self.config_removed or self.config_changed or self.tensors_added
-                    or self.tensors_removed or self.shape_changed or self.dtype_changed or self.problems)
+        return self.same_layout and not (
+            self.config_added or self.config_removed or self.config_changed or self.tensors_added
+            or self.tensors_removed or self.shape_changed or self.dtype_changed or self.problems)
 
     @property
     def changed(self) -> dict[str, TensorDelta]:
@@ -99,6 +108,7 @@ class DiffReport:
                        "removed": {n: entry(v) for n, v in self.tensors_removed.items()},
                        "shape": {n: {"a": list(sa), "b": list(sb)} for n, (sa, sb) in self.shape_changed.items()},
                        "dtype": {n: {"a": da, "b": db} for n, (da, db) in self.dtype_changed.items()}},
+            "layout": {"same": self.same_layout, "a": self.layout_a, "b": self.layout_b},
             "tensors": {n: d.to_dict() for n, d in self.tensors.items()},
             "summary": {"compared": len(self.tensors), "identical": len(self.tensors) - len(self.changed),
                         "changed": len(self.changed)},
@@ -145,6 +155,12 @@ def compare_tensor(a: TensorLocation, b: TensorLocation, *, progress: Progress |
     return TensorDelta(identical=identical, rel_l2=rel if rel is None or math.isfinite(rel) else None)
 
 
+def _layout(view: CheckpointView) -> dict[str, Any]:
+    """Weight file names and their safetensors metadata: what a drop-in must keep identical."""
+    metas = [h.metadata for h in view.headers.values()]
+    return {"files": sorted(view.headers), "metadata": metas[0] if len(set(map(str, metas))) == 1 else None}
+
+
 def _roster(report: DiffReport, va: CheckpointView, vb: CheckpointView) -> list[str]:
     """Fill the roster differences; return the names whose bytes can be compared."""
     ta = {n: (info.shape, info.dtype) for n, (_, info) in va.tensors.items()}
@@ -188,7 +204,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progres
         CheckpointNotFoundError: a folder does not exist.
     """
     va, vb = open_checkpoint(LocalSource(a)), open_checkpoint(LocalSource(b))
-    report = DiffReport(a=os.fspath(a), b=os.fspath(b))
+    report = DiffReport(a=os.fspath(a), b=os.fspath(b), layout_a=_layout(va), layout_b=_layout(vb))
     report.problems = [(side, f) for side, view in (("a", va), ("b", vb)) for f in view.findings
                        if f.severity == "error"]
     added, removed, changed = diff_configs(va.config or {}, vb.config or {})

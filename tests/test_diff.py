@@ -25,11 +25,11 @@ def state():
 
 def test_identical_checkpoints(tmp_path, state):
     a = write_checkpoint(tmp_path / "a", tensors=state)
-    b = write_checkpoint(tmp_path / "b", tensors={k: v.clone() for k, v in state.items()}, shards=2)
+    b = write_checkpoint(tmp_path / "b", tensors={k: v.clone() for k, v in state.items()})
     result = diff(a, b)
     doc = result.to_dict()
     assert doc["schema"] == "dspark-hub/diff/1"
-    assert doc["identical"] and doc["weights_only"]
+    assert doc["identical"] and doc["weights_only"] and doc["layout"]["same"]
     assert doc["summary"] == {"compared": len(state), "identical": len(state), "changed": 0}
     assert all(t == {"identical": True, "rel_l2": 0.0} for t in doc["tensors"].values())
 
@@ -112,3 +112,16 @@ def test_diff_exits_1_when_a_side_cannot_be_read(tmp_path):
     assert CliRunner().invoke(cli, ["diff", str(a), str(b)]).exit_code == 0
     (b / "config.json").unlink()
     assert CliRunner().invoke(cli, ["diff", str(a), str(b)]).exit_code == 1
+
+
+def test_single_file_and_sharded_copies_are_not_a_drop_in(tmp_path):
+    from tests.factories import write_checkpoint
+
+    single = write_checkpoint(tmp_path / "single")
+    sharded = write_checkpoint(tmp_path / "sharded", shards=2)
+    report = diff(single, sharded)
+    assert not report.changed                        # the same bytes, tensor by tensor ...
+    assert not report.same_layout and not report.weights_only and not report.identical   # ... in another layout
+    doc = report.to_dict()["layout"]
+    assert doc["a"]["files"] == ["model.safetensors"] and len(doc["b"]["files"]) == 2
+    assert diff(single, write_checkpoint(tmp_path / "again")).identical
