@@ -321,7 +321,8 @@ def _consistency_findings(card: Card, said: list[Statement]) -> list[Finding]:
 
 # ------------------------------------------------------------------ against the checkpoint
 
-def _weight_findings(card: Card, said: list[Statement], view: CheckpointView) -> list[Finding]:
+def _weight_findings(card: Card, said: list[Statement], view: CheckpointView,
+                     hasher: Callable[[Path], str] = sha256_file) -> list[Finding]:
     facts = cards.card_facts(view, hash_files=False)
     per_layer = sum(1 for n in view.tensors if n.startswith("layers.0."))
     truth: dict[str, Any] = {
@@ -346,7 +347,7 @@ def _weight_findings(card: Card, said: list[Statement], view: CheckpointView) ->
     shapes = {name: info.shape for name, (_, info) in view.tensors.items()}
     for table in card.tables:
         out += _shape_findings(card, table, shapes)
-        out += _checksum_findings(card, table, view)
+        out += _checksum_findings(card, table, view, hasher)
     return out
 
 
@@ -406,8 +407,12 @@ def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
 
 # ------------------------------------------------------------------ entry point
 
-def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None) -> CardLintReport:
+def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
+              hasher: Callable[[Path], str] = sha256_file) -> CardLintReport:
     """Lint a model card; with `checkpoint`, also check every weight fact it states.
+
+    `hasher(path) -> sha256` checks the card's checksum table; pass digests already computed
+    (as `publish` does) so large weights are not read twice.
 
     Raises:
         UsageError: the card cannot be read.
@@ -435,5 +440,5 @@ def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None) -> 
                                     "shapes, target layers and checksums were not compared with weights",
                                     "pass --checkpoint CKPT"))
     else:
-        report.findings += _weight_findings(card, said, open_checkpoint(LocalSource(checkpoint)))
+        report.findings += _weight_findings(card, said, open_checkpoint(LocalSource(checkpoint)), hasher)
     return report

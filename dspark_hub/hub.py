@@ -477,8 +477,10 @@ def _upload_order(digest: FileDigest) -> tuple[int, str]:
 def plan_publish(folder: Path | str, repo_id: str, *, revision: str | None = None, private: bool | None = None,
                  tag: str | None = None, commit_message: str | None = None, endpoint: str | None = None,
                  extra_files: Mapping[str, Path | str] | None = None,
-                 progress: Progress | None = None) -> tuple[PublishPlan, Manifest]:
+                 progress: Progress | None = None, manifest: Manifest | None = None) -> tuple[PublishPlan, Manifest]:
     """Hash the folder (plus `extra_files`, repo path -> local file) and order the upload.
+
+    `manifest`: the folder's digests from `local_digests`, when already computed (skips hashing).
 
     Raises:
         UsageError: a bad repo id, or an extra file that collides with a folder file.
@@ -486,7 +488,7 @@ def plan_publish(folder: Path | str, repo_id: str, *, revision: str | None = Non
     """
     folder = Path(folder)
     validate_repo_id(repo_id)
-    manifest = local_digests(folder, progress=progress)
+    manifest = manifest if manifest is not None else local_digests(folder, progress=progress)
     sources = {d.path: folder / d.path for d in manifest.files}
     digests = list(manifest.files)
     for repo_path, local in sorted((extra_files or {}).items()):
@@ -512,7 +514,8 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
             endpoint: str | None = None, token: str | bool | None = None, dry_run: bool = False,
             preflight: Callable[[], Sequence[str]] | None = None,
             extra_files: Mapping[str, Path | str] | None = None,
-            progress: Progress | None = None, show_hub_progress: bool = False) -> PublishResult:
+            progress: Progress | None = None, show_hub_progress: bool = False,
+            manifest: Manifest | None = None) -> PublishResult:
     """Publish a checkpoint folder to a Hub repository, then check what landed there.
 
     Steps: hash every file; run `preflight` (any message refuses the publish before a byte is
@@ -538,6 +541,7 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
         extra_files: more files to upload, repo path -> local path (e.g. a package's sidecars).
         progress: called with bytes hashed.
         show_hub_progress: let huggingface_hub draw its own upload bars (on stderr).
+        manifest: the folder's digests from `local_digests`, when the caller already hashed it.
 
     Raises:
         HubError: the Hub refused or could not be reached (never containing the token).
@@ -545,7 +549,7 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
     """
     plan, manifest = plan_publish(folder, repo_id, revision=revision, private=private, tag=tag,
                                   commit_message=commit_message, endpoint=endpoint, extra_files=extra_files,
-                                  progress=progress)
+                                  progress=progress, manifest=manifest)
     refusals = list(preflight()) if preflight is not None else []
     if refusals:
         return PublishResult(status="refused", plan=plan, refusals=refusals)

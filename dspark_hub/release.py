@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from . import __version__
 from .checks import verify
-from .checksums import checkpoint_files
+from .checksums import checkpoint_files, sha256_file
 from .errors import CheckpointNotFoundError
 from .report import Report
 
@@ -41,22 +41,33 @@ class Gate:
                 "card_lint": self.lint.to_dict() if self.lint is not None else None}
 
 
-def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None) -> Gate:
-    """Verify the checkpoint and lint its card against it; collect every reason to refuse."""
+def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
+              progress: Any = None) -> tuple[Gate, Any | None]:
+    """Verify the checkpoint and lint its card against it; collect every reason to refuse.
+
+    Verify reads headers only and runs first: a failing checkpoint is refused before any byte
+    is hashed. Otherwise the folder is hashed once (returned as the manifest `hub.publish`
+    reuses) and the card's checksum table is checked against those digests.
+    """
     from .cardlint import lint_card
+    from .hub import local_digests
 
     folder = Path(folder)
     report = verify(folder, drop_in=drop_in)
     refusals = [f"verify: {f.where}: {f.message}" for f in report.sorted_findings() if f.severity == "error"]
     card = folder / CARD_NAME
-    lint = None
+    if refusals:
+        return Gate(verify=report, lint=None, refusals=refusals), None
     if not card.is_file():
         refusals.append(f"{CARD_NAME}: no model card in the folder; write one with 'dspark-hub card' "
                         "(a draft without a card is not published)")
-    else:
-        lint = lint_card(card, checkpoint=folder)
-        refusals += [f"card lint: {f.where}: {f.message}" for f in lint.sorted_findings() if f.severity == "error"]
-    return Gate(verify=report, lint=lint, refusals=refusals)
+        return Gate(verify=report, lint=None, refusals=refusals), None
+    manifest = local_digests(folder, progress=progress)
+    digests = {folder / d.path: d.sha256 for d in manifest.files}
+    lint = lint_card(card, checkpoint=folder,
+                     hasher=lambda path: digests.get(Path(path)) or sha256_file(path))
+    refusals += [f"card lint: {f.where}: {f.message}" for f in lint.sorted_findings() if f.severity == "error"]
+    return Gate(verify=report, lint=lint, refusals=refusals), manifest
 
 
 def commit_text(report: Report, *, name: str, drop_in: str | None) -> tuple[str, str]:
@@ -140,7 +151,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
     if not folder.is_dir():
         raise CheckpointNotFoundError(f"{folder}: not a directory; pass the checkpoint folder to publish")
     with (staged_with_code(folder) if with_remote_code else _as_is(folder)) as source:
-        gate = preflight(source, drop_in=drop_in)
+        gate, manifest = preflight(source, drop_in=drop_in, progress=progress)
         if with_remote_code and gate.lint is not None and any(f.code.startswith("CHECKSUM_") and
                                                               f.severity == "error" for f in gate.lint.findings):
             gate.refusals.append("--with-remote-code adds auto_map to config.json, so the card's checksums no "
@@ -150,7 +161,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         title, body = commit_text(gate.verify, name=repo_id.split("/")[-1], drop_in=drop_in)
         result = publish(source, repo_id, private=private, revision=revision, tag=tag, commit_message=title,
                          commit_description=body, endpoint=endpoint, token=token, dry_run=dry_run,
-                         progress=progress)
+                         progress=progress, manifest=manifest)
     return Publication(gate=gate, result=result)
 
 

@@ -121,3 +121,18 @@ def test_wrong_token_is_exit_2_without_the_token(hub, hub_repo_id, carded):
     result = run(*publish_args(carded, hub_repo_id, hub), env={"HF_TOKEN": secret})
     assert result.exit_code == 2
     assert secret not in result.output and "token" in result.stderr
+
+
+def test_the_weights_are_hashed_once(hub, hub_repo_id, hub_token, carded, monkeypatch):
+    from dspark_hub import checksums
+
+    reads = []
+    real = checksums._hash_file
+
+    def counting(path, *args, **kwargs):
+        reads.append(path.name)
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(checksums, "_hash_file", counting)
+    result = run(*publish_args(carded, hub_repo_id, hub), env={"HF_TOKEN": hub_token})
+    assert result.exit_code == 0, result.output
+    assert reads.count("model.safetensors") == 1   # the gate's lint and the upload share one pass
