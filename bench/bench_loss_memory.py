@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _reference import env  # noqa: E402
 
-from dspark_hub import contract, objective  # noqa: E402
+from dspark_hub.format import contract
+from dspark_hub.train import objective  # noqa: E402
 
 TERMS = {"ce": 0.1, "tv": 0.9}
 
@@ -43,7 +44,7 @@ def measure(chunk_rows: int, anchors: int, block: int, hidden_size: int, repeats
     from types import SimpleNamespace
 
     from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
-    from dspark_hub.train import chunkable_draft_logits
+    from dspark_hub.train.trainer import chunkable_draft_logits
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -49,7 +49,7 @@ print(json.dumps({"seconds": seconds, "baseline": baseline, "peak": peak_load,
 
 def write_zero_checkpoint(folder: Path) -> None:
     """Reference-shaped checkpoint whose tensor data are zeros: header, then a sparse tail."""
-    from dspark_hub import contract
+    from dspark_hub.format import contract
 
     folder.mkdir(parents=True, exist_ok=True)
     header = contract.expected_header(contract.REFERENCE_CONFIG)
@@ -90,7 +90,7 @@ def _layers(profile: str, dtype):
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
 
-    from dspark_hub import contract
+    from dspark_hub.format import contract
     from dspark_hub.modeling import K3DSparkConfig
     from dspark_hub.modeling.modeling_k3_dspark import K3DSparkDecoderLayer, K3DSparkRotary
 

@@ -28,7 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dspark_hub import contract, objective  # noqa: E402
+from dspark_hub.format import contract
+from dspark_hub.train import objective  # noqa: E402
 
 STEP_CONFIG = {**contract.TINY_CONFIG, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
                "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 128, "kv_lora_rank": 64,
@@ -41,9 +42,9 @@ STEP_CONFIG = {**contract.TINY_CONFIG, "hidden_size": 512, "intermediate_size": 
 def throughput(steps: int) -> float:
     from transformers import LlamaForCausalLM
 
-    from dspark_hub.rollouts import make_rollouts
-    from dspark_hub.train import TrainConfig, finetune
-    from dspark_hub.writer import init_checkpoint
+    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.trainer import TrainConfig, finetune
+    from dspark_hub.ops.init import init_checkpoint
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from teacher_factory import teacher_config
@@ -78,7 +79,7 @@ def timed(fn, repeats: int = 5) -> float:
 
 def draft_step_time(seq: int, anchors: int, block: int) -> float:
     from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
-    from dspark_hub.objective import Batch
+    from dspark_hub.train.objective import Batch
 
     torch.manual_seed(0)
     cfg = STEP_CONFIG

@@ -1,40 +1,38 @@
 """dspark-hub: verify, train, card and publish k3_dspark speculative-decoding drafts.
 
-Public names resolve lazily (PEP 562) so `import dspark_hub` stays free of heavy imports.
+The areas are packages (see the README's "Architecture"): `format` (the strict core),
+`verify`, `ops`, `modeling`, `train`, `cards`, `hub` and `cli`. Public names here resolve
+lazily (PEP 562), so `import dspark_hub` stays free of heavy imports.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from dspark_hub import _compat
+from dspark_hub._lazy import lazy_exports
 
-_EXPORTS = {
+__version__ = "0.2.0"
+
+__getattr__, __dir__ = lazy_exports(__name__, {
     "CheckpointFormatError": "errors",
     "DsparkError": "errors",
     "Finding": "report",
-    "REFERENCE_CONFIG": "contract",
+    "REFERENCE_CONFIG": "format.contract",
     "Report": "report",
-    "init_checkpoint": "writer",
-    "parameter_counts": "contract",
-    "read_header": "reader",
-    "roster": "contract",
-    "verify": "checks",
-}
-__all__ = sorted(_EXPORTS)
+    "init_checkpoint": "ops.init",
+    "parameter_counts": "format.contract",
+    "read_header": "format.reader",
+    "roster": "format.contract",
+})
+__all__ = ["REFERENCE_CONFIG", "CheckpointFormatError", "DsparkError", "Finding", "Report", "init_checkpoint",
+           "parameter_counts", "read_header", "roster"]
+
+_compat.install()
 
 if TYPE_CHECKING:
-    from .checks import verify
-    from .contract import REFERENCE_CONFIG, parameter_counts, roster
-    from .errors import CheckpointFormatError, DsparkError
-    from .reader import read_header
-    from .report import Finding, Report
-    from .writer import init_checkpoint
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dspark_hub' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    from dspark_hub.errors import CheckpointFormatError, DsparkError
+    from dspark_hub.format.contract import REFERENCE_CONFIG, parameter_counts, roster
+    from dspark_hub.format.reader import read_header
+    from dspark_hub.ops.init import init_checkpoint
+    from dspark_hub.report import Finding, Report

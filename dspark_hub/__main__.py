@@ -1,3 +1,3 @@
-from .cli import main
+from dspark_hub.cli.main import main
 
 main()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_hub import contract
+from dspark_hub.format import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 SDDD = ROOT / "cards" / "kimi-k3-dspark-sddd"
@@ -45,19 +45,19 @@ def plain_cli(monkeypatch):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """A tiny conforming checkpoint written by `init` (random weights, seed 1)."""
-    from dspark_hub.writer import init_checkpoint
+    from dspark_hub.ops.init import init_checkpoint
 
     return init_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", profile="tiny", seed=1)
 
 
 def render_sddd(ckpt: Path) -> str:
-    from dspark_hub.cards import render_card
+    from dspark_hub.cards.render import render_card
 
     return render_card(SDDD / "card.yaml", ckpt, checksums_from=SDDD / "checksums.json", hash_files=False)
 
 
 def render_speculator() -> str:
-    from dspark_hub.cards import render_card
+    from dspark_hub.cards.render import render_card
 
     return render_card(SPECULATOR / "card.yaml")
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import torch
 from safetensors.torch import save_file
 
-from dspark_hub import contract
+from dspark_hub.format import contract
 
 TINY = contract.TINY_CONFIG
 

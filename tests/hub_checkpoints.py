@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dspark_hub import contract
+from dspark_hub.format import contract
 
 
 def write_tiny_checkpoint(folder: Path, *, seed: int = 0, pad_mib: int = 0, shards: int = 1) -> Path:

@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any, Mapping
 
-from dspark_hub import contract
+from dspark_hub.format import contract
 
 
 def tiny_config(**overrides: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_hub import contract
+from dspark_hub.format import contract
 
 ALPHABET = list(range(10, 70))     # far from the draft's mask id (509) and pad/eos ids
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from dspark_hub import contract
-from dspark_hub.checks import verify
+from dspark_hub.format import contract
+from dspark_hub.verify.checks import verify
 from dspark_hub.errors import CheckpointNotFoundError, UsageError
 
 from .factories import raw_safetensors, sparse_reference, tensors_for, tiny_config, write_checkpoint
@@ -113,7 +113,7 @@ def test_config_duplicate_key(good):
     text = (good / "config.json").read_text()
     (good / "config.json").write_text(text.replace('"hidden_size": 64,', '"hidden_size": 64, "hidden_size": 128,'))
     report = verify(good)
-    assert ("CONFIG_DUPLICATE_KEY", "config.json") in codes_at(report)
+    assert ("CONFIG_DUPLICATE_KEY", "config.json:hidden_size") in codes_at(report)
 
 
 def test_config_not_json(good):

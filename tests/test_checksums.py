@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from dspark_hub import checksums
+from dspark_hub.format import digests
+from dspark_hub.hub import checksums
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from tests.hub_checkpoints import write_tiny_checkpoint
 from tests.cli_errors import assert_one_line_error
@@ -36,7 +37,7 @@ def git_hash_object(path) -> str:
 
 
 def test_sha256sum_accepts_the_sums_file(written):
-    result = subprocess.run(["sha256sum", "-c", "--strict", checksums.SUMS_NAME], cwd=written,
+    result = subprocess.run(["sha256sum", "-c", "--strict", digests.SUMS_NAME], cwd=written,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     checked = {line.rsplit(": ", 1)[0] for line in result.stdout.splitlines()}
@@ -45,12 +46,12 @@ def test_sha256sum_accepts_the_sums_file(written):
 
 def test_sha256sum_rejects_a_changed_file(written):
     (written / "README.md").write_text("# changed\n")
-    result = subprocess.run(["sha256sum", "-c", checksums.SUMS_NAME], cwd=written, capture_output=True, text=True)
+    result = subprocess.run(["sha256sum", "-c", digests.SUMS_NAME], cwd=written, capture_output=True, text=True)
     assert result.returncode != 0 and "README.md: FAILED" in result.stdout
 
 
 def test_manifest_digests_match_hashlib_and_git(ckpt):
-    manifest = checksums.compute_manifest(ckpt, workers=3)
+    manifest = digests.compute_manifest(ckpt, workers=3)
     by_path = manifest.by_path()
     assert sorted(by_path) == ["README.md", "config.json", "model.safetensors", "sub/notes.txt"]
     for digest in manifest.files:
@@ -64,7 +65,7 @@ def test_manifest_digests_match_hashlib_and_git(ckpt):
 
 
 def test_lfs_blob_id_is_the_git_id_of_the_pointer(ckpt, tmp_path):
-    weights = checksums.compute_manifest(ckpt).by_path()["model.safetensors"]
+    weights = digests.compute_manifest(ckpt).by_path()["model.safetensors"]
     pointer = tmp_path / "pointer"
     pointer.write_text(f"version https://git-lfs.github.com/spec/v1\noid sha256:{weights.sha256}\n"
                        f"size {weights.size}\n")
@@ -72,13 +73,13 @@ def test_lfs_blob_id_is_the_git_id_of_the_pointer(ckpt, tmp_path):
 
 
 def test_manifest_json_schema(written):
-    data = json.loads((written / checksums.MANIFEST_NAME).read_text())
-    assert data["schema"] == "dspark-hub/checksums/1" and data["algorithm"] == "sha256"
+    data = json.loads((written / digests.MANIFEST_NAME).read_text())
+    assert data["schema"] == "dspark-hub/checksums-manifest/1" and data["algorithm"] == "sha256"
     assert data["file_count"] == len(data["files"]) == 4
     assert data["total_bytes"] == sum(f["size"] for f in data["files"])
     assert [f["path"] for f in data["files"]] == sorted(f["path"] for f in data["files"])
     assert all(set(f) == {"path", "size", "sha256", "blob_id", "lfs"} for f in data["files"])
-    assert checksums.Manifest.from_dict(data) == checksums.compute_manifest(written)
+    assert digests.read_manifest(written / digests.MANIFEST_NAME) == digests.compute_manifest(written)
 
 
 def test_sidecars_and_tool_folders_are_not_listed(written):
@@ -86,23 +87,23 @@ def test_sidecars_and_tool_folders_are_not_listed(written):
     (written / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     (written / ".cache" / "huggingface").mkdir(parents=True)
     (written / ".cache" / "huggingface" / "x.metadata").write_text("x")
-    assert checksums.SUMS_NAME not in checksums.checkpoint_files(written)
-    assert checksums.MANIFEST_NAME not in checksums.checkpoint_files(written)
+    assert digests.SUMS_NAME not in digests.checkpoint_files(written)
+    assert digests.MANIFEST_NAME not in digests.checkpoint_files(written)
     assert checksums.check_checksums(written) == []
 
 
 def test_progress_counts_every_byte(ckpt):
     seen = []
-    manifest = checksums.compute_manifest(ckpt, progress=seen.append)
+    manifest = digests.compute_manifest(ckpt, progress=seen.append)
     assert sum(seen) == manifest.total_bytes
 
 
 def test_refuses_to_overwrite_without_force(written):
-    before = (written / checksums.SUMS_NAME).read_text()
+    before = (written / digests.SUMS_NAME).read_text()
     (written / "README.md").write_text("# new card\n")
     with pytest.raises(RefusedOverwriteError):
         checksums.write_checksums(written)
-    assert (written / checksums.SUMS_NAME).read_text() == before
+    assert (written / digests.SUMS_NAME).read_text() == before
     checksums.write_checksums(written, force=True)
     assert checksums.check_checksums(written) == []
 
@@ -170,7 +171,7 @@ def test_check_names_an_extra_file(extra):
 
 
 def test_check_falls_back_to_sha256sums(mismatched, missing):
-    (mismatched / checksums.MANIFEST_NAME).unlink()
+    (mismatched / digests.MANIFEST_NAME).unlink()
     problems = checksums.check_checksums(mismatched)
     assert {(p.path, p.kind) for p in problems} == {("model.safetensors", "mismatch"), ("sub/notes.txt", "missing")}
     assert all(json.dumps(p.to_dict()) for p in problems)
@@ -184,10 +185,10 @@ def test_awkward_names_round_trip_through_sha256sum(tmp_path):
     (folder / "back\\slash.txt").write_text("a")
     (folder / "two  spaces.txt").write_text("b")
     checksums.write_checksums(folder)
-    result = subprocess.run(["sha256sum", "-c", "--strict", checksums.SUMS_NAME], cwd=folder,
+    result = subprocess.run(["sha256sum", "-c", "--strict", digests.SUMS_NAME], cwd=folder,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    (folder / checksums.MANIFEST_NAME).unlink()
+    (folder / digests.MANIFEST_NAME).unlink()
     assert checksums.check_checksums(folder) == []
 
 
@@ -196,7 +197,7 @@ def test_awkward_names_round_trip_through_sha256sum(tmp_path):
 def run_check(folder):
     from click.testing import CliRunner
 
-    from dspark_hub.cli import cli
+    from dspark_hub.cli.main import cli
     return CliRunner().invoke(cli, ["checksums", str(folder), "--check"])
 
 
@@ -212,27 +213,27 @@ def run_check(folder):
     ("[" * 100_000 + "]" * 100_000, ("checksums.json", "not valid JSON")),
 ])
 def test_malformed_manifest_is_one_line_exit_2(written, document, words):
-    (written / checksums.MANIFEST_NAME).write_text(document)
+    (written / digests.MANIFEST_NAME).write_text(document)
     with pytest.raises(CheckpointFormatError):
         checksums.check_checksums(written)
     assert_one_line_error(run_check(written), *words)
 
 
 def test_manifest_entry_with_a_bad_digest_is_refused(written):
-    data = json.loads((written / checksums.MANIFEST_NAME).read_text())
+    data = json.loads((written / digests.MANIFEST_NAME).read_text())
     data["files"][0]["sha256"] = "not hex"
-    (written / checksums.MANIFEST_NAME).write_text(json.dumps(data))
+    (written / digests.MANIFEST_NAME).write_text(json.dumps(data))
     assert_one_line_error(run_check(written), "files[0]", "'sha256'", "64 hex")
 
 
 def test_sums_that_are_not_utf8_are_one_line_exit_2(written):
-    (written / checksums.MANIFEST_NAME).unlink()
-    (written / checksums.SUMS_NAME).write_bytes(b"\xff\xfe" + "a".encode("utf-16-le"))
+    (written / digests.MANIFEST_NAME).unlink()
+    (written / digests.SUMS_NAME).write_bytes(b"\xff\xfe" + "a".encode("utf-16-le"))
     assert_one_line_error(run_check(written), "SHA256SUMS", "0xff", "UTF-8")
 
 
 def test_a_wrong_sums_file_beside_a_right_manifest_fails(written):
-    sums = written / checksums.SUMS_NAME
+    sums = written / digests.SUMS_NAME
     wrong = "0" * 64
     sums.write_text(sums.read_text().replace(hashlib.sha256((written / "README.md").read_bytes()).hexdigest(), wrong))
     [problem] = checksums.check_checksums(written)
@@ -243,17 +244,17 @@ def test_a_wrong_sums_file_beside_a_right_manifest_fails(written):
 
 
 def test_a_file_missing_from_one_sidecar_is_named(written):
-    sums = written / checksums.SUMS_NAME
+    sums = written / digests.SUMS_NAME
     sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines() if "README.md" not in line))
     [problem] = checksums.check_checksums(written)
     assert (problem.path, problem.kind) == ("README.md", "extra") and "not in SHA256SUMS" in problem.message
 
 
 def test_duplicate_sums_lines_with_different_digests_fail(written):
-    (written / checksums.MANIFEST_NAME).unlink()
-    sums = written / checksums.SUMS_NAME
+    (written / digests.MANIFEST_NAME).unlink()
+    sums = written / digests.SUMS_NAME
     sums.write_text(f"{'1' * 64}  config.json\n" + sums.read_text())   # the right line comes last
-    assert subprocess.run(["sha256sum", "-c", checksums.SUMS_NAME], cwd=written,
+    assert subprocess.run(["sha256sum", "-c", digests.SUMS_NAME], cwd=written,
                           capture_output=True).returncode != 0   # coreutils fails it too
     [problem] = checksums.check_checksums(written)
     assert (problem.path, problem.kind, problem.expected) == ("config.json", "mismatch", "1" * 64)
@@ -261,11 +262,11 @@ def test_duplicate_sums_lines_with_different_digests_fail(written):
 
 def test_one_sums_parser_serves_check_and_cards(tmp_path):
     text = f"# a comment\n{'AB' * 32}  plain.txt\r\n \\{'cd' * 32}  back\\\\slash\\nnewline\n"
-    pairs = checksums.parse_sums(text, path="SUMS")
+    pairs = [(d.path, d.sha256) for d in digests.parse_sums(text, path="SUMS")]
     assert pairs == [("plain.txt", "ab" * 32), ("back\\slash\nnewline", "cd" * 32)]
     path = tmp_path / "SUMS"
     path.write_text(text)
-    loaded = checksums.load_checksum_manifest(path)
-    assert {name: e.sha256 for name, e in loaded.items()} == dict(pairs)
+    loaded = digests.read_digest_file(path)
+    assert [(d.path, d.sha256) for d in loaded] == pairs
     with pytest.raises(CheckpointFormatError, match="line 2"):
-        checksums.parse_sums(f"{'ab' * 32}  ok\nnonsense\n", path="SUMS")
+        digests.parse_sums(f"{'ab' * 32}  ok\nnonsense\n", path="SUMS")

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from dspark_hub.cli import cli
-from dspark_hub.hub import publish
+from dspark_hub.cli.main import cli
+from dspark_hub.hub.publish import publish
 
 from .factories import write_checkpoint
 
@@ -90,7 +90,7 @@ def test_default_endpoint_resolves_without_hf_endpoint():
     import os
     import sys
     env = {k: v for k, v in os.environ.items() if k != "HF_ENDPOINT"}
-    out = subprocess.run([sys.executable, "-c", "from dspark_hub.hub import resolve_endpoint; "
+    out = subprocess.run([sys.executable, "-c", "from dspark_hub.format.remote import resolve_endpoint; "
                           "print(resolve_endpoint(None))"], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("https://")

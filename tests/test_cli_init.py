@@ -6,10 +6,10 @@ import json
 
 from click.testing import CliRunner
 
-from dspark_hub import contract
-from dspark_hub.checks import verify
-from dspark_hub.cli import cli
-from dspark_hub.reader import read_header
+from dspark_hub.format import contract
+from dspark_hub.verify.checks import verify
+from dspark_hub.cli.main import cli
+from dspark_hub.format.reader import read_header
 
 from .factories import file_digest
 from .cli_errors import assert_one_line_error
@@ -69,11 +69,11 @@ def test_refuses_to_overwrite_without_force(tmp_path):
 
 
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
-    from dspark_hub import writer
+    from dspark_hub.ops import init
 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(writer, "write_safetensors", boom)
+    monkeypatch.setattr(init, "write_safetensors", boom)
     result = run("init", tmp_path / "c")
     assert result.exit_code == 2 and "No space left" in result.stderr
     assert list(tmp_path.iterdir()) == []
@@ -92,7 +92,7 @@ def test_refuses_the_current_folder_and_its_parents(tmp_path, monkeypatch):
 
 
 def test_failed_final_rename_keeps_the_old_output(tmp_path, monkeypatch):
-    from dspark_hub import writer
+    from dspark_hub.format import writer
 
     out = tmp_path / "c"
     out.mkdir()
@@ -116,7 +116,7 @@ def test_atomic_path_gives_umask_permissions_even_after_save_file(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from dspark_hub.writer import atomic_path
+    from dspark_hub.format.writer import atomic_path
 
     out = tmp_path / "t.safetensors"
     with atomic_path(out) as tmp:

@@ -8,8 +8,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from dspark_hub import contract
-from dspark_hub.cli import cli
+from dspark_hub.format import contract
+from dspark_hub.cli.main import cli
 
 from .factories import write_checkpoint
 from .cli_errors import assert_one_line_error
@@ -64,7 +64,7 @@ def test_rollouts_draft_config_must_be_a_config_file(teacher, tmp_path):
     no_taps = tmp_path / "no_taps.json"
     no_taps.write_text(json.dumps({k: v for k, v in contract.TINY_CONFIG.items() if k != "target_layer_ids"}))
     assert_one_line_error(rollouts(teacher, tmp_path / "c", draft=no_taps), "target_layer_ids",
-                       "pass the draft's config.json file")
+                       "non-empty list of integers")
     assert not any((tmp_path / name).exists() for name in "abc")
 
 

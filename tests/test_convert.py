@@ -18,14 +18,14 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dspark_hub import contract
-from dspark_hub.checks import verify
-from dspark_hub.cli import cli
-from dspark_hub.checkpoint import LocalSource, open_checkpoint
-from dspark_hub.contract import TensorSpec
-from dspark_hub.convert import convert, f32_bits_to_bf16, plan_tensors, repair_config
+from dspark_hub.format import contract
+from dspark_hub.verify.checks import verify
+from dspark_hub.cli.main import cli
+from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
+from dspark_hub.format.contract import TensorSpec
+from dspark_hub.ops.convert import convert, f32_bits_to_bf16, plan_tensors, repair_config
 from dspark_hub.errors import RefusedOverwriteError, UsageError
-from dspark_hub.writer import init_checkpoint
+from dspark_hub.ops.init import init_checkpoint
 
 from .factories import tensors_for, tiny_config, tree_digest, write_checkpoint
 
@@ -227,7 +227,7 @@ def test_convert_exits_1_when_the_output_still_fails_verify(tmp_path):
     import torch
     from click.testing import CliRunner
 
-    from dspark_hub.cli import cli
+    from dspark_hub.cli.main import cli
     from tests.factories import write_checkpoint
 
     def extra(t):

@@ -10,12 +10,12 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from dspark_hub import contract
-from dspark_hub.checks import verify
-from dspark_hub.cli import cli
-from dspark_hub.deep import _FileScanner, scan_file
+from dspark_hub.format import contract
+from dspark_hub.verify.checks import verify
+from dspark_hub.cli.main import cli
+from dspark_hub.verify.deep import _FileScanner, scan_file
 from dspark_hub.errors import UsageError
-from dspark_hub.reader import read_header
+from dspark_hub.format.reader import read_header
 
 from .factories import file_digest, tensors_for, tiny_config, write_checkpoint
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dspark_hub import contract
-from dspark_hub.cli import cli
-from dspark_hub.diff import compare_tensor, diff
-from dspark_hub.tensorio import locate_tensor
+from dspark_hub.format import contract
+from dspark_hub.cli.main import cli
+from dspark_hub.ops.diff import compare_tensor, diff
+from dspark_hub.format.tensorio import locate_tensor
 
 from .factories import tensors_for, tiny_config, write_checkpoint
 
@@ -104,7 +104,7 @@ def test_cli_diff_json_and_human(tmp_path, state):
 def test_diff_exits_1_when_a_side_cannot_be_read(tmp_path):
     from click.testing import CliRunner
 
-    from dspark_hub.cli import cli
+    from dspark_hub.cli.main import cli
     from tests.factories import write_checkpoint
 
     a = write_checkpoint(tmp_path / "a")

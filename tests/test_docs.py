@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_hub.cli import cli
-from dspark_hub.reader import FORMAT_CODES
+from dspark_hub.cli.main import cli
+from dspark_hub.format.reader import FORMAT_CODES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_hub import contract
-from dspark_hub.checks import verify
-from dspark_hub.family import FAMILIES, fingerprint
+from dspark_hub.format import contract
+from dspark_hub.verify.checks import verify
+from dspark_hub.verify.family import FAMILIES, fingerprint
 
 from .factories import write_checkpoint
 

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dspark_hub import contract
-from dspark_hub.cli import cli
-from dspark_hub.golden import check_golden, write_golden
+from dspark_hub.format import contract
+from dspark_hub.cli.main import cli
+from dspark_hub.verify.golden import check_golden, write_golden
 from dspark_hub.modeling import modeling_k3_dspark as mk
 
 from .factories import file_digest, tensors_for, write_checkpoint
@@ -113,8 +113,8 @@ def test_fixture_ships_under_golden_and_the_card_lists_it(tmp_path, fixture):
 
     import yaml
 
-    from dspark_hub.cards import render_card
-    from dspark_hub.checks import verify
+    from dspark_hub.cards.render import render_card
+    from dspark_hub.verify.checks import verify
 
     ckpt, golden = fixture
     folder = tmp_path / "ckpt"
@@ -164,7 +164,7 @@ def test_a_file_that_is_not_a_fixture_is_one_line(fixture):
 
 
 @pytest.mark.parametrize("config, words", [
-    ("[1, 2]", ("config.json", "JSON list", "verify")),
+    ("[1, 2]", ("config.json", "JSON array", "verify")),
     (dict(TINY, num_hidden_layers="2"), ("config.json:num_hidden_layers", "verify")),
 ])
 def test_unsound_checkpoint_is_refused_with_verifys_first_error(fixture, tmp_path, config, words):

@@ -8,9 +8,11 @@ import traceback
 
 import pytest
 
-from dspark_hub import checksums
+from dspark_hub.hub import checksums
 from dspark_hub.errors import HubError, UsageError
-from dspark_hub.hub import HubSource, compare_with_hub, parse_hf_url, publish
+from dspark_hub.format.remote import HubSource, parse_hf_url
+from dspark_hub.hub.publish import publish
+from dspark_hub.verify.against_hub import compare_with_hub
 from tests.hub_checkpoints import write_tiny_checkpoint
 
 
@@ -67,7 +69,7 @@ def test_source_lists_and_range_reads_without_downloading(hub, published, ckpt, 
     assert files["model.safetensors"] == (ckpt / "model.safetensors").stat().st_size
     assert files["config.json"] == (ckpt / "config.json").stat().st_size
     remote = source.remote_files()
-    assert remote["model.safetensors"].lfs_sha256 == sha256(ckpt / "model.safetensors")
+    assert remote["model.safetensors"].sha256 == sha256(ckpt / "model.safetensors")
     assert remote["config.json"].lfs is False
     data = (ckpt / "model.safetensors").read_bytes()
     header_len = int.from_bytes(source.read_bytes("model.safetensors", 0, 8), "little")
@@ -266,7 +268,7 @@ def test_extra_files_and_branch_revision(hub, hub_repo_id, hub_token, ckpt, tmp_
 
 
 def test_remote_verify_matches_local_verify_and_reads_only_headers(hub, published, ckpt, hub_token):
-    from dspark_hub.checks import verify
+    from dspark_hub.verify.checks import verify
 
     repo_id = published.plan.repo_id
     source = HubSource.from_url(f"hf://{repo_id}@v1", endpoint=hub.url, token=hub_token)

@@ -15,7 +15,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     DeepseekV3RotaryEmbedding,
 )
 
-from dspark_hub import contract
+from dspark_hub.format import contract
 from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
 from dspark_hub.modeling.modeling_k3_dspark import (
     anchor_block_inputs,

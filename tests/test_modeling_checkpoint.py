@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel
 
-from dspark_hub import contract
+from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
 from dspark_hub.modeling import (
     AUTO_MAP,

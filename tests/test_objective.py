@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dspark_hub import objective
+from dspark_hub.train import objective
 from dspark_hub.errors import UsageError
-from dspark_hub.evaluate import AcceptanceStats, ngram_proposer, simulate
+from dspark_hub.train.evaluate import AcceptanceStats, ngram_proposer, simulate
 
 
 def test_parse_loss_accepts_known_terms_and_names_the_bad_one():
@@ -86,7 +86,7 @@ def test_simulation_counts_a_perfect_drafter_at_k_plus_one_and_a_wrong_one_at_on
 
 def _draft_case(seed: int = 0):
     """A tiny draft, its hidden rows as a leaf, and a batch with padded anchors and unsupervised holes."""
-    from dspark_hub import contract
+    from dspark_hub.format import contract
     from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
 
     torch.manual_seed(seed)
@@ -122,7 +122,7 @@ def _loss_and_grads(model, hidden, sums):
 @pytest.mark.parametrize("chunk_rows", [1, 5, 16, 409])    # 5 and 16 do not divide the supervised rows
 def test_chunked_loss_and_gradients_equal_the_whole_vocabulary_loss(chunk_rows):
     model, lm_head, hidden, prev_ids, labels, positions, batch = _draft_case()
-    from dspark_hub.train import chunkable_draft_logits
+    from dspark_hub.train.trainer import chunkable_draft_logits
 
     terms = ["ce", "kl", "tv"]
     confidence = model.confidence_logits(hidden, prev_ids)

@@ -9,9 +9,10 @@ from urllib.parse import quote
 
 import pytest
 
-from dspark_hub import checksums
+from dspark_hub import schemas
+from dspark_hub.hub import checksums
 from dspark_hub.errors import RefusedOverwriteError, UsageError
-from dspark_hub.package import package
+from dspark_hub.hub.package import package
 from tests.hub_checkpoints import write_tiny_checkpoint
 
 REPO = "testorg/tiny-draft"
@@ -45,7 +46,7 @@ def test_writes_every_artifact_and_leaves_the_checkpoint_alone(ckpt, tmp_path):
     assert set(result.files) == {".gitattributes", "SHA256SUMS", "checksums.json", "tiny-draft.torrent",
                                  "tiny-draft.magnet"}
     manifest = json.loads(result.files["checksums.json"].read_text())
-    assert manifest["schema"] == checksums.SCHEMA and manifest["file_count"] == 4
+    assert manifest["schema"] == schemas.CHECKSUMS and manifest["file_count"] == 4
     assert json.dumps(result.to_dict())
 
 
@@ -111,7 +112,7 @@ def test_webseed_urls_serve_the_files_from_the_hub(ckpt, tmp_path, hub, hub_repo
     """End to end: publish to the local Hub, package for that commit, fetch every file the BEP 19 way."""
     from huggingface_hub.utils import build_hf_headers, get_session
 
-    from dspark_hub.hub import publish
+    from dspark_hub.hub.publish import publish
 
     published = publish(ckpt, hub_repo_id, token=hub_token, endpoint=hub.url)
     result = package(ckpt, hub_repo_id, out_dir=tmp_path / "pkg", revision=published.commit_oid, endpoint=hub.url)

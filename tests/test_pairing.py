@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from dspark_hub import contract
-from dspark_hub.checks import verify
-from dspark_hub.cli import cli
+from dspark_hub.format import contract
+from dspark_hub.verify.checks import verify
+from dspark_hub.cli.main import cli
 
 from .factories import tensors_for, tiny_config, write_checkpoint
 
@@ -98,12 +98,26 @@ def test_one_changed_embedding_element_fails(tmp_path, draft, draft_tensors):
     assert report.sections["pairing"]["embedding"]["identical"] is False
 
 
-def test_final_target_layer_is_refused(tmp_path, draft_tensors):
-    last = TINY["target_num_hidden_layers"] - 1
-    draft = write_checkpoint(tmp_path / "d", config=tiny_config(target_layer_ids=[1, 3, last]), tensors=draft_tensors)
-    report = verify(draft, target=make_teacher(tmp_path / "t", draft_tensors["embed_tokens.weight"]))
-    assert verify(draft).ok            # in range for the draft's own config ...
-    assert pairing_errors(report) == {("PAIRING_LAYER_ID", "config.json:target_layer_ids")}   # ... not for pairing
+@pytest.mark.parametrize("last_tap, accepted", [(5, True), (6, False)])
+def test_verify_pairing_and_rollouts_apply_one_tap_rule(tmp_path, draft_tensors, last_tap, accepted):
+    # Before: [1, 3, 5] with 6 target layers passed verify and was refused by rollouts and finetune.
+    from dspark_hub.errors import DsparkError
+    from dspark_hub.train.teacher import check_teacher_matches
+
+    config = tiny_config(target_layer_ids=[1, 3, last_tap])
+    draft = write_checkpoint(tmp_path / "d", config=config, tensors=draft_tensors)
+    teacher = make_teacher(tmp_path / "t", draft_tensors["embed_tokens.weight"])
+    paired = verify(draft, target=teacher)
+    teacher_config = json.loads((teacher / "config.json").read_text())
+    try:
+        check_teacher_matches(teacher_config, config)
+        rollouts_accept = True
+    except DsparkError:
+        rollouts_accept = False
+    assert (verify(draft).ok, paired.ok, rollouts_accept) == (accepted, accepted, accepted)
+    if accepted:   # the final layer is a warning, said once
+        said = [f for f in paired.findings if f.where == "config.json:target_layer_ids"]
+        assert [(f.code, f.severity) for f in said] == [("CONFIG_RULE", "warning")]
 
 
 @pytest.mark.parametrize("content,special,ok", [
@@ -146,7 +160,8 @@ def test_target_without_config_is_a_usage_error(tmp_path, draft):
 
 
 def test_remote_target_through_the_hub_source(tmp_path, draft, draft_tensors, hub, hub_repo_id, hub_token):
-    from dspark_hub.hub import HubSource, publish
+    from dspark_hub.format.remote import HubSource
+    from dspark_hub.hub.publish import publish
 
     teacher = make_teacher(tmp_path / "t", draft_tensors["embed_tokens.weight"])
     result = publish(teacher, hub_repo_id, token=hub_token, endpoint=hub.url, private=True)

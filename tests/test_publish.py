@@ -8,8 +8,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from dspark_hub.cards import render_card
-from dspark_hub.cli import cli
+from dspark_hub.cards.render import render_card
+from dspark_hub.cli.main import cli
 
 from .factories import tree_digest, write_checkpoint
 
@@ -124,15 +124,15 @@ def test_wrong_token_is_exit_2_without_the_token(hub, hub_repo_id, carded):
 
 
 def test_the_weights_are_hashed_once(hub, hub_repo_id, hub_token, carded, monkeypatch):
-    from dspark_hub import checksums
+    from dspark_hub.format import digests
 
     reads = []
-    real = checksums._hash_file
+    real = digests.hash_file
 
     def counting(path, *args, **kwargs):
         reads.append(path.name)
         return real(path, *args, **kwargs)
-    monkeypatch.setattr(checksums, "_hash_file", counting)
+    monkeypatch.setattr(digests, "hash_file", counting)
     result = run(*publish_args(carded, hub_repo_id, hub), env={"HF_TOKEN": hub_token})
     assert result.exit_code == 0, result.output
     assert reads.count("model.safetensors") == 1   # the gate's lint and the upload share one pass

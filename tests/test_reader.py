@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, strategies as st
 from safetensors.torch import save, save_file
 
-from dspark_hub import contract
+from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError
-from dspark_hub.reader import FORMAT_CODES, parse_index, read_header
+from dspark_hub.format.reader import FORMAT_CODES, parse_index, read_header
 
 from .factories import raw_safetensors
 

@@ -8,10 +8,10 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
-from dspark_hub import contract
-from dspark_hub.checks import verify
-from dspark_hub.cli import cli
-from dspark_hub.runtimes import RUNTIMES, runtime_verdicts, serving_parameters
+from dspark_hub.format import contract
+from dspark_hub.verify.checks import verify
+from dspark_hub.cli.main import cli
+from dspark_hub.verify.runtimes import RUNTIMES, runtime_verdicts, serving_parameters
 
 from .factories import tensors_for, write_checkpoint
 

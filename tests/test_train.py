@@ -13,11 +13,11 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dspark_hub import contract
-from dspark_hub.checks import verify
-from dspark_hub.cli import cli
-from dspark_hub.rollouts import RolloutData, make_rollouts
-from dspark_hub.train import TrainConfig, Trainer, finetune
+from dspark_hub.format import contract
+from dspark_hub.verify.checks import verify
+from dspark_hub.cli.main import cli
+from dspark_hub.train.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.trainer import TrainConfig, Trainer, finetune
 
 from .teacher_factory import build_teacher, write_draft_base, write_prompts
 
@@ -65,7 +65,7 @@ def small_config(world, out: Path, **changes) -> TrainConfig:
 
 
 def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
-    from dspark_hub.teacher import capture_states, load_teacher
+    from dspark_hub.train.teacher import capture_states, load_teacher
 
     summary = world["rollouts"]
     assert summary["sequences"] == 96 and summary["continuation_tokens"] == 96 * 48
@@ -86,7 +86,7 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
 def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from dspark_hub.teacher import capture_states
+    from dspark_hub.train.teacher import capture_states
 
     from .teacher_factory import teacher_config
 
@@ -181,17 +181,17 @@ def test_finetune_improves_held_out_acceptance_and_stays_a_drop_in(world, tmp_pa
     assert harness["definition"] == doc["definition"] and "1 + sum_k a_k" in doc["definition"]
     assert set(harness["teacher_identity"]["digests"]) == {"config.json", "model.safetensors"}
     assert harness["teacher"].startswith("teacher (sha256 config.json ") and "ratio" in harness["reference"]
-    from dspark_hub.teacher import sha256_file
+    from dspark_hub.train.teacher import sha256_file
     assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
     # The model card reads both files as they are.
-    from dspark_hub.card_results import load_eval, load_train_log
+    from dspark_hub.cards.results import load_eval, load_train_log
     (tmp_path / "eval.json").write_text(evaluation.stdout)
     card = dict(load_eval(tmp_path / "eval.json").by_dataset.harness)
     assert (card["measurement"], card["decoding"], card["block size"]) == ("teacher-forced", "greedy", "7")
     assert card["teacher"] == harness["teacher"] and card["reference"] == harness["reference"]
     assert [row.step for row in load_train_log(out / "training_log.jsonl")[0]] == [50, 100]
     # The held-out rollouts folder gives the same measurement as in-memory rollouts.
-    from dspark_hub.evaluate import evaluate
+    from dspark_hub.train.evaluate import evaluate
     assert evaluate(out, data=str(world["heldout"])).to_dict()["acceptance_length"] == after
 
     report = verify(out, drop_in=str(world["base"]))
@@ -223,9 +223,9 @@ def test_eval_plot_names_its_missing_dependency(world, tmp_path):
 
 
 def test_a_block_in_the_packed_training_batch_equals_single_block_inference(world):
-    from dspark_hub import objective
+    from dspark_hub.train import objective
     from dspark_hub.modeling import load_checkpoint
-    from dspark_hub.teacher import read_lm_head
+    from dspark_hub.train.teacher import read_lm_head
 
     model = load_checkpoint(world["base"], dtype=torch.float32).model.eval()
     lm_head = read_lm_head(world["teacher"]).float()
@@ -330,7 +330,7 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from dspark_hub.rollouts import read_prompts
+    from dspark_hub.train.rollouts import read_prompts
 
     vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "user:", "assistant:", "hello", "world", "\n"])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))

@@ -15,10 +15,10 @@ from typing import Any, Mapping
 
 import torch
 
-from .. import contract
-from ..checksums import json_type
-from ..writer import atomic_path
-from ..errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
+from dspark_hub.format import contract
+from dspark_hub.format.jsonio import json_type
+from dspark_hub.format.writer import atomic_path
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from .configuration_k3_dspark import ordered_config
 from .modeling_k3_dspark import K3DSparkModel
 

@@ -1,0 +1,73 @@
+"""Import paths that moved in 0.2 (the flat modules became area packages) keep working.
+
+`dspark_hub.checks.verify` still resolves: `dspark_hub.checks` is a stand-in module whose
+attributes come from the modules that replaced it (`MOVED`), looked up on first use. New code
+should import the new paths; the README's "Moved in 0.2" table is this one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+#: old module (under dspark_hub) -> the modules that now hold its names, searched in order.
+MOVED: dict[str, tuple[str, ...]] = {
+    "reader": ("format.reader", "format.jsonio"), "contract": ("format.contract", "format.reader"),
+    "tensorio": ("format.tensorio",), "writer": ("format.writer", "ops.init"),
+    "checkpoint": ("format.checkpoint",), "checksums": ("hub.checksums", "format.digests", "format.jsonio"),
+    "checks": ("verify.checks", "verify.rules", "verify.dropin"), "deep": ("verify.deep",), "runtimes": ("verify.runtimes",),
+    "pairing": ("verify.pairing",), "family": ("verify.family",), "golden": ("verify.golden",),
+    "convert": ("ops.convert",), "diff": ("ops.diff",),
+    "teacher": ("train.teacher",), "rollouts": ("train.rollouts",), "objective": ("train.objective",),
+    "evaluate": ("train.evaluate",),
+    "card_results": ("cards.results",), "cardlint": ("cards.lint",), "hub_vocab": ("cards.hub_vocab",),
+    "release": ("hub.release",), "package": ("hub.package",),
+}
+
+
+class _MovedModule(ModuleType):
+    """A stand-in for a module that moved: attribute access reads the new modules."""
+
+    _targets: tuple[str, ...]
+
+    def __getattr__(self, name: str) -> Any:
+        for target in self._targets:
+            module = importlib.import_module(f"dspark_hub.{target}")
+            if hasattr(module, name):
+                return getattr(module, name)
+        raise AttributeError(f"module {self.__name__!r} (moved to {', '.join(self._targets)}) has no attribute "
+                             f"{name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted({n for t in self._targets for n in dir(importlib.import_module(f"dspark_hub.{t}"))})
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds `dspark_hub.<old>` for every old name in `MOVED`."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        prefix, _, old = fullname.partition(".")
+        if prefix != "dspark_hub" or old not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = _MovedModule(spec.name, f"moved to {', '.join(MOVED[spec.name.split('.', 1)[1]])}")
+        module._targets = tuple(MOVED[spec.name.split(".", 1)[1]])
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: names resolve on first use."""
+
+
+def install() -> None:
+    """Register the finder once (called by `dspark_hub/__init__.py`)."""
+    if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+        sys.meta_path.append(_MovedModuleFinder())

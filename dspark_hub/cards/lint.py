@@ -1,0 +1,444 @@
+"""`card lint`: check a model card (README.md) for wrong or self-contradicting numbers.
+
+Checks, each finding naming the line (`where` = "README.md:LINE"):
+
+- front matter: present, valid YAML, accepted by `huggingface_hub.ModelCardData`, license /
+  pipeline tag / base-model relation among the Hub's ids (`cards.front_matter_problems`);
+- acceptance tables (columns `Pos N` plus `Acceptance length`): every acceptance length equals
+  1 + the sum of its per-position rates to the table's rounding; rates lie in [0, 100%] and do
+  not increase along a row;
+- no table repeats a row key (acceptance tables: the cells before `Pos 0`; others: the first cell);
+- all statements of the block size agree;
+- with a checkpoint: parameter counts (total, trained, frozen), tensor counts, decoder-layer
+  count, tensor shapes in any table with a `Shape` column (brace patterns such as
+  `layers.{0..4}.x` and `w{1,2}` are expanded), target layer ids, block size (when the weights'
+  metadata records it), and the checksum table (file, size, SHA-256, hashing only the files
+  whose digest the card states).
+
+Exit codes as verify: 0 no error finding, 1 error findings, 2 the lint could not run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from dspark_hub.cards import render as cards
+from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.errors import UsageError
+from dspark_hub.report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
+
+SCHEMA = "dspark-hub/card-lint/1"
+_POSITION = re.compile(r"^pos(?:ition)?\s*(\d+)$", re.IGNORECASE)
+_NUMBER = re.compile(r"^[+-]?\d+(?:\.(\d+))?$")
+_PARAMETERS = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d{4,})\s+(?:\w+\s+)?parameters\b", re.IGNORECASE)
+_TENSORS = re.compile(r"(?<![\d.,])(\d[\d,]*)\s+tensors\b", re.IGNORECASE)
+_LAYER_IDS = re.compile(r"\blayers?(?:\s+ids?)?\s+`?\[(\d+(?:\s*,\s*\d+)*)\]`?", re.IGNORECASE)
+_BLOCK_SIZE = re.compile(r"block[-_ ]size`?\s*[=:]?\s*`?(\d+)", re.IGNORECASE)
+_DECODER_LAYERS = re.compile(r"^(\d+) x decoder layers?$", re.IGNORECASE)
+_SHAPE = re.compile(r"^\d+(?: x \d+)*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass
+class CardLintReport(FindingsMixin):
+    """Findings about one card; `ok` when none is an error."""
+
+    path: str
+    checkpoint: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    def sorted_findings(self) -> list[Finding]:
+        def line(f: Finding) -> int:
+            tail = f.where.rsplit(":", 1)[-1]
+            return int(tail) if tail.isdigit() else 0
+        return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], line(f), f.code))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "ok": self.ok, "path": self.path, "checkpoint": self.checkpoint,
+                "findings": [f.to_dict() for f in self.sorted_findings()]}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A markdown table: header cells, and (line number, cells) per body row."""
+
+    line: int
+    headers: list[str]
+    rows: list[tuple[int, list[str]]]
+
+    def column(self, pattern: str) -> int | None:
+        return next((i for i, h in enumerate(self.headers) if re.search(pattern, h, re.IGNORECASE)), None)
+
+
+@dataclass
+class Card:
+    """A card split into front matter and body lines (1-based numbers kept)."""
+
+    name: str
+    front_matter: list[tuple[int, str]] | None
+    body: list[tuple[int, str]]          # prose and table lines outside code fences
+    tables: list[Table]
+
+    def where(self, line: int) -> str:
+        return f"{self.name}:{line}"
+
+
+# ------------------------------------------------------------------ parsing
+
+def _cells(line: str) -> list[str]:
+    inner = line.strip()
+    inner = inner[1:] if inner.startswith("|") else inner
+    inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
+
+
+def _is_separator(line: str) -> bool:
+    return bool(re.fullmatch(r"\|?(\s*:?-{3,}:?\s*\|)+\s*:?-{0,}:?\s*\|?", line.strip()))
+
+
+def parse_card(text: str, name: str = "README.md") -> Card:
+    """Split a card into front matter, body lines outside code fences, and tables."""
+    lines = text.splitlines()
+    front: list[tuple[int, str]] | None = None
+    start = 0
+    if lines and lines[0].strip() == "---":
+        end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+        if end is not None:
+            front = [(i + 1, lines[i]) for i in range(1, end)]
+            start = end + 1
+    body: list[tuple[int, str]] = []
+    fenced = False
+    for i in range(start, len(lines)):
+        if lines[i].lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            body.append((i + 1, lines[i]))
+    return Card(name=name, front_matter=front, body=body, tables=_tables(body))
+
+
+def _tables(body: list[tuple[int, str]]) -> list[Table]:
+    tables: list[Table] = []
+    i = 0
+    while i + 1 < len(body):
+        number, line = body[i]
+        if line.lstrip().startswith("|") and _is_separator(body[i + 1][1]):
+            rows = []
+            j = i + 2
+            while j < len(body) and body[j][1].lstrip().startswith("|"):
+                rows.append((body[j][0], _cells(body[j][1])))
+                j += 1
+            tables.append(Table(number, _cells(line), rows))
+            i = j
+        else:
+            i += 1
+    return tables
+
+
+def _plain(cell: str) -> str:
+    return cell.replace("**", "").replace("`", "").strip()
+
+
+def _int(text: str) -> int | None:
+    text = _plain(text).replace(",", "")
+    return int(text) if text.isdigit() else None
+
+
+def expand_names(pattern: str) -> list[str]:
+    """`layers.{0..2}.w{1,2}` -> the six names it stands for."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    body = m.group(1)
+    if ".." in body:
+        lo, hi = body.split("..", 1)
+        choices = [str(i) for i in range(int(lo), int(hi) + 1)] if lo.isdigit() and hi.isdigit() else [body]
+    else:
+        choices = body.split(",")
+    return [n for c in choices for n in expand_names(pattern[:m.start()] + c.strip() + pattern[m.end():])]
+
+
+# ------------------------------------------------------------------ front matter
+
+def _front_matter_findings(card: Card) -> list[Finding]:
+    import yaml
+
+    if card.front_matter is None:
+        return [error("FRONT_MATTER_MISSING", card.where(1), "the card has no YAML front matter between '---' lines",
+                      "start the card with license, base_model, tags and pipeline_tag between '---' lines")]
+    try:
+        data = yaml.safe_load("\n".join(text for _, text in card.front_matter)) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = card.front_matter[0][0] + (mark.line if mark else 0)
+        return [error("FRONT_MATTER_INVALID_YAML", card.where(line), f"front matter is not valid YAML "
+                      f"({getattr(e, 'problem', None) or e})", "fix the YAML syntax")]
+
+    def key_line(key: str) -> int:
+        return next((n for n, text in card.front_matter or [] if re.match(rf"^{re.escape(key)}\s*:", text)),
+                    card.front_matter[0][0] - 1 if card.front_matter else 1)
+
+    out = []
+    for p in cards.front_matter_problems(data):
+        make = error if p.severity == "error" else warning
+        out.append(make(p.code, card.where(key_line(p.key)), p.message, "see https://huggingface.co/docs/hub/model-cards"))
+    return out
+
+
+# ------------------------------------------------------------------ tables
+
+def _rate(cell: str) -> tuple[float, float] | None:
+    """A rate cell as (fraction, half a unit of its last printed digit, as a fraction)."""
+    text = _plain(cell)
+    percent = text.endswith("%")
+    m = _NUMBER.match(text.rstrip("%").strip())
+    if not m:
+        return None
+    scale = 100.0 if percent else 1.0
+    half = 0.5 * 10 ** -len(m.group(1) or "") / scale
+    return float(m.group(0)) / scale, half
+
+
+def _acceptance_findings(card: Card, table: Table) -> list[Finding]:
+    positions = [i for i, h in enumerate(table.headers) if _POSITION.match(_plain(h))]
+    length_col = table.column(r"acceptance\s+length")
+    if not positions or length_col is None:
+        return []
+    out = []
+    for line, cells in table.rows:
+        where = card.where(line)
+        rates = [_rate(cells[i]) for i in positions if i < len(cells) and _plain(cells[i]) not in ("", "—", "-")]
+        length = _rate(cells[length_col]) if length_col < len(cells) else None
+        if any(r is None for r in rates) or length is None:
+            out.append(error("ACCEPTANCE_UNREADABLE", where, "a rate or the acceptance length is not a number",
+                             "write rates as 81.3% or 0.813 and lengths as 4.96"))
+            continue
+        values = [r[0] for r in rates]       # type: ignore[index]
+        out += [error("RATE_OUT_OF_RANGE", where, f"rate {v:.2%} at position {k} is outside [0, 100%]",
+                      "rates are fractions of verification steps") for k, v in enumerate(values) if not 0 <= v <= 1]
+        total = 1.0 + sum(values)
+        tolerance = length[1] + sum(r[1] for r in rates) + 1e-9      # type: ignore[index]
+        if abs(length[0] - total) > tolerance:
+            out.append(error("ACCEPTANCE_LENGTH_MISMATCH", where,
+                             f"acceptance length {_plain(cells[length_col])} but 1 + the sum of the per-position "
+                             f"rates is {total:.4f} (tolerance {tolerance:.4f} at the table's rounding)",
+                             "recompute the row: acceptance length = 1 + sum of per-position rates"))
+        rises = [k for k in range(1, len(values)) if values[k] > values[k - 1]]
+        if rises:
+            k = rises[0]
+            out.append(error("RATES_INCREASE", where, f"rate at position {k} ({_plain(cells[positions[k]])}) exceeds "
+                             f"position {k - 1} ({_plain(cells[positions[k - 1]])}); a position is accepted only "
+                             "after every earlier one, so rates cannot rise along a row",
+                             "check the row for swapped or conditional (per-position) rates"))
+    return out
+
+
+def _row_key(table: Table, cells: list[str]) -> tuple[str, ...]:
+    first_position = next((i for i, h in enumerate(table.headers) if _POSITION.match(_plain(h))), None)
+    width = first_position if first_position else 1
+    return tuple(_plain(c) for c in cells[:width])
+
+
+def _duplicate_findings(card: Card, table: Table) -> list[Finding]:
+    seen: dict[tuple[str, ...], tuple[int, list[str]]] = {}
+    out = []
+    for line, cells in table.rows:
+        key = _row_key(table, cells)
+        if not any(key):
+            continue
+        if key in seen:
+            first_line, first_cells = seen[key]
+            same = [_plain(c) for c in first_cells] == [_plain(c) for c in cells]
+            detail = "with the same values" if same else "with different values"
+            out.append(error("DUPLICATE_ROW", card.where(line), f"row {' | '.join(key)!r} repeats line {first_line} "
+                             f"{detail}", "keep one row per key (and say which measurement is right)"))
+        else:
+            seen[key] = (line, cells)
+    return out
+
+
+# ------------------------------------------------------------------ statements
+
+@dataclass(frozen=True)
+class Statement:
+    line: int
+    kind: str             # total | trained | frozen | tensors | layer_tensors | layer_ids | block_size
+    value: Any
+    text: str
+
+
+def _clause(text: str, start: int) -> str:
+    m = re.search(r"[.;:](?:\s|$)", text[start:])
+    return text[start:start + m.start()] if m else text[start:]
+
+
+def statements(card: Card) -> list[Statement]:
+    """Every number the card states about the weights, with its line."""
+    out: list[Statement] = []
+    for line, raw in card.body:
+        text = raw.replace("**", "")
+        for m in _PARAMETERS.finditer(text):
+            clause = _clause(text, m.start()).lower()
+            kind = "frozen" if "frozen" in clause else "trained" if "trained" in clause else "total"
+            out.append(Statement(line, kind, int(m.group(1).replace(",", "")), m.group(0)))
+        for m in _TENSORS.finditer(text):
+            before = text[:m.start()].lower()
+            kind = "layer_tensors" if re.search(r"\b(each|per)\b[^.]*$", before) else "tensors"
+            out.append(Statement(line, kind, int(m.group(1).replace(",", "")), m.group(0)))
+        for m in _LAYER_IDS.finditer(text):
+            out.append(Statement(line, "layer_ids", [int(x) for x in m.group(1).split(",")], m.group(0)))
+        for m in _BLOCK_SIZE.finditer(text):
+            out.append(Statement(line, "block_size", int(m.group(1)), m.group(0)))
+    for table in card.tables:
+        for line, cells in table.rows:
+            if len(cells) >= 2 and re.fullmatch(r"target layer ids?", _plain(cells[0]), re.IGNORECASE):
+                ids = [int(x) for x in re.findall(r"\d+", _plain(cells[1]))]
+                out.append(Statement(line, "layer_ids", ids, cells[1]))
+            if cells and (m := _DECODER_LAYERS.match(_plain(cells[0]))):
+                out.append(Statement(line, "layers", int(m.group(1)), cells[0]))
+    return out
+
+
+def _consistency_findings(card: Card, said: list[Statement]) -> list[Finding]:
+    out = []
+    blocks = [s for s in said if s.kind == "block_size"]
+    for s in blocks[1:]:
+        if s.value != blocks[0].value:
+            out.append(error("BLOCK_SIZE_CONFLICT", card.where(s.line), f"'{s.text}' but line {blocks[0].line} says "
+                             f"'{blocks[0].text}'", "state the one block size the draft was trained with"))
+    firsts = {kind: next((s for s in said if s.kind == kind), None) for kind in ("total", "trained", "frozen")}
+    total, trained, frozen = firsts["total"], firsts["trained"], firsts["frozen"]
+    if total and trained and frozen and trained.value + frozen.value != total.value:
+        out.append(error("PARAMETERS_INCONSISTENT", card.where(frozen.line),
+                         f"{trained.value:,} trained + {frozen.value:,} frozen != {total.value:,} total "
+                         f"(line {total.line})", "recompute the counts from the weights with 'dspark-hub card'"))
+    return out
+
+
+# ------------------------------------------------------------------ against the checkpoint
+
+def _weight_findings(card: Card, said: list[Statement], view: CheckpointView,
+                     hasher: Callable[[Path], str] = sha256_file) -> list[Finding]:
+    facts = cards.card_facts(view, hash_files=False)
+    per_layer = sum(1 for n in view.tensors if n.startswith("layers.0."))
+    truth: dict[str, Any] = {
+        "total": facts.parameters.total if facts.parameters else None,
+        "trained": facts.parameters.trained if facts.parameters else None,
+        "frozen": facts.parameters.frozen if facts.parameters else None,
+        "tensors": facts.tensor_count, "layer_tensors": per_layer, "layers": facts.num_layers,
+        "layer_ids": facts.target_layer_ids, "block_size": facts.block_size,
+    }
+    codes = {"total": "PARAMETERS_MISMATCH", "trained": "PARAMETERS_MISMATCH", "frozen": "PARAMETERS_MISMATCH",
+             "tensors": "TENSOR_COUNT_MISMATCH", "layer_tensors": "TENSOR_COUNT_MISMATCH",
+             "layers": "LAYER_COUNT_MISMATCH", "layer_ids": "TARGET_LAYERS_MISMATCH",
+             "block_size": "BLOCK_SIZE_MISMATCH"}
+    out = []
+    for s in said:
+        actual = truth.get(s.kind)
+        if actual is None or s.value == actual:
+            continue
+        shown = f"{actual:,}" if isinstance(actual, int) else str(actual)
+        out.append(error(codes[s.kind], card.where(s.line), f"the card says '{s.text}' ({s.kind.replace('_', ' ')}) "
+                         f"but the checkpoint has {shown}", "regenerate the card with 'dspark-hub card CKPT'"))
+    shapes = {name: info.shape for name, (_, info) in view.tensors.items()}
+    for table in card.tables:
+        out += _shape_findings(card, table, shapes)
+        out += _checksum_findings(card, table, view, hasher)
+    return out
+
+
+def _shape_findings(card: Card, table: Table, shapes: Mapping[str, tuple[int, ...]]) -> list[Finding]:
+    shape_col = table.column(r"^shape$")
+    if shape_col is None:
+        return []
+    out = []
+    for line, cells in table.rows:
+        named = re.fullmatch(r"`([^`]+)`", cells[0].strip()) if cells else None
+        shape_text = _plain(cells[shape_col]) if shape_col < len(cells) else ""
+        if not named or not _SHAPE.match(shape_text):
+            continue
+        stated = tuple(int(x) for x in shape_text.split(" x "))
+        for name in expand_names(named.group(1)):
+            actual = shapes.get(name)
+            if actual is None:
+                out.append(error("TENSOR_NOT_IN_CHECKPOINT", card.where(line), f"the card lists {name} but the "
+                                 "checkpoint has no such tensor", "regenerate the card from these weights"))
+            elif actual != stated:
+                out.append(error("SHAPE_MISMATCH", card.where(line), f"{name}: the card says {shape_text}, the "
+                                 f"checkpoint has {' x '.join(map(str, actual))}",
+                                 "regenerate the card from these weights"))
+    return out
+
+
+def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
+                       hasher: Callable[[Path], str] = sha256_file) -> list[Finding]:
+    sha_col, file_col = table.column(r"sha-?256"), table.column(r"^file$")
+    if sha_col is None or file_col is None:
+        return []
+    size_col = table.column(r"^size")
+    out = []
+    for line, cells in table.rows:
+        name = _plain(cells[file_col]) if file_col < len(cells) else ""
+        digest = _plain(cells[sha_col]).lower() if sha_col < len(cells) else ""
+        where = card.where(line)
+        if digest not in ("", "—", "-") and not _SHA256.match(digest):
+            out.append(error("CHECKSUM_MALFORMED", where, f"{name}: {digest!r} is not a SHA-256 hex digest",
+                             "write the 64-character lowercase hex digest"))
+            continue
+        if view is None:
+            continue
+        if name not in view.files:
+            out.append(error("CHECKSUM_FILE_MISSING", where, f"the card lists {name} but the checkpoint has no such "
+                             "file", "regenerate the checksum table from these files"))
+            continue
+        size = _int(cells[size_col]) if size_col is not None and size_col < len(cells) else None
+        if size is not None and size != view.files[name]:
+            out.append(error("CHECKSUM_SIZE_MISMATCH", where, f"{name}: the card says {size:,} bytes, the file has "
+                             f"{view.files[name]:,}", "regenerate the checksum table from these files"))
+        elif _SHA256.match(digest) and hasher(view.source.path(name)) != digest:
+            out.append(error("CHECKSUM_MISMATCH", where, f"{name}: SHA-256 differs from the card's {digest[:12]}...",
+                             "regenerate the checksum table from these files"))
+    return out
+
+
+# ------------------------------------------------------------------ entry point
+
+def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
+              hasher: Callable[[Path], str] = sha256_file) -> CardLintReport:
+    """Lint a model card; with `checkpoint`, also check every weight fact it states.
+
+    `hasher(path) -> sha256` checks the card's checksum table; pass digests already computed
+    (as `publish` does) so large weights are not read twice.
+
+    Raises:
+        UsageError: the card cannot be read.
+        CheckpointNotFoundError: the checkpoint folder does not exist.
+    """
+    path = Path(readme_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file; pass the card (README.md) to lint") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text; a model card is a UTF-8 markdown file") from None
+    card = parse_card(text, path.name)
+    report = CardLintReport(path=str(path), checkpoint=str(checkpoint) if checkpoint is not None else None)
+    report.findings += _front_matter_findings(card)
+    for table in card.tables:
+        report.findings += _acceptance_findings(card, table)
+        report.findings += _duplicate_findings(card, table)
+    said = statements(card)
+    report.findings += _consistency_findings(card, said)
+    if checkpoint is None:
+        for table in card.tables:
+            report.findings += _checksum_findings(card, table, None)
+        report.findings.append(info("WEIGHTS_NOT_CHECKED", card.where(1), "no checkpoint given: parameter counts, "
+                                    "shapes, target layers and checksums were not compared with weights",
+                                    "pass --checkpoint CKPT"))
+    else:
+        report.findings += _weight_findings(card, said, open_checkpoint(LocalSource(checkpoint)), hasher)
+    return report

@@ -1,0 +1,642 @@
+"""Model cards rendered from computed facts: weights (header level), evaluation JSON, training log.
+
+`card_facts(ckpt)` reads a checkpoint's headers and config (never tensor data, except to hash
+files for the checksum table) and returns `CardFacts`. `render_card(meta, ckpt, eval_json,
+train_log)` renders `templates/model_card.md.j2`; same inputs, same bytes.
+
+Card source (`cards/<name>/card.yaml`; relative paths resolve against its folder). Every string
+outside `front_matter` is itself a jinja template rendered with `facts` (CardFacts.to_dict()),
+`config` (the draft config) and `results`, so numbers in prose are computed, not typed::
+
+    name: Kimi-K3-DSpark-SDDD            # H1 title
+    summary: markdown                    # paragraphs under the title
+    front_matter: {license, base_model, base_model_relation, tags, pipeline_tag, ...}
+    architecture:
+      block_size: 7                      # not a config key; a checkpoint's __metadata__ block_size wins
+      intro: markdown                    # optional, before the facts
+      component_notes: {"embed_tokens.weight": "...", "decoder layers": "..."}
+      specs: [[label, value], ...]       # a two-column table of facts only a person knows
+      notes: markdown                    # after the facts
+      config: path/to/config.json | {...}   # without CKPT: derive the roster from this config
+      facts: {parameters, tensors, dtype, target_layer_ids, target_num_hidden_layers,
+              num_hidden_layers, block_size, markov_rank, vocab_size, model_type}  # without CKPT
+    training: {intro, setup: [[label, value], ...], notes}
+    results:
+      intro: markdown
+      eval: eval.json                    # default for --eval
+      train_log: train_log.jsonl         # default for --train-log
+      harness: {...}                     # harness metadata the files do not carry (files win)
+      by_step: {intro, notes}
+      by_dataset: {intro, notes, rate_decimals: 1, length_decimals: 2}
+      long_context: {intro, notes, rate_decimals: 1, length_decimals: 2}
+      notes: markdown
+    usage: markdown
+    checksums: {intro, files: [{file, size, sha256}]}   # files: only used without CKPT
+    license: markdown
+
+Evaluation JSON (`--eval`), as `dspark-hub eval --json` prints it; extra keys are ignored::
+
+    {"acceptance_length": 1.9, "per_position": [0.5, 0.3, ...],      # overall ("all prompts" row)
+     "definition": "acceptance length = 1 + sum of per-position rates",
+     "by_dataset": {"HumanEval": {"acceptance_length": 4.96, "per_position": [...]}, ...}
+                   | [{"dataset": "HumanEval", ...}, ...],
+     "long_context": {"benchmark": "LongBench",
+                      "rows": [{"subdomain": "Academic", "context_length": 2000,
+                                "per_position": [...], "acceptance_length": 3.09}, ...]},
+     "prompts": 32, "tokens": 31744, "baseline": {"per_position": [...], "acceptance_length": ...},
+     # harness metadata, top level or under "harness":
+     "mode": "teacher-forced" | "served" (or "teacher_forced": bool),
+     "decoding": "greedy" (or "greedy": bool, "temperature": 0.0), "block_size": 7,
+     "teacher": "org/name@rev" | {"repo", "revision"}, "prompts_sha256": "...",
+     "chat_template_sha256": "...", "engine": "...", "hardware": "..."}
+
+Rates are fractions (percentages above 1 are accepted); a missing `acceptance_length` is
+computed as 1 + the sum of the rates.
+
+Training log (`--train-log`): JSON lines; lines carrying evaluation results become the
+"acceptance length by step" table: `{"step": 5400, "loss": ..., "lr": ..., "eval":
+{"acceptance_length": 1.887, "loss": 2.379, ...harness keys...}}` (or top-level
+`eval_acceptance_length` / `eval_loss`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
+
+from dspark_hub.format import contract
+from dspark_hub.cards import hub_vocab
+from dspark_hub.format.digests import FileDigest, read_digest_file, sha256_file
+from dspark_hub.schemas import GOLDEN_FIXTURE, current
+from dspark_hub.cards.results import Results, load_eval, load_train_log
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.errors import CheckpointFormatError, DsparkError, UsageError
+from dspark_hub.format.reader import read_header
+
+TEMPLATE = "model_card.md.j2"
+#: Files of a checkpoint folder that are not part of the published weights' checksum table.
+NOT_CHECKSUMMED = ("README.md",)
+#: Order components appear in (data flow), by name prefix.
+FLOW_ORDER = ("embed_tokens", "context_proj", "context_norm", "layers", "final_norm", "markov_head",
+              "confidence_head")
+LAYERS_ROW = "decoder layers"
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_LAST_DIGITS = re.compile(r"^(.*?)(\d+)(\D*)$")
+_DTYPE_NAMES = {v: k for k, v in contract.TORCH_DTYPE_NAMES.items()}
+
+FactsSource = Literal["checkpoint", "config", "metadata"]
+
+
+@dataclass(frozen=True)
+class Component:
+    """A row of the component table: one tensor, or tensors that differ only by an index."""
+
+    name: str                              # `layers.{0..4}.mlp.up_proj.weight`, `markov_head.markov_w{1,2}.weight`
+    shape: tuple[int, ...] | None          # None for the decoder-layer summary row
+    count: int = 1                         # tensors the row stands for
+    kind: Literal["tensor", "layers"] = "tensor"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape) if self.shape else None, "count": self.count,
+                "kind": self.kind}
+
+
+@dataclass(frozen=True)
+class FileChecksum:
+    """One row of the checksum table; `sha256` is None when it was not computed."""
+
+    file: str
+    size: int
+    sha256: str | None
+    origin: Literal["computed", "manifest", "metadata", "none"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CardFacts:
+    """What a card states about the weights, computed (or, without weights, taken from metadata)."""
+
+    source: FactsSource
+    location: str | None = None
+    model_type: str | None = None
+    parameters: contract.ParameterCounts | None = None
+    tensor_count: int | None = None
+    dtype: str | None = None
+    components: list[Component] = field(default_factory=list)
+    layer_components: list[Component] = field(default_factory=list)
+    num_layers: int | None = None
+    target_layer_ids: list[int] | None = None
+    target_num_hidden_layers: int | None = None
+    block_size: int | None = None
+    markov_rank: int | None = None
+    has_lm_head: bool | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    checksums: list[FileChecksum] = field(default_factory=list)
+    golden: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source, "location": self.location, "model_type": self.model_type,
+            "parameters": self.parameters.to_dict() if self.parameters else None,
+            "tensor_count": self.tensor_count, "dtype": self.dtype,
+            "components": [c.to_dict() for c in self.components],
+            "layer_components": [c.to_dict() for c in self.layer_components],
+            "num_layers": self.num_layers, "target_layer_ids": self.target_layer_ids,
+            "target_num_hidden_layers": self.target_num_hidden_layers, "block_size": self.block_size,
+            "markov_rank": self.markov_rank, "has_lm_head": self.has_lm_head, "config": self.config,
+            "checksums": [c.to_dict() for c in self.checksums], "golden": self.golden,
+        }
+
+
+# ------------------------------------------------------------------ components
+
+def _index_set(indices: list[int]) -> str:
+    """`{0..4}` for a contiguous run, `{0,2,3}` otherwise; a lone index stays bare."""
+    if len(indices) == 1:
+        return str(indices[0])
+    if indices == list(range(indices[0], indices[-1] + 1)):
+        return f"{{{indices[0]}..{indices[-1]}}}"
+    return "{" + ",".join(map(str, indices)) + "}"
+
+
+def _flow_rank(name: str) -> tuple[int, str]:
+    head = name.split(".", 1)[0]
+    return (FLOW_ORDER.index(head) if head in FLOW_ORDER else len(FLOW_ORDER), name)
+
+
+def group_components(shapes: Mapping[str, tuple[int, ...]]) -> tuple[list[Component], list[Component], int]:
+    """Group tensor names into table rows: (top-level rows incl. a decoder-layer row, per-layer rows, layers).
+
+    Per-layer tensors with the same name and shape in every layer become one row
+    `layers.{0..4}.<name>`, in the order they first appear in `shapes`; top-level tensors that differ only in their last index and share a
+    shape become one row (`markov_head.markov_w{1,2}.weight`).
+    """
+    per_layer: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(list)
+    top: dict[tuple[str, str, tuple[int, ...]], list[str]] = defaultdict(list)
+    for name, shape in shapes.items():
+        layer = _LAYER.match(name)
+        if layer:
+            per_layer[(layer.group(2), tuple(shape))].append(int(layer.group(1)))
+            continue
+        parts = _LAST_DIGITS.match(name)
+        key = (parts.group(1), parts.group(3), tuple(shape)) if parts else (name, "", tuple(shape))
+        top[key].append(parts.group(2) if parts else "")
+    rows = []
+    for (prefix, suffix, shape), indices in top.items():
+        label = prefix + (indices[0] if len(indices) == 1 else "{" + ",".join(sorted(indices, key=int)) + "}") + suffix
+        rows.append(Component(label, shape, len(indices)))
+    layer_rows = [Component(f"layers.{_index_set(sorted(ix))}.{rest}", shape, len(ix))
+                  for (rest, shape), ix in per_layer.items()]
+    layers = len({i for ix in per_layer.values() for i in ix})
+    if layers:
+        rows.append(Component(LAYERS_ROW, None, sum(c.count for c in layer_rows), kind="layers"))
+    rows.sort(key=lambda c: _flow_rank("layers" if c.kind == "layers" else c.name.replace(".bias", ".~bias")))
+    return rows, layer_rows, layers
+
+
+def _roster_order(config: Mapping[str, Any]) -> list[str]:
+    try:
+        return [s.name for s in contract.layer_roster(config, 0)]
+    except DsparkError:
+        return []
+
+
+def _dtype_text(dtypes: Counter[str]) -> str | None:
+    if not dtypes:
+        return None
+    if len(dtypes) == 1:
+        only = next(iter(dtypes))
+        return _DTYPE_NAMES.get(only, only)
+    return "mixed (" + ", ".join(f"{d} x{n}" for d, n in sorted(dtypes.items())) + ")"
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _facts_from_shapes(source: FactsSource, shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any],
+                       dtypes: Counter[str]) -> CardFacts:
+    # Per-layer rows follow the contract's module order, not the alphabetical file order.
+    module_order = {f"layers.0.{n.split('.', 2)[2]}": i for i, n in enumerate(_roster_order(config))}
+    ordered = dict(sorted(shapes.items(), key=lambda kv: (module_order.get(_layer0(kv[0]), 1 << 30), kv[0])))
+    components, layer_components, layers = group_components(ordered)
+    ids = config.get("target_layer_ids")
+    return CardFacts(
+        source=source, model_type=config.get("model_type"), parameters=contract.count_parameters(shapes),
+        tensor_count=len(shapes), dtype=_dtype_text(dtypes), components=components,
+        layer_components=layer_components, num_layers=layers or None,
+        target_layer_ids=list(ids) if isinstance(ids, list) else None,
+        target_num_hidden_layers=_int_or_none(config.get("target_num_hidden_layers")),
+        markov_rank=_int_or_none(config.get("markov_rank")),
+        has_lm_head=any(n.startswith("lm_head.") for n in shapes), config=dict(config))
+
+
+def _layer0(name: str) -> str:
+    m = _LAYER.match(name)
+    return f"layers.0.{m.group(2)}" if m else name
+
+
+# ------------------------------------------------------------------ checksums
+
+def _known_digests(path: str | os.PathLike[str]) -> dict[str, FileDigest]:
+    """path -> digest from a `--checksums-from` file; a file listed twice must agree with itself."""
+    known: dict[str, FileDigest] = {}
+    for digest in read_digest_file(path, remedy="pass sha256sum output or a JSON manifest"):
+        seen = known.get(digest.path)
+        if seen is not None and seen.sha256 != digest.sha256:
+            raise UsageError(f"{path}: lists {digest.path!r} twice with different digests; keep the right line")
+        known[digest.path] = digest
+    return known
+
+
+def _checksums(view: CheckpointView, manifest: Mapping[str, FileDigest], hash_files: bool,
+               progress: Callable[[int], None] | None) -> list[FileChecksum]:
+    rows = []
+    for name, size in view.files.items():
+        if name in NOT_CHECKSUMMED or any(part.startswith(".") for part in name.split("/")):
+            continue
+        known = manifest.get(name)
+        if known is not None and known.size is not None and known.size != size:
+            raise UsageError(f"{name}: the checksum manifest says {known.size:,} bytes but the file has {size:,}; "
+                             "the manifest describes other files, regenerate it")
+        if known is not None and known.sha256:
+            rows.append(FileChecksum(name, size, known.sha256, "manifest"))
+        elif hash_files:
+            rows.append(FileChecksum(name, size, sha256_file(view.source.path(name), progress=progress), "computed"))
+        else:
+            rows.append(FileChecksum(name, size, None, "none"))
+    return rows
+
+
+# ------------------------------------------------------------------ facts
+
+def card_facts(ckpt: str | os.PathLike[str] | CheckpointView, *, block_size: int | None = None,
+               manifest: Mapping[str, FileDigest] | None = None, hash_files: bool = True,
+               progress: Callable[[int], None] | None = None) -> CardFacts:
+    """Facts a card states about the weights, from a checkpoint folder's headers and config.
+
+    Args:
+        ckpt: checkpoint folder (or an opened view).
+        block_size: the trained block size from the card metadata; a `block_size` entry in the
+            safetensors `__metadata__` takes precedence (block size is not a config key).
+        manifest: known digests by path (see `format.digests.read_digest_file`); used instead of hashing.
+        hash_files: hash files the manifest does not cover (streamed SHA-256); otherwise leave them blank.
+        progress: called with bytes hashed.
+
+    Raises:
+        UsageError: the folder has no readable config or weights, or block sizes disagree.
+    """
+    view = ckpt if isinstance(ckpt, CheckpointView) else open_checkpoint(LocalSource(ckpt))
+    if view.config is None or not view.tensors:
+        problem = next((f"{f.where}: {f.message}" for f in view.findings if f.severity == "error"),
+                       f"{view.location}: no tensors")
+        raise UsageError(f"{problem}; run 'dspark-hub verify {view.location}' and fix it before writing a card")
+    shapes = {name: info.shape for name, (_, info) in view.tensors.items()}
+    dtypes = Counter(info.dtype for _, info in view.tensors.values())
+    facts = _facts_from_shapes("checkpoint", shapes, view.config, dtypes)
+    facts.location = view.location
+    facts.block_size = _block_size(view, block_size)
+    facts.checksums = _checksums(view, manifest or {}, hash_files, progress)
+    facts.golden = _golden_fixtures(view)
+    return facts
+
+
+def _golden_fixtures(view: CheckpointView) -> list[dict[str, Any]]:
+    """Golden-vector fixtures shipped under `golden/` (header metadata only)."""
+    out = []
+    for name, size in view.files.items():
+        if not (name.startswith(contract.GOLDEN_DIR + "/") and name.endswith(".safetensors")):
+            continue
+        try:
+            meta = read_header(view.source.path(name)).metadata or {}
+        except CheckpointFormatError:
+            continue
+        if current(meta.get("schema")) != GOLDEN_FIXTURE:
+            continue
+        cases = json.loads(meta.get("cases", "{}"))
+        out.append({"file": name, "size": size, "block_size": meta.get("block_size"),
+                    "cases": {case: spec.get("context_start") for case, spec in cases.items()}})
+    return out
+
+
+def _block_size(view: CheckpointView, declared: int | None) -> int | None:
+    stored = {h.metadata.get("block_size") for h in view.headers.values() if h.metadata and "block_size" in h.metadata}
+    if not stored:
+        return declared
+    value = int(sorted(stored)[0]) if all(str(s).isdigit() for s in stored) else None
+    if len(stored) > 1 or value is None:
+        raise UsageError(f"{view.location}: safetensors metadata block_size is {sorted(stored)}; store one integer")
+    if declared is not None and declared != value:
+        raise UsageError(f"card.yaml: architecture.block_size {declared} disagrees with the weights' metadata "
+                         f"block_size {value}; fix the card metadata")
+    return value
+
+
+def facts_from_metadata(meta: Mapping[str, Any], base: Path) -> CardFacts:
+    """Facts for a card whose weights are not at hand: from `architecture.config` (roster derived
+    from the config) or from the explicit `architecture.facts` mapping; checksums from `checksums.files`."""
+    architecture = meta.get("architecture") or {}
+    config_ref = architecture.get("config")
+    explicit = dict(architecture.get("facts") or {})
+    if config_ref is not None:
+        config = _load_config(config_ref, base)
+        specs = contract.roster(config)
+        dtype = config.get("torch_dtype")
+        facts = _facts_from_shapes("config", {n: s.shape for n, s in specs.items()}, config,
+                                   Counter({contract.TORCH_DTYPE_NAMES.get(dtype, dtype or "BF16"): len(specs)}))
+    else:
+        facts = CardFacts(source="metadata")
+    _apply_explicit(facts, explicit)
+    facts.block_size = _int_or_none(architecture.get("block_size")) or facts.block_size
+    checksums = (meta.get("checksums") or {}).get("files") or []
+    facts.checksums = [FileChecksum(c["file"], int(c["size"]), c.get("sha256"), "metadata") for c in checksums]
+    return facts
+
+
+def _apply_explicit(facts: CardFacts, explicit: Mapping[str, Any]) -> None:
+    params = explicit.pop("parameters", None)
+    if isinstance(params, int):
+        facts.parameters = contract.ParameterCounts(total=params, frozen=0, trained=params)
+    elif isinstance(params, Mapping):
+        facts.parameters = contract.ParameterCounts(total=params["total"], frozen=params.get("frozen", 0),
+                                                    trained=params.get("trained", params["total"]))
+    renames = {"tensors": "tensor_count", "num_hidden_layers": "num_layers"}
+    for key, value in explicit.items():
+        attr = renames.get(key, key)
+        if attr in ("config", "components", "layer_components", "checksums") or not hasattr(facts, attr):
+            facts.config[key] = value
+        else:
+            setattr(facts, attr, value)
+
+
+def _load_config(ref: Any, base: Path) -> dict[str, Any]:
+    if isinstance(ref, Mapping):
+        return dict(ref)
+    if ref in contract.PROFILES:
+        return contract.profile_config(ref)
+    import json
+
+    path = base / str(ref)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: cannot read the config named by architecture.config ({e}); "
+                         "point it at a config.json or a profile name") from None
+
+
+# ------------------------------------------------------------------ card source and front matter
+
+SECTION_DEFAULTS: dict[str, Any] = {
+    "summary": None, "architecture": {}, "training": {}, "results": {}, "usage": None, "checksums": {},
+    "license": None,
+}
+
+
+def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read `card.yaml` and fill every optional section with an empty default.
+
+    Raises:
+        UsageError: the file is missing, not YAML, or lacks `name` / `front_matter`.
+    """
+    import yaml
+
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such file; pass the card metadata with --meta cards/<name>/card.yaml") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]}); fix the syntax") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(doc.get("front_matter"), dict):
+        raise UsageError(f"{p}: needs at least 'name' (a string) and 'front_matter' (a mapping); see dspark_hub.cards")
+    meta = {**SECTION_DEFAULTS, **doc}
+    for key in ("architecture", "training", "results", "checksums"):
+        meta[key] = dict(meta[key] or {})
+    return meta
+
+
+@dataclass(frozen=True)
+class FrontMatterProblem:
+    """A problem in card metadata: the key it concerns, a stable code, severity and message."""
+
+    key: str
+    code: str
+    severity: Literal["error", "warning"]
+    message: str
+
+
+def front_matter_problems(data: Any) -> list[FrontMatterProblem]:
+    """Check card metadata the way the Hub does, offline.
+
+    Uses `huggingface_hub.ModelCardData` (parses `model-index`, eval results) and its repo-id
+    validator, plus the Hub's closed vocabularies in `hub_vocab` for license, pipeline tag and
+    base-model relation, which `ModelCardData` accepts as any string.
+    """
+    from huggingface_hub import ModelCardData
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    P = FrontMatterProblem
+    if not isinstance(data, dict):
+        return [P("front_matter", "FRONT_MATTER_NOT_MAPPING", "error",
+                  f"front matter is a YAML {type(data).__name__}, not a mapping")]
+    problems: list[FrontMatterProblem] = []
+    try:
+        ModelCardData(**{k: v for k, v in data.items() if k != "ignore_metadata_errors"})
+    except (ValueError, TypeError) as e:
+        problems.append(P("model-index", "METADATA_REJECTED", "error", f"huggingface_hub rejects the metadata: {e}"))
+    license_id = data.get("license")
+    if license_id is None:
+        problems.append(P("license", "LICENSE_MISSING", "warning", "no license; the Hub shows the model as unlicensed"))
+    elif license_id not in hub_vocab.KNOWN_LICENSES:
+        problems.append(P("license", "LICENSE_UNKNOWN", "error", f"license {license_id!r} is not a Hub license id; "
+                          "use an id from the Hub's license list (e.g. apache-2.0, mit) or 'other' with license_name"))
+    elif license_id == "other" and not data.get("license_name"):
+        problems.append(P("license", "LICENSE_UNNAMED", "warning", "license 'other' without license_name; the Hub "
+                          "asks for a name (and a LICENSE file or license_link)"))
+    tag = data.get("pipeline_tag")
+    if tag is not None and tag not in hub_vocab.PIPELINE_TAGS:
+        problems.append(P("pipeline_tag", "PIPELINE_TAG_UNKNOWN", "error",
+                          f"pipeline_tag {tag!r} is not a Hub task id (e.g. text-generation)"))
+    relation = data.get("base_model_relation")
+    if relation is not None and relation not in hub_vocab.BASE_MODEL_RELATIONS:
+        problems.append(P("base_model_relation", "BASE_MODEL_RELATION_UNKNOWN", "error", f"base_model_relation "
+                          f"{relation!r} is not one of {', '.join(sorted(hub_vocab.BASE_MODEL_RELATIONS))}"))
+    if relation is not None and not data.get("base_model"):
+        problems.append(P("base_model_relation", "BASE_MODEL_MISSING", "error", "base_model_relation without base_model"))
+    bases = data.get("base_model")
+    for base in ([bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []):
+        try:
+            validate_repo_id(base)
+        except (HFValidationError, TypeError) as e:
+            problems.append(P("base_model", "BASE_MODEL_INVALID", "error", f"base_model {base!r} is not a Hub repo id "
+                              f"({e})"))
+    for key, value in data.items():
+        if isinstance(value, list) and any(v is None for v in value):
+            problems.append(P(key, "NULL_ITEM", "error", f"{key} lists an empty (null) item; the Hub rejects it"))
+        elif key in ("tags", "datasets", "metrics") and value is not None and not (
+                isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            problems.append(P(key, "NOT_STRINGS", "error", f"{key} must be a string or a list of strings"))
+    return problems
+
+
+def front_matter_yaml(data: Mapping[str, Any]) -> str:
+    """The front matter body (no `---` lines): Hub keys in a fixed order, lists indented."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> Any:
+            return super().increase_indent(flow, False)
+
+    order = {k: i for i, k in enumerate(hub_vocab.FRONT_MATTER_ORDER)}
+    ordered = dict(sorted(data.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+    return yaml.dump(ordered, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False,
+                     width=1000)
+
+
+# ------------------------------------------------------------------ rendering
+
+def templates_dir() -> Path:
+    """The templates folder: `templates/` of a source checkout, else the installed `dspark_hub.templates`."""
+    checkout = Path(__file__).resolve().parents[2] / "templates"
+    if (checkout / TEMPLATE).is_file():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("dspark_hub.templates")))
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "—"
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def environment() -> Any:
+    """The jinja2 environment cards render with (strict undefined, trailing newline kept)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters.update(
+        thousands=lambda n: f"{n:,}",
+        shape=lambda s: " x ".join(map(str, s)) if s else "—",
+        num=_num,
+        pct=lambda x, d=1: f"{100 * x:.{d}f}%",
+        fixed=lambda x, d=2: f"{x:.{d}f}",
+        cell=_cell,
+        harness=lambda pairs: " · ".join(f"{label}: {value}" for label, value in pairs),
+    )
+    return env
+
+
+def _render_strings(value: Any, env: Any, context: Mapping[str, Any], where: str) -> Any:
+    """Render every string of the card source as a template (facts in prose are computed)."""
+    import jinja2
+
+    if isinstance(value, str):
+        if "{{" not in value and "{%" not in value:
+            return value
+        try:
+            return env.from_string(value).render(**context)
+        except jinja2.TemplateError as e:
+            raise UsageError(f"card.yaml:{where}: {e}; the fact is not known for this card (no checkpoint?) "
+                             "or the expression is wrong") from None
+    if isinstance(value, dict):
+        return {k: _render_strings(v, env, context, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render_strings(v, env, context, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _resolve(base: Path, given: str | os.PathLike[str] | None, declared: Any) -> Path | None:
+    if given is not None:
+        return Path(given)
+    return base / str(declared) if declared else None
+
+
+def collect_results(meta: Mapping[str, Any], base: Path, eval_json: str | os.PathLike[str] | None,
+                    train_log: str | os.PathLike[str] | None) -> Results:
+    """Results tables from the eval JSON and training log (arguments win over the card source's paths)."""
+    section = meta["results"]
+    defaults = section.get("harness") or {}
+    eval_path = _resolve(base, eval_json, section.get("eval"))
+    results = load_eval(eval_path, defaults=defaults) if eval_path else Results()
+    log_path = _resolve(base, train_log, section.get("train_log"))
+    if log_path:
+        results.by_step, results.by_step_harness = load_train_log(log_path, defaults=defaults)
+    return results
+
+
+def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[str] | CheckpointView | None = None,
+                eval_json: str | os.PathLike[str] | None = None, train_log: str | os.PathLike[str] | None = None, *,
+                checksums_from: str | os.PathLike[str] | None = None, hash_files: bool = True,
+                progress: Callable[[int], None] | None = None) -> str:
+    """Render a model card (README.md text). Deterministic: same inputs, same bytes.
+
+    Args:
+        meta_yaml_path: the card source (`cards/<name>/card.yaml`).
+        ckpt: the checkpoint folder; without it the card metadata carries the architecture facts.
+        eval_json: evaluation JSON (default: `results.eval` of the card source).
+        train_log: JSON-lines training log (default: `results.train_log`).
+        checksums_from: a manifest of known digests, used instead of hashing those files.
+        hash_files: hash checkpoint files the manifest does not cover.
+        progress: called with bytes hashed.
+
+    Raises:
+        UsageError: an input is missing or malformed, or the front matter is invalid.
+    """
+    meta_path = Path(meta_yaml_path)
+    meta = load_card_source(meta_path)
+    base = meta_path.parent
+    errors = [f"front_matter.{p.key}: {p.message}" for p in front_matter_problems(meta["front_matter"])
+              if p.severity == "error"]
+    if errors:
+        raise UsageError(f"{meta_path}: {errors[0]}; fix the card metadata")
+    architecture = meta["architecture"]
+    if ckpt is not None:
+        manifest = _known_digests(checksums_from) if checksums_from else None
+        facts = card_facts(ckpt, block_size=_int_or_none(architecture.get("block_size")), manifest=manifest,
+                           hash_files=hash_files, progress=progress)
+    else:
+        facts = facts_from_metadata(meta, base)
+    results = collect_results(meta, base, eval_json, train_log)
+    env = environment()
+    context = {"facts": facts, "config": facts.config, "results": results}
+    front_matter = meta["front_matter"]
+    card = _render_strings({k: v for k, v in meta.items() if k != "front_matter"}, env, context, "")
+    text = env.get_template(TEMPLATE).render(card=card, front_matter=front_matter,
+                                             front_matter_yaml=front_matter_yaml(front_matter), **context)
+    return tidy_markdown(text)
+
+
+def tidy_markdown(text: str) -> str:
+    """One blank line between blocks (outside code fences), no trailing spaces, one final newline.
+
+    Templates compose optional blocks freely; this keeps the output's spacing independent of
+    which blocks were present.
+    """
+    out: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not fenced:
+            line = line.rstrip()
+            if not line and (not out or not out[-1]):
+                continue
+        out.append(line)
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out) + "\n"

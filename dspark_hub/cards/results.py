@@ -1,0 +1,265 @@
+"""Read evaluation JSON and training logs into the tables a model card renders.
+
+The accepted input shapes are documented in `dspark_hub.cards` (module docstring). Readers
+are tolerant: unknown keys are ignored, aliases are accepted, and missing values stay None.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from dspark_hub.errors import UsageError
+
+#: Harness keys in render order: (label, accepted aliases).
+HARNESS_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("definition", ("definition", "metric_definition")),
+    ("measurement", ("mode", "measurement")),
+    ("decoding", ("decoding", "sampling")),
+    ("block size", ("block_size", "num_speculative_tokens", "spec_tokens")),
+    ("teacher", ("teacher", "teacher_id", "target")),
+    ("engine", ("engine", "runtime")),
+    ("hardware", ("hardware",)),
+    ("prompts", ("prompts", "num_prompts")),
+    ("tokens", ("tokens", "num_tokens")),
+    ("prompt fingerprint", ("prompts_fingerprint", "prompt_fingerprint", "prompts_sha256", "prompt_file_sha256")),
+    ("chat template digest", ("chat_template_digest", "chat_template_sha256")),
+    ("reference", ("reference",)),
+)
+
+
+@dataclass(frozen=True)
+class AcceptanceRow:
+    """One row of an acceptance table: its key cells, per-position rates (fractions) and length."""
+
+    key: tuple[str, ...]
+    per_position: tuple[float, ...]
+    acceptance_length: float
+
+
+@dataclass
+class AcceptanceTable:
+    """Per-position acceptance rates, one row per dataset (or sub-domain x context length)."""
+
+    key_headers: tuple[str, ...]
+    rows: list[AcceptanceRow]
+    harness: list[tuple[str, str]] = field(default_factory=list)
+    title: str | None = None
+
+    @property
+    def positions(self) -> int:
+        return max((len(r.per_position) for r in self.rows), default=0)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """Evaluation at one training step."""
+
+    step: int
+    acceptance_length: float | None
+    eval_loss: float | None
+
+
+@dataclass
+class Results:
+    """Everything the results section renders; every part is optional."""
+
+    by_step: list[StepRow] = field(default_factory=list)
+    by_step_harness: list[tuple[str, str]] = field(default_factory=list)
+    by_dataset: AcceptanceTable | None = None
+    long_context: AcceptanceTable | None = None
+
+    @property
+    def best_step(self) -> int | None:
+        scored = [r for r in self.by_step if r.acceptance_length is not None]
+        return max(scored, key=lambda r: (r.acceptance_length, r.step)).step if scored else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file; pass an existing evaluation JSON") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); pass the output of "
+                         "'dspark-hub eval --json'") from None
+
+
+def _first(mapping: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+    for name in names:
+        if mapping.get(name) is not None:
+            return mapping[name]
+    return None
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, Mapping):
+        repo = value.get("repo") or value.get("repo_id") or value.get("name")
+        rev = value.get("revision") or value.get("sha256") or value.get("digest")
+        if repo:
+            return f"{repo}@{rev}" if rev else str(repo)
+        return ", ".join(f"{k} {_text(v)}" for k, v in value.items())
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def harness_pairs(*sources: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """Harness metadata as (label, text) pairs; earlier sources win, each may nest it under `harness`."""
+    merged: dict[str, Any] = {}
+    for source in reversed([s for s in sources if s]):
+        for scope in (source, source.get("harness") if isinstance(source.get("harness"), Mapping) else {}):
+            for label, names in HARNESS_FIELDS:
+                value = _first(scope, names)
+                if value is not None:
+                    merged[label] = value
+            merged.update(_implied_harness(scope))
+    return [(label, _text(merged[label])) for label, _ in HARNESS_FIELDS if label in merged]
+
+
+def _implied_harness(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """Boolean or numeric spellings: `teacher_forced`, `served`, `greedy`, `temperature`."""
+    out: dict[str, Any] = {}
+    if isinstance(scope.get("teacher_forced"), bool):
+        out["measurement"] = "teacher-forced" if scope["teacher_forced"] else "served"
+    elif isinstance(scope.get("served"), bool):
+        out["measurement"] = "served" if scope["served"] else "teacher-forced"
+    temperature = scope.get("temperature")
+    if isinstance(scope.get("greedy"), bool) and scope["greedy"]:
+        out["decoding"] = "greedy"
+    elif isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+        out["decoding"] = "greedy" if temperature == 0 else f"temperature {temperature}"
+    return out
+
+
+def _rates(values: Any, where: str) -> tuple[float, ...]:
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in values):
+        raise UsageError(f"{where}: per_position must be a list of numbers; got {json.dumps(values)}")
+    scale = 100.0 if any(v > 1.0 for v in values) else 1.0   # percentages are accepted too
+    return tuple(float(v) / scale for v in values)
+
+
+def _row(key: tuple[str, ...], entry: Mapping[str, Any], where: str) -> AcceptanceRow:
+    rates = _rates(entry.get("per_position"), where)
+    length = entry.get("acceptance_length")
+    if length is None:
+        length = 1.0 + sum(rates)      # the definition: 1 + the sum of the per-position rates
+    return AcceptanceRow(key=key, per_position=rates, acceptance_length=float(length))
+
+
+def _entries(block: Any, name_keys: tuple[str, ...]) -> list[tuple[str, Mapping[str, Any]]]:
+    """`{name: {...}}` or `[{"dataset": name, ...}]` -> [(name, entry)] in file order."""
+    if isinstance(block, Mapping):
+        return [(str(k), v) for k, v in block.items() if isinstance(v, Mapping)]
+    if isinstance(block, list):
+        return [(str(_first(e, name_keys)), e) for e in block if isinstance(e, Mapping)]
+    return []
+
+
+def _context(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def _by_dataset(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]]) -> AcceptanceTable | None:
+    rows = [_row((name,), entry, f"{where}:by_dataset.{name}")
+            for name, entry in _entries(doc.get("by_dataset"), ("dataset", "name"))
+            if entry.get("per_position") is not None]
+    if doc.get("per_position") is not None:
+        rows.append(_row(("all prompts",), doc, f"{where}:per_position"))
+    baseline = doc.get("baseline")
+    if isinstance(baseline, Mapping) and baseline.get("per_position") is not None:
+        label = str(baseline.get("name") or "prompt-lookup baseline")
+        rows.append(_row((label,), baseline, f"{where}:baseline"))
+    return AcceptanceTable(key_headers=("Dataset",), rows=rows, harness=harness) if rows else None
+
+
+def _long_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]]) -> AcceptanceTable | None:
+    block = doc.get("long_context")
+    if block is None:
+        return None
+    rows_in = block.get("rows") if isinstance(block, Mapping) else block
+    rows = []
+    for i, entry in enumerate(rows_in if isinstance(rows_in, list) else []):
+        domain = _first(entry, ("subdomain", "sub_domain", "domain", "dataset"))
+        context = _first(entry, ("context_length", "context", "context_tokens"))
+        rows.append(_row((str(domain), _context(context)), entry, f"{where}:long_context.rows[{i}]"))
+    title = block.get("benchmark") if isinstance(block, Mapping) else None
+    return AcceptanceTable(key_headers=("Sub-domain", "Context"), rows=rows, harness=harness,
+                           title=str(title) if title else None) if rows else None
+
+
+def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | None = None) -> Results:
+    """Read an evaluation JSON (`dspark-hub eval --json` or the card-side shape) into tables.
+
+    Args:
+        path: the JSON file.
+        defaults: harness metadata the card source knows; the file's own values win.
+
+    Raises:
+        UsageError: the file is missing, not JSON, or a rate list is not numbers.
+    """
+    p = Path(path)
+    doc = _read_json(p)
+    if not isinstance(doc, Mapping):
+        raise UsageError(f"{p}: is a JSON {type(doc).__name__}, not an object; pass 'dspark-hub eval --json' output")
+    harness = harness_pairs(doc, defaults)
+    long_harness = harness_pairs(doc.get("long_context") if isinstance(doc.get("long_context"), Mapping) else None,
+                                 doc, defaults)
+    return Results(by_dataset=_by_dataset(doc, p.name, harness),
+                   long_context=_long_context(doc, p.name, long_harness))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _step_row(line: Mapping[str, Any]) -> StepRow | None:
+    evaluation = line.get("eval") if isinstance(line.get("eval"), Mapping) else {}
+    length = _number(_first(evaluation, ("acceptance_length",))) if evaluation else None
+    loss = _number(_first(evaluation, ("loss", "eval_loss"))) if evaluation else None
+    length = length if length is not None else _number(line.get("eval_acceptance_length"))
+    loss = loss if loss is not None else _number(line.get("eval_loss"))
+    step = line.get("step")
+    if (length is None and loss is None) or not isinstance(step, int) or isinstance(step, bool):
+        return None
+    return StepRow(step=step, acceptance_length=length, eval_loss=loss)
+
+
+def load_train_log(path: str | os.PathLike[str], *,
+                   defaults: Mapping[str, Any] | None = None) -> tuple[list[StepRow], list[tuple[str, str]]]:
+    """Evaluation rows of a JSON-lines training log, by step, plus the eval harness it records.
+
+    Lines without evaluation results (plain training steps) are skipped; a later line for
+    the same step replaces an earlier one (a resumed run logs it again).
+
+    Raises:
+        UsageError: the file is missing or a line is not a JSON object.
+    """
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such file; pass the training log (JSON lines)") from None
+    rows: dict[int, StepRow] = {}
+    harness_source: Mapping[str, Any] | None = None
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{p}:{number}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+        if not isinstance(line, Mapping):
+            raise UsageError(f"{p}:{number}: is a JSON {type(line).__name__}, not an object")
+        row = _step_row(line)
+        if row is not None:
+            rows[row.step] = row
+            if isinstance(line.get("eval"), Mapping):
+                harness_source = line["eval"]
+    return [rows[s] for s in sorted(rows)], harness_pairs(harness_source, defaults)

@@ -1,0 +1,13 @@
+"""The format core: what a k3_dspark checkpoint is, read and written strictly, with no torch.
+
+- `reader`: the strict safetensors header reader and its dtype table.
+- `jsonio`: the one strict JSON loader (duplicate keys and NaN refused).
+- `contract`: the `k3_dspark` contract as data (reference config, roster, sizes).
+- `checkpoint`: checkpoint sources (a local folder) opened into a `CheckpointView` of headers.
+- `remote`: the Hub as a checkpoint source (HTTP range reads; huggingface_hub imported lazily).
+- `digests`: the one file-digest type, hashing, and the reader of digest files.
+- `tensorio`: streaming tensor bytes out of safetensors files.
+- `writer`: atomic writes and the safetensors writer.
+
+Imports nothing above itself: only `errors`, `report` and `schemas`.
+"""

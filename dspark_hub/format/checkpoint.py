@@ -1,0 +1,260 @@
+"""Open a checkpoint folder (local or on the Hub) at header level: config, index, headers.
+
+A `Source` is anything that can list its files and read byte ranges; `LocalSource`
+reads a folder, `dspark_hub.hub.HubSource` reads a Hub repo with HTTP range requests.
+`open_checkpoint` never reads tensor data and never imports checkpoint code: problems
+it meets become findings on the returned `CheckpointView`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from dspark_hub.format import contract
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+from dspark_hub.format.jsonio import json_type, loads_strict
+from dspark_hub.format.reader import SafetensorsHeader, ShardIndex, TensorInfo, parse_index, read_header_with
+from dspark_hub.report import Finding, error, warning
+from dspark_hub.schemas import GOLDEN_FIXTURE, current
+
+SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__"}
+
+
+class Source(Protocol):
+    """Where a checkpoint's bytes come from."""
+
+    location: str
+
+    def list_files(self) -> dict[str, int]:
+        """Relative path -> size in bytes, for every file of the checkpoint."""
+
+    def read_bytes(self, name: str, start: int, length: int) -> bytes:
+        """`length` bytes of file `name` from offset `start` (fewer at end of file)."""
+
+
+class LocalSource:
+    """A checkpoint folder on disk."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        path = Path(folder)
+        if not path.exists():
+            raise CheckpointNotFoundError(f"{folder}: no such file or directory; pass a checkpoint folder")
+        if path.is_file():
+            raise CheckpointNotFoundError(f"{folder}: is a file; pass the checkpoint folder that holds it "
+                                          f"(and its config.json): {path.parent}")
+        self.root = path
+        self.location = str(folder)
+
+    def list_files(self) -> dict[str, int]:
+        files: dict[str, int] = {}
+        self.unreadable: list[tuple[str, str]] = []
+
+        def refuse(e: OSError) -> None:
+            raise CheckpointNotFoundError(f"{self.location}: cannot list the folder ({e.strerror})")
+
+        for dirpath, dirnames, filenames in os.walk(self.root, onerror=refuse):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            for name in filenames:
+                full = Path(dirpath) / name
+                rel = full.relative_to(self.root).as_posix()
+                try:
+                    files[rel] = full.stat().st_size
+                except OSError as e:   # a dangling symlink, say: a finding, not a failure to list
+                    self.unreadable.append((rel, e.strerror or str(e)))
+        return dict(sorted(files.items()))
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def read_bytes(self, name: str, start: int, length: int) -> bytes:
+        with open(self.root / name, "rb") as f:
+            f.seek(start)
+            return f.read(length)
+
+
+@dataclass
+class CheckpointView:
+    """What a checkpoint holds at header level, plus the problems met while reading it."""
+
+    source: Any
+    files: dict[str, int]
+    config: dict[str, Any] | None = None
+    index: ShardIndex | None = None
+    layout: str | None = None                       # "single" | "sharded" | None
+    headers: dict[str, SafetensorsHeader] = field(default_factory=dict)
+    tensors: dict[str, tuple[str, TensorInfo]] = field(default_factory=dict)   # name -> (file, info)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def location(self) -> str:
+        return self.source.location
+
+    @property
+    def weight_files(self) -> list[str]:
+        return list(self.headers)
+
+
+def _read_json(source: Source, name: str, size: int, view: CheckpointView, code: str) -> Any | None:
+    try:
+        return loads_strict(source.read_bytes(name, 0, size), path=name)
+    except CheckpointFormatError as e:
+        hint = {"DUPLICATE_KEY": "write each key once",
+                "NON_FINITE_NUMBER": "write a finite number (JSON has no NaN or Infinity)"}.get(e.code,
+                                                                                            "fix the JSON syntax")
+        where = f"{name}:{e.tensor}" if e.tensor else name
+        view.findings.append(error(f"{code}_{e.code}" if e.code == "DUPLICATE_KEY" else f"{code}_INVALID_JSON",
+                                   where, e.detail, hint))
+    return None
+
+
+def _load_config(source: Source, view: CheckpointView) -> None:
+    name = contract.CONFIG_NAME
+    if name not in view.files:
+        view.findings.append(error("CONFIG_MISSING", name, "no config.json in the checkpoint folder",
+                                   "add the config.json the draft was trained with"))
+        return
+    doc = _read_json(source, name, view.files[name], view, "CONFIG")
+    if doc is None:
+        return
+    if not isinstance(doc, dict):
+        view.findings.append(error("CONFIG_INVALID_JSON", name, f"is a JSON {json_type(doc)}, not an object",
+                                   "config.json must be one JSON object"))
+        return
+    view.config = doc
+
+
+def _read_header(source: Source, name: str, size: int, view: CheckpointView) -> None:
+    try:
+        header = read_header_with(lambda start, length: source.read_bytes(name, start, length),
+                                  file_size=size, path=name)
+    except CheckpointFormatError as e:
+        view.findings.append(error(e.code, name if e.tensor is None else f"{name}:{e.tensor}", e.detail, e.hint))
+        return
+    except OSError as e:
+        view.findings.append(error("FILE_UNREADABLE", name, f"cannot be read ({e})", "check permissions"))
+        return
+    view.headers[name] = header
+
+
+def _load_index(source: Source, view: CheckpointView) -> ShardIndex | None:
+    name = contract.INDEX_NAME
+    try:
+        return parse_index(source.read_bytes(name, 0, view.files[name]), path=name)
+    except CheckpointFormatError as e:
+        code = e.code if e.code.startswith("INDEX_") else f"INDEX_{e.code}"
+        view.findings.append(error(code, name if e.tensor is None else f"{name}:{e.tensor}", e.detail,
+                                   "regenerate the index (or merge the shards with 'dspark-hub convert')"))
+        return None
+
+
+def _collect_single(view: CheckpointView) -> None:
+    header = next(iter(view.headers.values()), None)
+    if header is None:
+        return
+    for tname, info in header.tensors.items():
+        view.tensors[tname] = (header.path, info)
+
+
+def _collect_sharded(view: CheckpointView, index: ShardIndex) -> None:
+    where = contract.INDEX_NAME
+    for shard in index.files:
+        if shard not in view.files:
+            view.findings.append(error("INDEX_MISSING_FILE", shard, f"named by {where} but not in the folder",
+                                       "download the missing shard or regenerate the index"))
+    owner: dict[str, str] = {}
+    for file, header in view.headers.items():
+        for tname, info in header.tensors.items():
+            if tname in owner:
+                view.findings.append(error("TENSOR_IN_TWO_FILES", tname, f"is stored in both {owner[tname]} and "
+                                           f"{file}; runtimes load one of them at random",
+                                           "keep one copy and regenerate the index"))
+                continue
+            owner[tname] = file
+            view.tensors[tname] = (file, info)
+            mapped = index.weight_map.get(tname)
+            if mapped is None:
+                view.findings.append(error("INDEX_UNLISTED_TENSOR", tname, f"is in {file} but not in {where}'s "
+                                           "weight_map; loaders that follow the index never see it",
+                                           "regenerate the index"))
+            elif mapped != file:
+                view.findings.append(error("INDEX_WRONG_FILE", tname, f"{where} maps it to {mapped} but it is in "
+                                           f"{file}", "regenerate the index"))
+    for tname, file in index.weight_map.items():
+        if tname not in owner and file in view.headers:
+            view.findings.append(error("INDEX_WRONG_FILE", tname, f"{where} maps it to {file}, which does not "
+                                       "hold it", "regenerate the index"))
+    if index.total_size is not None:
+        data = sum(info.nbytes for _, info in view.tensors.values())
+        if data != index.total_size:
+            view.findings.append(error("INDEX_TOTAL_SIZE", where, f"metadata.total_size is {index.total_size:,} "
+                                       f"but the shards hold {data:,} bytes of tensor data", "regenerate the index"))
+
+
+def _set_aside_golden(source: Source, files: dict[str, int], candidates: list[str],
+                      view: CheckpointView) -> list[str]:
+    """Drop golden-vector fixtures from the weight files (named 'golden', schema checked), with a finding."""
+    weights = []
+    for name in candidates:
+        if "golden" in name.lower():
+            try:
+                header = read_header_with(lambda start, length: source.read_bytes(name, start, length),
+                                          file_size=files[name], path=name)
+            except (CheckpointFormatError, OSError):
+                header = None
+            if header is not None and current((header.metadata or {}).get("schema")) == GOLDEN_FIXTURE:
+                view.findings.append(error("GOLDEN_IN_WEIGHTS_FOLDER", name, "a golden-vector fixture beside the "
+                                           "weights: runtimes that load every top-level *.safetensors would read "
+                                           "its tensors as weights", f"move it to {contract.GOLDEN_DIR}/{name}"))
+                continue
+        weights.append(name)
+    return weights
+
+
+def open_checkpoint(source: Source) -> CheckpointView:
+    """Read config, index and every safetensors header of a checkpoint; never tensor data.
+
+    Raises:
+        CheckpointNotFoundError: the source cannot be listed at all.
+    """
+    files = source.list_files()
+    view = CheckpointView(source=source, files=files)
+    for name, why in getattr(source, "unreadable", ()):
+        view.findings.append(error("FILE_UNREADABLE", name, f"cannot be read ({why})",
+                                   "fix or remove it (a dangling symlink or a file without permission)"))
+    _load_config(source, view)
+    weight_files = [f for f in files if f.endswith(".safetensors") and "/" not in f]
+    weight_files = _set_aside_golden(source, files, weight_files, view)
+    if contract.INDEX_NAME in files:
+        view.layout = "sharded"
+        index = _load_index(source, view)
+        view.index = index
+        shards = index.files if index is not None else weight_files
+        for shard in shards:
+            if shard in files:
+                _read_header(source, shard, files[shard], view)
+        if index is not None:
+            _collect_sharded(view, index)
+        for stray in sorted(set(weight_files) - set(shards)):
+            view.findings.append(warning("STRAY_WEIGHTS_FILE", stray, f"is not named by {contract.INDEX_NAME}; "
+                                         "loaders that follow the index ignore it", "delete it or re-shard"))
+    elif weight_files:
+        view.layout = "single" if len(weight_files) == 1 else "sharded"
+        if len(weight_files) > 1:
+            view.findings.append(error("INDEX_MISSING", contract.INDEX_NAME, f"{len(weight_files)} safetensors files "
+                                       "but no index; loaders cannot tell which file holds which tensor",
+                                       "merge them with 'dspark-hub convert' or add an index"))
+        for name in weight_files:
+            _read_header(source, name, files[name], view)
+        if len(weight_files) == 1:
+            _collect_single(view)
+        else:
+            for file, header in view.headers.items():
+                for tname, info in header.tensors.items():
+                    view.tensors.setdefault(tname, (file, info))
+    else:
+        view.findings.append(error("NO_WEIGHTS", view.location, "no *.safetensors file in the checkpoint folder",
+                                   "export the weights as model.safetensors (pickled .bin files are not read)"))
+    return view

@@ -1,0 +1,144 @@
+"""Strict JSON: the one loader for every config, index, manifest and record dspark-hub reads.
+
+Python's `json` keeps the last of two equal keys and accepts `NaN`/`Infinity`; both hide
+mistakes (two readers of one config disagree on which key wins; a NaN rope factor loads as
+a float). Here duplicate keys are refused at any depth, non-finite literals are refused
+naming the key that holds them, and the bytes must be UTF-8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+
+#: code -> meaning, for the JSON failures every caller shares (prefixed by callers that need to).
+JSON_CODES: dict[str, str] = {
+    "NOT_UTF8": "the file is not valid UTF-8",
+    "NOT_JSON": "the file is not valid JSON",
+    "DUPLICATE_KEY": "a JSON object repeats a key",
+    "NON_FINITE_NUMBER": "a value is NaN or Infinity, which JSON does not allow",
+    "NOT_OBJECT": "the document is not a JSON object",
+}
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+class _NonFinite(float):
+    """A NaN/Infinity literal, kept as a marker so the key holding it can be named."""
+
+    literal: str
+
+    def __new__(cls, literal: str) -> _NonFinite:
+        value = super().__new__(cls, float(literal.replace("Infinity", "inf")))
+        value.literal = literal
+        return value
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _find_non_finite(value: Any, where: str) -> tuple[str, str] | None:
+    """(dotted path, literal) of the first NaN/Infinity in a decoded document."""
+    if isinstance(value, _NonFinite):
+        return where, value.literal
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _find_non_finite(item, f"{where}[{key}]" if isinstance(key, int) else
+                                 f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type (`object`, `array`, `string`, ...), for messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None = None) -> Any:
+    """Parse UTF-8 JSON, refusing duplicate keys at any depth and NaN/Infinity literals.
+
+    Args:
+        raw: the bytes (or text) of the document.
+        path: the file name used in messages.
+        codes: renames of the `JSON_CODES` a caller reports under its own codes
+            (the safetensors reader says `HEADER_NOT_JSON`).
+
+    Raises:
+        CheckpointFormatError: `NOT_UTF8`, `NOT_JSON`, `DUPLICATE_KEY` or `NON_FINITE_NUMBER`
+            (renamed through `codes`); `tensor` holds the offending key where there is one.
+    """
+    def code(name: str) -> str:
+        return (codes or {}).get(name, name)
+
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CheckpointFormatError(code("NOT_UTF8"), f"not valid UTF-8 at byte {e.start}", path=path) from None
+    else:
+        text = raw
+    try:
+        doc = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_NonFinite)
+    except _DuplicateKey as e:
+        raise CheckpointFormatError(
+            code("DUPLICATE_KEY"), f"key {e.key!r} appears twice; readers disagree on which one wins, "
+            "so write it once", path=path, tensor=e.key) from None
+    except RecursionError:
+        raise CheckpointFormatError(code("NOT_JSON"), "not valid JSON (nested too deeply to read)", path=path) from None
+    except ValueError as e:
+        raise CheckpointFormatError(code("NOT_JSON"), f"not valid JSON ({str(e).splitlines()[0]})",
+                                    path=path) from None
+    found = _find_non_finite(doc, "")
+    if found:
+        key, literal = found
+        raise CheckpointFormatError(code("NON_FINITE_NUMBER"), f"{key or 'the document'} is {literal}, "
+                                    "which is not JSON; write a finite number", path=path, tensor=key or None)
+    return doc
+
+
+def load_json_file(path: str | os.PathLike[str], *, display: str | None = None) -> Any:
+    """Read and strictly parse one JSON file.
+
+    Raises:
+        CheckpointNotFoundError: the file does not exist.
+        CheckpointFormatError: see `loads_strict`.
+    """
+    p = Path(path)
+    where = display or str(p)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise CheckpointNotFoundError(f"{where}: is a directory, not a JSON file") from None
+    return loads_strict(raw, path=where)
+
+
+def load_json_object(path: str | os.PathLike[str], *, display: str | None = None) -> dict[str, Any]:
+    """`load_json_file` for documents that must be one JSON object (configs, manifests).
+
+    Raises:
+        CheckpointNotFoundError: the file does not exist.
+        CheckpointFormatError: see `loads_strict`, or `NOT_OBJECT`.
+    """
+    doc = load_json_file(path, display=display)
+    if not isinstance(doc, dict):
+        raise CheckpointFormatError("NOT_OBJECT", f"is a JSON {json_type(doc)}, not an object",
+                                    path=display or str(path))
+    return doc

@@ -1,0 +1,174 @@
+"""Tensor bytes on disk: stream byte ranges, hash them, decode float dtypes, find tensors by name.
+
+The byte-level counterpart of `reader.py` (which never reads tensor data). Everything
+streams through fixed-size reusable buffers, so memory stays bounded however large
+the file. numpy is imported lazily: `hash_range` and `locate_tensor` are stdlib only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from dspark_hub.errors import CheckpointNotFoundError, UsageError
+from dspark_hub.format.contract import INDEX_NAME
+from dspark_hub.format.reader import DTYPE_SIZES
+from dspark_hub.format.reader import SafetensorsHeader, TensorInfo, parse_index, read_header
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Progress = Callable[[int], None]
+CHUNK_BYTES = 16 << 20
+
+#: Float dtypes we can decode: dtype -> (unsigned view, |x| bit mask, +inf bit pattern).
+FLOAT_BITS: dict[str, tuple[str, int, int]] = {
+    "BF16": ("<u2", 0x7FFF, 0x7F80),
+    "F16": ("<u2", 0x7FFF, 0x7C00),
+    "F32": ("<u4", 0x7FFF_FFFF, 0x7F80_0000),
+    "F64": ("<u8", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+}
+
+
+def iter_range(path: str | os.PathLike[str], start: int, end: int, *, chunk_bytes: int = CHUNK_BYTES,
+               buffer: bytearray | None = None) -> Iterator[memoryview]:
+    """Yield the bytes `[start, end)` of a file as views of one reused buffer.
+
+    A yielded view is valid only until the next one is requested (the buffer is reused).
+
+    Raises:
+        OSError: the file cannot be read or ends before `end`.
+    """
+    buf = buffer if buffer is not None else bytearray(min(chunk_bytes, max(1, end - start)))
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        left = end - start
+        while left > 0:
+            n = f.readinto(view[:min(len(buf), left)])
+            if not n:
+                raise OSError(f"{path}: ends {left:,} bytes before offset {end:,}; the file is truncated")
+            left -= n
+            yield view[:n]
+
+
+def hash_range(path: str | os.PathLike[str], start: int, end: int, *, progress: Progress | None = None,
+               chunk_bytes: int = CHUNK_BYTES) -> str:
+    """SHA-256 (hex) of the bytes `[start, end)` of a file, streamed."""
+    hasher = hashlib.sha256()
+    for piece in iter_range(path, start, end, chunk_bytes=chunk_bytes):
+        hasher.update(piece)
+        if progress:
+            progress(len(piece))
+    return hasher.hexdigest()
+
+
+@dataclass(frozen=True)
+class TensorLocation:
+    """Where one tensor's bytes live: the file, its validated header and the tensor entry."""
+
+    path: Path
+    header: SafetensorsHeader
+    info: TensorInfo
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def byte_range(self) -> tuple[int, int]:
+        return self.header.absolute_range(self.info.name)
+
+    def describe(self) -> str:
+        return f"{self.path}:{self.info.name}"
+
+
+@dataclass(frozen=True)
+class TensorDigest:
+    """SHA-256 of a tensor's raw bytes, with the dtype and shape that give them meaning."""
+
+    location: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.location, "dtype": self.dtype, "shape": list(self.shape),
+                "bytes": self.nbytes, "sha256": self.sha256}
+
+
+def view_location(view: Any, name: str) -> TensorLocation:
+    """Where tensor `name` of an opened local checkpoint (`checkpoint.CheckpointView`) lives."""
+    file, info = view.tensors[name]
+    return TensorLocation(path=view.source.path(file), header=view.headers[file], info=info)
+
+
+def tensor_digest(location: TensorLocation, *, progress: Progress | None = None) -> TensorDigest:
+    """Hash a tensor's bytes in place (streamed from its byte range, never loaded whole)."""
+    start, end = location.byte_range
+    return TensorDigest(location=location.describe(), dtype=location.info.dtype, shape=location.info.shape,
+                        nbytes=end - start, sha256=hash_range(location.path, start, end, progress=progress))
+
+
+def _candidate_files(folder: Path, names: Sequence[str]) -> list[Path]:
+    """Weight files to search, the index's choice first when the folder is sharded."""
+    index_path = folder / INDEX_NAME
+    if index_path.is_file():
+        index = parse_index(index_path.read_bytes(), path=str(index_path))
+        return [folder / index.weight_map[n] for n in names if n in index.weight_map]
+    return sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+
+
+def locate_tensor(path: str | os.PathLike[str], names: Sequence[str]) -> TensorLocation:
+    """Find the first of `names` in a safetensors file or a checkpoint folder (single file or sharded).
+
+    Only headers are read. In a sharded folder the index says which shard to open.
+
+    Raises:
+        CheckpointNotFoundError: `path` does not exist.
+        UsageError: none of `names` is stored there.
+        CheckpointFormatError: a header or the index is invalid.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointNotFoundError(f"{path}: no such file or directory; pass a checkpoint folder or "
+                                      "a .safetensors file")
+    files = [p] if p.is_file() else _candidate_files(p, names)
+    for file in files:
+        header = read_header(file)
+        for name in names:
+            if name in header.tensors:
+                return TensorLocation(path=file, header=header, info=header.tensors[name])
+    raise UsageError(f"{path}: holds none of {', '.join(names)}; pass the checkpoint that holds that tensor")
+
+
+# ---------------------------------------------------------------- decoding
+
+def float_dtype_supported(dtype: str) -> bool:
+    return dtype in FLOAT_BITS
+
+
+def decode_float(raw: Any, dtype: str) -> "np.ndarray":
+    """Little-endian float bytes -> a float32 array (float64 for F64). BF16 is widened bit-exactly."""
+    import numpy as np
+
+    if dtype == "BF16":
+        bits = np.frombuffer(raw, dtype="<u2")
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+    if dtype == "F16":
+        return np.frombuffer(raw, dtype="<f2").astype(np.float32)
+    if dtype == "F32":
+        return np.frombuffer(raw, dtype="<f4")
+    if dtype == "F64":
+        return np.frombuffer(raw, dtype="<f8")
+    raise UsageError(f"dtype {dtype}: not a float dtype this tool decodes ({', '.join(FLOAT_BITS)})")
+
+
+def iter_elements(location: TensorLocation, elements_per_chunk: int) -> Iterator[memoryview]:
+    """A tensor's bytes in pieces of whole elements (`elements_per_chunk` each, the last shorter)."""
+    start, end = location.byte_range
+    return iter_range(location.path, start, end, chunk_bytes=elements_per_chunk * DTYPE_SIZES[location.info.dtype])

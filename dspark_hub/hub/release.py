@@ -1,0 +1,170 @@
+"""Publishing a draft: the preflight gate (verify + card lint), then `hub.publish`.
+
+The gate runs before anything is hashed or sent: a checkpoint that fails `verify`
+(with `--drop-in` when given) or whose card fails `card lint` against the weights is
+refused with every reason named, and the Hub sees no request at all.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from dspark_hub import __version__
+from dspark_hub.verify.checks import verify
+from dspark_hub.format.digests import checkpoint_files, sha256_file
+from dspark_hub.errors import CheckpointNotFoundError
+from dspark_hub.report import Report
+
+CARD_NAME = "README.md"
+
+
+@dataclass
+class Gate:
+    """What the preflight found: the verify report, the card lint, and the reasons to refuse."""
+
+    verify: Report
+    lint: Any | None
+    refusals: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "refusals": self.refusals, "verify": self.verify.to_dict(),
+                "card_lint": self.lint.to_dict() if self.lint is not None else None}
+
+
+def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
+              progress: Any = None) -> tuple[Gate, Any | None]:
+    """Verify the checkpoint and lint its card against it; collect every reason to refuse.
+
+    Verify reads headers only and runs first: a failing checkpoint is refused before any byte
+    is hashed. Otherwise the folder is hashed once (returned as the manifest `hub.publish`
+    reuses) and the card's checksum table is checked against those digests.
+    """
+    from dspark_hub.cards.lint import lint_card
+    from dspark_hub.verify.against_hub import local_digests
+
+    folder = Path(folder)
+    report = verify(folder, drop_in=drop_in)
+    refusals = [f"verify: {f.where}: {f.message}" for f in report.sorted_findings() if f.severity == "error"]
+    card = folder / CARD_NAME
+    if refusals:
+        return Gate(verify=report, lint=None, refusals=refusals), None
+    if not card.is_file():
+        refusals.append(f"{CARD_NAME}: no model card in the folder; write one with 'dspark-hub card' "
+                        "(a draft without a card is not published)")
+        return Gate(verify=report, lint=None, refusals=refusals), None
+    manifest = local_digests(folder, progress=progress)
+    digests = {folder / d.path: d.sha256 for d in manifest.files}
+    lint = lint_card(card, checkpoint=folder,
+                     hasher=lambda path: digests.get(Path(path)) or sha256_file(path))
+    refusals += [f"card lint: {f.where}: {f.message}" for f in lint.sorted_findings() if f.severity == "error"]
+    return Gate(verify=report, lint=lint, refusals=refusals), manifest
+
+
+def commit_text(report: Report, *, name: str, drop_in: str | None) -> tuple[str, str]:
+    """A commit title and body that summarise the verify report."""
+    s = report.summary
+    params = s.parameters or {}
+    title = (f"Upload {name}: verify OK ({s.tensors} tensors, {params.get('total', 0):,} parameters"
+             + (f", drop-in {drop_in}" if drop_in else "") + ")")
+    warnings = sum(1 for f in report.findings if f.severity == "warning")
+    body = "\n".join([
+        f"Checked with dspark-hub {__version__} before upload.",
+        f"layout: {s.layout}; files: {', '.join(f['name'] for f in s.files)}",
+        f"parameters: {params.get('total', 0):,} total / {params.get('trained', 0):,} trained / "
+        f"{params.get('frozen', 0):,} frozen",
+        f"dtypes: {', '.join(f'{k} x{v}' for k, v in sorted(s.dtypes.items()))}",
+        f"findings: 0 errors, {warnings} warnings",
+    ])
+    return title, body
+
+
+@contextmanager
+def staged_with_code(folder: Path) -> Iterator[Path]:
+    """A sibling copy of `folder` (hard links where possible) with the modeling code exported into it.
+
+    The input folder is never modified; the stage is removed afterwards.
+    """
+    from dspark_hub.modeling import export_code
+
+    stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.publish-", dir=folder.parent))
+    try:
+        for rel in checkpoint_files(folder):
+            target = stage / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(folder / rel, target)
+            except OSError:
+                shutil.copy2(folder / rel, target)
+        export_code(stage, force=True)
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+@dataclass
+class Publication:
+    """The gate and, when it passed, what `hub.publish` did."""
+
+    gate: Gate
+    result: Any | None = None   # hub.PublishResult
+
+    @property
+    def ok(self) -> bool:
+        return self.gate.ok and (self.result is None or self.result.ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "dspark-hub/publish/1", "ok": self.ok,
+                "status": self.result.status if self.result is not None else "refused",
+                "gate": self.gate.to_dict(), "publish": self.result.to_dict() if self.result is not None else None}
+
+
+def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in: str | None = None,
+                       private: bool | None = None, revision: str | None = None, tag: str | None = None,
+                       with_remote_code: bool = False, endpoint: str | None = None, token: str | None = None,
+                       dry_run: bool = False, progress: Any = None) -> Publication:
+    """Gate, then publish a checkpoint folder to `repo_id` and compare what landed with the local files.
+
+    Args:
+        folder: the checkpoint folder (with its `README.md` card).
+        repo_id: `ORG/NAME`.
+        drop_in: demand drop-in identity with this reference in the gate (`kimi-k3` or a folder).
+        private, revision, tag, endpoint, token, dry_run, progress: see `hub.publish`.
+        with_remote_code: also upload the modeling code and an `auto_map` (the folder is not changed).
+
+    Raises:
+        CheckpointNotFoundError: `folder` is not a directory.
+        HubError: the Hub refused or could not be reached.
+    """
+    from dspark_hub.hub.publish import publish
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(f"{folder}: not a directory; pass the checkpoint folder to publish")
+    with (staged_with_code(folder) if with_remote_code else _as_is(folder)) as source:
+        gate, manifest = preflight(source, drop_in=drop_in, progress=progress)
+        if with_remote_code and gate.lint is not None and any(f.code.startswith("CHECKSUM_") and
+                                                              f.severity == "error" for f in gate.lint.findings):
+            gate.refusals.append("--with-remote-code adds auto_map to config.json, so the card's checksums no "
+                                 f"longer match; run 'dspark-hub export-code {folder}' and render the card again")
+        if not gate.ok:
+            return Publication(gate=gate)
+        title, body = commit_text(gate.verify, name=repo_id.split("/")[-1], drop_in=drop_in)
+        result = publish(source, repo_id, private=private, revision=revision, tag=tag, commit_message=title,
+                         commit_description=body, endpoint=endpoint, token=token, dry_run=dry_run,
+                         progress=progress, manifest=manifest)
+    return Publication(gate=gate, result=result)
+
+
+@contextmanager
+def _as_is(folder: Path) -> Iterator[Path]:
+    yield folder

@@ -1,0 +1,325 @@
+"""`convert SRC DST`: turn a known near-miss export into a contract checkpoint, reporting every change.
+
+What it repairs:
+
+- names: strips wrapper prefixes (`contract.FOREIGN_PREFIXES`) and renames trainer-internal
+  names (`contract.KNOWN_MISNAMES`: `fc`, `hidden_norm`, `norm`);
+- drops tensors runtimes skip (`contract.SKIPPED_EXTRAS`: a shipped `lm_head.weight`);
+- casts F32/F16 tensors to BF16 (round to nearest even, NaN stays NaN);
+- merges shards into one `model.safetensors` in sorted-name order, with the contract metadata;
+- config: removes `contract.FORBIDDEN_KEYS` (`rope_interleave`) and the transformers-v5 `dtype`
+  alias, adds missing contract keys with their reference values unless they set tensor
+  dimensions, sets `torch_dtype` to match the tensors, and writes keys in the published order
+  (unknown keys after).
+
+It streams one tensor at a time, writes into a temporary folder renamed to DST at the end
+(an interrupted run leaves no DST), never modifies SRC, and refuses an existing DST without
+`force`. Other files in SRC (README, tokenizer, ...) are not copied; each is reported.
+
+JSON (schema `dspark-hub/convert/1`)::
+
+    {
+      "schema": "dspark-hub/convert/1",
+      "src": str, "dst": str,
+      "tensors": int, "weights_bytes": int,
+      "changes": [{"kind": str, "target": str, "detail": str}],
+      "verify": {"ok": bool, "errors": [{"code": str, "where": str}]}   # header-level verify of DST
+    }
+
+Change kinds: `strip_prefix`, `rename`, `drop`, `cast`, `merge`, `metadata`, `config_remove`,
+`config_add`, `config_set`, `config_order`, `config_note`, `skip_file`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from dspark_hub.format import contract
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.format.contract import TensorSpec
+from dspark_hub.errors import UsageError
+from dspark_hub.format.tensorio import TensorLocation, iter_elements, view_location
+from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+
+SCHEMA = "dspark-hub/convert/1"
+Progress = Callable[[int], None]
+CAST_TO_BF16 = ("F32", "F16")
+CHUNK_ELEMENTS = 4 << 20
+#: Reader findings convert can repair (it merges shards without an index).
+_REPAIRABLE = {"INDEX_MISSING"}
+#: The transformers-v5 spelling of `torch_dtype`; the contract writes `torch_dtype`.
+DTYPE_ALIAS = "dtype"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing convert did (or deliberately did not do)."""
+
+    kind: str
+    target: str
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "target": self.target, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One output tensor: where its bytes come from and whether they are cast."""
+
+    source: TensorLocation
+    spec: TensorSpec
+
+    @property
+    def cast(self) -> bool:
+        return self.source.info.dtype != self.spec.dtype
+
+
+@dataclass
+class ConvertReport:
+    """What `convert` wrote and every change it made."""
+
+    src: str
+    dst: str
+    tensors: int = 0
+    weights_bytes: int = 0
+    changes: list[Change] = field(default_factory=list)
+    verify_ok: bool = False
+    verify_errors: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "src": self.src, "dst": self.dst, "tensors": self.tensors,
+                "weights_bytes": self.weights_bytes, "changes": [c.to_dict() for c in self.changes],
+                "verify": {"ok": self.verify_ok,
+                           "errors": [{"code": c, "where": w} for c, w in self.verify_errors]}}
+
+
+# ---------------------------------------------------------------- names
+
+def contract_name(name: str) -> tuple[str, list[str]]:
+    """The contract name of an exported tensor name, and the wrapper prefixes stripped from it."""
+    stripped: list[str] = []
+    while prefix := next((p for p in contract.FOREIGN_PREFIXES if name.startswith(p)), None):
+        stripped.append(prefix)
+        name = name[len(prefix):]
+    return contract.KNOWN_MISNAMES.get(name, name), stripped
+
+
+def plan_tensors(view: CheckpointView) -> tuple[list[TensorPlan], list[Change]]:
+    """Output tensors in sorted-name order, plus the renames, drops and casts that produce them.
+
+    Raises:
+        UsageError: two exported tensors map to the same contract name.
+    """
+    plans: dict[str, TensorPlan] = {}
+    origin: dict[str, str] = {}
+    changes: list[Change] = []
+    for name in sorted(view.tensors):
+        _, info = view.tensors[name]
+        target, stripped = contract_name(name)
+        if stripped:
+            changes.append(Change("strip_prefix", name, f"-> {target} (removed {''.join(stripped)!r})"))
+        elif target != name:
+            changes.append(Change("rename", name, f"-> {target} (trainer-internal name)"))
+        if target in contract.SKIPPED_EXTRAS:
+            changes.append(Change("drop", name, f"dropped {list(info.shape)} {info.dtype} ({info.nbytes:,} bytes): "
+                                  "runtimes skip it and use the target's own"))
+            continue
+        if target in plans:
+            raise UsageError(f"{name}: maps to {target}, which {origin[target]} already provides; "
+                             "remove one of them before converting")
+        dtype = contract.CONTRACT_DTYPE if info.dtype in CAST_TO_BF16 else info.dtype
+        if dtype != info.dtype:
+            changes.append(Change("cast", target, f"{info.dtype} -> {dtype} (round to nearest even)"))
+        plans[target] = TensorPlan(source=view_location(view, name), spec=TensorSpec(target, info.shape, dtype))
+        origin[target] = name
+    return [plans[n] for n in sorted(plans)], changes
+
+
+# ---------------------------------------------------------------- bytes
+
+def f32_bits_to_bf16(bits: Any) -> Any:
+    """uint32 F32 bit patterns -> uint16 BF16 bit patterns, round to nearest even; NaN stays (quiet) NaN."""
+    import numpy as np
+
+    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000
+    if nan.any():
+        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
+    return rounded
+
+
+def cast_to_bf16(raw: Any, dtype: str) -> Any:
+    """F32 or F16 little-endian bytes -> BF16 bytes (a uint16 array)."""
+    import numpy as np
+
+    if dtype == "F32":
+        bits = np.frombuffer(raw, dtype="<u4")
+    elif dtype == "F16":
+        bits = np.frombuffer(raw, dtype="<f2").astype(np.float32).view(np.uint32)
+    else:
+        raise UsageError(f"dtype {dtype}: convert casts only {', '.join(CAST_TO_BF16)} to BF16")
+    return f32_bits_to_bf16(bits).astype("<u2", copy=False)
+
+
+def tensor_chunks(plans: list[TensorPlan]) -> Callable[[TensorSpec], Iterator[bytes | memoryview]]:
+    """Chunk producer for `writer.write_safetensors`: reads each tensor's source byte range."""
+    by_name = {p.spec.name: p for p in plans}
+
+    def produce(spec: TensorSpec) -> Iterator[bytes | memoryview]:
+        plan = by_name[spec.name]
+        for piece in iter_elements(plan.source, CHUNK_ELEMENTS):
+            yield cast_to_bf16(piece, plan.source.info.dtype).data if plan.cast else piece
+
+    return produce
+
+
+# ---------------------------------------------------------------- config
+
+@functools.cache
+def dimension_keys() -> frozenset[str]:
+    """Config keys that change the tensor roster (found by perturbing the reference config)."""
+    base = contract.roster(contract.REFERENCE_CONFIG)
+    keys = set()
+    for key, value in contract.REFERENCE_CONFIG.items():
+        probe = dict(contract.REFERENCE_CONFIG)
+        if isinstance(value, bool):
+            probe[key] = not value
+        elif isinstance(value, int):
+            probe[key] = value + 1
+        else:
+            continue
+        if contract.roster(probe) != base:
+            keys.add(key)
+    return frozenset(keys)
+
+
+def _ordered(config: dict[str, Any]) -> dict[str, Any]:
+    known = [k for k in contract.REFERENCE_CONFIG if k in config]
+    return {k: config[k] for k in known + [k for k in config if k not in contract.REFERENCE_CONFIG]}
+
+
+def repair_config(config: dict[str, Any], tensor_dtypes: set[str]) -> tuple[dict[str, Any], list[Change]]:
+    """The repaired config (published key order) and each change made to it.
+
+    Args:
+        config: the exported config.
+        tensor_dtypes: the dtypes of the output tensors (sets `torch_dtype` when they agree).
+    """
+    cfg = copy.deepcopy(config)
+    changes: list[Change] = []
+    for key, why in contract.FORBIDDEN_KEYS.items():
+        if key in cfg:
+            changes.append(Change("config_remove", key, f"removed {key}={json.dumps(cfg.pop(key))}: {why}"))
+    if DTYPE_ALIAS in cfg:
+        changes.append(Change("config_remove", DTYPE_ALIAS, f"removed {DTYPE_ALIAS}={json.dumps(cfg.pop(DTYPE_ALIAS))}: "
+                              "the transformers-v5 alias of torch_dtype, which the contract writes"))
+    torch_dtype = next((n for n, d in contract.TORCH_DTYPE_NAMES.items() if {d} == tensor_dtypes), None)
+    if torch_dtype and "torch_dtype" in cfg and cfg["torch_dtype"] != torch_dtype:
+        changes.append(Change("config_set", "torch_dtype", f"{json.dumps(cfg['torch_dtype'])} -> {json.dumps(torch_dtype)} "
+                              "(the dtype of the converted tensors)"))
+        cfg["torch_dtype"] = torch_dtype
+    for key, value in contract.REFERENCE_CONFIG.items():
+        if key in cfg:
+            continue
+        if key in dimension_keys():
+            changes.append(Change("config_note", key, f"missing and not added: it sets tensor dimensions; add "
+                                  "the value the weights were trained with"))
+            continue
+        cfg[key] = copy.deepcopy(torch_dtype if key == "torch_dtype" and torch_dtype else value)
+        changes.append(Change("config_add", key, f"added {key}={json.dumps(cfg[key])} (reference value)"))
+    ordered = _ordered(cfg)
+    if [k for k in ordered if k in config] != [k for k in config if k in ordered]:
+        changes.append(Change("config_order", contract.CONFIG_NAME, "keys written in the published order"))
+    return ordered, changes
+
+
+# ---------------------------------------------------------------- entry point
+
+def _check_paths(src: Path, dst: Path) -> None:
+    s, d = src.resolve(), dst.resolve()
+    if d == s or s in d.parents:
+        raise UsageError(f"{dst}: is inside SRC {src}; write the converted checkpoint to another folder")
+    if d in s.parents:
+        raise UsageError(f"{dst}: contains SRC {src}; replacing it would delete the source, choose another folder")
+
+
+def _open_source(src: Path) -> CheckpointView:
+    view = open_checkpoint(LocalSource(src))
+    blocking = [f for f in view.findings if f.severity == "error" and f.code not in _REPAIRABLE]
+    if blocking:
+        f = blocking[0]
+        raise UsageError(f"{src}/{f.where}: {f.message}; convert cannot repair this (see 'dspark-hub verify {src}')")
+    config = view.config or {}
+    if "speculators_model_type" in config or config.get("model_type", contract.MODEL_TYPE) != contract.MODEL_TYPE:
+        raise UsageError(f"{src}/config.json: model_type {config.get('model_type')!r} is not a k3_dspark export; "
+                         "convert only repairs near-miss k3_dspark layouts")
+    return view
+
+
+def _layout_changes(view: CheckpointView, plans: list[TensorPlan]) -> list[Change]:
+    changes = []
+    files = view.weight_files
+    if files != [contract.WEIGHTS_NAME]:
+        changes.append(Change("merge", contract.WEIGHTS_NAME, f"wrote {len(plans)} tensors from {', '.join(files)} "
+                              "into one file" + (f" (dropped {contract.INDEX_NAME})" if view.index else "")))
+    for name, header in view.headers.items():
+        if header.metadata != contract.TORCHSPEC_METADATA:
+            changes.append(Change("metadata", name, f"__metadata__ {header.metadata} -> "
+                                  f"{contract.TORCHSPEC_METADATA}"))
+    handled = set(files) | {contract.CONFIG_NAME, contract.INDEX_NAME}
+    for name in view.files:
+        if name not in handled:
+            changes.append(Change("skip_file", name, "not copied; copy it yourself if it belongs with the draft"))
+    return changes
+
+
+def planned_bytes(src: str | os.PathLike[str]) -> int:
+    """Tensor bytes `convert` will write (for a progress bar total)."""
+    plans, _ = plan_tensors(_open_source(Path(src)))
+    return sum(p.spec.nbytes for p in plans)
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: bool = False,
+            progress: Progress | None = None) -> ConvertReport:
+    """Convert a near-miss k3_dspark export in SRC into a contract checkpoint in DST.
+
+    Args:
+        src: the exported checkpoint folder (never modified).
+        dst: the output folder (created atomically).
+        force: replace an existing DST.
+        progress: called with the number of tensor bytes written.
+
+    Returns:
+        A `ConvertReport` listing every change and a header-level verify of DST.
+
+    Raises:
+        RefusedOverwriteError: DST exists and `force` is False.
+        UsageError: DST is SRC, inside it or contains it; SRC cannot be read or is not a k3_dspark export;
+            two tensors map to one contract name.
+    """
+    from dspark_hub.verify.checks import verify
+
+    src_p, dst_p = Path(src), Path(dst)
+    _check_paths(src_p, dst_p)
+    check_writable(dst_p, force=force)
+    view = _open_source(src_p)
+    plans, changes = plan_tensors(view)
+    config, config_changes = repair_config(view.config or {}, {p.spec.dtype for p in plans})
+    report = ConvertReport(src=os.fspath(src), dst=os.fspath(dst), tensors=len(plans),
+                           changes=changes + _layout_changes(view, plans) + config_changes)
+    with atomic_dir(dst_p, force=force) as tmp:
+        (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(config))
+        report.weights_bytes = write_safetensors(tmp / contract.WEIGHTS_NAME, [p.spec for p in plans],
+                                                 tensor_chunks(plans), metadata=contract.TORCHSPEC_METADATA,
+                                                 progress=progress)
+    checked = verify(dst_p)
+    report.verify_ok = checked.ok
+    report.verify_errors = [(f.code, f.where) for f in checked.errors]
+    return report

@@ -1,0 +1,43 @@
+"""Every schema id dspark-hub writes, in one place (the README's "JSON output" section lists them).
+
+A command's `--json` document is `dspark-hub/<command>/<version>`, where `<command>` is the
+command path joined with `-` (`golden check` -> `golden-check`). Files dspark-hub writes for
+other tools to read carry their own ids. Bump a version only when a key changes meaning or
+disappears; adding keys keeps it.
+"""
+
+from __future__ import annotations
+
+#: `--json` output of each command.
+COMMANDS: dict[str, str] = {name: f"dspark-hub/{name}/1" for name in (
+    "verify", "diff", "convert", "init", "rollouts", "finetune", "eval", "golden-write", "golden-check",
+    "export-code", "checksums", "checksums-check", "package", "card", "card-lint", "publish", "error",
+)}
+
+#: `checksums.json`, the digest manifest beside the weights.
+CHECKSUMS = "dspark-hub/checksums-manifest/1"
+#: `manifest.json` (and shard metadata) of a rollouts folder.
+ROLLOUTS_DATA = "dspark-hub/rollouts-data/1"
+#: `__metadata__["schema"]` of a golden-vector fixture.
+GOLDEN_FIXTURE = "dspark-hub/golden-fixture/1"
+
+#: Ids these files carried before 0.2; still read, never written.
+LEGACY_FILE_IDS: dict[str, str] = {
+    "dspark-hub/checksums/1": CHECKSUMS,
+    "dspark-hub/rollouts/1": ROLLOUTS_DATA,
+    "dspark-hub/golden/1": GOLDEN_FIXTURE,
+}
+
+
+def command(name: str) -> str:
+    """The schema id of a command's `--json` output.
+
+    Raises:
+        KeyError: not a command (a typo here is a bug, not a user error).
+    """
+    return COMMANDS[name]
+
+
+def current(schema_id: object) -> object:
+    """A file's schema id with a legacy id mapped to the one written today."""
+    return LEGACY_FILE_IDS.get(schema_id, schema_id) if isinstance(schema_id, str) else schema_id

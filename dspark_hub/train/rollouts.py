@@ -1,0 +1,396 @@
+"""Teacher rollouts: greedy continuations plus the hidden states a DSpark draft trains on.
+
+`dspark-hub rollouts --teacher T --prompts P.jsonl --draft-config CKPT/config.json --out DATA`
+
+Prompts (JSONL, one object per line) carry exactly one of:
+  - `messages`: a chat, rendered with the teacher tokenizer's chat template (generation prompt added);
+  - `text`: plain text, tokenized by the teacher tokenizer (its special tokens added);
+  - `input_ids`: token ids, used as is (no tokenizer needed);
+and optionally `dataset`, a label that evaluation reports separately.
+
+Each prompt is continued greedily by the teacher (up to `max_new_tokens`, stopping at EOS), then
+one prefill pass over prompt + continuation records, per token:
+
+  - `input_ids` (int64 `[T]`);
+  - `loss_mask` (uint8 `[T]`): 1 on continuation tokens, 0 on prompt tokens;
+  - `aux_hidden_states` (bf16 `[T, len(target_layer_ids) * hidden]`): the OUTPUT of each teacher
+    decoder layer named in the draft's `target_layer_ids` (0-based; `hidden_states[l + 1]` in
+    `output_hidden_states` indexing, never the final-normed last entry), captured with forward
+    hooks and concatenated in ascending id order (see `dspark_hub.teacher`);
+  - `final_hidden_states` (bf16 `[T, hidden]`): the teacher's last hidden state after its final
+    norm, i.e. the input of `lm_head`. Target distributions are recomputed from it at training time.
+
+Layout of DATA (schema `dspark-hub/rollouts/1`):
+  `shard-NNNNN.safetensors`: tensors named `<prompt_index>.<field>` for the fields above;
+  `manifest.json`: `{"schema", "settings": {...}, "teacher": {...}, "tap_convention", "fields",
+  "shards": [{"file", "sequences": [{"prompt_index", "dataset", "length", "prompt_length",
+  "greedy_agreement": [agree, total]}]}]}`. Every file is written to a temporary sibling and
+  renamed; the manifest is rewritten after each shard, so an interrupted run resumes by skipping the
+  prompts it already wrote (when the settings match; otherwise it refuses, naming the setting).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from dspark_hub.errors import RefusedOverwriteError, UsageError
+from dspark_hub.train.teacher import (capture_states, check_teacher_matches, chat_template_digest, load_teacher, load_tokenizer, read_json,
+                      sha256_file, teacher_identity)
+from dspark_hub.format.writer import atomic_file, atomic_path
+from dspark_hub.verify.rules import TAP_CONVENTION
+
+SCHEMA = "dspark-hub/rollouts/1"
+MANIFEST = "manifest.json"
+FIELDS = {
+    "input_ids": "int64 [T]: prompt then greedy continuation",
+    "loss_mask": "uint8 [T]: 1 on continuation tokens",
+    "aux_hidden_states": "bfloat16 [T, len(target_layer_ids) * hidden]: outputs of the target_layer_ids decoder "
+                         "layers (hook on layers[l], = hidden_states[l + 1]), ascending ids, concatenated",
+    "final_hidden_states": "bfloat16 [T, hidden]: teacher hidden after its final norm (lm_head input)",
+}
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as token ids."""
+
+    index: int
+    input_ids: list[int]
+    dataset: str | None = None
+
+
+@dataclass
+class Rollout:
+    """One teacher sequence with its states (tensors on CPU)."""
+
+    prompt_index: int
+    dataset: str | None
+    input_ids: Any                 # [T] int64
+    prompt_length: int
+    aux_hidden_states: Any         # [T, n_taps * H]
+    final_hidden_states: Any       # [T, H]
+    greedy_agreement: tuple[int, int] = (0, 0)
+
+    @property
+    def loss_mask(self) -> Any:
+        import torch
+
+        mask = torch.zeros(self.input_ids.shape[0], dtype=torch.uint8)
+        mask[self.prompt_length:] = 1
+        return mask
+
+    def entry(self) -> dict[str, Any]:
+        return {"prompt_index": self.prompt_index, "dataset": self.dataset, "length": int(self.input_ids.shape[0]),
+                "prompt_length": self.prompt_length, "greedy_agreement": list(self.greedy_agreement)}
+
+
+@dataclass(frozen=True)
+class RolloutSummary:
+    """What `make_rollouts` did."""
+
+    out: str
+    written: int
+    skipped: int
+    sequences: int
+    continuation_tokens: int
+    shards: int
+    greedy_agreement: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "out": self.out, "written": self.written, "skipped": self.skipped,
+                "sequences": self.sequences, "continuation_tokens": self.continuation_tokens, "shards": self.shards,
+                "greedy_agreement": self.greedy_agreement}
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None) -> list[Prompt]:
+    """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it)."""
+    tokenizer = None
+    prompts = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{path}:{number}: not JSON ({exc}); one JSON object per line") from exc
+        kinds = [key for key in ("messages", "text", "input_ids") if key in record]
+        if len(kinds) != 1:
+            raise UsageError(f"{path}:{number}: needs exactly one of messages, text, input_ids (has {kinds or 'none'})")
+        if kinds[0] != "input_ids" and tokenizer is None:
+            if teacher is None:
+                raise UsageError(f"{path}:{number}: {kinds[0]} needs the teacher's tokenizer; pass --teacher")
+            tokenizer = load_tokenizer(teacher, required=True)
+        ids = _encode(record, kinds[0], tokenizer)
+        if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
+            raise UsageError(f"{path}:{number}: the prompt encodes to no tokens or to non-integer ids")
+        prompts.append(Prompt(index=len(prompts), input_ids=ids, dataset=record.get("dataset")))
+    return prompts
+
+
+def _encode(record: dict[str, Any], kind: str, tokenizer: Any) -> list[int]:
+    if kind == "input_ids":
+        return list(record["input_ids"])
+    if kind == "text":
+        return list(tokenizer(record["text"], add_special_tokens=True)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError("teacher tokenizer: no chat_template for 'messages' prompts; use text or input_ids")
+    return list(tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=True,
+                                              return_dict=False))
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def _eos_ids(model: Any, ignore_eos: bool) -> list[int] | None:
+    if ignore_eos:
+        return None
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return None
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _trimmed_length(row: list[int], start: int, eos: list[int] | None) -> int:
+    """Length up to and including the first EOS of the continuation."""
+    if eos:
+        for i in range(start, len(row)):
+            if row[i] in eos:
+                return i + 1
+    return len(row)
+
+
+def _batches(prompts: list[Prompt], batch_size: int) -> Iterator[list[Prompt]]:
+    """Prompts of equal length batched together (no padding, so every row is exact)."""
+    by_length: dict[int, list[Prompt]] = {}
+    for prompt in prompts:
+        by_length.setdefault(len(prompt.input_ids), []).append(prompt)
+    for length in sorted(by_length):
+        group = by_length[length]
+        for i in range(0, len(group), batch_size):
+            yield group[i:i + batch_size]
+
+
+def generate_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int,
+                      batch_size: int = 8, ignore_eos: bool = False,
+                      progress: Progress | None = None) -> Iterator[Rollout]:
+    """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length)."""
+    import torch
+    from transformers import GenerationConfig
+
+    eos = _eos_ids(model, ignore_eos)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else (eos[0] if eos else 0)
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+    lm_head = model.get_output_embeddings().weight
+    for group in _batches(prompts, batch_size):
+        ids = torch.tensor([p.input_ids for p in group], dtype=torch.long)
+        with torch.no_grad():
+            sequences = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        states = capture_states(model, sequences, layer_ids)  # causal: rows past EOS do not change earlier ones
+        start = ids.shape[1]
+        for row, prompt in enumerate(group):
+            length = _trimmed_length(sequences[row].tolist(), start, eos)
+            final = states.final_hidden_states[row, :length]
+            tokens = sequences[row, :length]
+            agree = (final[start - 1:length - 1].to(lm_head.dtype) @ lm_head.T).argmax(-1) == tokens[start:]
+            yield Rollout(prompt.index, prompt.dataset, tokens.clone(), start,
+                          states.aux_hidden_states[row, :length].to(torch.bfloat16).clone(),
+                          final.to(torch.bfloat16).clone(), (int(agree.sum()), int(agree.numel())))
+        if progress:
+            progress(len(group))
+
+
+# ----------------------------------------------------------------------------- on disk
+
+
+def shard_name(number: int) -> str:
+    return f"shard-{number:05d}.safetensors"
+
+
+def write_shard(path: Path, rollouts: Iterable[Rollout]) -> None:
+    """Write one shard atomically (temporary sibling, then rename)."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for r in rollouts:
+        key = str(r.prompt_index)
+        tensors.update({f"{key}.input_ids": r.input_ids.long().contiguous(),
+                        f"{key}.loss_mask": r.loss_mask,
+                        f"{key}.aux_hidden_states": r.aux_hidden_states.contiguous(),
+                        f"{key}.final_hidden_states": r.final_hidden_states.contiguous()})
+    with atomic_path(path, force=True) as tmp:
+        save_file(tensors, str(tmp), metadata={"schema": SCHEMA})
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    with atomic_file(folder / MANIFEST, force=True, mode="w") as handle:
+        handle.write(json.dumps(manifest, indent=2) + "\n")
+
+
+class RolloutData:
+    """Read access to a rollouts folder: `len(data)`, `data[i] -> Rollout` (memory-mapped reads)."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        path = self.folder / MANIFEST
+        if not path.is_file():
+            raise UsageError(f"{self.folder}: no {MANIFEST}; pass a folder written by 'dspark-hub rollouts'")
+        self.manifest = json.loads(path.read_text(encoding="utf-8"))
+        if self.manifest.get("schema") != SCHEMA:
+            raise UsageError(f"{path}: schema is {self.manifest.get('schema')!r}, expected {SCHEMA!r}")
+        self.entries = [(shard["file"], seq) for shard in self.manifest["shards"] for seq in shard["sequences"]]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i: int) -> Rollout:
+        from safetensors import safe_open
+
+        file, seq = self.entries[i]
+        key = str(seq["prompt_index"])
+        with safe_open(str(self.folder / file), framework="pt") as handle:
+            get = handle.get_tensor
+            return Rollout(seq["prompt_index"], seq.get("dataset"), get(f"{key}.input_ids"), seq["prompt_length"],
+                           get(f"{key}.aux_hidden_states"), get(f"{key}.final_hidden_states"),
+                           tuple(seq.get("greedy_agreement", (0, 0))))
+
+    def __iter__(self) -> Iterator[Rollout]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def teacher_path(self) -> str | None:
+        return self.manifest.get("settings", {}).get("teacher")
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _settings(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str], draft: dict[str, Any],
+              max_new_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+    return {"teacher": str(Path(teacher).resolve()), "prompts_sha256": sha256_file(prompts),
+            "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "decoding": "greedy",
+            "target_layer_ids": list(draft["target_layer_ids"]), "target_hidden_size": draft["target_hidden_size"],
+            "target_num_hidden_layers": draft["target_num_hidden_layers"], "vocab_size": draft["vocab_size"]}
+
+
+def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str, Any] | None:
+    """The manifest to resume from, None to start afresh; refuses foreign or mismatched folders."""
+    path = out / MANIFEST
+    if not out.exists():
+        return None
+    if not path.is_file():
+        if any(out.iterdir()) and not force:
+            raise RefusedOverwriteError(str(out))
+        return None
+    if force:
+        for file in out.glob("shard-*.safetensors"):
+            file.unlink()
+        return None
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    for key, value in settings.items():
+        if manifest.get("settings", {}).get(key) != value:
+            raise UsageError(f"{path}: cannot resume, setting {key} was {manifest.get('settings', {}).get(key)!r} "
+                             f"and is now {value!r}; use another --out or --force to start over")
+    return manifest
+
+
+def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str],
+                  draft_config: str | os.PathLike[str] | dict[str, Any], out: str | os.PathLike[str], *,
+                  max_new_tokens: int, batch_size: int = 8, shard_size: int = 256, ignore_eos: bool = False,
+                  force: bool = False, progress: Progress | None = None,
+                  total: Callable[[int], None] | None = None) -> RolloutSummary:
+    """Write (or resume) a rollouts folder; see the module docstring for the layout.
+
+    Args:
+        teacher: local transformers causal LM folder.
+        prompts: JSONL prompts file.
+        draft_config: the draft's `config.json` (path or dict): taps and pairing keys come from it.
+        out: output folder.
+        max_new_tokens: continuation budget per prompt.
+        batch_size: prompts generated together (equal-length prompts only).
+        shard_size: sequences per shard file.
+        ignore_eos: continue past EOS (always `max_new_tokens` tokens).
+        force: discard existing shards instead of resuming.
+        progress: called with the number of prompts finished.
+        total: called once with the number of prompts still to do.
+
+    Raises:
+        TeacherMismatchError: the teacher does not fit the draft config (one line, naming the key).
+        UsageError: malformed prompts, or a resume whose settings differ.
+    """
+    draft = (draft_config if isinstance(draft_config, dict)
+             else read_json(draft_config, what="the draft's config.json file"))
+    check_teacher_matches(read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json"), draft,
+                  teacher_name=str(teacher))
+    out = Path(out)
+    settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos)
+    manifest = _open_manifest(out, settings, force)
+    all_prompts = read_prompts(prompts, teacher)
+    if manifest is None:
+        manifest = {"schema": SCHEMA, "settings": settings, "teacher": teacher_identity(teacher).to_dict(),
+                    "chat_template_sha256": chat_template_digest(teacher), "tap_convention": TAP_CONVENTION,
+                    "fields": FIELDS, "shards": []}
+    done = {seq["prompt_index"] for shard in manifest["shards"] for seq in shard["sequences"]}
+    todo = [p for p in all_prompts if p.index not in done]
+    if total:
+        total(len(todo))
+    out.mkdir(parents=True, exist_ok=True)
+    written = 0
+    if todo:
+        model = load_teacher(teacher)
+        pending: list[Rollout] = []
+        stream = generate_rollouts(model, todo, draft["target_layer_ids"], max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size, ignore_eos=ignore_eos, progress=progress)
+        for rollout in stream:
+            pending.append(rollout)
+            if len(pending) >= shard_size:
+                written += _flush(out, manifest, pending)
+        written += _flush(out, manifest, pending)
+    return _summary(out, manifest, written, len(all_prompts) - len(todo))
+
+
+def _flush(out: Path, manifest: dict[str, Any], pending: list[Rollout]) -> int:
+    if not pending:
+        return 0
+    name = shard_name(len(manifest["shards"]))
+    write_shard(out / name, pending)
+    manifest["shards"].append({"file": name, "sequences": [r.entry() for r in pending]})
+    write_manifest(out, manifest)
+    count = len(pending)
+    pending.clear()
+    return count
+
+
+def _summary(out: Path, manifest: dict[str, Any], written: int, skipped: int) -> RolloutSummary:
+    sequences = [seq for shard in manifest["shards"] for seq in shard["sequences"]]
+    agree = sum(s["greedy_agreement"][0] for s in sequences)
+    checked = sum(s["greedy_agreement"][1] for s in sequences)
+    return RolloutSummary(out=str(out), written=written, skipped=skipped, sequences=len(sequences),
+                          continuation_tokens=sum(s["length"] - s["prompt_length"] for s in sequences),
+                          shards=len(manifest["shards"]), greedy_agreement=agree / checked if checked else None)
+
+
+@dataclass
+class MemoryRollouts:
+    """Rollouts held in memory (evaluation without writing a folder)."""
+
+    rollouts: list[Rollout] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rollouts)
+
+    def __getitem__(self, i: int) -> Rollout:
+        return self.rollouts[i]
+
+    def __iter__(self) -> Iterator[Rollout]:
+        return iter(self.rollouts)

@@ -1,0 +1,267 @@
+"""The teacher (target) side of training and evaluation: loading, tap capture, lm_head, identity.
+
+The tap convention (what a `target_layer_ids` entry means)
+----------------------------------------------------------
+Entry `l` (0-based) names the OUTPUT of the teacher's decoder layer `l`: the residual stream
+after that layer's attention and MLP blocks have been added, exactly what a forward hook on
+`model.layers[l]` returns. In `output_hidden_states=True` indexing that is `hidden_states[l + 1]`
+(`hidden_states[0]` is the embedding output). It is never the final-normed last entry of
+`output_hidden_states` (transformers returns `norm(output of the last layer)` there), which is
+why the config forbids the last layer id. The draft's context row `C[t]` is the concatenation of
+the taps in ascending id order, width `len(target_layer_ids) * hidden_size`. Runtimes that record
+the INPUT of a listed layer must shift by one (`l + 1`); DeepSpec, LumenRL and this module do not.
+
+The teacher's final hidden state is the input of its `lm_head` (after the final norm); target
+distributions are `softmax(final_hidden @ lm_head.weight.T)`, recomputed at training time from
+the weight read straight out of the teacher's safetensors (`read_lm_head`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.jsonio import json_type
+from dspark_hub.errors import CheckpointNotFoundError, DsparkError, UsageError
+from dspark_hub.verify.rules import require_tap_layers, text_config
+
+_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})")
+
+
+class TeacherMismatchError(DsparkError):
+    """The teacher and the draft's config disagree on a pairing key (hidden size, layers, vocabulary)."""
+
+
+# ----------------------------------------------------------------------------- config pairing
+
+
+def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder that holds it") -> dict[str, Any]:
+    """Read a JSON object from `path`.
+
+    Args:
+        path: the file.
+        what: what the caller should pass instead, for the error messages.
+
+    Raises:
+        CheckpointNotFoundError: `path` does not exist.
+        UsageError: `path` is a folder, not UTF-8 JSON, or not a JSON object (one line ending `pass <what>`).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder; pass {what}")
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"{path}: not found; pass {what}")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise UsageError(f"{path}: not valid JSON ({str(e).splitlines()[0]}); pass {what}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: is a JSON {json_type(doc)}, not an object; pass {what}")
+    return doc
+
+
+def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
+                          teacher_name: str = "teacher") -> list[int]:
+    """Refuse a teacher whose hidden size, layer count or vocabulary disagree with the draft config.
+
+    Returns:
+        The draft's tap ids (checked by `verify.rules`, the rule `verify` applies).
+
+    Raises:
+        UsageError: either config is not an object, or `target_layer_ids` break the tap rule.
+        TeacherMismatchError: one line naming the first disagreeing key.
+    """
+    if not isinstance(draft_config, Mapping):
+        raise UsageError(f"the draft's config is a JSON {json_type(draft_config)}, not an object; "
+                         "pass the draft's config.json file")
+    if not isinstance(teacher_config, Mapping):
+        raise UsageError(f"{teacher_name}: config.json is a JSON {json_type(teacher_config)}, not an object; "
+                         "pass a transformers causal LM folder")
+    teacher = text_config(teacher_config)
+    pairs = (("hidden_size", "target_hidden_size"), ("num_hidden_layers", "target_num_hidden_layers"),
+             ("vocab_size", "vocab_size"), ("vocab_size", "draft_vocab_size"))
+    for teacher_key, draft_key in pairs:
+        have, want = teacher.get(teacher_key), draft_config.get(draft_key)
+        if have != want:
+            raise TeacherMismatchError(
+                f"{teacher_name}: {teacher_key} is {have}, the draft's {draft_key} is {want}; "
+                "pair the draft with the teacher it was built for")
+    return require_tap_layers(draft_config, target_layers=teacher["num_hidden_layers"])
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def sha256_text(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class TeacherIdentity:
+    """Which teacher produced a measurement: `repo@revision` when the folder is a Hub snapshot,
+    else the SHA-256 of its config and weight files."""
+
+    path: str
+    repo: str | None = None
+    revision: str | None = None
+    digests: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """`repo@revision`, else `folder (sha256 file abcdef123456, ...)` (12-digit prefixes)."""
+        if self.repo:
+            return f"{self.repo}@{self.revision}"
+        digests = ", ".join(f"{name} {digest[:12]}" for name, digest in sorted(self.digests.items()))
+        return f"{Path(self.path).name} (sha256 {digests})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "repo": self.repo, "revision": self.revision, "digests": dict(self.digests),
+                "label": self.label}
+
+
+def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
+    """Identify a local teacher folder (see `TeacherIdentity`)."""
+    resolved = Path(folder).resolve()
+    match = _SNAPSHOT.search(resolved.as_posix())
+    if match:
+        return TeacherIdentity(str(folder), repo=f"{match['org']}/{match['name']}", revision=match["rev"])
+    files = sorted(p for p in resolved.iterdir() if p.is_file() and
+                   (p.suffix == ".safetensors" or p.name in ("config.json", "model.safetensors.index.json")))
+    return TeacherIdentity(str(folder), digests={p.name: sha256_file(p) for p in files})
+
+
+# ----------------------------------------------------------------------------- lm_head
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> file, from the index or from every safetensors file's header."""
+    from dspark_hub.format.reader import read_header
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    out: dict[str, Path] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        out.update({name: file for name in read_header(file).tensors})
+    return out
+
+
+def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
+    """The tensor holding the teacher's output projection (its input embedding when tied)."""
+    names = list(names)
+    wanted = ["lm_head.weight"]
+    if text_config(config).get("tie_word_embeddings", config.get("tie_word_embeddings")):
+        wanted.append("embed_tokens.weight")
+    for suffix in wanted:
+        hits = [n for n in names if n == suffix or n.endswith("." + suffix)]
+        if len(hits) == 1:
+            return hits[0]
+    raise UsageError(f"teacher: no unique {' or '.join(wanted)} among {len(names)} tensors; "
+                     "pass a causal LM checkpoint folder")
+
+
+def read_lm_head(folder: str | os.PathLike[str]) -> Any:
+    """The teacher's lm_head weight `[vocab, hidden]` read from its safetensors (no model built).
+
+    Only the header and that one tensor are read, so this is cheap even for a huge teacher.
+    """
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    config = read_json(folder / "config.json")
+    files = _weight_files(folder)
+    name = lm_head_name(files, config)
+    with safe_open(str(files[name]), framework="pt") as handle:
+        return handle.get_tensor(name)
+
+
+# ----------------------------------------------------------------------------- model + taps
+
+
+def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> Any:
+    """`AutoModelForCausalLM` from a local folder, in eval mode, gradients off."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(folder) / "config.json").is_file():
+        raise CheckpointNotFoundError(f"{folder}: no config.json; pass a local transformers causal LM folder")
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
+    model.eval().requires_grad_(False)
+    return model
+
+
+def decoder_layers(model: Any) -> Any:
+    """The teacher's decoder layer list (`model.model.layers` for Llama/Qwen/DeepSeek families)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise UsageError(f"teacher: {type(model).__name__} has no decoder .layers to tap; "
+                         "use a transformers causal LM with a standard decoder stack")
+    return layers
+
+
+@dataclass
+class TeacherStates:
+    """What one teacher prefill pass yields for a batch of sequences `[B, T]`."""
+
+    aux_hidden_states: Any     # [B, T, len(layer_ids) * hidden]: layer outputs, ascending ids
+    final_hidden_states: Any   # [B, T, hidden]: input of lm_head (after the final norm)
+
+
+def capture_states(model: Any, input_ids: Any, layer_ids: list[int]) -> TeacherStates:
+    """One prefill forward; taps are captured with forward hooks on the named decoder layers.
+
+    Args:
+        model: a causal LM from `load_teacher`.
+        input_ids: `[B, T]` (no padding: every row is attended in full).
+        layer_ids: the draft's `target_layer_ids`; concatenated in ascending order.
+    """
+    import torch
+
+    layers = decoder_layers(model)
+    captured: dict[int, Any] = {}
+
+    def hook_for(layer: int) -> Any:
+        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+            captured[layer] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    handles = [layers[layer].register_forward_hook(hook_for(layer)) for layer in sorted(set(layer_ids))]
+    try:
+        with torch.no_grad():
+            out = model.get_decoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                      use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    aux = torch.cat([captured[layer] for layer in sorted(layer_ids)], dim=-1)
+    return TeacherStates(aux_hidden_states=aux, final_hidden_states=out.last_hidden_state)
+
+
+def chat_template_digest(folder: str | os.PathLike[str]) -> str | None:
+    """SHA-256 of the teacher tokenizer's chat template (None when it has none or no tokenizer)."""
+    tokenizer = load_tokenizer(folder, required=False)
+    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    if isinstance(template, dict):
+        template = json.dumps(template, sort_keys=True)
+    return sha256_text(template)
+
+
+def load_tokenizer(folder: str | os.PathLike[str], *, required: bool) -> Any:
+    """The teacher's tokenizer, or None when the folder ships none and `required` is False."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError) as exc:
+        if required:
+            raise UsageError(f"{folder}: no usable tokenizer ({exc}); give prompts as input_ids "
+                             "or use a teacher folder with a tokenizer") from exc
+        return None

@@ -1,0 +1,25 @@
+"""`verify`: every check dspark-hub makes of a draft, returning a `Report` of findings.
+
+- `checks`: the entry point `verify()`, config rules, roster, drop-in identity.
+- `rules`: the rules that have one home (which target layers a draft may tap).
+- `family`: which draft family a folder is (k3_dspark, speculators DSpark, DFlash, EAGLE-3, MTP).
+- `runtimes`: what each serving runtime's loader does with every tensor.
+- `pairing`: a draft against its target model.
+- `deep`: every byte streamed once (digests, NaN/inf, all-zero matrices).
+- `against_hub`: local files against a Hub revision.
+- `golden`: golden vectors of the reference forward (needs torch).
+
+Imports the format core (and `modeling` for golden vectors), never `train`, `cards`, `hub` or `cli`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dspark_hub._lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {"verify": "checks", "verify_view": "checks"})
+__all__ = ["verify", "verify_view"]
+
+if TYPE_CHECKING:
+    from dspark_hub.verify.checks import verify, verify_view

@@ -1,0 +1,106 @@
+"""`verify --against-hub`: local files against a Hub revision's sizes, LFS SHA-256 and git blob ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dspark_hub.format.digests import (
+    SIDECAR_NAMES, FileDigest, FileProblem, Manifest, Progress, checkpoint_files, compute_manifest, git_blob_sha1,
+)
+from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
+
+@dataclass(frozen=True)
+class HubComparison:
+    """Local files against a Hub revision. The Hub is the reference: `missing` = not in the folder,
+    `extra` = in the folder but not on the Hub, `mismatch` = size or digest differs."""
+
+    location: str
+    commit: str
+    files_compared: int
+    problems: list[FileProblem]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "dspark-hub/hub-compare/1", "location": self.location, "commit": self.commit,
+                "files_compared": self.files_compared, "ok": self.ok,
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str, FileDigest], *,
+                  location: str, ignore_remote: Iterable[str] = HOUSEKEEPING_FILES) -> list[FileProblem]:
+    """Name every file that differs between local digests and a remote listing (Hub = reference).
+
+    LFS files compare SHA-256 with the LFS oid; regular files compare the git blob SHA-1 of the
+    content with the Hub's blob id (re-hashed here if we predicted LFS for a file the Hub keeps
+    as a regular file). Remote-only files in `ignore_remote` are not reported.
+    """
+    problems: list[FileProblem] = []
+    local_by_path = {d.path: d for d in local}
+    for path, digest in sorted(local_by_path.items()):
+        theirs = remote.get(path)
+        if theirs is None:
+            problems.append(FileProblem(path, "extra", f"{path}: in the folder but not on {location}; "
+                                        "upload it, or remove it from the folder", actual=digest.sha256))
+            continue
+        if theirs.size != digest.size:
+            problems.append(FileProblem(path, "mismatch", f"{path}: {digest.size} bytes here, {theirs.size} on "
+                                        f"{location}; the local file is truncated or a different version",
+                                        expected=str(theirs.size), actual=str(digest.size)))
+        elif theirs.sha256 is not None and theirs.sha256 != digest.sha256:
+            problems.append(FileProblem(path, "mismatch", f"{path}: SHA-256 {digest.sha256[:12]}... here, "
+                                        f"{theirs.sha256[:12]}... on {location}; the content differs",
+                                        expected=theirs.sha256, actual=digest.sha256))
+        elif theirs.sha256 is None:
+            ours = digest.blob_id if not digest.lfs else git_blob_sha1((folder / path).read_bytes())
+            if ours != theirs.blob_id:
+                problems.append(FileProblem(path, "mismatch", f"{path}: git blob {ours[:12]}... here, "
+                                            f"{theirs.blob_id[:12]}... on {location}; the content differs",
+                                            expected=theirs.blob_id, actual=ours))
+    skipped = set(ignore_remote)
+    for path in sorted(remote.keys() - local_by_path.keys()):
+        if path not in skipped:
+            problems.append(FileProblem(path, "missing", f"{path}: on {location} but not in the folder; "
+                                        "download it, or delete it from the repository",
+                                        expected=remote[path].sha256 or remote[path].blob_id))
+    return problems
+
+
+def local_digests(folder: Path, *, progress: Progress | None = None) -> Manifest:
+    """Digests of a folder's checkpoint files plus its checksum sidecars (both get published)."""
+    folder = Path(folder)
+    sidecars = [name for name in sorted(SIDECAR_NAMES) if (folder / name).is_file()]
+    return compute_manifest(folder, paths=checkpoint_files(folder) + sidecars, progress=progress)
+
+
+def compare_with_hub(folder: Path | str, repo_id: str, revision: str | None = None, *,
+                     endpoint: str | None = None, token: str | bool | None = None,
+                     manifest: Manifest | None = None, progress: Progress | None = None) -> HubComparison:
+    """Compare a local folder with a Hub revision: every mismatching, missing and extra file.
+
+    Args:
+        folder: the local checkpoint folder.
+        repo_id: `ORG/NAME`.
+        revision: branch, tag or commit (default `main`).
+        endpoint: the Hub endpoint (default: HF_ENDPOINT / huggingface.co).
+        token: a token (default: huggingface_hub's usual sources).
+        manifest: local digests already computed (skips hashing).
+        progress: called with bytes hashed.
+
+    Raises:
+        HubError: the repository or revision cannot be read.
+        CheckpointNotFoundError: `folder` is not a directory.
+    """
+    folder = Path(folder)
+    local = manifest if manifest is not None else local_digests(folder, progress=progress)
+    source = HubSource(repo_id, revision, endpoint=endpoint, token=token)
+    remote = source.remote_files()
+    location = hf_location(repo_id, revision or "main")
+    problems = compare_files(folder, local.files, remote, location=location)
+    return HubComparison(location=location, commit=source.commit, files_compared=len(local.files),
+                         problems=problems)

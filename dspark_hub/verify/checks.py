@@ -1,0 +1,388 @@
+"""`verify`: check a checkpoint against its own config, the runtime rules and (optionally)
+a drop-in reference. Returns a `Report`; never raises for problems *in* the checkpoint.
+
+Header level only: reads JSON and safetensors headers, never tensor data, never
+imports `auto_map` code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from dspark_hub.format import contract
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
+from dspark_hub.errors import ContractError, UsageError
+from dspark_hub.report import Finding, Report, Summary, error, info, warning
+from dspark_hub.verify.dropin import DropInReference, check_drop_in, resolve_reference
+from dspark_hub.verify.rules import tap_layer_findings
+
+#: Config keys whose absence makes the roster or a runtime rule undecidable.
+REQUIRED_KEYS = (
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+    "v_head_dim", "vocab_size", "num_target_layers", "target_hidden_size", "target_num_hidden_layers",
+    "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "draft_vocab_size",
+    "rope_parameters",
+)
+#: Findings that say the folder is not a k3_dspark draft at all (the roster is then not checked).
+FAMILY_CODES = ("SPECULATORS_FORMAT", "WRONG_MODEL_TYPE", "FOREIGN_DRAFT_FAMILY")
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---------------------------------------------------------------- config rules
+
+def _config_family(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
+    """One finding naming the family when the folder is not a k3_dspark draft (else none)."""
+    from dspark_hub.verify.family import fingerprint
+
+    found = fingerprint(config, names)
+    if found.is_k3_dspark:
+        return []
+    if found.family == "speculators_dspark":
+        return [error("SPECULATORS_FORMAT", "config.json:speculators_model_type",
+                      "this is a speculators-format DSpark checkpoint (speculators_model_type 'dspark', "
+                      "fc/hidden_norm/norm and q_proj/k_proj/v_proj names), not a k3_dspark draft",
+                      "serve it with the speculators/vLLM 'dspark' method, or train a k3_dspark draft; "
+                      "its weights do not map onto the MLA contract")]
+    model_type = config.get("model_type")
+    if found.family == "unknown":
+        return [error("WRONG_MODEL_TYPE", "config.json:model_type",
+                      f"model_type is {_fmt(model_type)}, not 'k3_dspark'; this folder holds another kind of model",
+                      "point verify at a k3_dspark draft folder")]
+    methods = ", ".join(f"{rt} {m}" for rt, m in found.spec.methods.items() if m) or "none found"
+    claim = " although config.json says k3_dspark" if model_type == contract.MODEL_TYPE else ""
+    return [error("FOREIGN_DRAFT_FAMILY", "config.json:model_type",
+                  f"this is not a k3_dspark draft, it is {found.spec.title}{claim} "
+                  f"({'; '.join(found.evidence)})",
+                  f"serve it with the method that fits ({methods}), or verify a k3_dspark draft")]
+
+
+def _rule(ok: bool, key: str, message: str, hint: str) -> list[Finding]:
+    return [] if ok else [error("CONFIG_RULE", f"config.json:{key}", message, hint)]
+
+
+def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
+    out: list[Finding] = []
+    layers = config.get("num_hidden_layers")
+    out += _rule(_is_int(layers) and layers > 0, "num_hidden_layers",
+                 f"num_hidden_layers is {_fmt(layers)}; it must be > 0", "set the draft's layer count")
+    vocab, mask = config.get("vocab_size"), config.get("mask_token_id")
+    out += _rule(_is_int(mask) and _is_int(vocab) and 0 <= mask < vocab, "mask_token_id",
+                 f"mask_token_id is {_fmt(mask)}; it must be an id in [0, vocab_size={_fmt(vocab)})",
+                 "use the reserved mask token the draft was trained with")
+    head = config.get("markov_head_type")
+    if head not in contract.SERVING_MARKOV_HEAD_TYPES:
+        known = head in contract.TRAINING_MARKOV_HEAD_TYPES
+        out += _rule(False, "markov_head_type", f"markov_head_type is {_fmt(head)}; serving runtimes accept only "
+                     f"{sorted(contract.SERVING_MARKOV_HEAD_TYPES)}" + (" (it is a training-only head)" if known
+                                                                        else ""),
+                     "train with the vanilla Markov head")
+    rank = config.get("markov_rank")
+    out += _rule(_is_int(rank) and rank > 0, "markov_rank", f"markov_rank is {_fmt(rank)}; it must be > 0",
+                 "set the rank of markov_head.markov_w1/w2")
+    stream = config.get("aux_hidden_stream", "prefix")
+    out += _rule(stream in contract.AUX_HIDDEN_STREAMS, "aux_hidden_stream",
+                 f"aux_hidden_stream is {_fmt(stream)}; runtimes accept {sorted(contract.AUX_HIDDEN_STREAMS)}",
+                 "remove the key (default 'prefix')")
+    for key in ("mla_use_nope", "mla_use_output_gate"):
+        out += _rule(config.get(key, False) is False, key, f"{key} is {_fmt(config.get(key))}; runtimes require "
+                     "false", f"set {key} to false")
+    q_rank = config.get("q_lora_rank")
+    out += _rule(_is_int(q_rank) and q_rank > 0, "q_lora_rank", f"q_lora_rank is {_fmt(q_rank)}; it must be > 0",
+                 "the k3_dspark attention always uses a q low-rank projection")
+    out += _rope_rules(config.get("rope_parameters"))
+    return out
+
+
+#: What YaRN needs in `rope_parameters`, and the type of each value.
+YARN_KEYS = {"factor": (int, float), "original_max_position_embeddings": (int,), "rope_theta": (int, float),
+             "beta_fast": (int, float), "beta_slow": (int, float), "mscale": (int, float),
+             "mscale_all_dim": (int, float)}
+
+
+def _rope_rules(rope: Any) -> list[Finding]:
+    """`rope_parameters` must be the YaRN block the draft was trained with; a modeling default never fills it."""
+    hint = f"write the YaRN block the draft was trained with (reference: {_fmt(contract.REFERENCE_CONFIG['rope_parameters'])})"
+    if rope is None:
+        return []   # a missing or null key is reported by the structure rules
+    if not isinstance(rope, dict):
+        return _rule(False, "rope_parameters", f"rope_parameters is {_fmt(rope)[:60]}, not an object", hint)
+    if rope.get("rope_type") != "yarn":
+        return _rule(False, "rope_parameters", f"rope_parameters.rope_type is {_fmt(rope.get('rope_type'))}; "
+                     "the k3_dspark attention uses YaRN", hint)
+    bad = [key for key, types in YARN_KEYS.items()
+           if not isinstance(rope.get(key), types) or isinstance(rope.get(key), bool) or rope.get(key) < 0]
+    return _rule(not bad, "rope_parameters", f"rope_parameters has missing or non-numeric {', '.join(bad)}", hint)
+
+
+def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
+    out: list[Finding] = []
+    for key, why in contract.FORBIDDEN_KEYS.items():
+        if key in config:
+            out.append(error("FORBIDDEN_KEY", f"config.json:{key}", f"{key} is not a k3_dspark key: {why}",
+                             f"delete {key} (or run 'dspark-hub convert')"))
+    arch = config.get("architectures")
+    if arch != [contract.ARCHITECTURE]:
+        out.append(error("CONFIG_RULE", "config.json:architectures", f"architectures is {_fmt(arch)}; runtimes "
+                         f"resolve the draft class from it", f"set architectures to [\"{contract.ARCHITECTURE}\"]"))
+    for key in REQUIRED_KEYS:
+        if key not in config and key != "architectures":
+            out.append(error("CONFIG_MISSING_KEY", f"config.json:{key}", f"{key} is missing; runtimes either fail "
+                             "or fall back to a default the draft was not trained with",
+                             f"add {key} (reference value {_fmt(contract.REFERENCE_CONFIG[key])})"))
+    for key in contract.REFERENCE_CONFIG:
+        if key not in config and key not in REQUIRED_KEYS:
+            out.append(warning("CONFIG_MISSING_KEY", f"config.json:{key}", f"{key} is missing",
+                               f"add it (reference value {_fmt(contract.REFERENCE_CONFIG[key])})"))
+    nulls = [k for k, v in config.items() if v is None]
+    for key in nulls:
+        make = error if key in REQUIRED_KEYS else warning
+        out.append(make("CONFIG_NULL_VALUE", f"config.json:{key}", f"{key} is null; runtimes read it as unset "
+                        "and fall back to a default", "give it the value the draft was trained with"))
+    if config.get("draft_vocab_size", config.get("vocab_size")) != config.get("vocab_size"):
+        out.append(warning("DRAFT_VOCAB_PRUNED", "config.json:draft_vocab_size",
+                           f"draft_vocab_size {_fmt(config.get('draft_vocab_size'))} differs from vocab_size "
+                           f"{_fmt(config.get('vocab_size'))}; the k3_dspark contract has no d2t map for a pruned "
+                           "vocabulary", "keep draft_vocab_size equal to vocab_size"))
+    return out
+
+
+def check_config(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
+    """Every config rule serving runtimes apply at start-up, plus the contract's own.
+
+    `names` (the checkpoint's tensor names) sharpen the family check: a folder of another
+    draft family gets one finding naming it instead of the k3_dspark rules.
+    """
+    family = _config_family(config, names)
+    if family:
+        return family
+    return _structure_rules(config) + tap_layer_findings(config) + _value_rules(config)
+
+
+# ---------------------------------------------------------------- roster
+
+def _strip_prefix(name: str) -> tuple[str | None, str]:
+    for prefix in contract.FOREIGN_PREFIXES:
+        if name.startswith(prefix):
+            return prefix, name[len(prefix):]
+    return None, name
+
+
+def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
+                 expected: Mapping[str, contract.TensorSpec], *, drop_in: bool = False) -> list[Finding]:
+    """Compare present tensors (name -> (shape, dtype)) with a roster; explain known wrong layouts."""
+    out: list[Finding] = []
+    missing = [n for n in expected if n not in present]
+    unexpected = [n for n in present if n not in expected]
+    explained: set[str] = set()
+
+    prefixed: dict[str, list[str]] = {}
+    for name in unexpected:
+        prefix, bare = _strip_prefix(name)
+        if prefix and bare in expected and bare not in present:
+            prefixed.setdefault(prefix, []).append(name)
+            explained.update({name, bare})
+    for prefix, names in prefixed.items():
+        out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{len(names)} tensors carry the {prefix!r} prefix "
+                         f"(e.g. {names[0]}); runtimes look the contract names up without it and ignore these",
+                         f"strip the {prefix!r} prefix ('dspark-hub convert')"))
+    for wrong, right in contract.KNOWN_MISNAMES.items():
+        for name in unexpected:
+            prefix, bare = _strip_prefix(name)
+            if bare == wrong and right in missing:
+                out.append(error("TRAINER_NAME", name, f"is the trainer-internal name of {right}; a runtime that "
+                                 "ignores unknown names drops the context path and serves at 0% acceptance",
+                                 f"rename {name} -> {right} ('dspark-hub convert')"))
+                explained.update({name, right})
+    for name in unexpected:
+        if name in explained:
+            continue
+        if name in contract.SKIPPED_EXTRAS:
+            shape, dtype = present[name]
+            make = error if drop_in else warning
+            out.append(make("SHIPPED_LM_HEAD", name, f"is not in the contract (shape {list(shape)}, {dtype}); "
+                            "runtimes skip it and use the target's lm_head, so it only costs download bytes",
+                            "drop it ('dspark-hub convert')"))
+        else:
+            out.append(error("UNEXPECTED_TENSOR", name, "is not in the roster the config implies; runtimes that "
+                             "ignore unknown names drop it silently",
+                             "remove it, or fix the config if the architecture really differs"))
+    for name in missing:
+        if name not in explained:
+            spec = expected[name]
+            out.append(error("MISSING_TENSOR", name, f"is missing (expected {list(spec.shape)} {spec.dtype})",
+                             "export every contract tensor; see 'dspark-hub verify --json' for the full roster"))
+    for name, spec in expected.items():
+        if name not in present:
+            continue
+        shape, dtype = present[name]
+        if tuple(shape) != spec.shape:
+            transposed = tuple(reversed(spec.shape)) == tuple(shape) and len(shape) == 2
+            out.append(error("SHAPE_MISMATCH", name, f"has shape {list(shape)}, the config implies "
+                             f"{list(spec.shape)}", "re-export it transposed" if transposed else
+                             "fix the export or the config so they agree"))
+        if dtype != spec.dtype:
+            out.append(error("DTYPE_MISMATCH", name, f"is {dtype}, the contract stores {spec.dtype}",
+                             "cast to bfloat16 ('dspark-hub convert')"))
+    return out
+
+
+# ---------------------------------------------------------------- summary
+
+def summarize(view: CheckpointView) -> Summary:
+    shapes = {name: info.shape for name, (_, info) in view.tensors.items()}
+    metas = [h.metadata for h in view.headers.values()]
+    return Summary(
+        model_type=(view.config or {}).get("model_type"),
+        layout=view.layout,
+        files=[{"name": name, "size": view.files[name]} for name in view.headers],
+        tensors=len(view.tensors),
+        parameters=contract.count_parameters(shapes).to_dict() if shapes else None,
+        bytes=sum(view.files[name] for name in view.headers),
+        dtypes=dict(Counter(info.dtype for _, info in view.tensors.values())),
+        metadata=metas[0] if len(metas) == 1 else None,
+    )
+
+
+def _dtype_consistency(config: Mapping[str, Any], view: CheckpointView) -> list[Finding]:
+    declared = config.get("torch_dtype", config.get("dtype"))
+    want = contract.TORCH_DTYPE_NAMES.get(declared) if isinstance(declared, str) else None
+    dtypes = {info.dtype for _, info in view.tensors.values()}
+    if want is None or not dtypes or dtypes == {want}:
+        return []
+    return [error("TORCH_DTYPE_MISMATCH", "config.json:torch_dtype", f"torch_dtype is {declared!r} but the "
+                  f"tensors are {', '.join(sorted(dtypes))}", "cast the tensors or fix torch_dtype")]
+
+
+def _metadata_findings(view: CheckpointView) -> list[Finding]:
+    out = []
+    for name, header in view.headers.items():
+        if header.metadata == {}:
+            out.append(warning("EMPTY_METADATA", name, "__metadata__ is an empty map, which crashes some loaders "
+                               "(fastsafetensors)", "write {\"torchspec_version\": \"0.1.0\"} or no metadata"))
+        order = list(header.tensors)
+        if view.layout == "single" and order != sorted(order):
+            out.append(warning("TENSOR_ORDER", name, "tensor data is not in sorted-name order, unlike the "
+                               "published file; the bytes (and so the SHA-256) cannot match a drop-in",
+                               "re-export with safetensors (which sorts names)"))
+    return out
+
+
+# ---------------------------------------------------------------- entry point
+
+def source_for(path: str | os.PathLike[str], *, endpoint: str | None = None) -> Source:
+    """A `Source` for a local folder or an `hf://org/name[@rev]` URL."""
+    text = os.fspath(path)
+    if text.startswith("hf://"):
+        from dspark_hub.format.remote import HubSource   # huggingface_hub only when a Hub path is given
+        return HubSource.from_url(text, endpoint=endpoint)
+    return LocalSource(text)
+
+
+def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None = None) -> Report:
+    """Run every header-level check on an opened checkpoint."""
+    report = Report(path=view.location, summary=summarize(view))
+    report.findings.extend(view.findings)
+    config = view.config
+    if config is not None:
+        config_findings = check_config(config, view.tensors)
+        report.findings.extend(config_findings)
+        foreign = any(f.code in FAMILY_CODES for f in config_findings)
+        if foreign:
+            from dspark_hub.verify.family import fingerprint
+            report.sections["family"] = fingerprint(config, view.tensors).to_dict()
+        if not foreign and view.tensors:
+            present = {n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()}
+            try:
+                expected = contract.roster(config)
+            except ContractError as e:
+                report.findings.append(error("ROSTER_UNDECIDABLE", f"config.json:{e.key}", str(e),
+                                             "fix the config; the tensor roster depends on it"))
+            else:
+                report.findings.extend(check_roster(present, expected, drop_in=drop_in is not None))
+            report.findings.extend(_dtype_consistency(config, view))
+    report.findings.extend(_metadata_findings(view))
+    if drop_in is not None:
+        ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
+        report.findings.extend(check_drop_in(view, ref))
+    return report
+
+
+def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: str, *,
+                      endpoint: str | None = None) -> None:
+    """Compare local files with a Hub revision's LFS SHA-256 / blob ids and sizes (into `report`)."""
+    from dspark_hub.format.remote import parse_hf_url
+    from dspark_hub.verify.against_hub import compare_with_hub
+
+    repo_id, revision = parse_hf_url(hub_ref if hub_ref.startswith("hf://") else f"hf://{hub_ref}")
+    comparison = compare_with_hub(folder, repo_id, revision, endpoint=endpoint)
+    report.sections["against_hub"] = comparison.to_dict()
+    for problem in comparison.problems:
+        report.findings.append(error(f"HUB_FILE_{problem.kind.upper()}", problem.path, problem.message,
+                                     "re-download the file, or publish the local folder if it is the intended one"))
+
+
+def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None, deep: bool = False,
+           frozen_embed: str | os.PathLike[str] | None = None, runtime: str | list[str] | None = None,
+           target: str | os.PathLike[str] | Source | None = None, block_size: int | None = None,
+           against_hub: str | None = None, endpoint: str | None = None,
+           progress: Callable[[int], None] | None = None) -> Report:
+    """Verify a checkpoint folder (or `hf://` repo) at header level, and optionally its bytes.
+
+    Args:
+        path: a checkpoint folder, an `hf://org/name[@rev]` URL, or a `Source`.
+        drop_in: also demand drop-in identity with a bundled reference (`kimi-k3`) or a folder.
+        deep: also stream every weight file: SHA-256, NaN/inf, all-zero matrices (`deep.py`; local only).
+        frozen_embed: a teacher checkpoint (folder or file) whose embedding `embed_tokens.weight` must
+            equal bit for bit (local only).
+        runtime: also judge the checkpoint through these runtimes' loaders (`all`, or names from
+            `runtimes.RUNTIMES`) and add their serving commands.
+        target: also check the pairing with this target (folder or `hf://`); hashes both embeddings.
+        block_size: draft tokens per block for the serving commands (default: the reference's 7).
+        against_hub: `ORG/NAME[@REV]`: also compare every local file with the Hub's digests and sizes.
+        endpoint: the Hub endpoint for `hf://` paths and `against_hub` (default: HF_ENDPOINT).
+        progress: called with bytes read by the deep and frozen-embed passes.
+
+    Returns:
+        A `Report`; `report.ok` is False when any finding is an error.
+
+    Raises:
+        CheckpointNotFoundError: the path does not exist or cannot be listed.
+        UsageError: `drop_in` names neither a bundled reference nor a folder; `deep`, `frozen_embed` or
+            `against_hub` on an `hf://` path; the teacher holds no embedding.
+        HubError: the Hub cannot be read.
+
+    Example:
+        >>> verify("ckpt").ok
+        True
+    """
+    ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
+    source = path if hasattr(path, "list_files") else source_for(path, endpoint=endpoint)  # type: ignore[arg-type]
+    if against_hub is not None and not isinstance(source, LocalSource):
+        raise UsageError("--against-hub compares a local folder with the Hub; pass a local folder")
+    view = open_checkpoint(source)
+    report = verify_view(view, drop_in=ref)
+    if deep or frozen_embed is not None:
+        from dspark_hub.verify import deep as byte_level  # numpy only when tensor bytes are read
+        byte_level.extend_report(report, view, deep=deep, frozen_embed=frozen_embed, progress=progress)
+    if runtime is not None:
+        from dspark_hub.verify import runtimes
+        runtimes.extend_report(report, view, runtime, block_size=block_size)
+    if target is not None:
+        from dspark_hub.verify import pairing
+        pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)
+    if against_hub is not None:
+        check_against_hub(report, os.fspath(path), against_hub, endpoint=endpoint)   # type: ignore[arg-type]
+    return report

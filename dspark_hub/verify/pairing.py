@@ -1,0 +1,304 @@
+"""`verify --target TARGET`: does this draft pair with that target? Offline, from files only.
+
+Checks (each a finding naming what differs):
+
+- the target's hidden size, layer count and vocabulary against the draft's
+  ``target_hidden_size``, ``target_num_hidden_layers`` and ``vocab_size``, and the rows of
+  the target's embedding table (a padded vocabulary breaks the shared ``lm_head``);
+- every ``target_layer_ids`` entry in range and never the final layer;
+- ``mask_token_id`` inside the target vocabulary, not the target's pad/eos id, and, when the
+  target ships a tokenizer (``tokenizer.json``, ``tokenizer_config.json``
+  ``added_tokens_decoder``, ``special_tokens_map.json``, read as JSON, never run), a special
+  or reserved token rather than ordinary text;
+- ``embed_tokens.weight`` bit-identical to the target's embedding (a streamed SHA-256 of
+  both byte ranges through the `Source` protocol, so it works for local folders and Hub
+  sources alike);
+
+and records what the draft was paired with in ``sections["pairing"]``::
+
+    {"target": str, "revision": str|null, "revision_source": str|null,
+     "config": {"hidden_size", "num_hidden_layers", "vocab_size", "sha256"},
+     "files": {name: {"size": int, "sha256": str|null}},   # config/tokenizer files hashed, weights by size
+     "embedding": {"draft": digest|null, "target": digest|null, "identical": bool|null},
+     "mask_token": {"id", "content", "special", "where"}|null}
+
+TARGET may be a local folder or ``hf://org/name[@rev]`` (through `checks.source_for`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from dspark_hub.format import contract
+from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
+from dspark_hub.errors import UsageError
+from dspark_hub.report import Finding, Report, error, info, warning
+from dspark_hub.verify.rules import tap_layer_findings, text_config
+from dspark_hub.format.tensorio import TensorDigest
+
+Progress = Callable[[int], None]
+CHUNK_BYTES = 16 << 20
+#: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
+TARGET_EMBED_NAMES = contract.TEACHER_EMBED_NAMES
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+_RESERVED = re.compile(r"reserved|mask|<\|.*\|>|^\[.*\]$|^<.*>$", re.IGNORECASE)
+_HF_METADATA = ".cache/huggingface/download/config.json.metadata"
+_SNAPSHOT = re.compile(r"snapshots/([0-9a-f]{40})(?:/|$)")
+
+
+def hash_source_range(source: Source, name: str, start: int, end: int, *, progress: Progress | None = None,
+                      chunk_bytes: int = CHUNK_BYTES) -> str:
+    """SHA-256 of bytes [start, end) of one file of a `Source`, streamed in fixed-size reads.
+
+    Raises:
+        OSError: the file ends before `end`.
+    """
+    hasher = hashlib.sha256()
+    pos = start
+    while pos < end:
+        piece = source.read_bytes(name, pos, min(chunk_bytes, end - pos))
+        if not piece:
+            raise OSError(f"{name}: ends {end - pos:,} bytes before offset {end:,}; the file is truncated")
+        hasher.update(piece)
+        pos += len(piece)
+        if progress:
+            progress(len(piece))
+    return hasher.hexdigest()
+
+
+def tensor_digest(view: CheckpointView, name: str, *, progress: Progress | None = None) -> TensorDigest | None:
+    """Hash one tensor of an opened checkpoint in place (None when it is absent)."""
+    if name not in view.tensors:
+        return None
+    file, tinfo = view.tensors[name]
+    start, end = view.headers[file].absolute_range(name)
+    return TensorDigest(location=f"{view.location}/{file}:{name}", dtype=tinfo.dtype, shape=tuple(tinfo.shape),
+                  nbytes=end - start, sha256=hash_source_range(view.source, file, start, end, progress=progress))
+
+
+# ---------------------------------------------------------------- target facts
+
+def target_embedding_name(view: CheckpointView) -> str | None:
+    return next((n for n in TARGET_EMBED_NAMES if n in view.tensors), None)
+
+
+def _read_json(view: CheckpointView, name: str) -> Any:
+    if name not in view.files:
+        return None
+    try:
+        return json.loads(view.source.read_bytes(name, 0, view.files[name]))
+    except (ValueError, OSError):
+        return None
+
+
+def _sha256_file(view: CheckpointView, name: str) -> str:
+    return hash_source_range(view.source, name, 0, view.files[name])
+
+
+def target_revision(view: CheckpointView) -> tuple[str | None, str | None]:
+    """The target's commit, when the source knows it: a Hub source, an HF cache snapshot, or `hf download`."""
+    commit = getattr(view.source, "commit", None)      # hub.HubSource resolves the revision to a commit
+    if isinstance(commit, str) and commit:
+        return commit, "hub"
+    match = _SNAPSHOT.search(os.fspath(getattr(view.source, "root", view.location)).replace(os.sep, "/") + "/")
+    if match:
+        return match.group(1), "hf cache snapshot path"
+    root = getattr(view.source, "root", None)
+    if root is not None and (root / _HF_METADATA).is_file():
+        first = (root / _HF_METADATA).read_text(errors="replace").splitlines()[:1]
+        if first and re.fullmatch(r"[0-9a-f]{40}", first[0].strip()):
+            return first[0].strip(), "hf download --local-dir metadata"
+    return None, None
+
+
+# ---------------------------------------------------------------- mask token
+
+@dataclass(frozen=True)
+class TokenInfo:
+    id: int
+    content: str
+    special: bool | None
+    where: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "content": self.content, "special": self.special, "where": self.where}
+
+
+def find_token(view: CheckpointView, token_id: int) -> TokenInfo | None:
+    """What the target's tokenizer files say token `token_id` is (JSON only; no tokenizer code runs)."""
+    config = _read_json(view, "tokenizer_config.json")
+    if isinstance(config, Mapping):
+        entry = (config.get("added_tokens_decoder") or {}).get(str(token_id))
+        if isinstance(entry, Mapping) and isinstance(entry.get("content"), str):
+            return TokenInfo(token_id, entry["content"], entry.get("special"), "tokenizer_config.json")
+    doc = _read_json(view, "tokenizer.json")
+    if isinstance(doc, Mapping):
+        for entry in doc.get("added_tokens") or []:
+            if isinstance(entry, Mapping) and entry.get("id") == token_id:
+                return TokenInfo(token_id, str(entry.get("content")), entry.get("special"), "tokenizer.json")
+        vocab = (doc.get("model") or {}).get("vocab")
+        if isinstance(vocab, Mapping):
+            for content, tid in vocab.items():
+                if tid == token_id:
+                    return TokenInfo(token_id, content, False, "tokenizer.json model.vocab")
+    return None
+
+
+def _special_strings(view: CheckpointView) -> set[str]:
+    out: set[str] = set()
+    doc = _read_json(view, "special_tokens_map.json")
+    if isinstance(doc, Mapping):
+        for value in doc.values():
+            for item in value if isinstance(value, list) else [value]:
+                text = item.get("content") if isinstance(item, Mapping) else item
+                if isinstance(text, str):
+                    out.add(text)
+    return out
+
+
+def _mask_findings(draft: Mapping[str, Any], tcfg: Mapping[str, Any], view: CheckpointView,
+                   vocab: int | None) -> tuple[list[Finding], TokenInfo | None]:
+    mask = draft.get("mask_token_id")
+    where = "config.json:mask_token_id"
+    if not isinstance(mask, int) or isinstance(mask, bool):
+        return [], None
+    if vocab is not None and not 0 <= mask < vocab:
+        return [error("PAIRING_MASK_TOKEN", where, f"mask_token_id {mask} is outside the target's vocabulary "
+                      f"[0, {vocab}); the draft embeds a row the target does not have",
+                      "use a reserved id of the target's vocabulary")], None
+    out: list[Finding] = []
+    for key in ("pad_token_id", "eos_token_id"):
+        ids = tcfg.get(key)
+        if mask == ids or (isinstance(ids, list) and mask in ids):
+            out.append(error("PAIRING_MASK_TOKEN", where, f"mask_token_id {mask} is the target's {key}; "
+                             "training and serving then confuse the mask with real text",
+                             "use a reserved id the target never generates"))
+    if not any(name in view.files for name in TOKENIZER_FILES):
+        return out, None
+    token = find_token(view, mask)
+    if token is None:
+        out.append(warning("PAIRING_MASK_UNNAMED", where, f"the target's tokenizer files do not name token {mask}",
+                           "check that the id is a reserved token of the target's tokenizer"))
+        return out, None
+    special = token.special is True or token.content in _special_strings(view)
+    if not special and not _RESERVED.search(token.content):
+        out.append(error("PAIRING_MASK_TOKEN", where, f"mask_token_id {mask} is ordinary text in the target's "
+                         f"tokenizer ({token.content!r}, {token.where}); the draft's mask slots look like that text",
+                         "use a special or reserved token"))
+    return out, token
+
+
+# ---------------------------------------------------------------- shape facts
+
+def _compare(draft: Mapping[str, Any], draft_key: str, target: Mapping[str, Any], target_key: str,
+             code: str, what: str, why: str) -> list[Finding]:
+    mine, theirs = draft.get(draft_key), target.get(target_key)
+    if theirs is None or mine == theirs:
+        return []
+    return [error(code, f"config.json:{draft_key}", f"{draft_key} is {json.dumps(mine)} but the target's "
+                  f"{target_key} is {json.dumps(theirs)} ({what}); {why}",
+                  "pair the draft with the target it was trained on")]
+
+
+def _vocab_findings(draft: Mapping[str, Any], tcfg: Mapping[str, Any], rows: int | None) -> list[Finding]:
+    out = _compare(draft, "vocab_size", tcfg, "vocab_size", "PAIRING_VOCAB", "vocabulary",
+                   "the draft scores through the target's lm_head, so the vocabularies must be identical")
+    vocab = draft.get("vocab_size")
+    if rows is not None and isinstance(vocab, int) and rows != vocab:
+        out.append(error("PAIRING_VOCAB", "config.json:vocab_size", f"the target's embedding has {rows} rows "
+                         f"(vocabulary with padding) but the draft's vocab_size is {vocab}; runtimes then stop "
+                         "sharing the lm_head (0% acceptance in a public vLLM report)",
+                         "give the draft the target's padded vocabulary size"))
+    return out
+
+
+def _embedding(draft_view: CheckpointView, target_view: CheckpointView, name: str | None,
+               progress: Progress | None) -> tuple[list[Finding], dict[str, Any]]:
+    mine = tensor_digest(draft_view, contract.FROZEN_TENSORS[0], progress=progress)
+    theirs = tensor_digest(target_view, name, progress=progress) if name else None
+    identical = None if mine is None or theirs is None else \
+        (mine.dtype, mine.shape, mine.sha256) == (theirs.dtype, theirs.shape, theirs.sha256)
+    section = {"draft": mine.to_dict() if mine else None, "target": theirs.to_dict() if theirs else None,
+               "identical": identical}
+    out: list[Finding] = []
+    if theirs is None:
+        out.append(warning("PAIRING_NO_TARGET_EMBEDDING", target_view.location, "the target holds none of "
+                           f"{', '.join(TARGET_EMBED_NAMES)}; embed_tokens could not be compared"))
+    elif identical is False:
+        out.append(error("PAIRING_EMBEDDING", contract.FROZEN_TENSORS[0], f"is not bit-identical to the target's "
+                         f"{name} ({mine.dtype} {list(mine.shape)} sha256 {mine.sha256[:16]} vs {theirs.dtype} "
+                         f"{list(theirs.shape)} sha256 {theirs.sha256[:16]})",
+                         "copy the target's embedding unchanged; the draft shares it frozen"))
+    return out, section
+
+
+def _file_digests(view: CheckpointView, hashed: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Config/tokenizer files hashed here; weight files by size, plus the Hub's LFS SHA-256 when remote."""
+    remote = view.source.remote_files() if hasattr(view.source, "remote_files") else {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, size in view.files.items():
+        if name in hashed:
+            out[name] = {"size": size, "sha256": _sha256_file(view, name)}
+        elif name in view.headers or name == contract.INDEX_NAME:
+            out[name] = {"size": size, "sha256": getattr(remote.get(name), "sha256", None)}
+    return out
+
+
+# ---------------------------------------------------------------- entry point
+
+def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
+                  progress: Progress | None = None) -> tuple[list[Finding], dict[str, Any]]:
+    """Every pairing check of a draft against a target; returns findings and `sections["pairing"]`."""
+    draft = draft_view.config or {}
+    if target_view.config is None:
+        raise UsageError(f"--target: {target_view.location}: no readable config.json; pass the target model folder")
+    tcfg = text_config(target_view.config)
+    embed_name = target_embedding_name(target_view)
+    rows = target_view.tensors[embed_name][1].shape[0] if embed_name else None
+    vocab = tcfg.get("vocab_size") if isinstance(tcfg.get("vocab_size"), int) else rows
+    out = _compare(draft, "target_hidden_size", tcfg, "hidden_size", "PAIRING_HIDDEN_SIZE", "hidden size",
+                   "context_proj expects taps of the draft's target_hidden_size")
+    out += _compare(draft, "target_num_hidden_layers", tcfg, "num_hidden_layers", "PAIRING_LAYER_COUNT",
+                    "layer count", "the taps were trained on another depth of model")
+    out += _vocab_findings(draft, tcfg, rows)
+    layers = tcfg.get("num_hidden_layers")
+    if isinstance(layers, int):
+        out += tap_layer_findings(draft, target_layers=layers, code="PAIRING_LAYER_ID")
+    mask_findings, token = _mask_findings(draft, tcfg, target_view, vocab)
+    out += mask_findings
+    embed_findings, embedding = _embedding(draft_view, target_view, embed_name, progress)
+    out += embed_findings
+    revision, revision_source = target_revision(target_view)
+    hashed = ("config.json",) + TOKENIZER_FILES
+    section = {
+        "target": target_view.location,
+        "revision": revision,
+        "revision_source": revision_source,
+        "config": {"hidden_size": tcfg.get("hidden_size"), "num_hidden_layers": tcfg.get("num_hidden_layers"),
+                   "vocab_size": tcfg.get("vocab_size"), "sha256": _sha256_file(target_view, "config.json")},
+        "files": _file_digests(target_view, hashed),
+        "embedding": embedding,
+        "mask_token": token.to_dict() if token else None,
+    }
+    if not any(f.severity == "error" for f in out):
+        out.append(info("PAIRING_OK", target_view.location, f"pairs with this target (hidden "
+                        f"{tcfg.get('hidden_size')}, {tcfg.get('num_hidden_layers')} layers, vocabulary "
+                        f"{vocab}" + (", embedding bit-identical)" if embedding["identical"] else ")")))
+    return out, section
+
+
+def extend_report(report: Report, draft_view: CheckpointView, target: str | os.PathLike[str] | Source, *,
+                  progress: Progress | None = None, endpoint: str | None = None) -> Report:
+    """Add `sections["pairing"]` and the pairing findings to a verify report."""
+    from dspark_hub.verify.checks import source_for
+
+    source = target if hasattr(target, "list_files") else source_for(target, endpoint=endpoint)  # type: ignore[arg-type]
+    findings, section = check_pairing(draft_view, open_checkpoint(source), progress=progress)
+    report.findings.extend(findings)
+    report.sections["pairing"] = section
+    return report
