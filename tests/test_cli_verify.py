@@ -31,7 +31,7 @@ def test_findings_exit_1_with_table(tmp_path):
     folder = write_checkpoint(tmp_path / "c", mutate=lambda t: t.update({"fc.weight": t.pop("context_proj.weight")}))
     result = run("verify", folder)
     assert result.exit_code == 1
-    assert "TRAINER_NAME" not in result.stdout   # humans see messages, not codes
+    assert "TRAINER_NAME" in result.stdout   # the code too, whole: the README's table explains it
     assert "fc.weight" in result.stdout and "context_proj.weight" in result.stdout and "FAILED" in result.stdout
 
 
@@ -46,14 +46,19 @@ def test_json_schema_is_stable(tmp_path):
                                    "metadata"}
     assert all(set(f) == FINDING_KEYS for f in doc["findings"])
     assert doc["findings"][0]["code"] == "FORBIDDEN_KEY"
+    roster = {name: {"shape": list(spec.shape), "dtype": spec.dtype}
+              for name, spec in contract.roster(contract.TINY_CONFIG).items()}
+    assert doc["sections"].pop("roster") == roster
     assert all(v is None for v in doc["sections"].values())
 
 
 def test_missing_path_exit_2_one_line_on_stderr(tmp_path):
     result = run("verify", tmp_path / "nope", "--json")
     assert result.exit_code == 2
-    assert result.stdout == ""
-    assert result.stderr.count("\n") == 1 and "no such file or directory" in result.stderr
+    message = f"{tmp_path / 'nope'}: no such file or directory; pass a checkpoint folder"
+    assert json.loads(result.stdout) == {"schema": "dspark-hub/error/1", "ok": False,
+                                         "error": {"code": "NOT_FOUND", "message": message, "hint": None}}
+    assert result.stderr == f"Error: {message}\n"
 
 
 def test_bad_drop_in_is_usage_error(tmp_path):

@@ -41,6 +41,7 @@ from typing import Any, Literal
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.checkpoint import SKIP_DIRS
 from dspark_hub.format.jsonio import json_type, loads_strict
+from dspark_hub.progress import Progress, announce_total
 from dspark_hub.schemas import CHECKSUMS, current
 
 SUMS_NAME = "SHA256SUMS"
@@ -66,7 +67,6 @@ HUB_LFS_PATTERNS: tuple[str, ...] = (
 #: How to repair a sidecar `dspark-hub checksums` wrote.
 REGENERATE = "regenerate it with 'dspark-hub checksums --force'"
 
-Progress = Callable[[int], None]
 ProblemKind = Literal["mismatch", "missing", "extra"]
 
 
@@ -277,7 +277,8 @@ def compute_manifest(folder: Path | str, *, progress: Progress | None = None,
 
     Args:
         folder: the checkpoint folder.
-        progress: called with the number of bytes just hashed (from worker threads, serialized).
+        progress: called with the number of bytes just hashed (from worker threads, serialized); told the
+            total first (`dspark_hub.progress`).
         paths: relative paths to hash instead of `checkpoint_files(folder)`.
         workers: hashing threads; defaults to one per CPU, at most one per file.
 
@@ -289,6 +290,7 @@ def compute_manifest(folder: Path | str, *, progress: Progress | None = None,
     for rel in rels:
         if not (folder / rel).is_file():
             raise CheckpointNotFoundError(f"{folder / rel}: no such file; pass files inside {folder}")
+    announce_total(progress, sum((folder / rel).stat().st_size for rel in rels))
     patterns = lfs_patterns(folder)
     report = _locked(progress)
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(rels) or 1))

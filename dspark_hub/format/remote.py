@@ -138,7 +138,7 @@ def _describe(exc: BaseException, where: str, endpoint: str, action: str) -> str
         return f"{where}: the Hub answered HTTP {status} while trying to {action}{detail}; run it again later"
     if isinstance(exc, errors.LocalEntryNotFoundError) or _is_transport_error(exc):
         return (f"{where}: cannot reach the Hub at {endpoint} ({type(exc).__name__}); "
-                "check the network, or the endpoint (--endpoint / HF_ENDPOINT)")
+                "check the network, or the endpoint (`endpoint`, HF_ENDPOINT)")
     return None
 
 

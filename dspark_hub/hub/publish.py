@@ -77,7 +77,7 @@ class PublishResult:
         return self.status in ("dry_run", "published", "unchanged") and not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dspark-hub/publish/1", "status": self.status, "ok": self.ok,
+        return {"status": self.status, "ok": self.ok,
                 "refusals": list(self.refusals), "repo_url": self.repo_url, "commit_oid": self.commit_oid,
                 "commit_url": self.commit_url, "tag": self.tag, "plan": self.plan.to_dict(),
                 "problems": [p.to_dict() for p in self.problems]}
@@ -223,6 +223,6 @@ def _tag(api: Any, repo_id: str, tag: str, commit_oid: str, errors: Callable[[st
         if tag in existing:
             if existing[tag] != commit_oid:
                 raise HubError(f"{hf_location(repo_id, tag)}: tag already exists on commit {existing[tag][:12]}; "
-                               "choose another --tag or delete the old one on the Hub")
+                               "choose another `tag` or delete the old one on the Hub")
             return
         api.create_tag(repo_id, tag=tag, revision=commit_oid)

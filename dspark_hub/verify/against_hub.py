@@ -27,7 +27,7 @@ class HubComparison:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dspark-hub/hub-compare/1", "location": self.location, "commit": self.commit,
+        return {"location": self.location, "commit": self.commit,
                 "files_compared": self.files_compared, "ok": self.ok,
                 "problems": [p.to_dict() for p in self.problems]}
 

@@ -256,7 +256,8 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
     """Every pairing check of a draft against a target; returns findings and `sections["pairing"]`."""
     draft = draft_view.config or {}
     if target_view.config is None:
-        raise UsageError(f"--target: {target_view.location}: no readable config.json; pass the target model folder")
+        raise UsageError(f"{target_view.location}: no readable config.json; pass the target model folder",
+                         param="target")
     tcfg = text_config(target_view.config)
     embed_name = target_embedding_name(target_view)
     rows = target_view.tensors[embed_name][1].shape[0] if embed_name else None

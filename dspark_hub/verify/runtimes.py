@@ -403,7 +403,7 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: s
     return {
         "method": recipe.method,
         "num_speculative_tokens": n,
-        "block_size_source": "--block-size" if block_size is not None else
+        "block_size_source": "`block_size` as given" if block_size is not None else
         f"default: the reference draft's {REFERENCE_BLOCK_SIZE} (block_size is not a config key)",
         "target_layer_ids": config.get("target_layer_ids"),
         "target_layer_ids_source": "read from config.json target_layer_ids by every runtime (0-based, output of "
