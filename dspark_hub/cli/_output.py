@@ -9,6 +9,7 @@ shows that a long run is alive and when it will end. `--quiet` and `--json` sile
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -133,17 +134,20 @@ class LogProgress:
         self.start = self.last = self.clock()
         self.done = 0
         self.printed = False
+        self._lock = threading.Lock()   # hashing and diff report from worker threads
 
     def __call__(self, n: int) -> None:
-        self.done += n
-        self._tick()
+        with self._lock:
+            self.done += n
+            self._tick()
 
     def set_total(self, total: int) -> None:
         self.total = total
 
     def stage(self, description: str, done: int, total: int) -> None:
-        self.description, self.done, self.total = description, done, total
-        self._tick()
+        with self._lock:
+            self.description, self.done, self.total = description, done, total
+            self._tick()
 
     def _amount(self, n: float) -> str:
         return _size(n) if self.unit == "bytes" else f"{n:,.0f}"
