@@ -128,3 +128,28 @@ def test_long_paths_stay_on_one_line_when_piped(tmp_path):
     folder = write_checkpoint(tmp_path / ("a-rather-long-folder-name-" * 4))
     result = CliRunner(env={"COLUMNS": "40"}).invoke(cli, ["verify", str(folder)])
     assert f"OK  {folder}" in result.stdout
+
+
+def test_missing_tensor_hint_points_at_the_roster_the_json_holds(tmp_path):
+    folder = write_checkpoint(tmp_path / "c", mutate=lambda t: t.pop("final_norm.weight"))
+    doc = json.loads(run("verify", folder, "--json").stdout)
+    [missing] = [f for f in doc["findings"] if f["code"] == "MISSING_TENSOR"]
+    assert "sections.roster" in missing["hint"] and "dspark-hub verify --json" in missing["hint"]
+    roster = doc["sections"]["roster"]
+    assert roster["final_norm.weight"] == {"shape": [contract.TINY_CONFIG["hidden_size"]], "dtype": "BF16"}
+    assert len(roster) == len(contract.roster(contract.TINY_CONFIG)) == doc["summary"]["tensors"] + 1
+
+
+def test_roster_is_null_when_the_config_cannot_give_one(tmp_path):
+    folder = write_checkpoint(tmp_path / "c")
+    config = {k: v for k, v in contract.TINY_CONFIG.items() if k != "num_hidden_layers"}
+    (folder / "config.json").write_text(json.dumps(config))
+    doc = json.loads(run("verify", folder, "--json").stdout)
+    assert "ROSTER_UNDECIDABLE" in {f["code"] for f in doc["findings"]} and doc["sections"]["roster"] is None
+
+
+def test_version_short_flag():
+    from dspark_hub import __version__
+    for flag in ("-V", "--version"):
+        result = run(flag)
+        assert result.exit_code == 0 and result.stdout == f"dspark-hub, version {__version__}\n"
