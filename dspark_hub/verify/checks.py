@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from dspark_hub.format import contract
+from dspark_hub._text import plural
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
 from dspark_hub.errors import ContractError, UsageError
 from dspark_hub.report import Finding, Report, Summary, error, info, warning
@@ -195,7 +196,7 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
             prefixed.setdefault(prefix, []).append(name)
             explained.update({name, bare})
     for prefix, names in prefixed.items():
-        out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{len(names)} tensors carry the {prefix!r} prefix "
+        out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{plural(len(names), 'tensor')} {'carries' if len(names) == 1 else 'carry'} the {prefix!r} prefix "
                          f"(e.g. {names[0]}); runtimes look the contract names up without it and ignore these",
                          f"strip the {prefix!r} prefix ('dspark-hub convert')"))
     for wrong, right in contract.KNOWN_MISNAMES.items():

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dspark_hub import __version__, schemas
+from dspark_hub._text import plural
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.errors import CheckpointNotFoundError, ContractError, RefusedOverwriteError, UsageError
@@ -142,7 +143,7 @@ def _load_lm_head(path: str | os.PathLike[str]) -> Any:
 
     tensors = load_file(str(path))
     if len(tensors) != 1 and LM_HEAD_NAME not in tensors:
-        raise UsageError(f"{path}: holds {len(tensors)} tensors and no {LM_HEAD_NAME}; pass a file with the "
+        raise UsageError(f"{path}: holds {plural(len(tensors), 'tensor')} and no {LM_HEAD_NAME}; pass a file with the "
                          "target's lm_head weight")
     head = tensors[LM_HEAD_NAME] if LM_HEAD_NAME in tensors else next(iter(tensors.values()))
     return head.float()

@@ -33,6 +33,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from dspark_hub._text import plural
 from dspark_hub.format import contract
 from dspark_hub.errors import ContractError
 from dspark_hub.report import Finding, error, info
@@ -377,7 +378,7 @@ def findings(result: RuntimeVerdicts) -> list[Finding]:
                          "loader raises on unknown and missing names", "export exactly the contract names"))
     if not out:
         c = result.counts()
-        out.append(info("RUNTIME_LOADS", where, f"{spec.title} loads {c['loaded']} tensors and skips "
+        out.append(info("RUNTIME_LOADS", where, f"{spec.title} loads {plural(c['loaded'], 'tensor')} and skips "
                         f"{c['skipped']} by design"))
     return out
 
