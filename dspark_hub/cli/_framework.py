@@ -38,7 +38,8 @@ class DsparkGroup(click.Group):
         with boundary(ctx, as_json="--json" in args):
             return super().parse_args(ctx, args)
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         with boundary(ctx, as_json="--json" in args):
             return super().resolve_command(ctx, args)
 

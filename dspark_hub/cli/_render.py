@@ -109,7 +109,8 @@ FINDING_COLUMNS = (Column("severity"), Column("code"), Column("where"), Column("
 
 def verdict_line(ok: bool, errors: int, where: str) -> Text:
     """`OK  path` or `FAILED (n errors)  path`, styled."""
-    head = Text("OK", style="bold green") if ok else Text.assemble(("FAILED", "bold red"), f" ({plural(errors, 'error')})")
+    head = (Text("OK", style="bold green") if ok
+            else Text.assemble(("FAILED", "bold red"), f" ({plural(errors, 'error')})"))
     return Text.assemble(head, f"  {where}")
 
 
@@ -206,7 +207,8 @@ def render_diff(result: Any) -> None:
         stdout.print(Text.assemble((f"~ {name}", "yellow"), f" dtype {e['a']} -> {e['b']}"))
     changed = {n: t for n, t in d["tensors"].items() if not t["identical"]}
     if changed:
-        print_table("changed tensors (relative L2 ||b-a||/||a||)", (Column("tensor"), Column("rel L2", justify="right")),
+        print_table("changed tensors (relative L2 ||b-a||/||a||)",
+                    (Column("tensor"), Column("rel L2", justify="right")),
                     [[name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}"]
                      for name, t in sorted(changed.items(), key=lambda kv: -(kv[1]["rel_l2"] or float("inf")))])
     for p in d["problems"]:
@@ -243,7 +245,8 @@ def render_convert(result: Any) -> None:
         stdout.print(Text("verify OK", style="bold green"))
     else:
         errors = ", ".join(f"{e['code']} ({e['where']})" for e in d["verify"]["errors"][:5])
-        stdout.print(Text.assemble(("verify still fails", "bold red"), f": {errors}; run: dspark-hub verify {d['path']}"))
+        stdout.print(Text.assemble(("verify still fails", "bold red"),
+                                   f": {errors}; run: dspark-hub verify {d['path']}"))
 
 
 def render_init(result: Any) -> None:
@@ -258,7 +261,8 @@ def render_rollouts(summary: Any) -> None:
     """Human view of a `RolloutSummary`."""
     agreement = "-" if summary.greedy_agreement is None else f"{summary.greedy_agreement:.4f}"
     stdout.print(f"wrote {plural(summary.written, 'sequence')} ({summary.skipped} already there) to {summary.path}: "
-                 f"{plural(summary.sequences, 'sequence')}, {plural(summary.continuation_tokens, 'continuation token')}, "
+                 f"{plural(summary.sequences, 'sequence')}, "
+                 f"{plural(summary.continuation_tokens, 'continuation token')}, "
                  f"{plural(summary.shards, 'shard')}, greedy agreement {agreement}")
 
 

@@ -19,11 +19,13 @@ def card() -> None:
 @card.command("render")
 @click.argument("ckpt", required=False, type=click.Path(path_type=Path))
 @click.option("--meta", required=True, type=click.Path(path_type=Path), help="Card source: cards/<name>/card.yaml.")
-@click.option("--eval", "eval_json", type=click.Path(path_type=Path), help="Evaluation JSON ('dspark-hub eval --json').")
+@click.option("--eval", "eval_json", type=click.Path(path_type=Path),
+              help="Evaluation JSON ('dspark-hub eval --json').")
 @click.option("--train-log", type=click.Path(path_type=Path), help="Training log (JSON lines).")
 @click.option("--checksums-from", type=click.Path(path_type=Path),
               help="Manifest of known SHA-256 digests (JSON or sha256sum output), used instead of hashing.")
-@click.option("--no-hash", is_flag=True, help="Do not hash files the manifest does not cover (their digest shows as —).")
+@click.option("--no-hash", is_flag=True,
+              help="Do not hash files the manifest does not cover (their digest shows as —).")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Where to write the card.")
 @force_option
 @quiet_option

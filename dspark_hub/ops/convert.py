@@ -276,7 +276,8 @@ def _layout_changes(view: CheckpointView, plans: list[TensorPlan]) -> list[Chang
     changes = []
     files = view.weight_files
     if files != [contract.WEIGHTS_NAME]:
-        changes.append(Change("merge", contract.WEIGHTS_NAME, f"wrote {plural(len(plans), 'tensor')} from {', '.join(files)} "
+        changes.append(Change("merge", contract.WEIGHTS_NAME, f"wrote {plural(len(plans), 'tensor')} from "
+                              f"{', '.join(files)} "
                               "into one file" + (f" (dropped {contract.INDEX_NAME})" if view.index else "")))
     for name, header in view.headers.items():
         if header.metadata != contract.TORCHSPEC_METADATA:

@@ -12,6 +12,7 @@ JSON (schema `dspark-hub/diff/1`; keys are never omitted)::
 
     {
       "schema": "dspark-hub/diff/1",
+      "ok": bool,                  # both sides were read whole (no error in "problems"); exit 1 otherwise
       "a": str, "b": str,
       "identical": bool,           # same config, same roster, every tensor byte-identical
       "weights_only": bool,        # same config, roster and file layout (a drop-in); tensors may differ
@@ -106,7 +107,7 @@ class DiffReport:
             return {"shape": list(shape_dtype[0]), "dtype": shape_dtype[1]}
 
         return {
-            "schema": SCHEMA, "a": self.a, "b": self.b,
+            "schema": SCHEMA, "ok": self.ok, "a": self.a, "b": self.b,
             "identical": self.identical, "weights_only": self.weights_only,
             "config": {"added": self.config_added, "removed": self.config_removed,
                        "changed": {k: {"a": va, "b": vb} for k, (va, vb) in self.config_changed.items()}},

@@ -104,7 +104,8 @@ class RolloutSummary:
     greedy_agreement: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("rollouts"), "path": self.path, "written": self.written, "skipped": self.skipped,
+        return {"schema": schemas.command("rollouts"), "path": self.path, "written": self.written,
+                "skipped": self.skipped,
                 "sequences": self.sequences, "continuation_tokens": self.continuation_tokens, "shards": self.shards,
                 "greedy_agreement": self.greedy_agreement}
 

@@ -196,8 +196,9 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
             prefixed.setdefault(prefix, []).append(name)
             explained.update({name, bare})
     for prefix, names in prefixed.items():
-        out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{plural(len(names), 'tensor')} {'carries' if len(names) == 1 else 'carry'} the {prefix!r} prefix "
-                         f"(e.g. {names[0]}); runtimes look the contract names up without it and ignore these",
+        carry = "carries" if len(names) == 1 else "carry"
+        out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{plural(len(names), 'tensor')} {carry} the {prefix!r} "
+                         f"prefix (e.g. {names[0]}); runtimes look the contract names up without it and ignore these",
                          f"strip the {prefix!r} prefix ('dspark-hub convert')"))
     for wrong, right in contract.KNOWN_MISNAMES.items():
         for name in unexpected:

@@ -27,7 +27,7 @@ Tensors (``{case}.`` prefix):
 documented stand-in: ``torch.randn(draft_vocab_size, hidden_size, generator=torch.Generator().
 manual_seed(seed)) * hidden_size ** -0.5`` in float32, regenerated from the recorded seed.
 
-Metadata (``__metadata__``, strings): ``schema`` ``dspark-hub/golden/1``, ``config`` (the draft's
+Metadata (``__metadata__``, strings): ``schema`` ``dspark-hub/golden-fixture/1``, ``config`` (the draft's
 config.json, JSON), ``config_sha256``, ``weights_sha256`` (JSON: file -> SHA-256), ``lm_head``
 (JSON), ``tolerances`` (JSON: tensor -> {"atol", "rtol"}; int tensors are compared exactly),
 ``block_size``, ``seed``, ``cases`` (JSON), ``dtype`` ``float32``, ``torch``, ``dspark_hub``.
