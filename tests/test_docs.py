@@ -41,3 +41,10 @@ def test_group_help_lists_every_subcommand(group):
     assert result.exit_code == 0
     listed = result.stdout.split("Commands:")[1].split()
     assert set(cli.commands[group].commands) <= set(listed)   # golden's errors say "Try 'dspark-hub golden write --help'"
+
+
+def test_every_command_schema_id_is_in_the_readme_table():
+    from dspark_hub import schemas
+
+    rows = [line for line in README.splitlines() if line.startswith("| `dspark-hub/")]
+    assert sorted(line.split("`")[1] for line in rows) == sorted(schemas.COMMANDS.values())
