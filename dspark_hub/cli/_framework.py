@@ -29,10 +29,9 @@ class DsparkCommand(click.Command):
 
 
 class DsparkGroup(click.Group):
-    """A group whose commands are `DsparkCommand`s and whose subgroups are `DsparkGroup`s."""
+    """A group whose commands are `DsparkCommand`s; its own parsing runs inside the boundary too."""
 
     command_class = DsparkCommand
-    group_class = type   # subgroups get this group's class
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         with boundary(ctx, as_json="--json" in args):

@@ -10,6 +10,7 @@ from dspark_hub.cli._framework import command, endpoint_option, force_option, js
 from dspark_hub.cli._output import emit, progress
 from dspark_hub.cli._render import render_convert, render_diff, render_init, render_verify
 from dspark_hub.format import contract
+from dspark_hub.ops.init import INIT_KINDS
 
 
 def runtime_choices() -> list[str]:
@@ -104,7 +105,7 @@ def convert(src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> No
 @click.argument("dst", type=click.Path(path_type=Path))
 @click.option("--profile", type=click.Choice(sorted(contract.PROFILES)), default="tiny", show_default=True,
               help="kimi-k3 writes the full reference shape (7.12 GB).")
-@click.option("--init", "init", type=click.Choice(["random", "zeros"]), default="random", show_default=True)
+@click.option("--init", "init", type=click.Choice(INIT_KINDS), default="random", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @force_option
 @quiet_option

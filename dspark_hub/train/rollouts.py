@@ -304,7 +304,7 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
         if manifest.get("settings", {}).get(key) != value:
             raise RefusedOverwriteError(str(out), f"cannot resume: setting {key} was "
                                         f"{manifest.get('settings', {}).get(key)!r} and is now {value!r}; "
-                                        "write to another folder, or start over")
+                                        "write to another folder")
     return manifest
 
 
