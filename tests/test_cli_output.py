@@ -130,3 +130,10 @@ def test_eval_numbers_and_drafter_names_are_never_cut(monkeypatch, capsys, colum
 def test_plural():
     assert [plural(1, "problem"), plural(2, "problem"), plural(0, "error")] == ["1 problem", "2 problems", "0 errors"]
     assert plural(1234, "byte") == "1,234 bytes" and plural(2, "entry", "entries") == "2 entries"
+
+
+def test_a_table_without_rows_prints_its_title(capsys):
+    from dspark_hub.cli._render import Column, print_table
+
+    print_table("nothing to show", (Column("file"), Column("message", prose=True)), [])
+    assert "nothing to show" in capsys.readouterr().out

@@ -62,7 +62,7 @@ def _column_widths(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], wi
     natural = [max([_width(Text(c.name))] + [_width(row[i]) for row in rows]) for i, c in enumerate(columns)]
     prose = [i for i, c in enumerate(columns) if c.prose]
     available = width - (3 * len(columns) + 1) - sum(w for i, w in enumerate(natural) if i not in prose)
-    least = {i: max(min(natural[i], MIN_PROSE_WIDTH), *(_longest_word(row[i]) for row in rows)) for i in prose}
+    least = {i: max([min(natural[i], MIN_PROSE_WIDTH), *(_longest_word(row[i]) for row in rows)]) for i in prose}
     if sum(least.values()) > available:
         return None
     if sum(natural[i] for i in prose) <= available:
