@@ -3,8 +3,16 @@
 Errors mean "the operation could not run". Problems found *in* a checkpoint are
 not exceptions: they are `Finding`s in a `Report` (see `report.py`).
 
-Each class carries the data a caller needs and an `exit_code` for the CLI
-boundary (2 = usage or I/O error, the check could not run).
+Each class carries the data a caller needs, a stable `error_code` and an `exit_code` for the
+CLI boundary (2 = usage or I/O error, the check could not run).
+
+Messages are one line, `<file|tensor|key>: <what is wrong>; <what to do>`, in library terms:
+they never name a command-line flag. An error about one argument says which with
+`param="target"` (the Python name); a message that names other arguments writes them in
+backticks, `` `teacher` ``. The CLI turns both into its flags (`--target`, `--teacher`), and adds
+"pass --force to replace it" to a `RefusedOverwriteError`. A message may quote a whole command
+a reader can run, `'dspark-hub checksums --force'`: that is advice, true whoever called.
+(`tests/test_errors.py` walks every string of the library to keep it so.)
 """
 
 from __future__ import annotations
@@ -17,11 +25,15 @@ class DsparkError(Exception):
     """
 
     exit_code: int = 2
+    #: Stable identifier of the error type (the `code` of the CLI's error JSON).
+    error_code: str = "ERROR"
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, hint: str | None = None, param: str | None = None) -> None:
+        super().__init__(f"{param}: {message}" if param else message)
         self.message = message
         self.hint = hint
+        #: The argument (Python name) the message is about; `str(e)` starts with it.
+        self.param = param
 
 
 class ContractError(DsparkError, ValueError):
@@ -29,6 +41,8 @@ class ContractError(DsparkError, ValueError):
 
     Example: ``config.json: 'num_hidden_layers' must be a positive integer, got "5"``
     """
+
+    error_code = "CONTRACT"
 
     def __init__(self, message: str, *, key: str | None = None, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
@@ -40,6 +54,8 @@ class CheckpointFormatError(DsparkError, ValueError):
 
     Example: ``model.safetensors: tensor 'final_norm.weight' data_offsets [0, 10] cover 10 bytes, shape [8] x BF16 needs 16``
     """
+
+    error_code = "CHECKPOINT_FORMAT"
 
     def __init__(self, code: str, message: str, *, path: str | None = None,
                  tensor: str | None = None, hint: str | None = None) -> None:
@@ -57,6 +73,8 @@ class CheckpointNotFoundError(DsparkError, FileNotFoundError):
     Example: ``./ckpt: no such file or directory; pass a checkpoint folder``
     """
 
+    error_code = "NOT_FOUND"
+
 
 class MissingDependencyError(DsparkError, ImportError):
     """An optional heavy dependency (torch, transformers, ...) is not installed.
@@ -64,16 +82,24 @@ class MissingDependencyError(DsparkError, ImportError):
     Example: ``finetune needs torch; pip install 'dspark-hub[train]'``
     """
 
+    error_code = "MISSING_DEPENDENCY"
+
 
 class RefusedOverwriteError(DsparkError, FileExistsError):
-    """A writer would replace an existing output without ``--force``.
+    """A writer would replace an existing output, and `force` was not given.
 
-    Example: ``out/: already exists; pass --force to replace it``
+    `detail` says why when the output exists in a way that matters (default: "already exists").
+    The CLI adds the hint "pass --force to replace it".
+
+    Example: ``out/: already exists``
     """
 
-    def __init__(self, path: str) -> None:
-        super().__init__(f"{path}: already exists; pass --force to replace it")
+    error_code = "REFUSED_OVERWRITE"
+
+    def __init__(self, path: str, detail: str = "already exists") -> None:
+        super().__init__(f"{path}: {detail}")
         self.path = path
+        self.detail = detail
 
 
 class HubError(DsparkError, OSError):
@@ -82,9 +108,14 @@ class HubError(DsparkError, OSError):
     Example: ``hf://org/name: repository not found or not readable with this token; check the name or run 'hf auth login'``
     """
 
+    error_code = "HUB"
+
 
 class UsageError(DsparkError, ValueError):
     """Arguments that cannot work together, or a value of the wrong form.
 
-    Example: ``--drop-in: 'kimi-k4' is neither a bundled reference (kimi-k3) nor a checkpoint folder``
+    Example: ``UsageError("'kimi-k4' is neither a bundled reference (kimi-k3) nor a checkpoint folder",
+    param="drop_in")``: `str(e)` starts with `drop_in: `, the CLI shows `--drop-in: `.
     """
+
+    error_code = "USAGE"

@@ -8,8 +8,11 @@ Schema `dspark-hub/verify/1` (stable; keys are never omitted, absent sections ar
       "path": str,                      # folder or hf://org/name@rev as given
       "summary": {...},                 # see Summary.to_dict
       "findings": [{"code", "severity", "where", "message", "hint"}],
-      "sections": {name: object|null}   # optional analyses (deep, runtimes, pairing, ...)
+      "sections": {name: object|null}   # optional analyses (roster, deep, runtimes, pairing, ...)
     }
+
+`sections.roster` is the roster the config implies, `{name: {"shape": [int], "dtype": str}}`
+(null when the config cannot give one, or the folder is another model family).
 
 Findings are sorted errors first, then by where and code, so output diffs stay stable.
 """
@@ -19,11 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dspark_hub import schemas
+
 Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
-SCHEMA = "dspark-hub/verify/1"
+SCHEMA = schemas.command("verify")
 #: Section names a report may carry; each is always present in JSON (null when not run).
-SECTIONS = ("deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub")
+SECTIONS = ("roster", "deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub")
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def tiny(tmp_path_factory) -> Path:
     """A tiny conforming checkpoint written by `init` (random weights, seed 1)."""
     from dspark_hub.ops.init import init_checkpoint
 
-    return init_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", profile="tiny", seed=1)
+    return init_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", profile="tiny", seed=1).path
 
 
 def render_sddd(ckpt: Path) -> str:

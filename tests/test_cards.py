@@ -245,7 +245,7 @@ def _with_block_size_metadata(folder: Path, value: str) -> None:
 
 
 def test_block_size_from_weights_metadata_wins_and_conflicts_fail(tmp_path):
-    ckpt = init_checkpoint(tmp_path / "c", profile="tiny")
+    ckpt = init_checkpoint(tmp_path / "c", profile="tiny").path
     _with_block_size_metadata(ckpt, "4")
     assert card_facts(ckpt, hash_files=False).block_size == 4
     with pytest.raises(UsageError, match="block_size 7 disagrees"):

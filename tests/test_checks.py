@@ -189,7 +189,14 @@ def test_model_prefix_is_one_finding(tmp_path):
             t["model." + name] = t.pop(name)
     report = verify(write_checkpoint(tmp_path / "p", mutate=prefix))
     assert codes_at(report) == {("FOREIGN_PREFIX", "model.*")}
-    assert "32 tensors" in report.findings[0].message
+    assert report.findings[0].message.startswith("32 tensors carry the 'model.' prefix")
+
+
+def test_one_prefixed_tensor_is_counted_in_the_singular(tmp_path):
+    report = verify(write_checkpoint(tmp_path / "p", mutate=lambda t: t.update(
+        {"model.final_norm.weight": t.pop("final_norm.weight")})))
+    [finding] = [f for f in report.findings if f.code == "FOREIGN_PREFIX"]
+    assert finding.message.startswith("1 tensor carries the 'model.' prefix (e.g. model.final_norm.weight)")
 
 
 def test_shipped_lm_head_is_a_warning(tmp_path):

@@ -89,7 +89,7 @@ def test_sidecars_and_tool_folders_are_not_listed(written):
     (written / ".cache" / "huggingface" / "x.metadata").write_text("x")
     assert digests.SUMS_NAME not in digests.checkpoint_files(written)
     assert digests.MANIFEST_NAME not in digests.checkpoint_files(written)
-    assert checksums.check_checksums(written) == []
+    assert checksums.check_checksums(written).problems == []
 
 
 def test_progress_counts_every_byte(ckpt):
@@ -105,7 +105,7 @@ def test_refuses_to_overwrite_without_force(written):
         checksums.write_checksums(written)
     assert (written / digests.SUMS_NAME).read_text() == before
     checksums.write_checksums(written, force=True)
-    assert checksums.check_checksums(written) == []
+    assert checksums.check_checksums(written).problems == []
 
 
 def test_check_without_sidecars_says_what_to_run(ckpt):
@@ -144,35 +144,35 @@ def extra(written):
 
 
 def test_clean_folder_checks_clean(written):
-    assert checksums.check_checksums(written) == []
+    assert checksums.check_checksums(written).problems == []
 
 
 def test_check_names_a_changed_file(mismatched):
-    [problem] = checksums.check_checksums(mismatched)
+    [problem] = checksums.check_checksums(mismatched).problems
     assert (problem.path, problem.kind) == ("model.safetensors", "mismatch")
     assert problem.actual == hashlib.sha256((mismatched / "model.safetensors").read_bytes()).hexdigest()
     assert problem.message.startswith("model.safetensors: SHA-256")
 
 
 def test_check_names_a_truncated_file_by_size(truncated):
-    [problem] = checksums.check_checksums(truncated)
+    [problem] = checksums.check_checksums(truncated).problems
     assert (problem.path, problem.kind) == ("model.safetensors", "mismatch")
     assert "bytes" in problem.message and int(problem.expected) - int(problem.actual) == 10
 
 
 def test_check_names_a_missing_file(missing):
-    [problem] = checksums.check_checksums(missing)
+    [problem] = checksums.check_checksums(missing).problems
     assert (problem.path, problem.kind) == ("sub/notes.txt", "missing")
 
 
 def test_check_names_an_extra_file(extra):
-    [problem] = checksums.check_checksums(extra)
+    [problem] = checksums.check_checksums(extra).problems
     assert (problem.path, problem.kind) == ("stray.bin", "extra")
 
 
 def test_check_falls_back_to_sha256sums(mismatched, missing):
     (mismatched / digests.MANIFEST_NAME).unlink()
-    problems = checksums.check_checksums(mismatched)
+    problems = checksums.check_checksums(mismatched).problems
     assert {(p.path, p.kind) for p in problems} == {("model.safetensors", "mismatch"), ("sub/notes.txt", "missing")}
     assert all(json.dumps(p.to_dict()) for p in problems)
 
@@ -189,7 +189,7 @@ def test_awkward_names_round_trip_through_sha256sum(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     (folder / digests.MANIFEST_NAME).unlink()
-    assert checksums.check_checksums(folder) == []
+    assert checksums.check_checksums(folder).problems == []
 
 
 # --- malformed sidecars: one line, exit 2, never a traceback ---------------------------------------
@@ -236,7 +236,7 @@ def test_a_wrong_sums_file_beside_a_right_manifest_fails(written):
     sums = written / digests.SUMS_NAME
     wrong = "0" * 64
     sums.write_text(sums.read_text().replace(hashlib.sha256((written / "README.md").read_bytes()).hexdigest(), wrong))
-    [problem] = checksums.check_checksums(written)
+    [problem] = checksums.check_checksums(written).problems
     assert (problem.path, problem.kind, problem.expected) == ("README.md", "mismatch", wrong)
     assert "SHA256SUMS says" in problem.message
     result = run_check(written)
@@ -246,7 +246,7 @@ def test_a_wrong_sums_file_beside_a_right_manifest_fails(written):
 def test_a_file_missing_from_one_sidecar_is_named(written):
     sums = written / digests.SUMS_NAME
     sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines() if "README.md" not in line))
-    [problem] = checksums.check_checksums(written)
+    [problem] = checksums.check_checksums(written).problems
     assert (problem.path, problem.kind) == ("README.md", "extra") and "not in SHA256SUMS" in problem.message
 
 
@@ -256,7 +256,7 @@ def test_duplicate_sums_lines_with_different_digests_fail(written):
     sums.write_text(f"{'1' * 64}  config.json\n" + sums.read_text())   # the right line comes last
     assert subprocess.run(["sha256sum", "-c", digests.SUMS_NAME], cwd=written,
                           capture_output=True).returncode != 0   # coreutils fails it too
-    [problem] = checksums.check_checksums(written)
+    [problem] = checksums.check_checksums(written).problems
     assert (problem.path, problem.kind, problem.expected) == ("config.json", "mismatch", "1" * 64)
 
 

@@ -31,7 +31,7 @@ def test_findings_exit_1_with_table(tmp_path):
     folder = write_checkpoint(tmp_path / "c", mutate=lambda t: t.update({"fc.weight": t.pop("context_proj.weight")}))
     result = run("verify", folder)
     assert result.exit_code == 1
-    assert "TRAINER_NAME" not in result.stdout   # humans see messages, not codes
+    assert "TRAINER_NAME" in result.stdout   # the code too, whole: the README's table explains it
     assert "fc.weight" in result.stdout and "context_proj.weight" in result.stdout and "FAILED" in result.stdout
 
 
@@ -46,14 +46,19 @@ def test_json_schema_is_stable(tmp_path):
                                    "metadata"}
     assert all(set(f) == FINDING_KEYS for f in doc["findings"])
     assert doc["findings"][0]["code"] == "FORBIDDEN_KEY"
+    roster = {name: {"shape": list(spec.shape), "dtype": spec.dtype}
+              for name, spec in contract.roster(contract.TINY_CONFIG).items()}
+    assert doc["sections"].pop("roster") == roster
     assert all(v is None for v in doc["sections"].values())
 
 
 def test_missing_path_exit_2_one_line_on_stderr(tmp_path):
     result = run("verify", tmp_path / "nope", "--json")
     assert result.exit_code == 2
-    assert result.stdout == ""
-    assert result.stderr.count("\n") == 1 and "no such file or directory" in result.stderr
+    message = f"{tmp_path / 'nope'}: no such file or directory; pass a checkpoint folder"
+    assert json.loads(result.stdout) == {"schema": "dspark-hub/error/1", "ok": False,
+                                         "error": {"code": "NOT_FOUND", "message": message, "hint": None}}
+    assert result.stderr == f"Error: {message}\n"
 
 
 def test_bad_drop_in_is_usage_error(tmp_path):
@@ -123,3 +128,28 @@ def test_long_paths_stay_on_one_line_when_piped(tmp_path):
     folder = write_checkpoint(tmp_path / ("a-rather-long-folder-name-" * 4))
     result = CliRunner(env={"COLUMNS": "40"}).invoke(cli, ["verify", str(folder)])
     assert f"OK  {folder}" in result.stdout
+
+
+def test_missing_tensor_hint_points_at_the_roster_the_json_holds(tmp_path):
+    folder = write_checkpoint(tmp_path / "c", mutate=lambda t: t.pop("final_norm.weight"))
+    doc = json.loads(run("verify", folder, "--json").stdout)
+    [missing] = [f for f in doc["findings"] if f["code"] == "MISSING_TENSOR"]
+    assert "sections.roster" in missing["hint"] and "dspark-hub verify --json" in missing["hint"]
+    roster = doc["sections"]["roster"]
+    assert roster["final_norm.weight"] == {"shape": [contract.TINY_CONFIG["hidden_size"]], "dtype": "BF16"}
+    assert len(roster) == len(contract.roster(contract.TINY_CONFIG)) == doc["summary"]["tensors"] + 1
+
+
+def test_roster_is_null_when_the_config_cannot_give_one(tmp_path):
+    folder = write_checkpoint(tmp_path / "c")
+    config = {k: v for k, v in contract.TINY_CONFIG.items() if k != "num_hidden_layers"}
+    (folder / "config.json").write_text(json.dumps(config))
+    doc = json.loads(run("verify", folder, "--json").stdout)
+    assert "ROSTER_UNDECIDABLE" in {f["code"] for f in doc["findings"]} and doc["sections"]["roster"] is None
+
+
+def test_version_short_flag():
+    from dspark_hub import __version__
+    for flag in ("-V", "--version"):
+        result = run(flag)
+        assert result.exit_code == 0 and result.stdout == f"dspark-hub, version {__version__}\n"

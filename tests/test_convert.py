@@ -65,7 +65,7 @@ def test_trainer_named_prefixed_fp32_sharded_export_converts_and_verifies(tmp_pa
     checked = verify(dst)
     assert checked.ok, checked.errors
     assert report.verify_ok
-    reference = init_checkpoint(tmp_path / "tiny-ref", profile="tiny")
+    reference = init_checkpoint(tmp_path / "tiny-ref", profile="tiny").path
     drop_in = verify(dst, drop_in=str(reference))   # unknown keys are kept, and a drop-in names them
     assert [(f.code, f.where) for f in drop_in.errors] == [("DROPIN_CONFIG_EXTRA_KEY", "config.json:my_trainer_note")]
     written = load_file(str(dst / contract.WEIGHTS_NAME))

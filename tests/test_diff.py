@@ -28,7 +28,7 @@ def test_identical_checkpoints(tmp_path, state):
     b = write_checkpoint(tmp_path / "b", tensors={k: v.clone() for k, v in state.items()})
     result = diff(a, b)
     doc = result.to_dict()
-    assert doc["schema"] == "dspark-hub/diff/1"
+    assert doc["schema"] == "dspark-hub/diff/1" and doc["ok"] is True
     assert doc["identical"] and doc["weights_only"] and doc["layout"]["same"]
     assert doc["summary"] == {"compared": len(state), "identical": len(state), "changed": 0}
     assert all(t == {"identical": True, "rel_l2": 0.0} for t in doc["tensors"].values())
@@ -112,6 +112,9 @@ def test_diff_exits_1_when_a_side_cannot_be_read(tmp_path):
     assert CliRunner().invoke(cli, ["diff", str(a), str(b)]).exit_code == 0
     (b / "config.json").unlink()
     assert CliRunner().invoke(cli, ["diff", str(a), str(b)]).exit_code == 1
+    result = CliRunner().invoke(cli, ["diff", str(a), str(b), "--json"])
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1 and doc["ok"] is False and doc["problems"][0]["side"] == "b"
 
 
 def test_single_file_and_sharded_copies_are_not_a_drop_in(tmp_path):

@@ -31,3 +31,20 @@ def test_finding_code_is_documented(code):
 def test_command_is_documented_and_has_help(name):
     assert f"dspark-hub {name}" in README
     assert cli.commands[name].help
+
+
+@pytest.mark.parametrize("group", ["card", "golden"])
+def test_group_help_lists_every_subcommand(group):
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, [group, "--help"])
+    assert result.exit_code == 0
+    listed = result.stdout.split("Commands:")[1].split()
+    assert set(cli.commands[group].commands) <= set(listed)   # golden's errors say "Try 'dspark-hub golden write --help'"
+
+
+def test_every_command_schema_id_is_in_the_readme_table():
+    from dspark_hub import schemas
+
+    rows = [line for line in README.splitlines() if line.startswith("| `dspark-hub/")]
+    assert sorted(line.split("`")[1] for line in rows) == sorted(schemas.COMMANDS.values())

@@ -41,7 +41,7 @@ def test_fixture_binds_config_and_weights_and_covers_long_positions(fixture):
         meta = handle.metadata()
         keys = set(handle.keys())
         positions = handle.get_tensor("long.position_ids")
-    assert meta["schema"] == "dspark-hub/golden/1"
+    assert meta["schema"] == "dspark-hub/golden-fixture/1"
     assert meta["config_sha256"] == file_digest(ckpt / "config.json")
     assert json.loads(meta["weights_sha256"]) == {"model.safetensors": file_digest(ckpt / "model.safetensors")}
     assert json.loads(meta["lm_head"])["kind"] == "seeded-standin"

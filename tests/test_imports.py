@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("torch", "transformers", "numpy", "huggingface_hub", "jinja2")
 
@@ -27,6 +28,16 @@ def test_verify_run_stays_light(tmp_path):
     code = (f"from click.testing import CliRunner; from dspark_hub.cli import cli; "
             f"r = CliRunner().invoke(cli, ['verify', {str(folder)!r}, '--drop-in', 'kimi-k3'])")
     assert _imported(code) == set()
+
+
+def test_export_code_copies_files_without_torch(tmp_path):
+    from .factories import write_checkpoint
+    folder = write_checkpoint(tmp_path / "c")
+    code = (f"from click.testing import CliRunner; from dspark_hub.cli import cli; "
+            f"r = CliRunner().invoke(cli, ['export-code', {str(folder)!r}]); assert r.exit_code == 0, r.output")
+    assert _imported(code) == set()
+    assert (folder / "modeling_k3_dspark.py").read_bytes() == (
+        Path(__file__).resolve().parent.parent / "dspark_hub" / "modeling" / "modeling_k3_dspark.py").read_bytes()
 
 
 def test_every_public_name_resolves():

@@ -187,6 +187,7 @@ def test_chunked_loss_never_makes_a_tensor_wider_than_a_chunk_of_vocabulary_rows
     widest, saved = run(0)
     assert widest == labels.numel() and saved > 2 * labels.numel()      # every slot's [V] rows, kept for backward
     assert run(6) == (6, 0)         # one chunk at a time, and none kept: backward recomputes it (checkpoint)
-    with pytest.raises(UsageError, match="--loss-chunk"):
+    with pytest.raises(UsageError, match="^loss_chunk: 0 rows per chunk") as refused:
         objective.chunked_loss_sums(None, (hidden,), None, labels, positions, batch, lm_head, terms=["ce"],
                                     gamma=4.0, chunk_rows=0)
+    assert refused.value.param == "loss_chunk"   # the CLI shows it as --loss-chunk

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from dspark_hub.cards.render import render_card
 from dspark_hub.cli.main import cli
 
+from .cli_errors import assert_one_line_error
 from .factories import tree_digest, write_checkpoint
 
 FRONT = {"license": "apache-2.0", "base_model": "org/teacher", "tags": ["dspark"], "pipeline_tag": "text-generation"}
@@ -77,6 +78,15 @@ def test_missing_card_is_refused(hub, hub_repo_id, hub_token, tmp_path):
     folder = write_checkpoint(tmp_path / "bare")
     result = run(*publish_args(folder, hub_repo_id, hub), env={"HF_TOKEN": hub_token})
     assert result.exit_code == 1 and "no model card" in result.stdout
+    human = run("publish", folder, hub_repo_id, "--endpoint", hub.url, "--dry-run")
+    assert human.exit_code == 1 and "refused: nothing was sent (1 problem)\n" in human.stderr
+
+
+@pytest.mark.parametrize("repo_id", ["not a repo", "org/", "a/b/c", "org/na..me"])
+def test_dry_run_refuses_an_invalid_repo_id_first(tmp_path, repo_id):
+    folder = write_checkpoint(tmp_path / "bare")   # no card: the gate would refuse too, but the id comes first
+    result = run("publish", folder, repo_id, "--dry-run", "--endpoint", "http://127.0.0.1:9")
+    assert_one_line_error(result, f"ORG/NAME: {repo_id!r}: not a Hub repository id", "write it as ORG/NAME")
 
 
 def test_drop_in_is_honoured_by_the_gate(hub, hub_repo_id, hub_token, carded):

@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from dspark_hub import schemas
 from dspark_hub.cards import render as cards
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.errors import UsageError
 from dspark_hub.report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
 
-SCHEMA = "dspark-hub/card-lint/1"
+SCHEMA = schemas.command("card-lint")
 _POSITION = re.compile(r"^pos(?:ition)?\s*(\d+)$", re.IGNORECASE)
 _NUMBER = re.compile(r"^[+-]?\d+(?:\.(\d+))?$")
 _PARAMETERS = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d{4,})\s+(?:\w+\s+)?parameters\b", re.IGNORECASE)
@@ -438,7 +439,7 @@ def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
             report.findings += _checksum_findings(card, table, None)
         report.findings.append(info("WEIGHTS_NOT_CHECKED", card.where(1), "no checkpoint given: parameter counts, "
                                     "shapes, target layers and checksums were not compared with weights",
-                                    "pass --checkpoint CKPT"))
+                                    f"lint it with the weights: 'dspark-hub card lint {path} --checkpoint CKPT'"))
     else:
         report.findings += _weight_findings(card, said, open_checkpoint(LocalSource(checkpoint)), hasher)
     return report

@@ -61,6 +61,7 @@ Training log (`--train-log`): JSON lines; lines carrying evaluation results beco
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -72,11 +73,12 @@ from typing import Any, Callable, Literal, Mapping
 from dspark_hub.format import contract
 from dspark_hub.cards import hub_vocab
 from dspark_hub.format.digests import FileDigest, read_digest_file, sha256_file
-from dspark_hub.schemas import GOLDEN_FIXTURE, current
+from dspark_hub.schemas import GOLDEN_FIXTURE, command, current
 from dspark_hub.cards.results import Results, load_eval, load_train_log
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.errors import CheckpointFormatError, DsparkError, UsageError
 from dspark_hub.format.reader import read_header
+from dspark_hub.format.writer import atomic_file, check_writable
 
 TEMPLATE = "model_card.md.j2"
 #: Files of a checkpoint folder that are not part of the published weights' checksum table.
@@ -411,7 +413,7 @@ def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UsageError(f"{p}: no such file; pass the card metadata with --meta cards/<name>/card.yaml") from None
+        raise UsageError(f"{p}: no such file; pass the card source, cards/<name>/card.yaml", param="meta") from None
     except yaml.YAMLError as e:
         raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]}); fix the syntax") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(doc.get("front_matter"), dict):
@@ -640,3 +642,40 @@ def tidy_markdown(text: str) -> str:
     while out and not out[-1]:
         out.pop()
     return "\n".join(out) + "\n"
+
+
+@dataclass(frozen=True)
+class CardResult:
+    """What `write_card` wrote: the card at `path`, rendered from the checkpoint `checkpoint` (or its metadata)."""
+
+    path: Path
+    checkpoint: Path | None
+    bytes: int
+    lines: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": command("card"), "path": str(self.path),
+                "input": str(self.checkpoint) if self.checkpoint is not None else None,
+                "bytes": self.bytes, "lines": self.lines, "sha256": self.sha256}
+
+
+def write_card(meta: str | os.PathLike[str], ckpt: str | os.PathLike[str] | None, output: str | os.PathLike[str], *,
+               eval_json: str | os.PathLike[str] | None = None, train_log: str | os.PathLike[str] | None = None,
+               checksums_from: str | os.PathLike[str] | None = None, hash_files: bool = True, force: bool = False,
+               progress: Callable[[int], None] | None = None) -> CardResult:
+    """Render a model card (see `render_card`) and write it to `output` atomically.
+
+    Raises:
+        RefusedOverwriteError: `output` exists and `force` is False (checked before rendering).
+        UsageError: an input is missing or malformed, or the front matter is invalid.
+    """
+    out = Path(output)
+    check_writable(out, force=force)
+    text = render_card(meta, ckpt, eval_json, train_log, checksums_from=checksums_from, hash_files=hash_files,
+                       progress=progress)
+    data = text.encode("utf-8")
+    with atomic_file(out, force=force) as handle:
+        handle.write(data)
+    return CardResult(path=out, checkpoint=Path(ckpt) if ckpt is not None else None, bytes=len(data),
+                      lines=text.count("\n"), sha256=hashlib.sha256(data).hexdigest())

@@ -1,81 +1,128 @@
-"""Human rendering for the CLI: rich tables on stdout, progress bars on stderr.
+"""Human views of library results: one renderer per result type, on stdout.
 
-Everything here turns a library result into text; nothing computes. `--json` output does
-not pass through here: the CLI prints the result's own `to_dict()`.
+Everything here turns a library result into text; nothing computes. `--json` output does not
+pass through here: `emit` prints the result's own `to_dict()`.
+
+Names, numbers and codes are never cut, in a pipe or a narrow terminal: `print_table` wraps
+only prose columns, and when even that does not fit it prints one block per row (the key cells
+on one line, each prose cell indented below). Plain lines are printed with soft wrap, so the
+terminal may fold them on screen but the text stream keeps every name whole.
 """
 
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-import click
-from rich.console import Console
+from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
+from dspark_hub._text import plural
+from dspark_hub.cli._errors import in_cli_terms
+from dspark_hub.cli._output import stderr, stdout
 from dspark_hub.report import Finding, Report
 
-# Markup and emoji are off: tensor names, keys and paths come from checkpoints and are printed as they
-# are ('bad[/x]name' must not crash, ':smile:' must not become a picture). Styles use `Text`.
-# soft_wrap keeps commands, URLs and paths on one line for copy and paste.
-stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
-stderr = Console(stderr=True, highlight=False, markup=False, emoji=False)
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+VERDICT_STYLE = {"loaded": "green", "skipped": "cyan", "ignored": "bold red", "fatal": "bold red"}
+CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
+#: A prose column narrower than this wraps into a column of single words: use blocks instead.
+MIN_PROSE_WIDTH = 16
+
+Cell = str | Text
+
+
+# ----------------------------------------------------------------------------- tables that never cut
+
+@dataclass(frozen=True)
+class Column:
+    """A table column. `prose` columns wrap at word boundaries; the others are never wrapped or cut.
+
+    `label`: in the block layout, show the cell as `name value` (for numbers that mean nothing bare).
+    """
+
+    name: str
+    prose: bool = False
+    label: bool = False
+    justify: Literal["left", "right"] = "left"
+
+
+def _width(cell: Cell) -> int:
+    return cell.cell_len if isinstance(cell, Text) else cell_len(cell)
+
+
+def _longest_word(cell: Cell) -> int:
+    return max((cell_len(word) for word in str(cell).split()), default=0)
+
+
+def _column_widths(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int) -> list[int] | None:
+    """Widths that keep every non-prose cell and every word whole within `width`; None if there are none."""
+    natural = [max([_width(Text(c.name))] + [_width(row[i]) for row in rows]) for i, c in enumerate(columns)]
+    prose = [i for i, c in enumerate(columns) if c.prose]
+    available = width - (3 * len(columns) + 1) - sum(w for i, w in enumerate(natural) if i not in prose)
+    least = {i: max([min(natural[i], MIN_PROSE_WIDTH), *(_longest_word(row[i]) for row in rows)]) for i in prose}
+    if sum(least.values()) > available:
+        return None
+    if sum(natural[i] for i in prose) <= available:
+        return natural
+    spare = available - sum(least.values())
+    growth = {i: natural[i] - least[i] for i in prose}
+    total_growth = sum(growth.values()) or 1
+    widths = list(natural)
+    for i in prose:
+        widths[i] = least[i] + spare * growth[i] // total_growth
+    return widths
+
+
+def print_table(title: str | None, columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> None:
+    """Print rows as a table that fits the console, or as blocks when no table can keep every name whole."""
+    widths = _column_widths(columns, rows, stdout.width)
+    if widths is not None:
+        table = Table(title=title, expand=False)
+        for column, w in zip(columns, widths):
+            table.add_column(column.name, justify=column.justify, width=w, no_wrap=not column.prose,
+                             overflow="fold" if column.prose else "ignore")
+        for row in rows:
+            table.add_row(*row)
+        stdout.print(table)
+        return
+    if title:
+        stdout.print(title)
+    for row in rows:
+        key = [Text.assemble(f"{c.name} ", cell) if c.label else cell
+               for c, cell in zip(columns, row) if not c.prose and str(cell)]
+        stdout.print(Text("  ").join(Text(k) if isinstance(k, str) else k for k in key))
+        named = False
+        for column, cell in zip(columns, row):
+            if column.prose and str(cell):
+                stdout.print(Text.assemble("    ", f"{column.name}: " if named else "", cell))
+            named = named or column.prose
+
+
+# ----------------------------------------------------------------------------- findings and verify
+
+FINDING_COLUMNS = (Column("severity"), Column("code"), Column("where"), Column("message", prose=True),
+                   Column("hint", prose=True))
 
 
 def verdict_line(ok: bool, errors: int, where: str) -> Text:
     """`OK  path` or `FAILED (n errors)  path`, styled."""
-    head = Text("OK", style="bold green") if ok else Text.assemble(
-        ("FAILED", "bold red"), f" ({errors} error{'s' * (errors != 1)})")
+    head = (Text("OK", style="bold green") if ok
+            else Text.assemble(("FAILED", "bold red"), f" ({plural(errors, 'error')})"))
     return Text.assemble(head, f"  {where}")
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
-
-
-class Bar:
-    """What `progress_bar` yields: call it with bytes done since the last call, or `stage()` it."""
-
-    def __init__(self, progress: Any, task: Any) -> None:
-        self._progress, self._task = progress, task
-
-    def __call__(self, n: int) -> None:
-        self._progress.advance(self._task, n)
-
-    def stage(self, description: str, done: int, total: int) -> None:
-        """Absolute progress of a named stage (e.g. hashing, then torrent pieces)."""
-        self._progress.update(self._task, description=description, completed=done, total=total)
-
-
-@contextmanager
-def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Bar]:
-    """A rich progress bar on stderr, shown only on a terminal."""
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=stderr,
-                  disable=not (enabled and stderr.is_terminal)) as bar:
-        yield Bar(bar, bar.add_task(description, total=total))
-
-
-def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
 
 
 def render_findings(findings: list[Finding], title: str) -> None:
-    """A findings table (severity, where, message, hint) on stdout; nothing when there are none."""
+    """Findings (severity, code, where, message, hint) on stdout; nothing when there are none."""
     if findings:
-        table = Table(title=title, show_lines=False, expand=False)
-        for col in ("severity", "where", "message", "hint"):
-            table.add_column(col, overflow="fold")
-        for f in findings:
-            table.add_row(Text(f.severity, style=SEVERITY_STYLE[f.severity]), f.where, f.message, f.hint or "")
-        stdout.print(table)
+        print_table(title, FINDING_COLUMNS, [[Text(f.severity, style=SEVERITY_STYLE[f.severity]), f.code, f.where,
+                                             f.message, f.hint or ""] for f in findings])
 
 
-def render_report(report: Report) -> None:
-    """Human view of a verify report: findings table, then summary."""
+def render_verify(report: Report) -> None:
+    """Human view of a verify report: findings, summary, verdict, then the optional sections."""
     render_findings(report.sorted_findings(), f"findings for {report.path}")
     s = report.summary
     params = s.parameters or {}
@@ -85,16 +132,17 @@ def render_report(report: Report) -> None:
         stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
                      f"{params['frozen']:,} frozen (embed_tokens)")
     stdout.print(verdict_line(report.ok, len(report.errors), report.path))
+    _render_deep(report)
+    _render_sections(report)
 
 
-def render_deep(report: Report) -> None:
-    """Digests and the frozen-embedding verdict of a deep verify."""
+def _render_deep(report: Report) -> None:
     deep = report.sections.get("deep")
     if deep:
         for f in deep["files"]:
-            stdout.print(f"sha256  {f['sha256']}  {f['name']} ({f['size']:,} bytes, {f['seconds']:.1f} s)")
+            stdout.print(f"sha256  {f['sha256']}  {f['name']} ({plural(f['size'], 'byte')}, {f['seconds']:.1f} s)")
         flagged = sum(1 for t in deep["tensors"].values() if t["nan"] or t["inf"])
-        stdout.print(f"scanned {len(deep['tensors'])} tensors: {flagged} with NaN/inf")
+        stdout.print(f"scanned {plural(len(deep['tensors']), 'tensor')}: {flagged} with NaN/inf")
     frozen = report.sections.get("frozen_embed")
     if frozen:
         verdict = {True: Text("bit-identical", style="green"), False: Text("DIFFERENT", style="bold red"),
@@ -102,6 +150,36 @@ def render_deep(report: Report) -> None:
         stdout.print(Text.assemble(f"frozen embed vs {frozen['teacher_tensor']['location']}: ",
                                    verdict[frozen["identical"]]))
 
+
+def _render_sections(report: Report) -> None:
+    family = report.sections.get("family")
+    if family and family["family"] != "k3_dspark":
+        stdout.print(f"family: {family['title']} ({'; '.join(family['evidence'])})")
+    for data in (report.sections.get("runtimes") or {}).values():
+        rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
+        rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
+        loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
+        shown = [[tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail]   # --json lists every tensor
+                 for tensor, verdict, detail in rows if verdict != "loaded"]
+        if shown:
+            print_table(f"{data['title']}: per-tensor verdicts",
+                        (Column("tensor"), Column("verdict"), Column("detail", prose=True)), shown)
+        stdout.print(f"{data['title']}: {loaded} of {plural(len(data['verdicts']), 'tensor')} loaded"
+                     + ("" if shown else "; nothing skipped, ignored or fatal"))
+        serving = data["serving"]
+        stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
+                     f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "
+                     "from config.json):")
+        stdout.print(f"  {serving['command']}")
+    pairing = report.sections.get("pairing")
+    if pairing:
+        embedding = pairing["embedding"]
+        stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
+                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: "
+                     f"{embedding['identical']})")
+
+
+# ----------------------------------------------------------------------------- diff, convert, init
 
 def _short(value: Any) -> str:
     text = json.dumps(value)
@@ -112,17 +190,13 @@ def render_diff(result: Any) -> None:
     """Human view of a `DiffReport`."""
     d = result.to_dict()
     cfg, roster = d["config"], d["roster"]
-    if cfg["added"] or cfg["removed"] or cfg["changed"]:
-        table = Table(title="config.json", expand=False)
-        for col in ("key", "A", "B"):
-            table.add_column(col, overflow="fold")
-        for key, value in cfg["removed"].items():
-            table.add_row(Text(f"- {key}", style="red"), _short(value), "")
-        for key, value in cfg["added"].items():
-            table.add_row(Text(f"+ {key}", style="green"), "", _short(value))
-        for key, pair in cfg["changed"].items():
-            table.add_row(Text(f"~ {key}", style="yellow"), _short(pair["a"]), _short(pair["b"]))
-        stdout.print(table)
+    rows: list[list[Cell]] = []
+    rows += [[Text(f"- {key}", style="red"), _short(value), ""] for key, value in cfg["removed"].items()]
+    rows += [[Text(f"+ {key}", style="green"), "", _short(value)] for key, value in cfg["added"].items()]
+    rows += [[Text(f"~ {key}", style="yellow"), _short(pair["a"]), _short(pair["b"])]
+             for key, pair in cfg["changed"].items()]
+    if rows:
+        print_table("config.json", (Column("key"), Column("A", prose=True), Column("B", prose=True)), rows)
     for name, e in roster["removed"].items():
         stdout.print(Text.assemble((f"- {name}", "red"), f" {e['shape']} {e['dtype']} (only in A)"))
     for name, e in roster["added"].items():
@@ -133,12 +207,10 @@ def render_diff(result: Any) -> None:
         stdout.print(Text.assemble((f"~ {name}", "yellow"), f" dtype {e['a']} -> {e['b']}"))
     changed = {n: t for n, t in d["tensors"].items() if not t["identical"]}
     if changed:
-        table = Table(title="changed tensors (relative L2 ||b-a||/||a||)", expand=False)
-        table.add_column("tensor")
-        table.add_column("rel L2", justify="right")
-        for name, t in sorted(changed.items(), key=lambda kv: -(kv[1]["rel_l2"] or float("inf"))):
-            table.add_row(name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}")
-        stdout.print(table)
+        print_table("changed tensors (relative L2 ||b-a||/||a||)",
+                    (Column("tensor"), Column("rel L2", justify="right")),
+                    [[name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}"]
+                     for name, t in sorted(changed.items(), key=lambda kv: -(kv[1]["rel_l2"] or float("inf")))])
     for p in d["problems"]:
         stdout.print(Text(f"{p['side'].upper()}: {p['where']}: {p['message']}", style="red"))
     if not d["layout"]["same"]:
@@ -149,135 +221,178 @@ def render_diff(result: Any) -> None:
     verdict = (Text("identical", style="bold green") if d["identical"] else
                Text("only the weights differ", style="yellow") if d["weights_only"] else
                Text("different", style="bold red"))
-    stdout.print(Text.assemble(verdict, f": {s['identical']} of {s['compared']} common tensors byte-identical, "
-                               f"{s['changed']} changed  ({d['a']} -> {d['b']})"))
+    stdout.print(Text.assemble(verdict, f": {s['identical']} of {plural(s['compared'], 'common tensor')} "
+                               f"byte-identical, {s['changed']} changed  ({d['a']} -> {d['b']})"))
 
 
 def render_convert(result: Any) -> None:
     """Human view of a `ConvertReport`."""
     d = result.to_dict()
-    table = Table(title=f"changes {d['src']} -> {d['dst']}", expand=False)
-    for col in ("kind", "target", "detail"):
-        table.add_column(col, overflow="fold")
+    rows: list[list[Cell]] = []
     shown: dict[str, int] = {}
     for c in d["changes"]:
         shown[c["kind"]] = shown.get(c["kind"], 0) + 1
         if shown[c["kind"]] <= CHANGES_PER_KIND:
-            table.add_row(c["kind"], c["target"], c["detail"])
+            rows.append([c["kind"], c["target"], c["detail"]])
     for kind, n in shown.items():
         if n > CHANGES_PER_KIND:
-            table.add_row(kind, f"... and {n - CHANGES_PER_KIND} more", "(all listed with --json)")
-    if d["changes"]:
-        stdout.print(table)
-    stdout.print(f"wrote {d['dst']}: {d['tensors']} tensors, {d['weights_bytes']:,} bytes")
+            rows.append([kind, f"... and {n - CHANGES_PER_KIND} more", "(all listed with --json)"])
+    if rows:
+        print_table(f"changes {d['input']} -> {d['path']}",
+                    (Column("kind"), Column("target"), Column("detail", prose=True)), rows)
+    stdout.print(f"wrote {d['path']}: {plural(d['tensors'], 'tensor')}, {plural(d['weights_bytes'], 'byte')}")
     if d["verify"]["ok"]:
         stdout.print(Text("verify OK", style="bold green"))
     else:
         errors = ", ".join(f"{e['code']} ({e['where']})" for e in d["verify"]["errors"][:5])
-        stdout.print(Text.assemble(("verify still fails", "bold red"), f": {errors}; run: dspark-hub verify {d['dst']}"))
+        stdout.print(Text.assemble(("verify still fails", "bold red"),
+                                   f": {errors}; run: dspark-hub verify {d['path']}"))
 
 
-VERDICT_STYLE = {"loaded": "green", "skipped": "cyan", "ignored": "bold red", "fatal": "bold red"}
+def render_init(result: Any) -> None:
+    """Human view of an `InitResult`."""
+    stdout.print(f"wrote {result.path} ({result.profile}, {result.init}, {plural(result.weights_bytes, 'byte')}); "
+                 f"check it with: dspark-hub verify {result.path}")
 
 
-def render_sections(report: Report) -> None:
-    """Human view of the optional family, runtimes and pairing sections (nothing when absent)."""
-    family = report.sections.get("family")
-    if family and family["family"] != "k3_dspark":
-        stdout.print(f"family: {family['title']} ({'; '.join(family['evidence'])})")
-    for name, data in (report.sections.get("runtimes") or {}).items():
-        table = Table(title=f"{data['title']}: per-tensor verdicts", expand=False)
-        for col in ("tensor", "verdict", "detail"):
-            table.add_column(col, overflow="fold")
-        rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
-        rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
-        loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
-        for tensor, verdict, detail in rows:
-            if verdict != "loaded":   # the loaded majority is counted below; --json lists every tensor
-                table.add_row(tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail)
-        if table.row_count:
-            stdout.print(table)
-        stdout.print(f"{data['title']}: {loaded} of {len(data['verdicts'])} tensors loaded"
-                     + ("" if table.row_count else "; nothing skipped, ignored or fatal"))
-        serving = data["serving"]
-        stdout.print(f"serve with {data['title']} ({serving['num_speculative_tokens']} draft tokens; "
-                     f"{serving['block_size_source']}; target layers {serving['target_layer_ids']} from "
-                     "config.json):")
-        stdout.print(f"  {serving['command']}")
-    pairing = report.sections.get("pairing")
-    if pairing:
-        embedding = pairing["embedding"]
-        stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
-                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: "
-                     f"{embedding['identical']})")
+# ----------------------------------------------------------------------------- training
+
+def render_rollouts(summary: Any) -> None:
+    """Human view of a `RolloutSummary`."""
+    agreement = "-" if summary.greedy_agreement is None else f"{summary.greedy_agreement:.4f}"
+    stdout.print(f"wrote {plural(summary.written, 'sequence')} ({summary.skipped} already there) to {summary.path}: "
+                 f"{plural(summary.sequences, 'sequence')}, "
+                 f"{plural(summary.continuation_tokens, 'continuation token')}, "
+                 f"{plural(summary.shards, 'shard')}, greedy agreement {agreement}")
 
 
-@contextmanager
-def count_bar(description: str, *, enabled: bool = True) -> Iterator[tuple[Callable[[int], None], Callable[[int], None]]]:
-    """A rich item-count progress bar on stderr (terminal only); yields `(advance(n), set_total(n))`."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+def render_training(result: Any) -> None:
+    """Human view of a `TrainResult`."""
+    loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
+    stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.tokens, 'token')}, "
+                 f"{result.tokens_per_second:,.0f} tokens/s, final loss {loss} (log: {result.state_dir})")
+    if result.eval:
+        stdout.print(f"held-out acceptance length {result.eval['acceptance_length']:.4f} "
+                     f"(prompt lookup {result.eval['baseline']['acceptance_length']:.4f})")
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=stderr, disable=not (enabled and stderr.is_terminal)) as bar:
-        task = bar.add_task(description, total=None)
-        yield (lambda n: bar.advance(task, n)), (lambda n: bar.update(task, total=n))
 
-
-def render_eval(data: dict[str, Any]) -> None:
+def render_eval(result: Any) -> None:
     """Acceptance table: draft, reference and prompt lookup, overall and per dataset."""
+    data = result.to_dict()
     block = len(data["per_position"])
-    table = Table(title="simulated acceptance (greedy, teacher-forced)")
-    for col in ["data", "drafter", "AL", *[f"a{k}" for k in range(1, block + 1)]]:
-        table.add_column(col, justify="left" if col in ("data", "drafter") else "right")
+    columns = [Column("data"), Column("drafter"), Column("AL", label=True, justify="right"),
+               *[Column(f"a{k}", label=True, justify="right") for k in range(1, block + 1)]]
+    rows: list[list[Cell]] = []
 
     def row(scope: str, name: str, stats: dict[str, Any]) -> None:
-        table.add_row(scope, name, f"{stats['acceptance_length']:.4f}", *[f"{a:.3f}" for a in stats["per_position"]])
+        rows.append([scope, name, f"{stats['acceptance_length']:.4f}", *[f"{a:.3f}" for a in stats["per_position"]]])
 
-    scopes = [("all", data)] + list(data["by_dataset"].items())
-    for scope, stats in scopes:
+    for scope, stats in [("all", data), *data["by_dataset"].items()]:
         row(scope, "draft", stats)
         if stats.get("reference") or (scope == "all" and data["reference"]):
             row(scope, "reference", stats.get("reference") or data["reference"])
         row(scope, "prompt lookup", stats["baseline"])
-    stdout.print(table)
+    print_table("simulated acceptance (greedy, teacher-forced)", columns, rows)
     harness = data["harness"]
-    stdout.print(f"{data['prompts']} prompts, {data['tokens']:,} continuation tokens, {data['steps']:,} steps; "
-                 f"block size {harness['block_size']}; teacher {harness['teacher']}")
+    stdout.print(f"{plural(data['prompts'], 'prompt')}, {plural(data['tokens'], 'continuation token')}, "
+                 f"{plural(data['steps'], 'step')}; block size {harness['block_size']}; teacher {harness['teacher']}")
     if data["reference"]:
         stdout.print(f"ratio to reference: {data['reference']['ratio']:.4f}")
+    if data["plot"]:
+        stdout.print(f"wrote {data['plot']}")
     stdout.print(f"definition: {data['definition']}")
 
 
-def _file_problems_table(title: str, problems: list[Any]) -> None:
-    table = Table(title=title)
-    for col in ("file", "problem", "message"):
-        table.add_column(col, overflow="fold")
-    for p in problems:
-        table.add_row(p.path, p.kind, p.message)
-    stdout.print(table)
+# ----------------------------------------------------------------------------- release
+
+def _file_problems(title: str, problems: list[Any]) -> None:
+    print_table(title, (Column("file"), Column("problem"), Column("message", prose=True)),
+                [[p.path, p.kind, p.message] for p in problems])
 
 
-def _render_publication(outcome: Any) -> None:
+def render_checksums(written: Any) -> None:
+    """Human view of `ChecksumFiles`."""
+    stdout.print(f"wrote {written.sums_path} and {written.manifest_path} "
+                 f"({plural(len(written.manifest.files), 'file')}, {plural(written.manifest.total_bytes, 'byte')}); "
+                 f"check with: sha256sum -c SHA256SUMS (in {written.path})")
+
+
+def render_checksum_check(check: Any) -> None:
+    """Human view of a `ChecksumCheck`."""
+    if check.problems:
+        _file_problems(f"checksum problems in {check.path}", check.problems)
+    else:
+        stdout.print(f"OK  {check.path}: every file matches its checksum")
+
+
+def render_package(result: Any) -> None:
+    """Human view of a `PackageResult`."""
+    stdout.print(f"wrote {result.path}: {', '.join(sorted(result.files))}")
+    stdout.print(f"infohash {result.infohash}")
+    stdout.print(f"magnet   {result.magnet}")
+
+
+def render_export(result: Any) -> None:
+    """Human view of an `ExportResult`."""
+    stdout.print(f"{result.path}: wrote {', '.join(result.written) or 'nothing'}"
+                 + (f" (unchanged: {', '.join(result.unchanged)})" if result.unchanged else "")
+                 + "; load with AutoModel.from_pretrained(folder, trust_remote_code=True)")
+
+
+def render_publication(outcome: Any) -> None:
+    """Human view of a `Publication`: the refusals, the dry-run plan, or what landed on the Hub."""
     if not outcome.gate.ok:
-        stderr.print(Text.assemble(("refused", "bold red"), f": nothing was sent ({len(outcome.gate.refusals)} problems)"))
+        stderr.print(Text.assemble(("refused", "bold red"),
+                                   f": nothing was sent ({plural(len(outcome.gate.refusals), 'problem')})"))
         for reason in outcome.gate.refusals:
-            stdout.print(f"  {reason}")
+            stdout.print(f"  {in_cli_terms(reason)}")
         return
     result = outcome.result
     plan = result.plan
     if result.status == "dry_run":
-        table = Table(title=f"plan: {plan.repo_id}@{plan.revision} ({plan.endpoint})")
-        for col, justify in (("file", "left"), ("bytes", "right"), ("storage", "left")):
-            table.add_column(col, justify=justify)   # type: ignore[arg-type]
-        for f in plan.files:
-            table.add_row(f.path, f"{f.size:,}", "LFS" if f.lfs else "regular")
-        stdout.print(table)
-        stdout.print(f"{len(plan.files)} files, {plan.total_bytes:,} bytes ({plan.lfs_bytes:,} through LFS); "
-                     f"commit: {plan.commit_message}; dry run: nothing sent")
+        print_table(f"plan: {plan.repo_id}@{plan.revision} ({plan.endpoint})",
+                    (Column("file"), Column("bytes", justify="right"), Column("storage")),
+                    [[f.path, f"{f.size:,}", "LFS" if f.lfs else "regular"] for f in plan.files])
+        stdout.print(f"{plural(len(plan.files), 'file')}, {plural(plan.total_bytes, 'byte')} "
+                     f"({plan.lfs_bytes:,} through LFS); commit: {plan.commit_message}; dry run: nothing sent")
         return
     if result.problems:
-        _file_problems_table("the Hub's files differ from the local ones", result.problems)
+        _file_problems("the Hub's files differ from the local ones", result.problems)
     stdout.print(f"{result.status}: {result.commit_url}" + (f" (tag {result.tag})" if result.tag else ""))
     if not result.problems:
-        stdout.print(f"the Hub's {len(plan.files)} files match the local SHA-256 digests")
+        stdout.print(f"the Hub's {plural(len(plan.files), 'file')} match the local SHA-256 digests")
 
+
+# ----------------------------------------------------------------------------- cards and golden vectors
+
+def render_written_card(result: Any) -> None:
+    """Human view of a `CardResult`."""
+    stdout.print(f"wrote {result.path} ({plural(result.bytes, 'byte')}); check it with: dspark-hub card lint "
+                 f"{result.path}" + (f" --checkpoint {result.checkpoint}" if result.checkpoint else ""))
+
+
+def render_card_lint(report: Any) -> None:
+    """Human view of a card `LintReport`."""
+    render_findings(report.sorted_findings(), f"findings for {report.path}")
+    stdout.print(verdict_line(report.ok, len(report.errors), report.path))
+
+
+def render_golden_write(result: Any) -> None:
+    """Human view of a `GoldenWrite`."""
+    cases = ", ".join(f"{c} from position {p}" for c, p in result.cases.items())
+    stdout.print(f"wrote {result.path} ({plural(result.bytes, 'byte')}; cases {cases}); "
+                 f"check it with: dspark-hub golden check {result.input} {result.path}")
+
+
+def render_golden_check(result: Any) -> None:
+    """Human view of a `GoldenCheck`: every compared tensor, the problems, the verdict."""
+    rows: list[list[Cell]] = []
+    for c in result.comparisons:
+        tol = f"atol {c['atol']:g} rtol {c['rtol']:g}" if "atol" in c else "exact"
+        diff = "-" if c.get("max_abs") is None else f"{c['max_abs']:.3g}"
+        rows.append([c["tensor"], Text("yes", style="green") if c["ok"] else Text("NO", style="bold red"), diff, tol])
+    print_table(f"golden check {result.fixture}", (Column("tensor"), Column("ok"), Column("max |diff|", label=True),
+                                                  Column("tolerance", label=True)), rows)
+    for problem in result.problems:
+        stdout.print(Text.assemble(("problem", "bold red"), f": {problem}"))
+    stdout.print(Text("OK", style="bold green") if result.ok else Text("FAILED", style="bold red"))

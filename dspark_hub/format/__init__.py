@@ -9,5 +9,5 @@
 - `tensorio`: streaming tensor bytes out of safetensors files.
 - `writer`: atomic writes and the safetensors writer.
 
-Imports nothing above itself: only `errors`, `report` and `schemas`.
+Imports nothing above itself: only `errors`, `report`, `progress` and `schemas`.
 """

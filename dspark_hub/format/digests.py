@@ -3,10 +3,11 @@
 Stdlib only. Files are hashed in parallel (hashlib releases the GIL) with a reused 8 MiB buffer
 per worker, so memory stays flat whatever the file size.
 
-Manifest schema `dspark-hub/checksums/1` (`checksums.json`); every key is always present::
+Manifest schema `dspark-hub/checksums-manifest/1` (`checksums.json`; files written before 0.2 say
+`dspark-hub/checksums/1`, still read); every key is always present::
 
     {
-      "schema": "dspark-hub/checksums/1",
+      "schema": "dspark-hub/checksums-manifest/1",
       "algorithm": "sha256",
       "file_count": 3,
       "total_bytes": 7124635170,
@@ -41,6 +42,7 @@ from typing import Any, Literal
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.checkpoint import SKIP_DIRS
 from dspark_hub.format.jsonio import json_type, loads_strict
+from dspark_hub.progress import Progress, announce_total
 from dspark_hub.schemas import CHECKSUMS, current
 
 SUMS_NAME = "SHA256SUMS"
@@ -66,7 +68,6 @@ HUB_LFS_PATTERNS: tuple[str, ...] = (
 #: How to repair a sidecar `dspark-hub checksums` wrote.
 REGENERATE = "regenerate it with 'dspark-hub checksums --force'"
 
-Progress = Callable[[int], None]
 ProblemKind = Literal["mismatch", "missing", "extra"]
 
 
@@ -277,7 +278,8 @@ def compute_manifest(folder: Path | str, *, progress: Progress | None = None,
 
     Args:
         folder: the checkpoint folder.
-        progress: called with the number of bytes just hashed (from worker threads, serialized).
+        progress: called with the number of bytes just hashed (from worker threads, serialized); told the
+            total first (`dspark_hub.progress`).
         paths: relative paths to hash instead of `checkpoint_files(folder)`.
         workers: hashing threads; defaults to one per CPU, at most one per file.
 
@@ -289,6 +291,7 @@ def compute_manifest(folder: Path | str, *, progress: Progress | None = None,
     for rel in rels:
         if not (folder / rel).is_file():
             raise CheckpointNotFoundError(f"{folder / rel}: no such file; pass files inside {folder}")
+    announce_total(progress, sum((folder / rel).stat().st_size for rel in rels))
     patterns = lfs_patterns(folder)
     report = _locked(progress)
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(rels) or 1))
@@ -311,7 +314,7 @@ def _is_size(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-#: (key, type test, what it must be) for every entry of a `dspark-hub/checksums/1` manifest.
+#: (key, type test, what it must be) for every entry of a `checksums.json` manifest.
 _ENTRY_KEYS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("path", lambda v: isinstance(v, str) and v != "", "a non-empty string"),
     ("size", _is_size, "a non-negative integer"),
@@ -362,7 +365,7 @@ def _manifest_entry(data: Any, where: str, origin: str) -> FileDigest:
 
 
 def _schema_entries(doc: Mapping[str, Any], origin: str) -> list[FileDigest]:
-    """The entries of a `dspark-hub/checksums/1` document (every field checked)."""
+    """The entries of a `checksums.json` manifest document (every field checked)."""
     if current(doc.get("schema")) != CHECKSUMS:
         raise ValueError(f"schema is {doc.get('schema')!r:.60}, expected {CHECKSUMS!r}")
     files = doc.get("files")
@@ -399,7 +402,7 @@ def _loose_entries(doc: Any, origin: str) -> list[FileDigest]:
 
 def read_digest_file(path: str | os.PathLike[str], *, remedy: str = REGENERATE,
                      manifest: bool = False) -> list[FileDigest]:
-    """Read a file of digests: `sha256sum` output, a `dspark-hub/checksums/1` manifest, or another
+    """Read a file of digests: `sha256sum` output, a `checksums.json` manifest, or another
     JSON manifest (`{"files": [{"path", "size", "sha256"}]}`, `{"files": {name: {...}}}`,
     `[{...}]` or `{name: "hex"}`).
 

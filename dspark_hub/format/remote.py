@@ -48,7 +48,7 @@ def is_hf_url(value: str) -> bool:
 def validate_repo_id(repo_id: str) -> str:
     """Return `repo_id` if it is `ORG/NAME`; raise `UsageError` otherwise."""
     if not _REPO_ID.match(repo_id or "") or ".." in repo_id:
-        raise UsageError(f"{repo_id!r}: not a Hub repository id; write it as ORG/NAME")
+        raise UsageError(f"{repo_id!r}: not a Hub repository id; write it as ORG/NAME", param="repo_id")
     return repo_id
 
 
@@ -138,7 +138,7 @@ def _describe(exc: BaseException, where: str, endpoint: str, action: str) -> str
         return f"{where}: the Hub answered HTTP {status} while trying to {action}{detail}; run it again later"
     if isinstance(exc, errors.LocalEntryNotFoundError) or _is_transport_error(exc):
         return (f"{where}: cannot reach the Hub at {endpoint} ({type(exc).__name__}); "
-                "check the network, or the endpoint (--endpoint / HF_ENDPOINT)")
+                "check the network, or the endpoint (`endpoint`, HF_ENDPOINT)")
     return None
 
 

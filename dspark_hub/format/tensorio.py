@@ -11,17 +11,17 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from dspark_hub.errors import CheckpointNotFoundError, UsageError
 from dspark_hub.format.contract import INDEX_NAME
 from dspark_hub.format.reader import DTYPE_SIZES
 from dspark_hub.format.reader import SafetensorsHeader, TensorInfo, parse_index, read_header
+from dspark_hub.progress import Progress
 
 if TYPE_CHECKING:
     import numpy as np
 
-Progress = Callable[[int], None]
 CHUNK_BYTES = 16 << 20
 
 #: Float dtypes we can decode: dtype -> (unsigned view, |x| bit mask, +inf bit pattern).

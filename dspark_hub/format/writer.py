@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
 from dspark_hub.errors import DsparkError, RefusedOverwriteError, UsageError
+from dspark_hub.progress import Progress
 
-Progress = Callable[[int], None]
 
 
 def _umask() -> int:

@@ -12,25 +12,53 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_hub import schemas
 from dspark_hub.errors import CheckpointNotFoundError, RefusedOverwriteError
 from dspark_hub.format.digests import (
-    MANIFEST_NAME, SUMS_NAME, FileDigest, FileProblem, Manifest, Progress, checkpoint_files, compute_manifest,
+    MANIFEST_NAME, SUMS_NAME, FileDigest, FileProblem, Manifest, checkpoint_files, compute_manifest,
     read_digest_file, read_manifest,
 )
 from dspark_hub.format.writer import atomic_file
+from dspark_hub.progress import Progress
 
 
 @dataclass(frozen=True)
 class ChecksumFiles:
-    """What `write_checksums` wrote."""
+    """What `write_checksums` wrote: the two sidecars for the checkpoint folder `path`."""
 
+    path: Path
     sums_path: Path
     manifest_path: Path
     manifest: Manifest = field(repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sums_path": str(self.sums_path), "manifest_path": str(self.manifest_path),
-                "manifest": self.manifest.to_dict()}
+        """`dspark-hub checksums --json`: where the sidecars went and what they list (as `checksums.json`)."""
+        listing = {k: v for k, v in self.manifest.to_dict().items() if k != "schema"}
+        return {"schema": schemas.command("checksums"), "path": str(self.path), "sums_path": str(self.sums_path),
+                "manifest_path": str(self.manifest_path), **listing}
+
+
+@dataclass(frozen=True)
+class ChecksumCheck:
+    """What `check_checksums` found: every file that differs from the sidecars (none when `ok`)."""
+
+    path: Path
+    problems: list[FileProblem]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": schemas.command("checksums-check"), "ok": self.ok, "path": str(self.path),
+                "problems": [p.to_dict() for p in self.problems]}
+
+
+def _checkpoint_folder(folder: Path | str) -> Path:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(f"{folder}: not a directory; pass a checkpoint folder")
+    return folder
 
 
 def _sums_line(digest: FileDigest) -> str:
@@ -68,9 +96,10 @@ def write_checksums(folder: Path | str, *, force: bool = False, progress: Progre
         out_dir: where to write the two files (default: the folder itself).
 
     Raises:
+        CheckpointNotFoundError: `folder` is not a directory.
         RefusedOverwriteError: a sidecar exists and `force` is false (checked before hashing).
     """
-    folder = Path(folder)
+    folder = _checkpoint_folder(folder)
     target = Path(out_dir) if out_dir is not None else folder
     sums_path, manifest_path = target / SUMS_NAME, target / MANIFEST_NAME
     for path in (sums_path, manifest_path):
@@ -80,7 +109,7 @@ def write_checksums(folder: Path | str, *, force: bool = False, progress: Progre
     target.mkdir(parents=True, exist_ok=True)
     write_text_atomic(sums_path, sums_text(manifest))
     write_text_atomic(manifest_path, manifest_text(manifest))
-    return ChecksumFiles(sums_path=sums_path, manifest_path=manifest_path, manifest=manifest)
+    return ChecksumFiles(path=folder, sums_path=sums_path, manifest_path=manifest_path, manifest=manifest)
 
 
 def load_expected(folder: Path) -> dict[str, list[FileDigest]]:
@@ -125,18 +154,21 @@ def _listing_problems(rel: str, claims: list[FileDigest], sources: set[str], act
     return problems
 
 
-def check_checksums(folder: Path | str, *, progress: Progress | None = None) -> list[FileProblem]:
+def check_checksums(folder: Path | str, *, progress: Progress | None = None) -> ChecksumCheck:
     """Compare a folder with `checksums.json` and `SHA256SUMS` (each that exists); name every bad, missing
     and extra file.
 
     Sizes are compared before hashing, so a truncated file is reported without reading it. A file
     listed twice with different digests (as `sha256sum -c` would) fails on the digest it does not have.
 
+    Returns:
+        A `ChecksumCheck` whose `problems` are sorted by path and kind.
+
     Raises:
-        CheckpointNotFoundError: the folder has no checksum files.
+        CheckpointNotFoundError: `folder` is not a directory, or has no checksum files.
         CheckpointFormatError: a checksum file is malformed.
     """
-    folder = Path(folder)
+    folder = _checkpoint_folder(folder)
     expected = load_expected(folder)
     sources = {str(c.origin) for claims in expected.values() for c in claims}
     present = set(checkpoint_files(folder))
@@ -163,4 +195,4 @@ def check_checksums(folder: Path | str, *, progress: Progress | None = None) -> 
                                         f"{_who(c for c in claims if c.sha256 == sha)} {sha[:12]}...; "
                                         "the content changed or that checksum is wrong",
                                         expected=sha, actual=actual))
-    return sorted(problems, key=lambda p: (p.path, p.kind))
+    return ChecksumCheck(path=folder, problems=sorted(problems, key=lambda p: (p.path, p.kind)))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote, urlsplit
 
+from dspark_hub import schemas
 from dspark_hub.format.digests import (
     GITATTRIBUTES_NAME, LFS_ATTRIBUTES, MANIFEST_NAME, SUMS_NAME, Manifest, checkpoint_files, compute_manifest,
     lfs_patterns, matches_gitattributes,
@@ -34,9 +35,10 @@ PackageProgress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class PackageResult:
-    """What `package` wrote, and the torrent's identity."""
+    """What `package` wrote (the package folder `path`, from the checkpoint folder `input`), and the torrent."""
 
-    out_dir: Path
+    input: Path
+    path: Path
     files: dict[str, Path]
     repo_id: str
     revision: str
@@ -47,7 +49,7 @@ class PackageResult:
     manifest: Manifest
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dspark-hub/package/1", "out_dir": str(self.out_dir),
+        return {"schema": schemas.command("package"), "input": str(self.input), "path": str(self.path),
                 "files": {k: str(v) for k, v in self.files.items()}, "repo_id": self.repo_id,
                 "revision": self.revision, "infohash": self.infohash, "magnet": self.magnet,
                 "webseeds": list(self.webseeds), "piece_size": self.piece_size,
@@ -98,8 +100,9 @@ def _check_revision(revision: str) -> str:
     """A revision usable as a git ref component and a torrent name (branch, tag or commit sha)."""
     if (not revision or revision == "@" or _BAD_REF.search(revision) or any(c.isspace() for c in revision)
             or revision.startswith((".", "-")) or revision.endswith((".", ".lock"))):
-        raise UsageError(f"--revision: {revision!r} is not a git branch, tag or commit sha usable here (no "
-                         "whitespace, '/', '..', '~^:?*[\\', '@{{', leading '.' or '-'); pass e.g. main or a commit sha")
+        raise UsageError(f"{revision!r} is not a git branch, tag or commit sha usable here (no whitespace, '/', "
+                         "'..', '~^:?*[\\', '@{', leading '.' or '-'); pass e.g. main or a commit sha",
+                         param="revision")
     return revision
 
 
@@ -112,7 +115,8 @@ def _check_endpoint(endpoint: str) -> str:
         port_ok = False
     if (parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or parts.query or parts.fragment
             or any(c.isspace() for c in endpoint)):
-        raise UsageError(f"--endpoint: {endpoint!r} is not an http(s)://host URL; pass e.g. https://huggingface.co")
+        raise UsageError(f"{endpoint!r} is not an http(s)://host URL; pass e.g. https://huggingface.co",
+                         param="endpoint")
     return endpoint
 
 
@@ -199,7 +203,7 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
             (tmp / name).write_text(text, encoding="utf-8")
         torrent.write(tmp / f"{stem}.torrent")
     written = {name: out_dir / name for name in [*contents, f"{stem}.torrent"]}
-    return PackageResult(out_dir=out_dir, files=written, repo_id=repo_id, revision=revision,
+    return PackageResult(input=folder, path=out_dir, files=written, repo_id=repo_id, revision=revision,
                          infohash=str(torrent.infohash), magnet=magnet, webseeds=list(torrent.webseeds),
                          piece_size=int(torrent.piece_size), manifest=manifest)
 

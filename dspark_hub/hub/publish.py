@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 from dspark_hub import __version__
 from dspark_hub.errors import HubError, UsageError
-from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, Progress, compute_manifest
+from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest
 from dspark_hub.format.remote import HubSource, _huggingface_hub, hf_location, hub_errors, resolve_endpoint, validate_repo_id
 from dspark_hub.verify.against_hub import compare_files, local_digests
+from dspark_hub.progress import Progress
 
 #: Files uploaded last within the commit's listing order (the card and config describe the weights).
 _LAST = ("config.json", "README.md")
@@ -77,7 +78,7 @@ class PublishResult:
         return self.status in ("dry_run", "published", "unchanged") and not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dspark-hub/publish/1", "status": self.status, "ok": self.ok,
+        return {"status": self.status, "ok": self.ok,
                 "refusals": list(self.refusals), "repo_url": self.repo_url, "commit_oid": self.commit_oid,
                 "commit_url": self.commit_url, "tag": self.tag, "plan": self.plan.to_dict(),
                 "problems": [p.to_dict() for p in self.problems]}
@@ -223,6 +224,6 @@ def _tag(api: Any, repo_id: str, tag: str, commit_oid: str, errors: Callable[[st
         if tag in existing:
             if existing[tag] != commit_oid:
                 raise HubError(f"{hf_location(repo_id, tag)}: tag already exists on commit {existing[tag][:12]}; "
-                               "choose another --tag or delete the old one on the Hub")
+                               "choose another `tag` or delete the old one on the Hub")
             return
         api.create_tag(repo_id, tag=tag, revision=commit_oid)

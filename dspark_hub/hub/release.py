@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from dspark_hub import __version__
-from dspark_hub.verify.checks import verify
-from dspark_hub.format.digests import checkpoint_files, sha256_file
+from dspark_hub import __version__, schemas
+from dspark_hub._text import plural
 from dspark_hub.errors import CheckpointNotFoundError
+from dspark_hub.format.digests import checkpoint_files, sha256_file
+from dspark_hub.format.remote import validate_repo_id
 from dspark_hub.report import Report
+from dspark_hub.verify.checks import verify
 
 CARD_NAME = "README.md"
 
@@ -74,7 +76,7 @@ def commit_text(report: Report, *, name: str, drop_in: str | None) -> tuple[str,
     """A commit title and body that summarise the verify report."""
     s = report.summary
     params = s.parameters or {}
-    title = (f"Upload {name}: verify OK ({s.tensors} tensors, {params.get('total', 0):,} parameters"
+    title = (f"Upload {name}: verify OK ({plural(s.tensors, 'tensor')}, {plural(params.get('total', 0), 'parameter')}"
              + (f", drop-in {drop_in}" if drop_in else "") + ")")
     warnings = sum(1 for f in report.findings if f.severity == "warning")
     body = "\n".join([
@@ -83,7 +85,7 @@ def commit_text(report: Report, *, name: str, drop_in: str | None) -> tuple[str,
         f"parameters: {params.get('total', 0):,} total / {params.get('trained', 0):,} trained / "
         f"{params.get('frozen', 0):,} frozen",
         f"dtypes: {', '.join(f'{k} x{v}' for k, v in sorted(s.dtypes.items()))}",
-        f"findings: 0 errors, {warnings} warnings",
+        f"findings: 0 errors, {plural(warnings, 'warning')}",
     ])
     return title, body
 
@@ -94,7 +96,7 @@ def staged_with_code(folder: Path) -> Iterator[Path]:
 
     The input folder is never modified; the stage is removed afterwards.
     """
-    from dspark_hub.modeling import export_code
+    from dspark_hub.format.remote_code import export_code
 
     stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.publish-", dir=folder.parent))
     try:
@@ -113,8 +115,10 @@ def staged_with_code(folder: Path) -> Iterator[Path]:
 
 @dataclass
 class Publication:
-    """The gate and, when it passed, what `hub.publish` did."""
+    """The gate for publishing the folder `input` to `repo_id` and, when it passed, what `hub.publish` did."""
 
+    input: str
+    repo_id: str
     gate: Gate
     result: Any | None = None   # hub.PublishResult
 
@@ -123,8 +127,9 @@ class Publication:
         return self.gate.ok and (self.result is None or self.result.ok)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dspark-hub/publish/1", "ok": self.ok,
+        return {"schema": schemas.command("publish"), "ok": self.ok,
                 "status": self.result.status if self.result is not None else "refused",
+                "input": self.input, "repo_id": self.repo_id,
                 "gate": self.gate.to_dict(), "publish": self.result.to_dict() if self.result is not None else None}
 
 
@@ -142,11 +147,13 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         with_remote_code: also upload the modeling code and an `auto_map` (the folder is not changed).
 
     Raises:
+        UsageError: `repo_id` is not `ORG/NAME` (checked first, dry run or not).
         CheckpointNotFoundError: `folder` is not a directory.
         HubError: the Hub refused or could not be reached.
     """
     from dspark_hub.hub.publish import publish
 
+    validate_repo_id(repo_id)
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointNotFoundError(f"{folder}: not a directory; pass the checkpoint folder to publish")
@@ -154,15 +161,15 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         gate, manifest = preflight(source, drop_in=drop_in, progress=progress)
         if with_remote_code and gate.lint is not None and any(f.code.startswith("CHECKSUM_") and
                                                               f.severity == "error" for f in gate.lint.findings):
-            gate.refusals.append("--with-remote-code adds auto_map to config.json, so the card's checksums no "
+            gate.refusals.append("`with_remote_code` adds auto_map to config.json, so the card's checksums no "
                                  f"longer match; run 'dspark-hub export-code {folder}' and render the card again")
         if not gate.ok:
-            return Publication(gate=gate)
+            return Publication(input=str(folder), repo_id=repo_id, gate=gate)
         title, body = commit_text(gate.verify, name=repo_id.split("/")[-1], drop_in=drop_in)
         result = publish(source, repo_id, private=private, revision=revision, tag=tag, commit_message=title,
                          commit_description=body, endpoint=endpoint, token=token, dry_run=dry_run,
                          progress=progress, manifest=manifest)
-    return Publication(gate=gate, result=result)
+    return Publication(input=str(folder), repo_id=repo_id, gate=gate, result=result)
 
 
 @contextmanager

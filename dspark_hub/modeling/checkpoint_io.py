@@ -7,7 +7,6 @@ input's safetensors metadata, a `config.json` with the input's key set and order
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,19 +14,15 @@ from typing import Any, Mapping
 
 import torch
 
+from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
 from dspark_hub.format import contract
-from dspark_hub.format.jsonio import json_type
+# export_code lives in the format core, torch-free, so `dspark-hub export-code` never imports torch.
+from dspark_hub.format.remote_code import AUTO_MAP, CODE_FILES, ExportResult, code_sources, export_code
+from dspark_hub.format.remote_code import checkpoint_folder as _folder, read_config as _read_config
 from dspark_hub.format.writer import atomic_path
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from .configuration_k3_dspark import ordered_config
 from .modeling_k3_dspark import K3DSparkModel
 
-#: What `export_code` adds to `config.json`.
-AUTO_MAP: dict[str, str] = {
-    "AutoConfig": "configuration_k3_dspark.K3DSparkConfig",
-    "AutoModel": "modeling_k3_dspark.K3DSparkModel",
-}
-CODE_FILES = ("configuration_k3_dspark.py", "modeling_k3_dspark.py")
 _SOURCE_ATTR = "_dspark_source"
 
 
@@ -66,39 +61,7 @@ class SaveResult:
                 "metadata": self.metadata, "config_keys": self.config_keys}
 
 
-@dataclass(frozen=True)
-class ExportResult:
-    """What `export_code` changed in a checkpoint folder."""
-
-    folder: str
-    written: list[str]
-    unchanged: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"folder": self.folder, "written": self.written, "unchanged": self.unchanged}
-
-
 # ----------------------------------------------------------------------------- load
-
-
-def _folder(path: str | os.PathLike[str]) -> Path:
-    folder = Path(path)
-    if not (folder / contract.CONFIG_NAME).is_file():
-        raise CheckpointNotFoundError(f"{folder}: no {contract.CONFIG_NAME}; pass a checkpoint folder")
-    return folder
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    path = folder / contract.CONFIG_NAME
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CheckpointFormatError("config-unreadable", f"not readable JSON ({str(exc).splitlines()[0]}); "
-                                    "fix or restore the file", path=str(path)) from exc
-    if not isinstance(config, dict):
-        raise CheckpointFormatError("config-not-object", f"is a JSON {json_type(config)}, not an object; "
-                                    "fix or restore the file", path=str(path))
-    return config
 
 
 def read_metadata(folder: str | os.PathLike[str]) -> dict[str, str] | None:
@@ -231,56 +194,6 @@ def save_checkpoint(
     _write_bytes_atomic(targets[1], contract.config_bytes(document))
     return SaveResult(folder=str(out), tensor_count=len(state), dtype=_dtype_name(saved_dtype),
                       metadata=dict(metadata) if metadata else None, config_keys=list(document))
-
-
-# ----------------------------------------------------------------------------- export code
-
-
-def code_sources() -> dict[str, bytes]:
-    """File name -> bytes of the two modeling files shipped for `trust_remote_code`."""
-    here = Path(__file__).parent
-    return {name: (here / name).read_bytes() for name in CODE_FILES}
-
-
-def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> ExportResult:
-    """Make a checkpoint loadable with `trust_remote_code=True` where dspark-hub is not installed.
-
-    Copies `configuration_k3_dspark.py` and `modeling_k3_dspark.py` into `folder` and adds
-    `auto_map` (appended after the existing keys, whose order is kept) to its `config.json`.
-    Each write goes to a temporary sibling, then is renamed. Files already identical are left alone.
-
-    Raises:
-        CheckpointNotFoundError: no `config.json` in `folder`.
-        CheckpointFormatError: `config.json` is not a JSON object, or its `auto_map` is not one.
-        RefusedOverwriteError: a code file or `auto_map` exists with other content and `force` is False.
-    """
-    path = _folder(folder)
-    config = _read_config(path)
-    existing_map = config.get("auto_map")
-    if existing_map is None:
-        existing_map = {}
-    elif not isinstance(existing_map, dict):
-        raise CheckpointFormatError("auto-map-not-object", f"'auto_map' is a JSON {json_type(existing_map)}, "
-                                    "not an object; remove it (export-code writes it) or make it an object",
-                                    path=str(path / contract.CONFIG_NAME))
-    pending: dict[Path, bytes] = {path / name: data for name, data in code_sources().items()}
-    new_config = {**config, "auto_map": {**existing_map, **AUTO_MAP}}
-    pending[path / contract.CONFIG_NAME] = contract.config_bytes(new_config)
-
-    clashing_map = any(existing_map.get(key, value) != value for key, value in AUTO_MAP.items())
-    written, unchanged = [], []
-    for target, data in pending.items():
-        if target.exists() and target.read_bytes() == data:
-            unchanged.append(target.name)
-            continue
-        clashes = clashing_map if target.name == contract.CONFIG_NAME else target.exists()
-        if clashes and not force:
-            raise RefusedOverwriteError(str(target))
-        written.append(target.name)
-    for target, data in pending.items():
-        if target.name in written:
-            _write_bytes_atomic(target, data)
-    return ExportResult(folder=str(path), written=written, unchanged=unchanged)
 
 
 __all__ = ["AUTO_MAP", "CODE_FILES", "ExportResult", "LoadedCheckpoint", "SaveResult", "checkpoint_config",

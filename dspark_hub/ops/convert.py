@@ -20,7 +20,9 @@ JSON (schema `dspark-hub/convert/1`)::
 
     {
       "schema": "dspark-hub/convert/1",
-      "src": str, "dst": str,
+      "ok": bool,                      # DST passes a header-level verify
+      "input": str,                    # SRC
+      "path": str,                     # DST, what was written
       "tensors": int, "weights_bytes": int,
       "changes": [{"kind": str, "target": str, "detail": str}],
       "verify": {"ok": bool, "errors": [{"code": str, "where": str}]}   # header-level verify of DST
@@ -40,15 +42,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from dspark_hub import schemas
+from dspark_hub._text import plural
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.contract import TensorSpec
 from dspark_hub.errors import UsageError
 from dspark_hub.format.tensorio import TensorLocation, iter_elements, view_location
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+from dspark_hub.progress import Progress, announce_total
 
-SCHEMA = "dspark-hub/convert/1"
-Progress = Callable[[int], None]
+SCHEMA = schemas.command("convert")
 CAST_TO_BF16 = ("F32", "F16")
 CHUNK_ELEMENTS = 4 << 20
 #: Reader findings convert can repair (it merges shards without an index).
@@ -93,8 +97,13 @@ class ConvertReport:
     verify_ok: bool = False
     verify_errors: list[tuple[str, str]] = field(default_factory=list)
 
+    @property
+    def ok(self) -> bool:
+        """DST was written and passes a header-level verify."""
+        return self.verify_ok
+
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "src": self.src, "dst": self.dst, "tensors": self.tensors,
+        return {"schema": SCHEMA, "ok": self.ok, "input": self.src, "path": self.dst, "tensors": self.tensors,
                 "weights_bytes": self.weights_bytes, "changes": [c.to_dict() for c in self.changes],
                 "verify": {"ok": self.verify_ok,
                            "errors": [{"code": c, "where": w} for c, w in self.verify_errors]}}
@@ -267,7 +276,8 @@ def _layout_changes(view: CheckpointView, plans: list[TensorPlan]) -> list[Chang
     changes = []
     files = view.weight_files
     if files != [contract.WEIGHTS_NAME]:
-        changes.append(Change("merge", contract.WEIGHTS_NAME, f"wrote {len(plans)} tensors from {', '.join(files)} "
+        changes.append(Change("merge", contract.WEIGHTS_NAME, f"wrote {plural(len(plans), 'tensor')} from "
+                              f"{', '.join(files)} "
                               "into one file" + (f" (dropped {contract.INDEX_NAME})" if view.index else "")))
     for name, header in view.headers.items():
         if header.metadata != contract.TORCHSPEC_METADATA:
@@ -280,12 +290,6 @@ def _layout_changes(view: CheckpointView, plans: list[TensorPlan]) -> list[Chang
     return changes
 
 
-def planned_bytes(src: str | os.PathLike[str]) -> int:
-    """Tensor bytes `convert` will write (for a progress bar total)."""
-    plans, _ = plan_tensors(_open_source(Path(src)))
-    return sum(p.spec.nbytes for p in plans)
-
-
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: bool = False,
             progress: Progress | None = None) -> ConvertReport:
     """Convert a near-miss k3_dspark export in SRC into a contract checkpoint in DST.
@@ -294,7 +298,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: 
         src: the exported checkpoint folder (never modified).
         dst: the output folder (created atomically).
         force: replace an existing DST.
-        progress: called with the number of tensor bytes written.
+        progress: called with the number of tensor bytes written; told the total first.
 
     Returns:
         A `ConvertReport` listing every change and a header-level verify of DST.
@@ -314,6 +318,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: 
     config, config_changes = repair_config(view.config or {}, {p.spec.dtype for p in plans})
     report = ConvertReport(src=os.fspath(src), dst=os.fspath(dst), tensors=len(plans),
                            changes=changes + _layout_changes(view, plans) + config_changes)
+    announce_total(progress, sum(p.spec.nbytes for p in plans))
     with atomic_dir(dst_p, force=force) as tmp:
         (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(config))
         report.weights_bytes = write_safetensors(tmp / contract.WEIGHTS_NAME, [p.spec for p in plans],

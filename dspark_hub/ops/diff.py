@@ -12,6 +12,7 @@ JSON (schema `dspark-hub/diff/1`; keys are never omitted)::
 
     {
       "schema": "dspark-hub/diff/1",
+      "ok": bool,                  # both sides were read whole (no error in "problems"); exit 1 otherwise
       "a": str, "b": str,
       "identical": bool,           # same config, same roster, every tensor byte-identical
       "weights_only": bool,        # same config, roster and file layout (a drop-in); tensors may differ
@@ -36,14 +37,15 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from dspark_hub import schemas
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
-from dspark_hub.report import Finding
 from dspark_hub.format.tensorio import TensorLocation, decode_float, float_dtype_supported, iter_elements, view_location
+from dspark_hub.progress import Progress, announce_total
+from dspark_hub.report import Finding
 
-SCHEMA = "dspark-hub/diff/1"
-Progress = Callable[[int], None]
+SCHEMA = schemas.command("diff")
 #: Elements per lockstep chunk (widened to float64: 8 MiB per side).
 CHUNK_ELEMENTS = 1 << 20
 
@@ -95,12 +97,17 @@ class DiffReport:
     def identical(self) -> bool:
         return self.weights_only and not self.changed
 
+    @property
+    def ok(self) -> bool:
+        """Both sides were read whole (no error opening A or B); differing is not a failure."""
+        return not any(f.severity == "error" for _, f in self.problems)
+
     def to_dict(self) -> dict[str, Any]:
         def entry(shape_dtype: tuple[tuple[int, ...], str]) -> dict[str, Any]:
             return {"shape": list(shape_dtype[0]), "dtype": shape_dtype[1]}
 
         return {
-            "schema": SCHEMA, "a": self.a, "b": self.b,
+            "schema": SCHEMA, "ok": self.ok, "a": self.a, "b": self.b,
             "identical": self.identical, "weights_only": self.weights_only,
             "config": {"added": self.config_added, "removed": self.config_removed,
                        "changed": {k: {"a": va, "b": vb} for k, (va, vb) in self.config_changed.items()}},
@@ -179,14 +186,6 @@ def _roster(report: DiffReport, va: CheckpointView, vb: CheckpointView) -> list[
     return comparable
 
 
-def planned_bytes(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> int:
-    """Tensor bytes `diff` will read (for a progress bar total)."""
-    va, vb = open_checkpoint(LocalSource(a)), open_checkpoint(LocalSource(b))
-    common = set(va.tensors) & set(vb.tensors)
-    return sum(va.tensors[n][1].nbytes + vb.tensors[n][1].nbytes for n in common
-               if va.tensors[n][1].shape == vb.tensors[n][1].shape)
-
-
 def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progress | None = None,
          *, workers: int = 2) -> DiffReport:
     """Compare two local checkpoint folders: config, roster, and every common tensor's bytes.
@@ -194,7 +193,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progres
     Args:
         a: the baseline folder.
         b: the folder compared with it.
-        progress: called with the number of tensor bytes read (both sides).
+        progress: called with the number of tensor bytes read (both sides); told the total first.
         workers: tensors compared in parallel.
 
     Returns:
@@ -210,6 +209,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progres
     added, removed, changed = diff_configs(va.config or {}, vb.config or {})
     report.config_added, report.config_removed, report.config_changed = added, removed, changed
     names = _roster(report, va, vb)
+    announce_total(progress, sum(va.tensors[n][1].nbytes + vb.tensors[n][1].nbytes for n in names))
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="diff") as pool:
         deltas = pool.map(lambda n: compare_tensor(view_location(va, n), view_location(vb, n), progress=progress), names)
         report.tensors = dict(zip(names, deltas))

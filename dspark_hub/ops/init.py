@@ -4,17 +4,36 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
-from dspark_hub.format.writer import Progress, atomic_dir, write_safetensors
+from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+from dspark_hub.progress import Progress, announce_total
 
 INIT_STD = 0.02
 INIT_KINDS = ("random", "zeros")
 _CHUNK_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """What `init_checkpoint` wrote."""
+
+    path: Path
+    profile: str | None      # None when a config was given instead
+    init: str
+    seed: int
+    weights_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": schemas.command("init"), "path": str(self.path), "profile": self.profile,
+                "init": self.init, "seed": self.seed, "weights_bytes": self.weights_bytes}
+
 
 def _is_norm(name: str) -> bool:
     return name.endswith("norm.weight")
@@ -34,7 +53,7 @@ def _row_chunks(spec: TensorSpec) -> Iterator[int]:
 def init_chunks(kind: str, seed: int) -> Callable[[TensorSpec], Iterator[bytes | memoryview]]:
     """Chunk producer for `init`: norms are ones, biases zeros, matrices N(0, 0.02) or zeros."""
     if kind not in INIT_KINDS:
-        raise UsageError(f"--init: {kind!r} is not one of {', '.join(INIT_KINDS)}")
+        raise UsageError(f"{kind!r} is not one of {', '.join(INIT_KINDS)}", param="init")
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -54,7 +73,7 @@ def init_chunks(kind: str, seed: int) -> Callable[[TensorSpec], Iterator[bytes |
 
 def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", config: Mapping[str, Any] | None = None,
                     init: str = "random", seed: int = 0, force: bool = False,
-                    progress: Progress | None = None) -> Path:
+                    progress: Progress | None = None) -> InitResult:
     """Write a conforming checkpoint: `config.json` plus one `model.safetensors`.
 
     Args:
@@ -64,16 +83,24 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
         init: `random` (seeded N(0, 0.02) matrices) or `zeros`; norms are always ones.
         seed: seed for `random`.
         force: replace an existing `dst`.
-        progress: called with the number of tensor bytes written.
+        progress: called with the number of tensor bytes written (see `dspark_hub.progress`).
 
     Returns:
-        The output folder.
+        An `InitResult` (`result.path` is the output folder).
+
+    Raises:
+        RefusedOverwriteError: `dst` exists and `force` is False (checked before any work).
+        UsageError: `init` is not a known kind, or `dst` is the current folder or a parent of it.
     """
+    check_writable(Path(dst), force=force)
     cfg = dict(config) if config is not None else contract.profile_config(profile)
     specs = list(contract.roster(cfg).values())
     chunks = init_chunks(init, seed)
+    announce_total(progress, sum(s.nbytes for s in specs))
     with atomic_dir(dst, force=force) as tmp:
         (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(cfg))
         write_safetensors(tmp / contract.WEIGHTS_NAME, specs, chunks, metadata=contract.TORCHSPEC_METADATA,
                           progress=progress)
-    return Path(dst)
+    out = Path(dst)
+    return InitResult(path=out, profile=profile if config is None else None, init=init, seed=seed,
+                      weights_bytes=(out / contract.WEIGHTS_NAME).stat().st_size)

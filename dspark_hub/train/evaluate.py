@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
+from dspark_hub.progress import Progress, announce_total
 
 DEFINITION = ("acceptance length = mean tokens emitted per target verification step = 1 + sum_k a_k, "
               "a_k = fraction of steps whose first k drafts all equal the teacher's greedy continuation "
@@ -31,7 +33,6 @@ DEFINITION = ("acceptance length = mean tokens emitted per target verification s
               "continuations with the teacher's own hidden states as context (teacher-forced, not served)")
 BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K tokens that followed the earliest "
             "earlier occurrence of the last n = 3, 2, 1 tokens")
-Progress = Callable[[int], None]
 
 
 @dataclass
@@ -188,6 +189,7 @@ class EvalResult:
     harness: dict[str, Any]
     reference: Measurement | None = None
     reference_path: str | None = None
+    plot: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         overall = self.draft.overall
@@ -198,11 +200,11 @@ class EvalResult:
             if self.reference is not None:
                 entry["reference"] = self.reference.by_dataset[name].to_dict()
             by_dataset[name] = entry
-        out = {"schema": "dspark-hub/eval/1", "acceptance_length": overall.acceptance_length,
+        out = {"schema": schemas.command("eval"), "acceptance_length": overall.acceptance_length,
                "per_position": overall.per_position, "definition": DEFINITION, "by_dataset": by_dataset,
                "prompts": overall.prompts, "tokens": overall.tokens, "steps": overall.steps,
                "baseline": {"method": BASELINE, **self.baseline.overall.to_dict()},
-               "harness": self.harness, "reference": None}
+               "harness": self.harness, "reference": None, "plot": self.plot}
         if self.reference is not None:
             ref = self.reference.overall
             ratio = overall.acceptance_length / ref.acceptance_length
@@ -228,9 +230,10 @@ def load_eval_rollouts(draft_config: dict[str, Any], *, teacher: str | None, pro
     from dspark_hub.train.teacher import chat_template_digest, check_teacher_matches, load_teacher, read_json, sha256_file, teacher_identity
 
     if (prompts is None) == (data is None):
-        raise UsageError("eval: pass exactly one of --prompts (with --teacher) and --data")
+        raise UsageError("pass exactly one of `prompts` (with `teacher`) and `data`")
     if data is not None:
         rollouts = RolloutData(data)
+        announce_total(progress, len(rollouts))
         teacher = teacher or rollouts.teacher_path
         settings = rollouts.manifest["settings"]
         identity = rollouts.manifest["teacher"]
@@ -238,13 +241,14 @@ def load_eval_rollouts(draft_config: dict[str, Any], *, teacher: str | None, pro
                  "chat_template_sha256": rollouts.manifest.get("chat_template_sha256"),
                  "teacher": identity["label"], "teacher_identity": identity, "data": str(data)}
         if teacher is None:
-            raise UsageError(f"{data}: the manifest names no teacher; pass --teacher")
+            raise UsageError(f"{data}: the manifest names no teacher; pass `teacher`")
         return rollouts, teacher, facts
     if teacher is None:
-        raise UsageError("eval: --prompts needs --teacher")
+        raise UsageError("needs `teacher`", param="prompts")
     check_teacher_matches(read_json(Path(teacher) / "config.json"), draft_config, teacher_name=teacher)
     model = load_teacher(teacher)
     items = read_prompts(prompts, teacher)
+    announce_total(progress, 2 * len(items))   # generated, then measured
     rollouts = MemoryRollouts(list(generate_rollouts(model, items, draft_config["target_layer_ids"],
                                                      max_new_tokens=max_new_tokens, batch_size=batch_size,
                                                      progress=progress)))
@@ -258,7 +262,8 @@ def load_eval_rollouts(draft_config: dict[str, Any], *, teacher: str | None, pro
 
 def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, prompts: str | None = None,
              data: str | None = None, reference: str | None = None, block_size: int = 7,
-             max_new_tokens: int = 256, batch_size: int = 8, progress: Progress | None = None) -> EvalResult:
+             max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
+             progress: Progress | None = None) -> EvalResult:
     """Measure a draft (and optionally a reference draft) against the prompt-lookup baseline.
 
     Args:
@@ -271,10 +276,17 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         block_size: K drafts per step (7 for Kimi-K3 serving).
         max_new_tokens: continuation budget with `prompts`.
         batch_size: teacher generation batch.
+        plot: also write a PNG of acceptance by position there (needs matplotlib; checked first).
         progress: called per simulated prompt / generated prompt.
+
+    Raises:
+        UsageError: not exactly one of `prompts` and `data`, or no teacher.
+        MissingDependencyError: `plot` without matplotlib (before any work).
     """
     from dspark_hub.train.teacher import read_json, read_lm_head
 
+    if plot is not None:
+        require_matplotlib()   # fail before the long run, not after it
     draft_config = read_json(Path(draft) / "config.json")
     rollouts, teacher, facts = load_eval_rollouts(draft_config, teacher=teacher, prompts=prompts, data=data,
                                                   max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -284,7 +296,11 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
     ref = measure_draft(_load_draft(reference), lm_head, rollouts, block_size) if reference else None
     harness = {"definition": DEFINITION, "mode": "teacher-forced", "decoding": "greedy", "temperature": 0.0,
                "block_size": block_size, "draft": str(draft), **facts}
-    return EvalResult(result, measure_ngram(rollouts, block_size), harness, ref, str(reference) if reference else None)
+    outcome = EvalResult(result, measure_ngram(rollouts, block_size), harness, ref,
+                         str(reference) if reference else None)
+    if plot is not None:
+        outcome.plot = str(plot_acceptance(outcome, plot))
+    return outcome
 
 
 def require_matplotlib() -> Any:
@@ -295,7 +311,8 @@ def require_matplotlib() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise MissingDependencyError("--plot needs matplotlib, which is not installed; pip install matplotlib") from exc
+        raise MissingDependencyError("needs matplotlib, which is not installed; pip install matplotlib",
+                                     param="plot") from exc
     return plt
 
 

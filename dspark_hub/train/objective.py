@@ -45,14 +45,14 @@ def parse_loss(spec: str | dict[str, float]) -> dict[str, float]:
     try:
         weights = json.loads(spec) if isinstance(spec, str) else dict(spec)
     except ValueError as exc:
-        raise UsageError(f"--loss: not JSON ({exc}); e.g. '{{\"ce\":0.1,\"tv\":0.9}}'") from exc
+        raise UsageError(f"not JSON ({exc}); e.g. '{{\"ce\":0.1,\"tv\":0.9}}'", param="loss") from exc
     if not isinstance(weights, dict) or not weights:
-        raise UsageError("--loss: expected a JSON object of term weights, e.g. '{\"ce\":0.1,\"tv\":0.9}'")
+        raise UsageError("expected a JSON object of term weights, e.g. '{\"ce\":0.1,\"tv\":0.9}'", param="loss")
     for name, value in weights.items():
         if name not in LOSS_TERMS:
-            raise UsageError(f"--loss: unknown term {name!r}; use {', '.join(LOSS_TERMS)}")
+            raise UsageError(f"unknown term {name!r}; use {', '.join(LOSS_TERMS)}", param="loss")
         if not isinstance(value, (int, float)) or value < 0:
-            raise UsageError(f"--loss: weight of {name} must be a non-negative number, got {value!r}")
+            raise UsageError(f"weight of {name} must be a non-negative number, got {value!r}", param="loss")
     return {name: float(value) for name, value in weights.items()}
 
 
@@ -251,7 +251,8 @@ def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[Any], co
     from torch.utils.checkpoint import checkpoint
 
     if chunk_rows < 1:
-        raise UsageError(f"--loss-chunk: {chunk_rows} rows per chunk; use a positive number (0 = no chunking)")
+        raise UsageError(f"{chunk_rows} rows per chunk; use a positive number (0 = no chunking)",
+                         param="loss_chunk")
     slot_mask, weights = slot_weights(labels, target_positions, batch.loss_mask, gamma)
     rows = torch.nonzero(slot_mask.flatten()).flatten()
     sequence = torch.arange(labels.shape[0], device=labels.device)[:, None, None].expand_as(labels)

@@ -20,7 +20,7 @@ one prefill pass over prompt + continuation records, per token:
   - `final_hidden_states` (bf16 `[T, hidden]`): the teacher's last hidden state after its final
     norm, i.e. the input of `lm_head`. Target distributions are recomputed from it at training time.
 
-Layout of DATA (schema `dspark-hub/rollouts/1`):
+Layout of DATA (schema `dspark-hub/rollouts-data/1`; folders written before 0.2 say `dspark-hub/rollouts/1`):
   `shard-NNNNN.safetensors`: tensors named `<prompt_index>.<field>` for the fields above;
   `manifest.json`: `{"schema", "settings": {...}, "teacher": {...}, "tap_convention", "fields",
   "shards": [{"file", "sequences": [{"prompt_index", "dataset", "length", "prompt_length",
@@ -35,15 +35,18 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
+from dspark_hub import schemas
 from dspark_hub.errors import RefusedOverwriteError, UsageError
 from dspark_hub.train.teacher import (capture_states, check_teacher_matches, chat_template_digest, load_teacher, load_tokenizer, read_json,
                       sha256_file, teacher_identity)
 from dspark_hub.format.writer import atomic_file, atomic_path
+from dspark_hub.progress import Progress, announce_total
 from dspark_hub.verify.rules import TAP_CONVENTION
 
-SCHEMA = "dspark-hub/rollouts/1"
+#: `manifest.json` and shard metadata of a rollouts folder.
+SCHEMA = schemas.ROLLOUTS_DATA
 MANIFEST = "manifest.json"
 FIELDS = {
     "input_ids": "int64 [T]: prompt then greedy continuation",
@@ -52,7 +55,6 @@ FIELDS = {
                          "layers (hook on layers[l], = hidden_states[l + 1]), ascending ids, concatenated",
     "final_hidden_states": "bfloat16 [T, hidden]: teacher hidden after its final norm (lm_head input)",
 }
-Progress = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class Rollout:
 class RolloutSummary:
     """What `make_rollouts` did."""
 
-    out: str
+    path: str
     written: int
     skipped: int
     sequences: int
@@ -102,7 +104,8 @@ class RolloutSummary:
     greedy_agreement: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "out": self.out, "written": self.written, "skipped": self.skipped,
+        return {"schema": schemas.command("rollouts"), "path": self.path, "written": self.written,
+                "skipped": self.skipped,
                 "sequences": self.sequences, "continuation_tokens": self.continuation_tokens, "shards": self.shards,
                 "greedy_agreement": self.greedy_agreement}
 
@@ -127,7 +130,7 @@ def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] |
             raise UsageError(f"{path}:{number}: needs exactly one of messages, text, input_ids (has {kinds or 'none'})")
         if kinds[0] != "input_ids" and tokenizer is None:
             if teacher is None:
-                raise UsageError(f"{path}:{number}: {kinds[0]} needs the teacher's tokenizer; pass --teacher")
+                raise UsageError(f"{path}:{number}: {kinds[0]} needs the teacher's tokenizer; pass `teacher`")
             tokenizer = load_tokenizer(teacher, required=True)
         ids = _encode(record, kinds[0], tokenizer)
         if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
@@ -246,7 +249,7 @@ class RolloutData:
         if not path.is_file():
             raise UsageError(f"{self.folder}: no {MANIFEST}; pass a folder written by 'dspark-hub rollouts'")
         self.manifest = json.loads(path.read_text(encoding="utf-8"))
-        if self.manifest.get("schema") != SCHEMA:
+        if schemas.current(self.manifest.get("schema")) != SCHEMA:
             raise UsageError(f"{path}: schema is {self.manifest.get('schema')!r}, expected {SCHEMA!r}")
         self.entries = [(shard["file"], seq) for shard in self.manifest["shards"] for seq in shard["sequences"]]
 
@@ -299,16 +302,16 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
     manifest = json.loads(path.read_text(encoding="utf-8"))
     for key, value in settings.items():
         if manifest.get("settings", {}).get(key) != value:
-            raise UsageError(f"{path}: cannot resume, setting {key} was {manifest.get('settings', {}).get(key)!r} "
-                             f"and is now {value!r}; use another --out or --force to start over")
+            raise RefusedOverwriteError(str(out), f"cannot resume: setting {key} was "
+                                        f"{manifest.get('settings', {}).get(key)!r} and is now {value!r}; "
+                                        "write to another folder")
     return manifest
 
 
 def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str],
                   draft_config: str | os.PathLike[str] | dict[str, Any], out: str | os.PathLike[str], *,
                   max_new_tokens: int, batch_size: int = 8, shard_size: int = 256, ignore_eos: bool = False,
-                  force: bool = False, progress: Progress | None = None,
-                  total: Callable[[int], None] | None = None) -> RolloutSummary:
+                  force: bool = False, progress: Progress | None = None) -> RolloutSummary:
     """Write (or resume) a rollouts folder; see the module docstring for the layout.
 
     Args:
@@ -321,12 +324,12 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
         shard_size: sequences per shard file.
         ignore_eos: continue past EOS (always `max_new_tokens` tokens).
         force: discard existing shards instead of resuming.
-        progress: called with the number of prompts finished.
-        total: called once with the number of prompts still to do.
+        progress: called with the number of prompts finished; told the number still to do first.
 
     Raises:
         TeacherMismatchError: the teacher does not fit the draft config (one line, naming the key).
-        UsageError: malformed prompts, or a resume whose settings differ.
+        UsageError: malformed prompts.
+        RefusedOverwriteError: `out` holds other files, or a resume whose settings differ (and not `force`).
     """
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file"))
@@ -342,8 +345,7 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
                     "fields": FIELDS, "shards": []}
     done = {seq["prompt_index"] for shard in manifest["shards"] for seq in shard["sequences"]}
     todo = [p for p in all_prompts if p.index not in done]
-    if total:
-        total(len(todo))
+    announce_total(progress, len(todo))
     out.mkdir(parents=True, exist_ok=True)
     written = 0
     if todo:
@@ -375,7 +377,7 @@ def _summary(out: Path, manifest: dict[str, Any], written: int, skipped: int) ->
     sequences = [seq for shard in manifest["shards"] for seq in shard["sequences"]]
     agree = sum(s["greedy_agreement"][0] for s in sequences)
     checked = sum(s["greedy_agreement"][1] for s in sequences)
-    return RolloutSummary(out=str(out), written=written, skipped=skipped, sequences=len(sequences),
+    return RolloutSummary(path=str(out), written=written, skipped=skipped, sequences=len(sequences),
                           continuation_tokens=sum(s["length"] - s["prompt_length"] for s in sequences),
                           shards=len(manifest["shards"]), greedy_agreement=agree / checked if checked else None)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dspark_hub._text import plural
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import json_type
 from dspark_hub.errors import CheckpointNotFoundError, DsparkError, UsageError
@@ -163,7 +164,7 @@ def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
         hits = [n for n in names if n == suffix or n.endswith("." + suffix)]
         if len(hits) == 1:
             return hits[0]
-    raise UsageError(f"teacher: no unique {' or '.join(wanted)} among {len(names)} tensors; "
+    raise UsageError(f"teacher: no unique {' or '.join(wanted)} among {plural(len(names), 'tensor')}; "
                      "pass a causal LM checkpoint folder")
 
 

@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,10 +44,11 @@ from dspark_hub.train import objective
 from dspark_hub.errors import UsageError
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.teacher import read_json, read_lm_head
+from dspark_hub import schemas
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
+from dspark_hub.progress import Progress, announce_total
 
 LOG_NAME = "training_log.jsonl"
-Progress = Callable[[int], None]
 
 
 @dataclass
@@ -98,7 +99,7 @@ class TrainConfig:
 class TrainResult:
     """What a finished run wrote and measured."""
 
-    out: str
+    path: str
     steps: int
     tokens: int
     seconds: float
@@ -112,7 +113,7 @@ class TrainResult:
         return self.tokens / self.seconds if self.seconds else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dspark-hub/finetune/1", "out": self.out, "steps": self.steps, "tokens": self.tokens,
+        return {"schema": schemas.command("finetune"), "path": self.path, "steps": self.steps, "tokens": self.tokens,
                 "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "final_loss": self.final_loss,
                 "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval}
 
@@ -214,8 +215,8 @@ class Trainer:
         self.loss_weights = objective.parse_loss(config.loss)
         self.rank, self.world = init_distributed()
         if config.batch_size < self.world:
-            raise UsageError(f"--batch-size: {config.batch_size} is smaller than the {self.world} ranks; "
-                             "each rank needs at least one sequence")
+            raise UsageError(f"{config.batch_size} is smaller than the {self.world} ranks; "
+                             "each rank needs at least one sequence", param="batch_size")
         check_writable(Path(config.out), force=config.force)
         torch.manual_seed(config.seed)
         loaded = load_checkpoint(config.base, dtype=torch.float32)
@@ -226,13 +227,15 @@ class Trainer:
         self.save_dtype = getattr(torch, self.base_config.get("torch_dtype") or "bfloat16")
         self.lm_head = read_lm_head(self._teacher_path()).float()
         if config.loss_chunk < 0:
-            raise UsageError(f"--loss-chunk: {config.loss_chunk}; use rows per chunk, or 0 for no chunking")
+            raise UsageError(f"{config.loss_chunk}; use rows per chunk, or 0 for no chunking", param="loss_chunk")
         self.module = self._wrap(DraftStep(self.model, config.block_size, terms=list(self.loss_weights),
                                            gamma=config.gamma, loss_chunk=config.loss_chunk))
         trainable = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=(0.9, 0.95),
                                            weight_decay=config.weight_decay)
         self.total_steps = self._total_steps()
+        if self.rank == 0:
+            announce_total(progress, self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: objective.cosine_lr(
             s, total=self.total_steps, warmup=config.warmup, min_ratio=config.min_lr_ratio))
         self.step = 0
@@ -252,7 +255,7 @@ class Trainer:
             teacher = RolloutData(self.config.data).teacher_path
             if teacher:
                 return teacher
-        raise UsageError("finetune: pass --teacher (its lm_head gives the target distributions)")
+        raise UsageError("no teacher; pass `teacher` (its lm_head gives the target distributions)")
 
     def _wrap(self, step: DraftStep) -> nn.Module:
         if self.world == 1:
@@ -273,7 +276,7 @@ class Trainer:
         if config.steps:
             return config.steps
         if config.on_policy or not config.epochs:
-            raise UsageError("finetune: pass --steps (or --epochs with --data)")
+            raise UsageError("no step count; pass `steps` (or `epochs` with `data`)")
         count = len(RolloutData(config.data))
         return max(1, int(config.epochs * max(1, count // config.batch_size)))
 
@@ -412,7 +415,7 @@ class Trainer:
             self._fit_on_policy()
         else:
             if not self.config.data:
-                raise UsageError("finetune: pass --data (or --on-policy with --prompts)")
+                raise UsageError("no training data; pass `data` (or `on_policy` with `prompts`)")
             self.run_steps(RolloutData(self.config.data), 0, self.total_steps)
         self.write_output()
         return TrainResult(self.config.out, self.step, self.tokens, time.perf_counter() - started, self.last_loss,
@@ -421,7 +424,7 @@ class Trainer:
     def _fit_on_policy(self) -> None:
         config = self.config
         if not (config.prompts and config.teacher):
-            raise UsageError("finetune --on-policy: pass --prompts and --teacher")
+            raise UsageError("needs `prompts` and `teacher`", param="on_policy")
         lines = [line for line in Path(config.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
         rounds = max(1, min(config.rounds, len(lines)))
         for r in range(rounds):

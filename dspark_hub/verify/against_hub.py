@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.format.digests import (
-    SIDECAR_NAMES, FileDigest, FileProblem, Manifest, Progress, checkpoint_files, compute_manifest, git_blob_sha1,
+    SIDECAR_NAMES, FileDigest, FileProblem, Manifest, checkpoint_files, compute_manifest, git_blob_sha1,
 )
 from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
+from dspark_hub.progress import Progress
 
 @dataclass(frozen=True)
 class HubComparison:
@@ -27,7 +28,7 @@ class HubComparison:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dspark-hub/hub-compare/1", "location": self.location, "commit": self.commit,
+        return {"location": self.location, "commit": self.commit,
                 "files_compared": self.files_compared, "ok": self.ok,
                 "problems": [p.to_dict() for p in self.problems]}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from dspark_hub.format import contract
+from dspark_hub._text import plural
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
 from dspark_hub.errors import ContractError, UsageError
 from dspark_hub.report import Finding, Report, Summary, error, info, warning
@@ -195,8 +196,9 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
             prefixed.setdefault(prefix, []).append(name)
             explained.update({name, bare})
     for prefix, names in prefixed.items():
-        out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{len(names)} tensors carry the {prefix!r} prefix "
-                         f"(e.g. {names[0]}); runtimes look the contract names up without it and ignore these",
+        carry = "carries" if len(names) == 1 else "carry"
+        out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{plural(len(names), 'tensor')} {carry} the {prefix!r} "
+                         f"prefix (e.g. {names[0]}); runtimes look the contract names up without it and ignore these",
                          f"strip the {prefix!r} prefix ('dspark-hub convert')"))
     for wrong, right in contract.KNOWN_MISNAMES.items():
         for name in unexpected:
@@ -223,7 +225,8 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
         if name not in explained:
             spec = expected[name]
             out.append(error("MISSING_TENSOR", name, f"is missing (expected {list(spec.shape)} {spec.dtype})",
-                             "export every contract tensor; see 'dspark-hub verify --json' for the full roster"))
+                             "export every contract tensor; 'dspark-hub verify --json' lists the full roster "
+                             "(sections.roster)"))
     for name, spec in expected.items():
         if name not in present:
             continue
@@ -303,16 +306,22 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
         if foreign:
             from dspark_hub.verify.family import fingerprint
             report.sections["family"] = fingerprint(config, view.tensors).to_dict()
-        if not foreign and view.tensors:
-            present = {n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()}
+        if not foreign:
             try:
                 expected = contract.roster(config)
             except ContractError as e:
-                report.findings.append(error("ROSTER_UNDECIDABLE", f"config.json:{e.key}", str(e),
-                                             "fix the config; the tensor roster depends on it"))
-            else:
+                expected = None
+                if view.tensors:
+                    report.findings.append(error("ROSTER_UNDECIDABLE", f"config.json:{e.key}", str(e),
+                                                 "fix the config; the tensor roster depends on it"))
+            if expected is not None:
+                report.sections["roster"] = {name: {"shape": list(spec.shape), "dtype": spec.dtype}
+                                             for name, spec in expected.items()}
+            if expected is not None and view.tensors:
+                present = {n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()}
                 report.findings.extend(check_roster(present, expected, drop_in=drop_in is not None))
-            report.findings.extend(_dtype_consistency(config, view))
+            if view.tensors:
+                report.findings.extend(_dtype_consistency(config, view))
     report.findings.extend(_metadata_findings(view))
     if drop_in is not None:
         ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
@@ -371,7 +380,7 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
     ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
     source = path if hasattr(path, "list_files") else source_for(path, endpoint=endpoint)  # type: ignore[arg-type]
     if against_hub is not None and not isinstance(source, LocalSource):
-        raise UsageError("--against-hub compares a local folder with the Hub; pass a local folder")
+        raise UsageError("compares a local folder with the Hub; pass a local folder", param="against_hub")
     view = open_checkpoint(source)
     report = verify_view(view, drop_in=ref)
     if deep or frozen_embed is not None:

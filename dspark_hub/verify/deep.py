@@ -49,14 +49,14 @@ from typing import Any, Callable
 import numpy as np
 
 from dspark_hub.format import contract
-from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource
 from dspark_hub.errors import UsageError
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo
+from dspark_hub.progress import Progress, announce_total
 from dspark_hub.report import Finding, Report, error
 from dspark_hub.format.tensorio import (CHUNK_BYTES, FLOAT_BITS, TensorLocation, decode_float, locate_tensor, tensor_digest,
                        view_location)
 
-Progress = Callable[[int], None]
 RING_DEPTH = 4
 #: Elements per numpy call in the stats thread: small enough that the temporaries stay in L2.
 SLICE_ELEMENTS = 1 << 18
@@ -451,7 +451,7 @@ def check_frozen_embed(view: CheckpointView, teacher: str | os.PathLike[str], *,
 
 def _local(view: CheckpointView) -> LocalSource:
     if not isinstance(view.source, LocalSource):
-        raise UsageError(f"{view.location}: --deep and --frozen-embed read tensor bytes and need a local folder; "
+        raise UsageError(f"{view.location}: `deep` and `frozen_embed` read tensor bytes and need a local folder; "
                          "download it first (hf download ...)")
     return view.source
 
@@ -463,10 +463,25 @@ def scan_view(view: CheckpointView, *, progress: Progress | None = None) -> list
                       progress=progress)
 
 
+def planned_bytes(view: CheckpointView, *, deep: bool = False,
+                  frozen_embed: str | os.PathLike[str] | None = None) -> int | None:
+    """Bytes a deep / frozen-embed pass over `view` will read (a progress total); None if unknown."""
+    try:
+        total = sum(view.files[name] for name in view.headers) if deep else 0
+        if frozen_embed is not None:
+            draft = draft_location(view, contract.FROZEN_TENSORS[0])
+            teacher: TensorInfo = locate_tensor(frozen_embed, contract.TEACHER_EMBED_NAMES).info
+            total += teacher.nbytes + (draft.info.nbytes if draft else 0)
+        return total
+    except Exception:   # the real run reports the problem; a progress total is best effort
+        return None
+
+
 def extend_report(report: Report, view: CheckpointView, *, deep: bool = False,
                   frozen_embed: str | os.PathLike[str] | None = None, progress: Progress | None = None) -> Report:
     """Add the `deep` and/or `frozen_embed` sections and their findings to a verify report."""
     _local(view)
+    announce_total(progress, planned_bytes(view, deep=deep, frozen_embed=frozen_embed))
     if deep:
         scans = scan_view(view, progress=progress)
         report.sections["deep"] = deep_section(scans)
@@ -476,18 +491,3 @@ def extend_report(report: Report, view: CheckpointView, *, deep: bool = False,
         report.sections["frozen_embed"] = result.to_dict()
         report.findings.extend(result.findings())
     return report
-
-
-def planned_bytes(path: str | os.PathLike[str], *, deep: bool = False,
-                  frozen_embed: str | os.PathLike[str] | None = None) -> int | None:
-    """Bytes a deep / frozen-embed verify will read (for a progress bar total); None if unknown."""
-    try:
-        view = open_checkpoint(LocalSource(path))
-        total = sum(view.files[name] for name in view.headers) if deep else 0
-        if frozen_embed is not None:
-            draft = draft_location(view, contract.FROZEN_TENSORS[0])
-            teacher: TensorInfo = locate_tensor(frozen_embed, contract.TEACHER_EMBED_NAMES).info
-            total += teacher.nbytes + (draft.info.nbytes if draft else 0)
-        return total
-    except Exception:   # the real run reports the problem; a progress total is best effort
-        return None

@@ -63,11 +63,11 @@ def resolve_reference(ref: str) -> DropInReference:
     if ref in contract.REFERENCES:
         return bundled_reference(ref)
     if not Path(ref).is_dir():
-        raise UsageError(f"--drop-in: {ref!r} is neither a bundled reference ({', '.join(contract.REFERENCES)}) "
-                         "nor a checkpoint folder")
+        raise UsageError(f"{ref!r} is neither a bundled reference ({', '.join(contract.REFERENCES)}) "
+                         "nor a checkpoint folder", param="drop_in")
     view = open_checkpoint(LocalSource(ref))
     if view.config is None or not view.tensors:
-        raise UsageError(f"--drop-in: {ref}: cannot be read as a reference (verify it first)")
+        raise UsageError(f"{ref}: cannot be read as a reference (verify it first)", param="drop_in")
     return reference_from_view(view)
 
 

@@ -27,7 +27,7 @@ Tensors (``{case}.`` prefix):
 documented stand-in: ``torch.randn(draft_vocab_size, hidden_size, generator=torch.Generator().
 manual_seed(seed)) * hidden_size ** -0.5`` in float32, regenerated from the recorded seed.
 
-Metadata (``__metadata__``, strings): ``schema`` ``dspark-hub/golden/1``, ``config`` (the draft's
+Metadata (``__metadata__``, strings): ``schema`` ``dspark-hub/golden-fixture/1``, ``config`` (the draft's
 config.json, JSON), ``config_sha256``, ``weights_sha256`` (JSON: file -> SHA-256), ``lm_head``
 (JSON), ``tolerances`` (JSON: tensor -> {"atol", "rtol"}; int tensors are compared exactly),
 ``block_size``, ``seed``, ``cases`` (JSON), ``dtype`` ``float32``, ``torch``, ``dspark_hub``.
@@ -45,13 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from dspark_hub import __version__
+from dspark_hub import __version__, schemas
+from dspark_hub._text import plural
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.errors import CheckpointNotFoundError, ContractError, RefusedOverwriteError, UsageError
 from dspark_hub.format.writer import atomic_path
 
-SCHEMA = "dspark-hub/golden/1"
+#: `__metadata__["schema"]` of a fixture.
+SCHEMA = schemas.GOLDEN_FIXTURE
 DEFAULT_SEED = 0
 BATCH = 2
 CONTEXT_ROWS = 6
@@ -62,12 +64,28 @@ INPUTS = ("context_states", "position_ids", "anchor_ids", "drafted_tokens")
 LM_HEAD_NAME = "lm_head.weight"
 
 
+@dataclass(frozen=True)
+class GoldenWrite:
+    """What `write_golden` wrote: the fixture `path` of the checkpoint `input`."""
+
+    path: Path
+    input: Path
+    cases: dict[str, int]             # case name -> first context position
+    tensors: list[str]
+    lm_head: dict[str, Any]
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": schemas.command("golden-write"), "path": str(self.path), "input": str(self.input),
+                "cases": self.cases, "tensors": self.tensors, "lm_head": self.lm_head, "bytes": self.bytes}
+
+
 @dataclass
 class GoldenCheck:
-    """The outcome of `check_golden`: every comparison, and what differs."""
+    """The outcome of `check_golden` of the checkpoint `input` against `fixture`: every comparison, what differs."""
 
-    golden: str
-    checkpoint: str
+    fixture: str
+    input: str
     comparisons: list[dict[str, Any]] = field(default_factory=list)   # {"tensor", "ok", "max_abs", "atol", "rtol"}
     problems: list[str] = field(default_factory=list)
 
@@ -76,8 +94,8 @@ class GoldenCheck:
         return not self.problems and all(c["ok"] for c in self.comparisons)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dspark-hub/golden-check/1", "ok": self.ok, "golden": self.golden,
-                "checkpoint": self.checkpoint, "problems": self.problems, "comparisons": self.comparisons}
+        return {"schema": schemas.command("golden-check"), "ok": self.ok, "input": self.input,
+                "fixture": self.fixture, "problems": self.problems, "comparisons": self.comparisons}
 
 
 def _weight_digests(folder: Path) -> dict[str, str]:
@@ -125,7 +143,7 @@ def _load_lm_head(path: str | os.PathLike[str]) -> Any:
 
     tensors = load_file(str(path))
     if len(tensors) != 1 and LM_HEAD_NAME not in tensors:
-        raise UsageError(f"{path}: holds {len(tensors)} tensors and no {LM_HEAD_NAME}; pass a file with the "
+        raise UsageError(f"{path}: holds {plural(len(tensors), 'tensor')} and no {LM_HEAD_NAME}; pass a file with the "
                          "target's lm_head weight")
     head = tensors[LM_HEAD_NAME] if LM_HEAD_NAME in tensors else next(iter(tensors.values()))
     return head.float()
@@ -189,7 +207,7 @@ def _load_model(folder: Path) -> Any:
 
 def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *,
                  lm_head: str | os.PathLike[str] | None = None, seed: int = DEFAULT_SEED, block_size: int = 7,
-                 force: bool = False) -> dict[str, Any]:
+                 force: bool = False) -> GoldenWrite:
     """Write the golden fixture of a checkpoint.
 
     Args:
@@ -201,7 +219,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         force: replace an existing `out`.
 
     Returns:
-        A summary dict (path, cases, tensors, metadata).
+        A `GoldenWrite` (path, cases, tensors, lm_head, bytes).
 
     Raises:
         RefusedOverwriteError: `out` exists and `force` is False.
@@ -243,8 +261,8 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     }
     with atomic_path(target, force=force) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
-    return {"schema": "dspark-hub/golden-write/1", "path": str(target), "checkpoint": str(folder),
-            "cases": cases, "tensors": sorted(tensors), "lm_head": head_info, "bytes": target.stat().st_size}
+    return GoldenWrite(path=target, input=folder, cases=cases, tensors=sorted(tensors), lm_head=head_info,
+                       bytes=target.stat().st_size)
 
 
 def _compare(name: str, got: Any, want: Any, tol: Mapping[str, float] | None) -> dict[str, Any]:
@@ -279,7 +297,7 @@ def _read_fixture(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             stored = {name: handle.get_tensor(name) for name in handle.keys()}
     except SafetensorError as e:
         raise UsageError(f"{path}: not a safetensors file ({str(e).splitlines()[0]}); {rewrite}") from None
-    if meta.get("schema") != SCHEMA:
+    if schemas.current(meta.get("schema")) != SCHEMA:
         raise UsageError(f"{path}: not a dspark-hub golden fixture (schema {meta.get('schema')!r:.60}); {rewrite}")
     for key in (*_JSON_METADATA, "config_sha256", "block_size"):
         try:
@@ -310,7 +328,7 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
     folder, path = Path(checkpoint), Path(golden)
     meta, stored = _read_fixture(path)
     config = _verified_config(folder)
-    result = GoldenCheck(golden=str(path), checkpoint=str(folder))
+    result = GoldenCheck(fixture=str(path), input=str(folder))
     written_for = meta["config"]
     differing = _differing_keys(written_for, config)
     if sha256_file(folder / contract.CONFIG_NAME) != meta["config_sha256"]:
@@ -327,7 +345,7 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
     if head_info["kind"] == "file":
         if lm_head is None:
             raise UsageError(f"{path}: was written with an lm_head file (sha256 {head_info['sha256'][:16]}); pass "
-                             "it with --lm-head")
+                             "it as `lm_head`")
         if sha256_file(Path(lm_head)) != head_info["sha256"]:
             result.problems.append("the lm_head file differs from the one the fixture was written with")
         head = _load_lm_head(lm_head)

@@ -32,7 +32,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
@@ -40,8 +40,8 @@ from dspark_hub.errors import UsageError
 from dspark_hub.report import Finding, Report, error, info, warning
 from dspark_hub.verify.rules import tap_layer_findings, text_config
 from dspark_hub.format.tensorio import TensorDigest
+from dspark_hub.progress import Progress
 
-Progress = Callable[[int], None]
 CHUNK_BYTES = 16 << 20
 #: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
 TARGET_EMBED_NAMES = contract.TEACHER_EMBED_NAMES
@@ -256,7 +256,8 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
     """Every pairing check of a draft against a target; returns findings and `sections["pairing"]`."""
     draft = draft_view.config or {}
     if target_view.config is None:
-        raise UsageError(f"--target: {target_view.location}: no readable config.json; pass the target model folder")
+        raise UsageError(f"{target_view.location}: no readable config.json; pass the target model folder",
+                         param="target")
     tcfg = text_config(target_view.config)
     embed_name = target_embedding_name(target_view)
     rows = target_view.tensors[embed_name][1].shape[0] if embed_name else None

@@ -33,6 +33,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from dspark_hub._text import plural
 from dspark_hub.format import contract
 from dspark_hub.errors import ContractError
 from dspark_hub.report import Finding, error, info
@@ -377,7 +378,7 @@ def findings(result: RuntimeVerdicts) -> list[Finding]:
                          "loader raises on unknown and missing names", "export exactly the contract names"))
     if not out:
         c = result.counts()
-        out.append(info("RUNTIME_LOADS", where, f"{spec.title} loads {c['loaded']} tensors and skips "
+        out.append(info("RUNTIME_LOADS", where, f"{spec.title} loads {plural(c['loaded'], 'tensor')} and skips "
                         f"{c['skipped']} by design"))
     return out
 
@@ -403,7 +404,7 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: s
     return {
         "method": recipe.method,
         "num_speculative_tokens": n,
-        "block_size_source": "--block-size" if block_size is not None else
+        "block_size_source": "`block_size` as given" if block_size is not None else
         f"default: the reference draft's {REFERENCE_BLOCK_SIZE} (block_size is not a config key)",
         "target_layer_ids": config.get("target_layer_ids"),
         "target_layer_ids_source": "read from config.json target_layer_ids by every runtime (0-based, output of "

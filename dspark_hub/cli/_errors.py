@@ -1,0 +1,161 @@
+"""The one error boundary: an error becomes one line on stderr, and one JSON document with `--json`.
+
+Library errors carry data and never name a flag: `UsageError(message, param="target")` names the
+argument by its Python name, a message names other arguments as `` `name` `` (backticks), and
+`RefusedOverwriteError(path)` says only that the path exists. Here the current command's own
+click parameters turn those names into flags (`--target`, `--force`), so a flag is typed once, in
+its `click.option`. One formatter per error type; `format_error` picks the first that matches.
+
+Exit codes: 2 for usage and I/O errors (a `DsparkError` carries its own `exit_code`), 130 on
+interrupt. With `--json` the error also goes to stdout as
+`{"schema": "dspark-hub/error/1", "ok": false, "error": {"code", "message", "hint"}}`.
+Unknown exceptions are bugs and keep their traceback; `--debug` or `DSPARK_DEBUG=1` shows the
+traceback of known ones too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from dspark_hub import schemas
+from dspark_hub.errors import DsparkError, RefusedOverwriteError
+
+#: `` `name` `` in a library message: an argument named by its Python name.
+_ARGUMENT = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """An error as the CLI shows it: a stable `code`, the message and the hint in CLI terms."""
+
+    code: str
+    message: str
+    hint: str | None = None
+    exit_code: int = 2
+
+    def line(self) -> str:
+        """The one stderr line (after click's `Error: `): `<message>; <hint>`."""
+        return self.message + (f"; {self.hint}" if self.hint else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": schemas.command("error"), "ok": False,
+                "error": {"code": self.code, "message": self.message, "hint": self.hint}}
+
+
+def _current_command() -> click.Command | None:
+    ctx = click.get_current_context(silent=True)
+    return ctx.command if ctx is not None else None
+
+
+def flag(command: click.Command | None, name: str) -> str | None:
+    """How `command` spells its parameter `name` (Python name): `--drop-in`, or `PATH` for an argument."""
+    for param in command.params if command is not None else ():
+        if param.name == name:
+            if isinstance(param, click.Option):
+                return max(param.opts, key=len)
+            return param.human_readable_name
+    return None
+
+
+def in_cli_terms(text: str, command: click.Command | None = None) -> str:
+    """Replace every `` `name` `` that is a parameter of `command` (default: the running one) with its flag."""
+    command = command if command is not None else _current_command()
+    return _ARGUMENT.sub(lambda m: flag(command, m[1]) or m[0], text)
+
+
+def format_dspark_error(error: DsparkError, command: click.Command | None) -> ErrorReport:
+    """Any library error: its `param` becomes the flag that prefixes the message."""
+    message = in_cli_terms(error.message, command)
+    if error.param is not None:
+        message = f"{flag(command, error.param) or error.param}: {message}"
+    hint = in_cli_terms(error.hint, command) if error.hint else None
+    return ErrorReport(error.error_code, message, hint, error.exit_code)
+
+
+def format_refused_overwrite(error: RefusedOverwriteError, command: click.Command | None) -> ErrorReport:
+    """`out/: already exists; pass --force to replace it` (the hint only where the command has `force`)."""
+    force = flag(command, "force")
+    report = format_dspark_error(error, command)
+    hint = f"pass {force} to replace it" if force else report.hint
+    return ErrorReport(report.code, report.message, hint, report.exit_code)
+
+
+def format_os_error(error: OSError, command: click.Command | None) -> ErrorReport:
+    """`<file>: <strerror>` for an I/O error the library did not wrap."""
+    where = error.filename if error.filename is not None else "I/O"
+    return ErrorReport("IO", f"{where}: {error.strerror or error}")
+
+
+def format_click_error(error: click.ClickException, command: click.Command | None) -> ErrorReport:
+    """Click's own usage errors (bad option value, missing argument): the JSON view only; click prints stderr."""
+    ctx = getattr(error, "ctx", None)
+    hint = f"try '{ctx.command_path} {ctx.help_option_names[0]}' for help" if ctx is not None else None
+    return ErrorReport("USAGE", error.format_message(), hint, error.exit_code)
+
+
+#: Exception type -> formatter, subclasses before their parents (the first match wins).
+FORMATTERS: list[tuple[type[BaseException], Callable[[Any, click.Command | None], ErrorReport]]] = [
+    (RefusedOverwriteError, format_refused_overwrite),
+    (DsparkError, format_dspark_error),
+    (OSError, format_os_error),
+    (click.ClickException, format_click_error),
+]
+
+
+def format_error(error: BaseException, command: click.Command | None) -> ErrorReport:
+    """The `ErrorReport` of a known error type.
+
+    Raises:
+        TypeError: no formatter handles this type (a bug: unknown errors keep their traceback).
+    """
+    for kind, formatter in FORMATTERS:
+        if isinstance(error, kind):
+            return formatter(error, command)
+    raise TypeError(f"no formatter for {type(error).__name__}")
+
+
+class CliError(click.ClickException):
+    """What the boundary raises: click prints `Error: <line>` on stderr and exits with the code."""
+
+    def __init__(self, report: ErrorReport) -> None:
+        super().__init__(report.line())
+        self.exit_code = report.exit_code
+
+
+def _debug(ctx: click.Context) -> bool:
+    return bool(ctx.find_root().params.get("debug")) or os.environ.get("DSPARK_DEBUG", "") not in ("", "0")
+
+
+def _print_json(report: ErrorReport) -> None:
+    click.echo(json.dumps(report.to_dict(), indent=2))
+
+
+@contextmanager
+def boundary(ctx: click.Context, *, as_json: bool) -> Iterator[None]:
+    """Run a command's parsing or body: known errors become `CliError` (and JSON on stdout with `--json`)."""
+    try:
+        yield
+    except CliError:
+        raise
+    except click.ClickException as e:
+        if as_json:
+            _print_json(format_click_error(e, ctx.command))
+        raise
+    except (DsparkError, OSError) as e:
+        if _debug(ctx):
+            raise
+        report = format_error(e, ctx.command)
+        if as_json:
+            _print_json(report)
+        raise CliError(report) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        ctx.exit(130)

@@ -1,0 +1,208 @@
+"""Where output goes: the result of a command on stdout (`emit`), progress on stderr.
+
+Data goes to stdout: one JSON document with `--json`, else the human view a renderer draws.
+Progress, warnings and errors go to stderr. On a terminal progress is a rich bar; off a terminal
+(nohup, CI, a log file) it is a plain line every `INTERVAL` seconds and one at the end, so a log
+shows that a long run is alive and when it will end. `--quiet` and `--json` silence both.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import click
+from rich.console import Console
+
+# Markup and emoji are off: tensor names, keys and paths come from checkpoints and are printed as they
+# are ('bad[/x]name' must not crash, ':smile:' must not become a picture). Styles use `Text`.
+# soft_wrap keeps commands, URLs and paths on one line for copy and paste.
+stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+stderr = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+#: Seconds between two progress lines off a terminal.
+INTERVAL = 10.0
+#: The clock of those lines (tests replace it).
+CLOCK: Callable[[], float] = time.monotonic
+
+class Result(Protocol):
+    """What a library call returns to a command: its `--json` document, and `ok` where it has findings."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def emit(result: Result, *, as_json: bool, renderer: Callable[[Any], None]) -> None:
+    """Print a command's result, the one way every command does, and exit 1 when `result.ok` is False.
+
+    `--json` prints `result.to_dict()`; otherwise `renderer(result)` draws the human view.
+    A result without `ok` (nothing to find) exits 0.
+    """
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        renderer(result)
+    if not getattr(result, "ok", True):
+        click.get_current_context().exit(1)
+
+
+def quiet_transformers(quiet: bool) -> None:
+    """With --quiet or --json, silence transformers' own bars and advisories (they go to stderr otherwise)."""
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+
+# ----------------------------------------------------------------------------- progress
+
+class Bar(Protocol):
+    """What `progress` yields: a `Progress` callback (amount done since the last call) with a total."""
+
+    def __call__(self, n: int) -> None: ...
+
+    def set_total(self, total: int) -> None: ...
+
+    def stage(self, description: str, done: int, total: int) -> None:
+        """Absolute progress of a named stage (e.g. hashing, then torrent pieces)."""
+
+
+class _Silent:
+    def __call__(self, n: int) -> None:
+        pass
+
+    def set_total(self, total: int) -> None:
+        pass
+
+    def stage(self, description: str, done: int, total: int) -> None:
+        pass
+
+
+class _RichBar:
+    def __init__(self, progress: Any, task: Any) -> None:
+        self._progress, self._task = progress, task
+
+    def __call__(self, n: int) -> None:
+        self._progress.advance(self._task, n)
+
+    def set_total(self, total: int) -> None:
+        self._progress.update(self._task, total=total)
+
+    def stage(self, description: str, done: int, total: int) -> None:
+        self._progress.update(self._task, description=description, completed=done, total=total)
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class LogProgress:
+    """Progress as plain lines for a log: at most one per `interval` seconds, and a last one at the end.
+
+    `sha256: 1.2 GB of 7.1 GB (17%), 150.0 MB/s, ETA 39s, elapsed 7s`. `unit` is `bytes` or the
+    plural of what is counted: `finetune: 120 of 2,000 steps (6%), 2.10 steps/s, ETA 14m55s, elapsed 57s`.
+    A run shorter than one interval prints nothing.
+    """
+
+    def __init__(self, description: str, *, unit: str = "bytes", total: int | None = None,
+                 write: Callable[[str], None], clock: Callable[[], float] | None = None,
+                 interval: float | None = None) -> None:
+        self.description, self.unit, self.total, self.write = description, unit, total, write
+        self.clock = clock or CLOCK
+        self.interval = INTERVAL if interval is None else interval
+        self.start = self.last = self.clock()
+        self.done = 0
+        self.printed = False
+        self._lock = threading.Lock()   # hashing and diff report from worker threads
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            self._tick()
+
+    def set_total(self, total: int) -> None:
+        self.total = total
+
+    def stage(self, description: str, done: int, total: int) -> None:
+        with self._lock:
+            self.description, self.done, self.total = description, done, total
+            self._tick()
+
+    def _amount(self, n: float) -> str:
+        return _size(n) if self.unit == "bytes" else f"{n:,.0f}"
+
+    def _rate(self, elapsed: float) -> str:
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        return f"{_size(rate)}/s" if self.unit == "bytes" else f"{rate:,.2f} {self.unit}/s"
+
+    def line(self, now: float) -> str:
+        """The progress line at time `now`."""
+        elapsed = now - self.start
+        parts = [f"{self.description}: {self._amount(self.done)}"]
+        if self.total:
+            parts[0] += f" of {self._amount(self.total)}" + ("" if self.unit == "bytes" else f" {self.unit}")
+            parts[0] += f" ({100 * self.done / self.total:.0f}%)"
+        elif self.unit != "bytes":
+            parts[0] += f" {self.unit}"
+        parts.append(self._rate(elapsed))
+        if self.total and self.done and self.done < self.total:
+            parts.append(f"ETA {_duration(elapsed * (self.total - self.done) / self.done)}")
+        parts.append(f"elapsed {_duration(elapsed)}")
+        return ", ".join(parts)
+
+    def _tick(self) -> None:
+        now = self.clock()
+        if now - self.last >= self.interval:
+            self.last = now
+            self.printed = True
+            self.write(self.line(now))
+
+    def finish(self) -> None:
+        """The last line, `... done`, when the run was long enough to print any."""
+        if self.printed:
+            self.write(self.line(self.clock()) + ", done")
+
+
+@contextmanager
+def progress(description: str, *, unit: str = "bytes", total: int | None = None,
+             quiet: bool = False) -> Iterator[Bar]:
+    """Progress of one long call on stderr: a rich bar on a terminal, `LogProgress` lines elsewhere.
+
+    Yields a callback to pass to the library as `progress=`. `quiet` (`--quiet`, `--json`) shows nothing.
+    """
+    if quiet:
+        yield _Silent()
+        return
+    if not stderr.is_terminal:
+        log = LogProgress(description, unit=unit, total=total, write=lambda line: click.echo(line, err=True))
+        yield log
+        log.finish()
+        return
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+
+    columns = ((DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(),))
+    with Progress(TextColumn("{task.description}"), BarColumn(), *columns, TimeRemainingColumn(),
+                  console=stderr) as bar:
+        yield _RichBar(bar, bar.add_task(description, total=total))

@@ -1,0 +1,87 @@
+"""Release commands: `checksums`, `package`, `publish`, `export-code`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dspark_hub.cli._framework import command, endpoint_option, force_option, json_option, quiet_option
+from dspark_hub.cli._output import emit, progress
+from dspark_hub.cli._render import (render_checksum_check, render_checksums, render_export, render_package,
+                                    render_publication)
+
+
+@command()
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--check", is_flag=True, help="Verify FOLDER against its SHA256SUMS / checksums.json instead.")
+@force_option
+@quiet_option
+@json_option
+def checksums(folder: Path, check: bool, force: bool, quiet: bool, as_json: bool) -> None:
+    """Write SHA256SUMS and checksums.json for FOLDER (or --check it against them)."""
+    from dspark_hub.hub.checksums import check_checksums, write_checksums
+
+    with progress("sha256", quiet=quiet or as_json) as bar:
+        result = check_checksums(folder, progress=bar) if check else write_checksums(folder, force=force, progress=bar)
+    emit(result, as_json=as_json, renderer=render_checksum_check if check else render_checksums)
+
+
+@command()
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.option("--repo", "repo_id", required=True, metavar="ORG/NAME", help="The Hub repo the web seeds point at.")
+@click.option("--revision", default="main", show_default=True, help="The revision the web seeds point at "
+              "(a commit sha is best).")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Package folder.")
+@endpoint_option
+@force_option
+@quiet_option
+@json_option
+def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: str | None, force: bool,
+            quiet: bool, as_json: bool) -> None:
+    """Write SHA256SUMS, checksums.json, .gitattributes, a .torrent with Hub web seeds and its magnet link."""
+    from dspark_hub.hub.package import package as build
+
+    with progress("checksums", quiet=quiet or as_json) as bar:
+        result = build(ckpt, repo_id, out_dir=out_dir, revision=revision, endpoint=endpoint, force=force,
+                       progress=bar.stage)
+    emit(result, as_json=as_json, renderer=render_package)
+
+
+@command()
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.argument("repo_id", metavar="ORG/NAME")
+@click.option("--drop-in", "drop_in", metavar="REF", help="The gate also demands drop-in identity with REF.")
+@click.option("--private", is_flag=True, default=None, help="Create the repository private.")
+@click.option("--revision", metavar="BRANCH", help="Commit to this branch (created from main if missing).")
+@click.option("--tag", metavar="TAG", help="Tag the new commit.")
+@click.option("--with-remote-code", is_flag=True, help="Also upload the modeling code and an auto_map.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (every file, size, LFS or regular); send nothing.")
+@endpoint_option
+@quiet_option
+@json_option
+def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None, revision: str | None,
+            tag: str | None, with_remote_code: bool, dry_run: bool, endpoint: str | None, quiet: bool,
+            as_json: bool) -> None:
+    """Gate (verify + card lint), upload CKPT to ORG/NAME, then compare the Hub's files with the local ones.
+
+    The token comes from huggingface_hub's usual sources (HF_TOKEN, 'hf auth login') and is never printed.
+    """
+    from dspark_hub.hub.release import publish_checkpoint
+
+    with progress("sha256", quiet=quiet or as_json) as bar:
+        outcome = publish_checkpoint(ckpt, repo_id, drop_in=drop_in, private=private, revision=revision, tag=tag,
+                                     with_remote_code=with_remote_code, endpoint=endpoint, dry_run=dry_run,
+                                     progress=bar)
+    emit(outcome, as_json=as_json, renderer=render_publication)
+
+
+@command("export-code")
+@click.argument("folder", type=click.Path(path_type=Path))
+@force_option
+@json_option
+def export_code(folder: Path, force: bool, as_json: bool) -> None:
+    """Copy the modeling files and an auto_map into FOLDER for trust_remote_code loading."""
+    from dspark_hub.format.remote_code import export_code as export
+
+    emit(export(folder, force=force), as_json=as_json, renderer=render_export)

@@ -1,0 +1,116 @@
+"""Training commands: `rollouts`, `finetune`, `eval`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
+from dspark_hub.cli._output import emit, progress, quiet_transformers
+from dspark_hub.cli._render import render_eval, render_rollouts, render_training
+from dspark_hub.train import objective
+
+
+@command()
+@click.option("--teacher", required=True, metavar="DIR", help="Local transformers causal LM folder.")
+@click.option("--prompts", required=True, metavar="JSONL", help="Lines with messages, text or input_ids (+ dataset).")
+@click.option("--draft-config", "draft_config", required=True, metavar="CONFIG",
+              help="The draft's config.json (taps and pairing keys).")
+@click.option("--out", required=True, metavar="DIR", help="Rollouts folder (resumed when it exists).")
+@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True,
+              help="Equal-length prompts generated together.")
+@click.option("--shard-size", "shard_size", type=POSITIVE, default=256, show_default=True, help="Sequences per shard.")
+@click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Always generate --max-new-tokens tokens.")
+@force_option
+@quiet_option
+@json_option
+def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
+             shard_size: int, ignore_eos: bool, force: bool, quiet: bool, as_json: bool) -> None:
+    """Write teacher greedy continuations with the draft's tap states (resumable safetensors shards)."""
+    from dspark_hub.train.rollouts import make_rollouts
+
+    quiet_transformers(quiet or as_json)
+    with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar:
+        summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
+                                progress=bar)
+    emit(summary, as_json=as_json, renderer=render_rollouts)
+
+
+@command()
+@click.option("--base", required=True, metavar="CKPT", help="The k3_dspark checkpoint to start from.")
+@click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts').")
+@click.option("--out", required=True, metavar="DIR", help="Output checkpoint folder (written atomically).")
+@click.option("--steps", type=int, help="Optimizer steps.")
+@click.option("--epochs", type=float, help="Passes over --data (instead of --steps).")
+@click.option("--lr", type=float, default=3e-4, show_default=True, help="Peak learning rate.")
+@click.option("--min-lr-ratio", "min_lr_ratio", type=float, default=0.1, show_default=True,
+              help="Cosine floor as a fraction of --lr.")
+@click.option("--warmup", type=int, default=0, show_default=True, help="Linear warmup steps.")
+@click.option("--batch-size", "batch_size", type=int, default=8, show_default=True, help="Global sequences per step.")
+@click.option("--block-size", "block_size", type=int, default=7, show_default=True, help="K drafts per block.")
+@click.option("--anchors", "max_anchors", type=int, default=512, show_default=True, help="Max anchors per sequence.")
+@click.option("--loss", default='{"ce":0.1,"tv":0.9}', show_default=True, help="JSON weights of ce, kl, tv.")
+@click.option("--loss-chunk", "loss_chunk", type=click.IntRange(min=0), default=objective.DEFAULT_LOSS_CHUNK,
+              show_default=True, metavar="ROWS",
+              help="(anchor, position) rows per loss chunk; bounds loss memory in the vocabulary (0 = no chunking).")
+@click.option("--gamma", type=float, default=4.0, show_default=True, help="Slot weight exp(-k/gamma).")
+@click.option("--alpha", type=float, default=1.0, show_default=True, help="Confidence-head BCE weight.")
+@click.option("--clip", type=float, default=1.0, show_default=True, help="Gradient-norm clip (0 = off).")
+@click.option("--weight-decay", "weight_decay", type=float, default=0.0, show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+              help="bf16 = bf16 autocast over fp32 master weights.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--save-every", "save_every", type=int, default=0, show_default=True, help="Steps between states.")
+@click.option("--resume", is_flag=True, help="Continue from the latest state in --state-dir.")
+@click.option("--state-dir", "state_dir", metavar="DIR", help="Training states and log (default OUT.state).")
+@click.option("--teacher", metavar="DIR", help="Teacher folder (lm_head; rollouts with --on-policy).")
+@click.option("--on-policy", "on_policy", is_flag=True, help="Alternate teacher rollouts and draft updates.")
+@click.option("--rounds", type=int, default=1, show_default=True, help="On-policy rounds.")
+@click.option("--prompts", metavar="JSONL", help="Prompts for --on-policy.")
+@click.option("--max-new-tokens", "max_new_tokens", type=int, default=256, show_default=True)
+@click.option("--eval-data", "eval_data", metavar="DIR", help="Held-out rollouts for acceptance in the log.")
+@click.option("--eval-every", "eval_every", type=int, default=0, show_default=True)
+@click.option("--fsdp", is_flag=True, help="Shard with FSDP2 fully_shard under torchrun instead of DDP.")
+@force_option
+@quiet_option
+@json_option
+def finetune(loss: str, quiet: bool, as_json: bool, **options: Any) -> None:
+    """Fine-tune drop-in k3_dspark weights on teacher rollouts (one process or torchrun)."""
+    from dspark_hub.train.trainer import TrainConfig, finetune as run
+
+    quiet_transformers(quiet or as_json)
+    with progress("finetune", unit="steps", quiet=quiet or as_json) as bar:
+        result = run(TrainConfig(**options, loss=objective.parse_loss(loss)), progress=bar)
+    if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
+        emit(result, as_json=as_json, renderer=render_training)
+
+
+@command(name="eval")
+@click.option("--draft", required=True, metavar="CKPT", help="The k3_dspark checkpoint to measure.")
+@click.option("--teacher", metavar="DIR", help="Teacher folder (rollouts and lm_head).")
+@click.option("--prompts", metavar="JSONL", help="Held-out prompts, continued greedily by the teacher.")
+@click.option("--data", metavar="DIR", help="A rollouts folder instead of --prompts.")
+@click.option("--reference", metavar="CKPT", help="Also measure this draft on the same data; report the ratio.")
+@click.option("--block-size", "block_size", type=POSITIVE, default=7, show_default=True)
+@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True)
+@click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
+@quiet_option
+@json_option
+def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str | None, reference: str | None,
+                 block_size: int, max_new_tokens: int, batch_size: int, plot: Path | None, quiet: bool,
+                 as_json: bool) -> None:
+    """Simulated acceptance of a draft on held-out prompts, next to a prompt-lookup drafter."""
+    from dspark_hub.train.evaluate import evaluate
+
+    quiet_transformers(quiet or as_json)
+    with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
+        result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
+                          block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                          plot=plot, progress=bar)
+    emit(result, as_json=as_json, renderer=render_eval)

@@ -1,0 +1,119 @@
+"""Checkpoint commands: `verify`, `diff`, `convert`, `init`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dspark_hub.cli._framework import command, endpoint_option, force_option, json_option, quiet_option
+from dspark_hub.cli._output import emit, progress
+from dspark_hub.cli._render import render_convert, render_diff, render_init, render_verify
+from dspark_hub.format import contract
+from dspark_hub.ops.init import INIT_KINDS
+
+
+def runtime_choices() -> list[str]:
+    """`--runtime` choices, derived from the runtimes registry (never typed twice)."""
+    from dspark_hub.verify.runtimes import RUNTIMES
+
+    return [*RUNTIMES, "all"]
+
+
+@command()
+@click.argument("path")
+@click.option("--drop-in", "drop_in", metavar="REF",
+              help=f"Also demand drop-in identity with a bundled reference ({', '.join(contract.REFERENCES)}) "
+                   "or a checkpoint folder.")
+@click.option("--deep", is_flag=True, help="Also stream every weight file: SHA-256, NaN/inf counts, all-zero "
+                                          "matrices, per-tensor mean/std/max|x| (local folders).")
+@click.option("--frozen-embed", "frozen_embed", metavar="TEACHER",
+              help="Demand embed_tokens.weight be bit-identical to the embedding in the TEACHER checkpoint "
+                   "(folder, sharded or not, or a .safetensors file).")
+@click.option("--runtime", "runtime", multiple=True, type=click.Choice(runtime_choices()),
+              help="Judge every tensor through this runtime's loader (repeatable, or 'all') and print its "
+                   "serving command.")
+@click.option("--target", "target", metavar="TARGET",
+              help="Check the pairing with this target model (folder or hf://ORG/NAME[@REV]).")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=None,
+              help="Draft tokens per block for the serving commands (not a config key; default 7, the "
+                   "reference draft's).")
+@click.option("--against-hub", "against_hub", metavar="ORG/NAME[@REV]",
+              help="Also compare every local file with the Hub's SHA-256 and sizes.")
+@endpoint_option
+@quiet_option
+@json_option
+def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None, runtime: tuple[str, ...],
+           target: str | None, block_size: int | None, against_hub: str | None, endpoint: str | None,
+           quiet: bool, as_json: bool) -> None:
+    """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
+
+    A Hub path is verified from config.json, the index and the safetensors headers only
+    (HTTP range requests); the weights are never downloaded.
+    Exit codes: 0 no error finding, 1 error findings, 2 usage or I/O error.
+    """
+    from dspark_hub.verify import checks
+
+    reads_bytes = deep or frozen_embed is not None or target is not None
+    with progress("verify --deep" if deep else "verify", quiet=quiet or as_json or not reads_bytes) as bar:
+        report = checks.verify(path, drop_in=drop_in, deep=deep, frozen_embed=frozen_embed,
+                               runtime=list(runtime) or None, target=target, block_size=block_size,
+                               against_hub=against_hub, endpoint=endpoint, progress=bar)
+    emit(report, as_json=as_json, renderer=render_verify)
+
+
+@command()
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@quiet_option
+@json_option
+def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
+    """Compare checkpoint folders A and B: config keys, roster, and every common tensor's bytes.
+
+    Per tensor: identical bytes, or the relative L2 change ||b-a||/||a||. Exit code 0 whether or not
+    they differ (read "identical" / "weights_only" in the output); 1 when a side could not be read
+    whole (its problems are listed); 2 on usage or I/O error.
+    """
+    from dspark_hub.ops.diff import diff as diff_checkpoints
+
+    with progress("diff", quiet=quiet or as_json) as bar:
+        result = diff_checkpoints(a, b, progress=bar)
+    emit(result, as_json=as_json, renderer=render_diff)
+
+
+@command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@force_option
+@quiet_option
+@json_option
+def convert(src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> None:
+    """Rewrite a near-miss export in SRC as a contract checkpoint in DST, reporting every change.
+
+    Renames trainer names, strips model./module. prefixes, drops lm_head, casts F32/F16 to BF16,
+    merges shards, repairs the config. SRC is never modified. Exit codes: 0 written and DST passes
+    verify, 1 written but DST still has verify errors (so 'convert && publish' stops), 2 usage or I/O error.
+    """
+    from dspark_hub.ops.convert import convert as convert_checkpoint
+
+    with progress("convert", quiet=quiet or as_json) as bar:
+        result = convert_checkpoint(src, dst, force=force, progress=bar)
+    emit(result, as_json=as_json, renderer=render_convert)
+
+
+@command("init")
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--profile", type=click.Choice(sorted(contract.PROFILES)), default="tiny", show_default=True,
+              help="kimi-k3 writes the full reference shape (7.12 GB).")
+@click.option("--init", "init", type=click.Choice(INIT_KINDS), default="random", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@force_option
+@quiet_option
+@json_option
+def init_command(dst: Path, profile: str, init: str, seed: int, force: bool, quiet: bool, as_json: bool) -> None:
+    """Write a conforming k3_dspark checkpoint (config.json + model.safetensors) to DST."""
+    from dspark_hub.ops.init import init_checkpoint
+
+    with progress(f"init {profile}", quiet=quiet or as_json) as bar:
+        result = init_checkpoint(dst, profile=profile, init=init, seed=seed, force=force, progress=bar)
+    emit(result, as_json=as_json, renderer=render_init)

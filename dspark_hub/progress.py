@@ -1,0 +1,22 @@
+"""Progress callbacks: how long-running library work tells its caller how far it got.
+
+Library functions take `progress: Progress | None` and call it with the amount of work done
+since the last call (bytes, prompts, steps). They never print and never import rich: showing
+progress is the caller's business (the CLI draws a bar on a terminal, a line per interval in a log).
+
+A callback may also have a `set_total(n)` method. Work that learns its total once it has
+opened its inputs calls `announce_total(progress, n)`, which does nothing for a plain function.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+Progress = Callable[[int], None]
+
+
+def announce_total(progress: Progress | None, total: int | None) -> None:
+    """Tell `progress` how much work there is, if it wants to know (it has `set_total`)."""
+    set_total = getattr(progress, "set_total", None)
+    if set_total is not None and total is not None:
+        set_total(total)

@@ -1,0 +1,139 @@
+"""Where output goes: progress lines off a terminal, and human views that never cut a name, number or code."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from dspark_hub._text import plural
+from dspark_hub.cli import _output
+from dspark_hub.cli._output import LogProgress
+from dspark_hub.cli._render import render_eval
+from dspark_hub.cli.main import cli
+
+from .factories import write_checkpoint
+
+
+def run(*args, env=None):
+    return CliRunner(env=env).invoke(cli, [str(a) for a in args])
+
+
+class FakeClock:
+    def __init__(self, *times: float) -> None:
+        self.times = iter(times)
+
+    def __call__(self) -> float:
+        return next(self.times)
+
+
+# ----------------------------------------------------------------------------- progress off a terminal
+
+def test_log_progress_prints_at_the_interval_with_rate_and_eta():
+    lines: list[str] = []
+    bar = LogProgress("sha256", write=lines.append, clock=FakeClock(0, 5, 10, 12, 20, 50), interval=10)
+    bar.set_total(100_000_000)
+    bar(10_000_000)   # t=5: too soon
+    bar(10_000_000)   # t=10
+    bar(10_000_000)   # t=12: too soon after the last line
+    bar(10_000_000)   # t=20
+    bar.finish()      # t=50
+    assert lines == [
+        "sha256: 20.0 MB of 100.0 MB (20%), 2.0 MB/s, ETA 40s, elapsed 10s",
+        "sha256: 40.0 MB of 100.0 MB (40%), 2.0 MB/s, ETA 30s, elapsed 20s",
+        "sha256: 40.0 MB of 100.0 MB (40%), 800.0 kB/s, ETA 1m15s, elapsed 50s, done",
+    ]
+
+
+def test_log_progress_counts_items_and_stages():
+    lines: list[str] = []
+    bar = LogProgress("finetune", unit="steps", total=20, write=lines.append, clock=FakeClock(0, 10, 4000),
+                      interval=10)
+    bar(5)
+    bar.stage("pieces", 20, 20)
+    assert lines == ["finetune: 5 of 20 steps (25%), 0.50 steps/s, ETA 30s, elapsed 10s",
+                     "pieces: 20 of 20 steps (100%), 0.01 steps/s, elapsed 1h06m"]
+
+
+def test_a_run_shorter_than_the_interval_prints_nothing():
+    lines: list[str] = []
+    bar = LogProgress("sha256", write=lines.append, clock=FakeClock(0, 1, 2), interval=10)
+    bar(5)
+    bar.finish()
+    assert lines == []
+
+
+@pytest.fixture
+def slow_clock(monkeypatch):
+    """Every reading of the progress clock is 11 s after the last: each progress call prints a line."""
+    ticks = itertools.count(step=11)
+    monkeypatch.setattr(_output, "CLOCK", lambda: next(ticks))
+
+
+@pytest.mark.parametrize("command", [
+    lambda ckpt, out: ["checksums", ckpt],
+    lambda ckpt, out: ["verify", ckpt, "--deep"],
+    lambda ckpt, out: ["convert", ckpt, out],
+    lambda ckpt, out: ["diff", ckpt, ckpt],
+    lambda ckpt, out: ["init", out],
+])
+def test_long_commands_log_progress_when_stderr_is_not_a_terminal(tmp_path, slow_clock, command):
+    result = run(*command(write_checkpoint(tmp_path / "ckpt"), tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) >= 2 and all("/s, " in line and ", elapsed " in line for line in lines), result.stderr
+    assert " of " in lines[0] and "%)" in lines[0] and lines[-1].endswith(", done")
+    for quiet in ("--quiet", "--json"):
+        args = command(write_checkpoint(tmp_path / f"ckpt{quiet}"), tmp_path / f"out{quiet}")
+        again = run(*args, quiet)
+        assert again.exit_code == 0 and again.stderr == "", again.stderr
+
+
+# ----------------------------------------------------------------------------- never cut
+
+@pytest.mark.parametrize("columns", ["40", "200"])
+def test_every_where_and_code_appears_whole(tmp_path, columns):
+    folder = write_checkpoint(tmp_path / "d1", mutate=lambda t: t.update({"fc.weight": t.pop("context_proj.weight")}))
+    findings = json.loads(run("verify", folder, "--drop-in", "kimi-k3", "--json").stdout)["findings"]
+    assert len(findings) > 20 and any(f["where"] == "config.json:bos_token_id" for f in findings)
+    result = run("verify", folder, "--drop-in", "kimi-k3", env={"COLUMNS": columns})
+    assert result.exit_code == 1
+    for f in findings:
+        assert f["code"] in result.stdout and f["where"] in result.stdout, (f["code"], f["where"])
+    assert "…" not in result.stdout
+    assert ("┃" in result.stdout) == (columns == "200")   # a table when it fits, blocks when it does not
+
+
+def test_narrow_blocks_put_the_key_cells_on_one_line(tmp_path):
+    folder = write_checkpoint(tmp_path / "d1", mutate=lambda t: t.update({"fc.weight": t.pop("context_proj.weight")}))
+    out = run("verify", folder, env={"COLUMNS": "40"}).stdout.splitlines()
+    head = out.index("error  TRAINER_NAME  fc.weight")
+    assert out[head + 1].startswith("    is the trainer-internal name of context_proj.weight")
+    assert out[head + 2] == "    hint: rename fc.weight -> context_proj.weight ('dspark-hub convert')"
+
+
+@pytest.mark.parametrize("columns", ["40", "200"])
+def test_eval_numbers_and_drafter_names_are_never_cut(monkeypatch, capsys, columns):
+    monkeypatch.setenv("COLUMNS", columns)
+    stats = {"acceptance_length": 1.0, "per_position": [0.0] * 7, "prompts": 3, "tokens": 12, "steps": 9}
+    doc = {**stats, "by_dataset": {"a-rather-long-dataset-name": {**stats, "baseline": stats}}, "baseline": stats,
+           "reference": None, "harness": {"block_size": 7, "teacher": "t"}, "definition": "d", "plot": None}
+    render_eval(SimpleNamespace(to_dict=lambda: doc))
+    out = capsys.readouterr().out
+    assert "1.0000" in out and "draft" in out and "prompt lookup" in out and "a-rather-long-dataset-name" in out
+    assert "…" not in out and "0.000" in out
+
+
+def test_plural():
+    assert [plural(1, "problem"), plural(2, "problem"), plural(0, "error")] == ["1 problem", "2 problems", "0 errors"]
+    assert plural(1234, "byte") == "1,234 bytes" and plural(2, "entry", "entries") == "2 entries"
+
+
+def test_a_table_without_rows_prints_its_title(capsys):
+    from dspark_hub.cli._render import Column, print_table
+
+    print_table("nothing to show", (Column("file"), Column("message", prose=True)), [])
+    assert "nothing to show" in capsys.readouterr().out
