@@ -119,7 +119,10 @@ def test_load_checkpoint_is_strict_about_names_and_reports_them(tmp_path):
 def test_export_code_adds_auto_map_and_files_idempotently(tmp_path):
     folder = write_tiny_checkpoint(tmp_path / "ckpt")
     first = export_code(folder)
-    assert sorted(first.written) == ["config.json", "configuration_k3_dspark.py", "modeling_k3_dspark.py"]
+    assert sorted(first.written) == ["config.json", "configuration_k3_dspark.py", "modeling_k3_dspark.py",
+                                     "roster_k3_dspark.py"]
+    roster_source = REPO_ROOT / "dspark_hub" / "format" / "roster_k3_dspark.py"
+    assert (folder / "roster_k3_dspark.py").read_bytes() == roster_source.read_bytes()
     config = json.loads((folder / "config.json").read_text())
     assert list(config) == [*contract.TINY_CONFIG, "auto_map"] and config["auto_map"] == AUTO_MAP
     assert export_code(folder).written == []

@@ -27,7 +27,14 @@ AUTO_MAP: dict[str, str] = {
     "AutoConfig": "configuration_k3_dspark.K3DSparkConfig",
     "AutoModel": "modeling_k3_dspark.K3DSparkModel",
 }
-CODE_FILES = ("configuration_k3_dspark.py", "modeling_k3_dspark.py")
+#: The files `export_code` ships: the checkpoint file name -> where its one source lives (the
+#: roster is the format core's, stdlib-only; in the package `modeling/roster_k3_dspark.py` re-exports it).
+_CODE_SOURCES: dict[str, Path] = {
+    "configuration_k3_dspark.py": Path(__file__).parent / "configuration_k3_dspark.py",
+    "modeling_k3_dspark.py": Path(__file__).parent / "modeling_k3_dspark.py",
+    "roster_k3_dspark.py": Path(contract.__file__).parent / "roster_k3_dspark.py",
+}
+CODE_FILES = tuple(_CODE_SOURCES)
 _SOURCE_ATTR = "_dspark_source"
 
 
@@ -237,15 +244,14 @@ def save_checkpoint(
 
 
 def code_sources() -> dict[str, bytes]:
-    """File name -> bytes of the two modeling files shipped for `trust_remote_code`."""
-    here = Path(__file__).parent
-    return {name: (here / name).read_bytes() for name in CODE_FILES}
+    """File name -> bytes of the code files shipped for `trust_remote_code` (config, model, roster)."""
+    return {name: path.read_bytes() for name, path in _CODE_SOURCES.items()}
 
 
 def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> ExportResult:
     """Make a checkpoint loadable with `trust_remote_code=True` where dspark-hub is not installed.
 
-    Copies `configuration_k3_dspark.py` and `modeling_k3_dspark.py` into `folder` and adds
+    Copies `configuration_k3_dspark.py`, `modeling_k3_dspark.py` and `roster_k3_dspark.py` into `folder` and adds
     `auto_map` (appended after the existing keys, whose order is kept) to its `config.json`.
     Each write goes to a temporary sibling, then is renamed. Files already identical are left alone.
 

@@ -265,7 +265,7 @@ class Trainer:
             return fully_shard(step)
         from torch.nn.parallel import DistributedDataParallel
 
-        uses_confidence = bool(self.model.config.enable_confidence_head and self.config.alpha)
+        uses_confidence = bool(self.model.confidence_head is not None and self.config.alpha)
         return DistributedDataParallel(step, find_unused_parameters=not uses_confidence)
 
     def _total_steps(self) -> int:

@@ -144,7 +144,7 @@ def _outputs(model: Any, inputs: Mapping[str, Any], lm_head: Any, block_size: in
         out = {"last_hidden_state": hidden, "markov_bias": bias,
                "greedy_tokens": proposal.tokens.long(),
                "greedy_logits": proposal.logits.gather(-1, proposal.tokens[..., None]).squeeze(-1).float()}
-        if model.config.enable_confidence_head:
+        if model.confidence_head is not None:
             out["confidence"] = model.confidence(hidden, prev).float()
     return out
 
