@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModel
 
 from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
+from dspark_hub.verify.checks import verify
 from dspark_hub.modeling import (
     AUTO_MAP,
     K3DSparkConfig,
@@ -111,9 +112,28 @@ def test_load_checkpoint_is_strict_about_names_and_reports_them(tmp_path):
     source = write_tiny_checkpoint(tmp_path / "in", rename={"context_proj.weight": "fc.weight"})
     with pytest.raises(CheckpointFormatError) as raised:
         load_checkpoint(source)
-    assert raised.value.code == "state-dict-mismatch" and "fc.weight" in str(raised.value)
+    assert raised.value.code == "STATE_DICT_MISMATCH" and "fc.weight" in str(raised.value)
     lenient = load_checkpoint(source, strict=False)
     assert lenient.missing_keys == ["context_proj.weight"] and lenient.unexpected_keys == ["fc.weight"]
+
+
+@pytest.mark.parametrize(("edit", "code", "words"), [
+    (lambda text: text.replace('"hidden_size": 64', '"hidden_size": 64, "hidden_size": 64'), "CONFIG_DUPLICATE_KEY",
+     "'hidden_size' appears twice"),
+    (lambda text: text.replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": NaN'), "CONFIG_INVALID_JSON",
+     "rms_norm_eps is NaN"),
+    (lambda text: "[1, 2]", "CONFIG_INVALID_JSON", "not an object"),
+    (lambda text: text[:-3], "CONFIG_INVALID_JSON", "not valid JSON"),
+], ids=["duplicate-key", "nan", "array", "truncated"])
+def test_load_checkpoint_reads_the_config_as_strictly_as_verify(tmp_path, edit, code, words):
+    source = write_tiny_checkpoint(tmp_path / "in")
+    config = source / "config.json"
+    config.write_text(edit(config.read_text()))
+    with pytest.raises(CheckpointFormatError) as raised:
+        load_checkpoint(source)
+    assert raised.value.code == code and words in str(raised.value)
+    assert str(raised.value).startswith(f"{config}: ")
+    assert code in verify(source).codes()      # verify names the same problem with the same code
 
 
 def test_export_code_adds_auto_map_and_files_idempotently(tmp_path):

@@ -61,7 +61,6 @@ Training log (`--train-log`): JSON lines; lines carrying evaluation results beco
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import Counter, defaultdict
@@ -76,6 +75,7 @@ from dspark_hub.schemas import GOLDEN_FIXTURE, current
 from dspark_hub.cards.results import Results, load_eval, load_train_log
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.errors import CheckpointFormatError, DsparkError, UsageError
+from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.reader import read_header
 
 TEMPLATE = "model_card.md.j2"
@@ -320,7 +320,10 @@ def _golden_fixtures(view: CheckpointView) -> list[dict[str, Any]]:
             continue
         if current(meta.get("schema")) != GOLDEN_FIXTURE:
             continue
-        cases = json.loads(meta.get("cases", "{}"))
+        try:
+            cases = object_or_raise(loads_strict(meta.get("cases", "{}"), path=name), path=name)
+        except CheckpointFormatError:
+            continue
         out.append({"file": name, "size": size, "block_size": meta.get("block_size"),
                     "cases": {case: spec.get("context_start") for case, spec in cases.items()}})
     return out
@@ -381,14 +384,15 @@ def _load_config(ref: Any, base: Path) -> dict[str, Any]:
         return dict(ref)
     if ref in contract.PROFILES:
         return contract.profile_config(ref)
-    import json
-
     path = base / str(ref)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: cannot read the config named by architecture.config ({e}); "
-                         "point it at a config.json or a profile name") from None
+        return load_json_object(path)
+    except CheckpointFormatError as e:
+        reason = e.detail
+    except OSError as e:      # CheckpointNotFoundError is one
+        reason = "no such file" if isinstance(e, FileNotFoundError) else e.strerror or str(e)
+    raise UsageError(f"{path}: cannot read the config named by architecture.config ({reason}); "
+                     "point it at a config.json or a profile name")
 
 
 # ------------------------------------------------------------------ card source and front matter

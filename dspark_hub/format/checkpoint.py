@@ -97,17 +97,14 @@ class CheckpointView:
         return list(self.headers)
 
 
-def _read_json(source: Source, name: str, size: int, view: CheckpointView, code: str) -> Any | None:
-    try:
-        return loads_strict(source.read_bytes(name, 0, size), path=name)
-    except CheckpointFormatError as e:
-        hint = {"DUPLICATE_KEY": "write each key once",
-                "NON_FINITE_NUMBER": "write a finite number (JSON has no NaN or Infinity)"}.get(e.code,
-                                                                                            "fix the JSON syntax")
-        where = f"{name}:{e.tensor}" if e.tensor else name
-        view.findings.append(error(f"{code}_{e.code}" if e.code == "DUPLICATE_KEY" else f"{code}_INVALID_JSON",
-                                   where, e.detail, hint))
-    return None
+#: How a `config.json` that is not a well-formed JSON object is reported (`jsonio.JSON_CODES` renamed);
+#: `verify` and `load_checkpoint` share it.
+CONFIG_JSON_CODES: dict[str, str] = {
+    "DUPLICATE_KEY": "CONFIG_DUPLICATE_KEY", "NOT_UTF8": "CONFIG_INVALID_JSON", "NOT_JSON": "CONFIG_INVALID_JSON",
+    "NON_FINITE_NUMBER": "CONFIG_INVALID_JSON", "NOT_OBJECT": "CONFIG_INVALID_JSON",
+}
+_JSON_HINTS = {"DUPLICATE_KEY": "write each key once",
+               "NON_FINITE_NUMBER": "write a finite number (JSON has no NaN or Infinity)"}
 
 
 def _load_config(source: Source, view: CheckpointView) -> None:
@@ -116,8 +113,12 @@ def _load_config(source: Source, view: CheckpointView) -> None:
         view.findings.append(error("CONFIG_MISSING", name, "no config.json in the checkpoint folder",
                                    "add the config.json the draft was trained with"))
         return
-    doc = _read_json(source, name, view.files[name], view, "CONFIG")
-    if doc is None:
+    try:
+        doc = loads_strict(source.read_bytes(name, 0, view.files[name]), path=name)
+    except CheckpointFormatError as e:
+        where = f"{name}:{e.tensor}" if e.tensor else name
+        view.findings.append(error(CONFIG_JSON_CODES[e.code], where, e.detail,
+                                   _JSON_HINTS.get(e.code, "fix the JSON syntax")))
         return
     if not isinstance(doc, dict):
         view.findings.append(error("CONFIG_INVALID_JSON", name, f"is a JSON {json_type(doc)}, not an object",

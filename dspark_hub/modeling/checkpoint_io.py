@@ -7,7 +7,6 @@ input's safetensors metadata, a `config.json` with the input's key set and order
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,8 @@ from typing import Any, Mapping
 import torch
 
 from dspark_hub.format import contract
-from dspark_hub.format.jsonio import json_type
+from dspark_hub.format.checkpoint import CONFIG_JSON_CODES
+from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.format.writer import atomic_path
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from .configuration_k3_dspark import ordered_config
@@ -96,16 +96,20 @@ def _folder(path: str | os.PathLike[str]) -> Path:
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
+    """The folder's `config.json`, read as `verify` reads it (strict JSON, one object).
+
+    Raises:
+        CheckpointFormatError: `CONFIG_INVALID_JSON`, `CONFIG_DUPLICATE_KEY` or `FILE_UNREADABLE`.
+    """
     path = folder / contract.CONFIG_NAME
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CheckpointFormatError("config-unreadable", f"not readable JSON ({str(exc).splitlines()[0]}); "
-                                    "fix or restore the file", path=str(path)) from exc
-    if not isinstance(config, dict):
-        raise CheckpointFormatError("config-not-object", f"is a JSON {json_type(config)}, not an object; "
-                                    "fix or restore the file", path=str(path))
-    return config
+        return load_json_object(path, codes=CONFIG_JSON_CODES)
+    except CheckpointFormatError as e:
+        raise CheckpointFormatError(e.code, f"{e.detail}; fix or restore the file", path=str(path),
+                                    tensor=e.tensor) from None
+    except OSError as e:
+        raise CheckpointFormatError("FILE_UNREADABLE", f"cannot be read ({e.strerror or e}); check permissions",
+                                    path=str(path)) from None
 
 
 def read_metadata(folder: str | os.PathLike[str]) -> dict[str, str] | None:
@@ -134,7 +138,9 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
 
     Raises:
         CheckpointNotFoundError: no `config.json` in `folder`.
-        CheckpointFormatError: `strict` and the tensor names or shapes do not match the model.
+        CheckpointFormatError: `config.json` is not one strict JSON object (`CONFIG_INVALID_JSON`,
+            `CONFIG_DUPLICATE_KEY`), or `strict` and the tensor names or shapes do not match the model
+            (`STATE_DICT_MISMATCH`).
     """
     path = _folder(folder)
     raw_config = _read_config(path)
@@ -152,7 +158,7 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
         problems = [f"{label} {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
                     for label, keys in (("missing", loaded.missing_keys), ("unexpected", loaded.unexpected_keys),
                                         ("mismatched", loaded.mismatched_keys)) if keys]
-        raise CheckpointFormatError("state-dict-mismatch", f"tensors do not match the model: {'; '.join(problems)}; "
+        raise CheckpointFormatError("STATE_DICT_MISMATCH", f"tensors do not match the model: {'; '.join(problems)}; "
                                     "run 'dspark-hub verify' for the full list", path=str(path))
     setattr(model, _SOURCE_ATTR, {"config": raw_config, "metadata": loaded.metadata})
     return loaded
@@ -257,7 +263,8 @@ def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> Expor
 
     Raises:
         CheckpointNotFoundError: no `config.json` in `folder`.
-        CheckpointFormatError: `config.json` is not a JSON object, or its `auto_map` is not one.
+        CheckpointFormatError: `config.json` is not one strict JSON object, or its `auto_map` is not one
+            (`AUTO_MAP_NOT_OBJECT`).
         RefusedOverwriteError: a code file or `auto_map` exists with other content and `force` is False.
     """
     path = _folder(folder)
@@ -266,7 +273,7 @@ def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> Expor
     if existing_map is None:
         existing_map = {}
     elif not isinstance(existing_map, dict):
-        raise CheckpointFormatError("auto-map-not-object", f"'auto_map' is a JSON {json_type(existing_map)}, "
+        raise CheckpointFormatError("AUTO_MAP_NOT_OBJECT", f"'auto_map' is a JSON {json_type(existing_map)}, "
                                     "not an object; remove it (export-code writes it) or make it an object",
                                     path=str(path / contract.CONFIG_NAME))
     pending: dict[Path, bytes] = {path / name: data for name, data in code_sources().items()}

@@ -26,13 +26,13 @@ is bounded in the vocabulary dimension (163,840 at K3 scale: ~2.3 GB per tensor 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from dspark_hub.format import contract
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import CheckpointFormatError, UsageError
+from dspark_hub.format.jsonio import loads_strict
 
 LOSS_TERMS = ("ce", "kl", "tv")
 DraftLogits = Callable[[Any, Any], Any]
@@ -43,9 +43,9 @@ DEFAULT_LOSS_CHUNK = (256 << 20) // (4 * contract.REFERENCE_CONFIG["draft_vocab_
 def parse_loss(spec: str | dict[str, float]) -> dict[str, float]:
     """`'{"ce":0.1,"tv":0.9}'` -> weights; unknown names or non-numbers are a `UsageError`."""
     try:
-        weights = json.loads(spec) if isinstance(spec, str) else dict(spec)
-    except ValueError as exc:
-        raise UsageError(f"--loss: not JSON ({exc}); e.g. '{{\"ce\":0.1,\"tv\":0.9}}'") from exc
+        weights = loads_strict(spec, path="--loss") if isinstance(spec, str) else dict(spec)
+    except CheckpointFormatError as exc:
+        raise UsageError(f"{exc.message}; e.g. '{{\"ce\":0.1,\"tv\":0.9}}'") from None
     if not isinstance(weights, dict) or not weights:
         raise UsageError("--loss: expected a JSON object of term weights, e.g. '{\"ce\":0.1,\"tv\":0.9}'")
     for name, value in weights.items():

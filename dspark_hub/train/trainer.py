@@ -44,6 +44,7 @@ from dspark_hub.train import objective
 from dspark_hub.errors import UsageError
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.teacher import read_json, read_lm_head
+from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 
 LOG_NAME = "training_log.jsonl"
@@ -350,7 +351,7 @@ class Trainer:
         pointer = self.state_dir / "latest.json"
         if not pointer.is_file():
             return False
-        state = torch.load(self.state_dir / json.loads(pointer.read_text())["file"], weights_only=False)
+        state = torch.load(self.state_dir / load_json_object(pointer)["file"], weights_only=False)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
@@ -363,7 +364,8 @@ class Trainer:
     def _truncate_log(self, step: int) -> None:
         log = self.state_dir / LOG_NAME
         if log.is_file():
-            kept = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= step]
+            kept = [line for line in log.read_text().splitlines()
+                    if loads_strict(line, path=str(log))["step"] <= step]
             log.write_text("".join(line + "\n" for line in kept))
 
     def log(self, entry: dict[str, Any]) -> None:

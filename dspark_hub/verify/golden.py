@@ -48,7 +48,14 @@ from typing import Any, Mapping
 from dspark_hub import __version__
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.errors import CheckpointNotFoundError, ContractError, RefusedOverwriteError, UsageError
+from dspark_hub.errors import (
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    ContractError,
+    RefusedOverwriteError,
+    UsageError,
+)
+from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_path
 
 SCHEMA = "dspark-hub/golden/1"
@@ -162,7 +169,7 @@ def _verified_config(folder: Path) -> dict[str, Any]:
         first = report.errors[0]
         raise UsageError(f"{folder / first.where}: {first.message}; fix it first ('dspark-hub verify {folder}' "
                          "lists every problem)")
-    return json.loads((folder / contract.CONFIG_NAME).read_text(encoding="utf-8"))
+    return load_json_object(folder / contract.CONFIG_NAME)    # verify read it strictly: no error left here
 
 
 def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
@@ -283,8 +290,8 @@ def _read_fixture(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise UsageError(f"{path}: not a dspark-hub golden fixture (schema {meta.get('schema')!r:.60}); {rewrite}")
     for key in (*_JSON_METADATA, "config_sha256", "block_size"):
         try:
-            meta[key] = json.loads(meta[key]) if key in _JSON_METADATA else meta[key]
-        except (KeyError, ValueError):
+            meta[key] = loads_strict(meta[key], path=f"{path}:{key}") if key in _JSON_METADATA else meta[key]
+        except (KeyError, CheckpointFormatError):
             raise UsageError(f"{path}: metadata {key!r} is missing or not JSON; {rewrite}") from None
     for key in ("config", "lm_head", "tolerances"):
         if not isinstance(meta[key], dict):

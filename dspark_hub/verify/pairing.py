@@ -36,7 +36,8 @@ from typing import Any, Callable, Mapping
 
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import CheckpointFormatError, UsageError
+from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.report import Finding, Report, error, info, warning
 from dspark_hub.verify.rules import tap_layer_findings, text_config
 from dspark_hub.format.tensorio import TensorDigest
@@ -91,8 +92,8 @@ def _read_json(view: CheckpointView, name: str) -> Any:
     if name not in view.files:
         return None
     try:
-        return json.loads(view.source.read_bytes(name, 0, view.files[name]))
-    except (ValueError, OSError):
+        return loads_strict(view.source.read_bytes(name, 0, view.files[name]), path=name)
+    except (CheckpointFormatError, OSError):
         return None
 
 
