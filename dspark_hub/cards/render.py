@@ -426,6 +426,22 @@ def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
+#: Codes of `front_matter_problems`. Append-only: tools match on them.
+FRONT_MATTER_CODES: dict[str, str] = {
+    "FRONT_MATTER_NOT_MAPPING": "the front matter is not a mapping",
+    "METADATA_REJECTED": "huggingface_hub.ModelCardData rejects it",
+    "LICENSE_MISSING": "no license",
+    "LICENSE_UNKNOWN": "license is not one of the Hub's license ids",
+    "LICENSE_UNNAMED": "license: other without license_name",
+    "PIPELINE_TAG_UNKNOWN": "pipeline_tag is not a Hub task id",
+    "BASE_MODEL_RELATION_UNKNOWN": "base_model_relation is not adapter, merge, quantized or finetune",
+    "BASE_MODEL_MISSING": "base_model_relation without base_model",
+    "BASE_MODEL_INVALID": "base_model is not a valid repo id",
+    "NULL_ITEM": "a list has an empty (null) item",
+    "NOT_STRINGS": "tags / datasets / metrics is not a string or a list of strings",
+}
+
+
 @dataclass(frozen=True)
 class FrontMatterProblem:
     """A problem in card metadata: the key it concerns, a stable code, severity and message."""

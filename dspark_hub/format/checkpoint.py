@@ -22,6 +22,24 @@ from dspark_hub.schemas import GOLDEN_FIXTURE, current
 
 SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__"}
 
+#: Findings `open_checkpoint` makes about a folder, besides the reader's `FORMAT_CODES` for each
+#: weight file and the index. Append-only: tools match on them.
+FOLDER_CODES: dict[str, str] = {
+    "CONFIG_MISSING": "no config.json",
+    "CONFIG_INVALID_JSON": "config.json is not one JSON object (syntax, UTF-8, NaN/Infinity)",
+    "CONFIG_DUPLICATE_KEY": "config.json repeats a key",
+    "NO_WEIGHTS": "no *.safetensors file",
+    "FILE_UNREADABLE": "a file cannot be read",
+    "STRAY_WEIGHTS_FILE": "a safetensors file the index does not name",
+    "INDEX_MISSING": "several weight files and no index",
+    "INDEX_MISSING_FILE": "the index names a file that is absent",
+    "INDEX_WRONG_FILE": "a tensor is not in the file the index names",
+    "INDEX_UNLISTED_TENSOR": "a tensor is in a shard but not in the index",
+    "INDEX_TOTAL_SIZE": "metadata.total_size disagrees with the shards",
+    "TENSOR_IN_TWO_FILES": "a tensor is stored twice",
+    "GOLDEN_IN_WEIGHTS_FOLDER": "a golden-vector fixture beside the weights",
+}
+
 
 class Source(Protocol):
     """Where a checkpoint's bytes come from."""
@@ -144,9 +162,8 @@ def _load_index(source: Source, view: CheckpointView) -> ShardIndex | None:
     name = contract.INDEX_NAME
     try:
         return parse_index(source.read_bytes(name, 0, view.files[name]), path=name)
-    except CheckpointFormatError as e:
-        code = e.code if e.code.startswith("INDEX_") else f"INDEX_{e.code}"
-        view.findings.append(error(code, name if e.tensor is None else f"{name}:{e.tensor}", e.detail,
+    except CheckpointFormatError as e:      # parse_index raises INDEX_* codes only
+        view.findings.append(error(e.code, name if e.tensor is None else f"{name}:{e.tensor}", e.detail,
                                    "regenerate the index (or merge the shards with 'dspark-hub convert')"))
         return None
 

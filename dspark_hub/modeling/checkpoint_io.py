@@ -22,6 +22,15 @@ from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, Re
 from .configuration_k3_dspark import ordered_config
 from .modeling_k3_dspark import K3DSparkModel
 
+#: `CheckpointFormatError.code`s of loading and exporting. Append-only: tools match on them.
+LOAD_CODES: dict[str, str] = {
+    "CONFIG_INVALID_JSON": "config.json is not one JSON object (syntax, UTF-8, NaN/Infinity)",
+    "CONFIG_DUPLICATE_KEY": "config.json repeats a key",
+    "FILE_UNREADABLE": "config.json cannot be read",
+    "STATE_DICT_MISMATCH": "tensor names or shapes do not match the model the config describes",
+    "AUTO_MAP_NOT_OBJECT": "config.json's auto_map is not a JSON object",
+}
+
 #: What `export_code` adds to `config.json`.
 AUTO_MAP: dict[str, str] = {
     "AutoConfig": "configuration_k3_dspark.K3DSparkConfig",

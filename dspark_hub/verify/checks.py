@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
 from dspark_hub.errors import ContractError, UsageError
-from dspark_hub.report import Finding, Report, Summary, error, info, warning
+from dspark_hub.report import Finding, Report, Summary, error, warning
+from dspark_hub.verify.codes import HUB_FILE_CODES
 from dspark_hub.verify.dropin import DropInReference, check_drop_in, resolve_reference
 from dspark_hub.verify.rules import tap_layer_findings
 
@@ -330,7 +329,7 @@ def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: s
     comparison = compare_with_hub(folder, repo_id, revision, endpoint=endpoint)
     report.sections["against_hub"] = comparison.to_dict()
     for problem in comparison.problems:
-        report.findings.append(error(f"HUB_FILE_{problem.kind.upper()}", problem.path, problem.message,
+        report.findings.append(error(HUB_FILE_CODES[problem.kind], problem.path, problem.message,
                                      "re-download the file, or publish the local folder if it is the intended one"))
 
 
