@@ -19,7 +19,6 @@ from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
 from dspark_hub.ops.init import init_checkpoint
-from tests.card_fixtures import plain_cli, tiny  # noqa: F401 (fixtures)
 from tests.card_fixtures import SDDD, SEED_CARD, SPECULATOR, render_sddd, render_speculator, write_sparse_reference
 from tests.cli_errors import assert_one_line_error
 

@@ -10,7 +10,6 @@ from urllib.parse import quote
 import pytest
 
 from dspark_hub import schemas
-from dspark_hub.hub import checksums
 from dspark_hub.errors import RefusedOverwriteError, UsageError
 from dspark_hub.hub.package import package
 from tests.hub_checkpoints import write_tiny_checkpoint

@@ -13,7 +13,6 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dspark_hub.format import contract
 from dspark_hub.verify.checks import verify
 from dspark_hub.cli.main import cli
 from dspark_hub.train.rollouts import RolloutData, make_rollouts

@@ -14,9 +14,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Iterator
 
 from dspark_hub import __version__
 from dspark_hub.format.digests import FileDigest

@@ -229,7 +229,7 @@ def repair_config(config: dict[str, Any], tensor_dtypes: set[str]) -> tuple[dict
         if key in cfg:
             continue
         if key in dimension_keys():
-            changes.append(Change("config_note", key, f"missing and not added: it sets tensor dimensions; add "
+            changes.append(Change("config_note", key, "missing and not added: it sets tensor dimensions; add "
                                   "the value the weights were trained with"))
             continue
         cfg[key] = copy.deepcopy(torch_dtype if key == "torch_dtype" and torch_dtype else value)

@@ -43,7 +43,7 @@ from torch import nn
 from dspark_hub.train import objective
 from dspark_hub.errors import UsageError
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import read_json, read_lm_head
+from dspark_hub.train.teacher import read_lm_head
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 
@@ -463,8 +463,3 @@ class Trainer:
 def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
     """Run a fine-tuning job (see the module docstring); returns what it wrote and measured."""
     return Trainer(config, progress).fit()
-
-
-def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A `training_args.json` written next to a fine-tuned draft."""
-    return read_json(path)
