@@ -49,7 +49,7 @@ def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
     is hashed. Otherwise the folder is hashed once (returned as the manifest `hub.publish`
     reuses) and the card's checksum table is checked against those digests.
     """
-    from dspark_hub.cards.lint import lint_card
+    from dspark_hub.cards import lint_card
     from dspark_hub.verify.against_hub import local_digests
 
     folder = Path(folder)
