@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -143,3 +144,19 @@ def test_no_cycle_between_areas():
         pytest.fail(f"import cycle between areas: {' -> '.join(e.args[1])}")
     # the table itself is a DAG, so following it can never make a cycle
     list(TopologicalSorter({area: set(allowed) for area, allowed in ALLOWED.items()}).static_order())
+
+
+def test_the_readme_architecture_table_mirrors_allowed():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Architecture"):readme.index("### Moved in 0.2")]
+    documented: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        allowed = {token for token in re.findall(r"`([\w.]+)`", cells[1]) if token in ALLOWED}
+        for area in re.findall(r"`([\w.]+)`", cells[0]):
+            documented[area] = allowed - {area}
+    expected = {area: allowed - (BOTTOM if area not in BOTTOM | {"__main__"} else set())
+                for area, allowed in ALLOWED.items()}
+    assert documented == expected
