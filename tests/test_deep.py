@@ -123,7 +123,7 @@ def test_odd_chunk_boundaries_give_the_same_result(tmp_path):
     for offset in range(0, len(data), 7):
         pieces.feed(offset, memoryview(data[offset:offset + 7]))
     for other in (windows.tensors, pieces.stats):
-        for a, b in zip(whole.tensors, other):
+        for a, b in zip(whole.tensors, other, strict=True):
             assert (a.name, a.finite, a.max_bits) == (b.name, b.finite, b.max_bits)
             assert math.isclose(a.total_sq, b.total_sq, rel_tol=1e-5)
 

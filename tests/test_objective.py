@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -31,7 +32,7 @@ def test_anchors_are_continuation_positions_with_a_supervised_next_token():
 def test_cosine_schedule_warms_up_then_decays_to_the_floor():
     lr = [objective.cosine_lr(s, total=10, warmup=2, min_ratio=0.1) for s in range(11)]
     assert lr[:3] == [0.5, 1.0, 1.0] and lr[10] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(lr[2:], lr[3:]))
+    assert all(a >= b for a, b in itertools.pairwise(lr[2:]))
 
 
 def _batch(final_hidden, loss_mask):
