@@ -13,6 +13,17 @@ settings.register_profile("ci", max_examples=200, deadline=None,
 settings.load_profile("ci")
 
 
+#: Fixtures that take more than 5 s to build; every test using one is marked `slow`.
+SLOW_FIXTURES = {"world"}      # tests/test_train.py: a trained teacher plus rollouts (~15 s)
+
+
+def pytest_collection_modifyitems(items):
+    """Mark the tests that need a slow fixture, so `-m "not slow"` skips building it."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")

@@ -188,6 +188,7 @@ def test_fixture_gets_new_file_permissions_and_no_temp_leftover(tmp_path):
     assert [p.name for p in out.parent.iterdir()] == ["g.safetensors"]
 
 
+@pytest.mark.slow        # a fresh process that imports torch: ~15 s
 def test_json_mode_leaves_stderr_empty(tmp_path):
     # A fresh process: transformers' progress-bar switch is global, so an in-process test could pass by accident.
     import subprocess

@@ -153,6 +153,7 @@ def test_export_code_adds_auto_map_and_files_idempotently(tmp_path):
     assert not list(folder.glob(".*tmp*"))
 
 
+@pytest.mark.slow        # a fresh process that imports torch and transformers: ~15 s
 def test_exported_code_loads_with_trust_remote_code_where_dspark_hub_is_not_importable(tmp_path):
     folder = write_tiny_checkpoint(tmp_path / "ckpt")
     export_code(folder)
