@@ -12,12 +12,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from dspark_hub.format import contract
 from dspark_hub.cards.lint import expand_names, parse_card, statements
 from dspark_hub.cards.render import card_facts, render_card
-from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
+from dspark_hub.format import contract
+from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.ops.init import init_checkpoint
 from tests.card_fixtures import SDDD, SEED_CARD, SPECULATOR, render_sddd, render_speculator, write_sparse_reference
 from tests.cli_errors import assert_one_line_error

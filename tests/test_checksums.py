@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from dspark_hub.format import digests
 from dspark_hub.hub import checksums
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
-from tests.hub_checkpoints import write_tiny_checkpoint
 from tests.cli_errors import assert_one_line_error
+from tests.hub_checkpoints import write_tiny_checkpoint
 
 
 @pytest.fixture

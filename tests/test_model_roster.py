@@ -84,5 +84,5 @@ def test_the_model_refuses_to_build_modules_the_roster_lacks(monkeypatch):
         return {name: shape for name, shape in shapes.items() if not name.startswith("markov_head.")}
 
     monkeypatch.setattr(modeling_k3_dspark, "tensor_shapes", without_heads)
-    with pytest.raises(ValueError, match="markov_head.markov_w1.weight"):
+    with pytest.raises(ValueError, match=r"markov_head\.markov_w1\.weight"):
         K3DSparkModel(K3DSparkConfig.from_dict(dict(contract.TINY_CONFIG)))

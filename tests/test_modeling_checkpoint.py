@@ -16,9 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel
 
-from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
-from dspark_hub.verify.checks import verify
+from dspark_hub.format import contract
 from dspark_hub.modeling import (
     AUTO_MAP,
     K3DSparkConfig,
@@ -28,6 +27,7 @@ from dspark_hub.modeling import (
     register,
     save_checkpoint,
 )
+from dspark_hub.verify.checks import verify
 from tests.modeling_factory import tiny_config, write_tiny_checkpoint
 
 pytestmark = pytest.mark.torch
@@ -37,7 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str] | None]:
     with safe_open(str(path), framework="pt") as handle:
         layout = {name: (str(handle.get_slice(name).get_dtype()), tuple(handle.get_slice(name).get_shape()))
-                  for name in handle.keys()}
+                  for name in handle.keys()}  # noqa: SIM118 (safe_open is not a dict)
         return layout, handle.metadata()
 
 

@@ -9,14 +9,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dspark_hub.train import objective
 from dspark_hub.errors import UsageError
+from dspark_hub.train import objective
 from dspark_hub.train.evaluate import AcceptanceStats, ngram_proposer, simulate
 
 
 def test_parse_loss_accepts_known_terms_and_names_the_bad_one():
     assert objective.parse_loss('{"ce":0.1,"tv":0.9}') == {"ce": 0.1, "tv": 0.9}
-    for spec, words in (('{"mse":1}', "unknown term 'mse'"), ('{"ce":-1}', "non-negative"), ("ce", "--loss: not valid JSON")):
+    for spec, words in (('{"mse":1}', "unknown term 'mse'"), ('{"ce":-1}', "non-negative"),
+                        ("ce", "--loss: not valid JSON")):
         with pytest.raises(UsageError, match=words):
             objective.parse_loss(spec)
 

@@ -14,10 +14,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dspark_hub.verify.checks import verify
 from dspark_hub.cli.main import cli
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.trainer import TrainConfig, Trainer, finetune
+from dspark_hub.verify.checks import verify
 
 from .teacher_factory import build_teacher, write_draft_base, write_prompts
 
@@ -80,7 +80,8 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
     logits = teacher(sample.input_ids[None]).logits[0]
     assert torch.equal(logits[11:-1].argmax(-1), sample.input_ids[12:])
     manifest = data.manifest
-    assert manifest["settings"]["target_layer_ids"] == [1, 3, 4] and "hidden_states[l + 1]" in manifest["tap_convention"]
+    assert manifest["settings"]["target_layer_ids"] == [1, 3, 4]
+    assert "hidden_states[l + 1]" in manifest["tap_convention"]
 
 
 def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
@@ -111,9 +112,9 @@ def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
 
 
 def test_rollouts_refuse_a_teacher_that_does_not_fit_the_draft(world, tmp_path):
-    from .teacher_factory import teacher_config
-
     from transformers import LlamaForCausalLM
+
+    from .teacher_factory import teacher_config
 
     for key, value in (("hidden_size", 32), ("num_hidden_layers", 5), ("vocab_size", 600)):
         folder = tmp_path / key
@@ -223,8 +224,8 @@ def test_eval_plot_names_its_missing_dependency(world, tmp_path):
 
 
 def test_a_block_in_the_packed_training_batch_equals_single_block_inference(world):
-    from dspark_hub.train import objective
     from dspark_hub.modeling import load_checkpoint
+    from dspark_hub.train import objective
     from dspark_hub.train.teacher import read_lm_head
 
     model = load_checkpoint(world["base"], dtype=torch.float32).model.eval()
@@ -266,10 +267,14 @@ def test_resume_from_a_mid_run_state_reproduces_the_uninterrupted_run(world, tmp
     class Interrupt(Exception):
         pass
 
-    def stop_after_three(_n, calls=[0]):
-        calls[0] += 1
-        if calls[0] == 4:
+    calls = 0
+
+    def stop_after_three(_n):
+        nonlocal calls
+        calls += 1
+        if calls == 4:
             raise Interrupt
+
     broken = small_config(world, tmp_path / "broken", save_every=3)
     with pytest.raises(Interrupt):
         finetune(broken, progress=stop_after_three)

@@ -21,14 +21,15 @@ Exit codes as verify: 0 no error finding, 1 error findings, 2 the lint could not
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from dspark_hub.cards import render as cards
-from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.errors import UsageError
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.format.digests import sha256_file
 from dspark_hub.report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
 
 SCHEMA = "dspark-hub/card-lint/1"

@@ -64,19 +64,20 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
-from dspark_hub.format import contract
 from dspark_hub.cards import hub_vocab
-from dspark_hub.format.digests import FileDigest, read_digest_file, sha256_file
-from dspark_hub.schemas import GOLDEN_FIXTURE, current
 from dspark_hub.cards.results import Results, load_eval, load_train_log
-from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.errors import CheckpointFormatError, DsparkError, UsageError
+from dspark_hub.format import contract
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.format.digests import FileDigest, read_digest_file, sha256_file
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.reader import read_header
+from dspark_hub.schemas import GOLDEN_FIXTURE, current
 
 TEMPLATE = "model_card.md.j2"
 #: Files of a checkpoint folder that are not part of the published weights' checksum table.
@@ -175,8 +176,8 @@ def group_components(shapes: Mapping[str, tuple[int, ...]]) -> tuple[list[Compon
     """Group tensor names into table rows: (top-level rows incl. a decoder-layer row, per-layer rows, layers).
 
     Per-layer tensors with the same name and shape in every layer become one row
-    `layers.{0..4}.<name>`, in the order they first appear in `shapes`; top-level tensors that differ only in their last index and share a
-    shape become one row (`markov_head.markov_w{1,2}.weight`).
+    `layers.{0..4}.<name>`, in the order they first appear in `shapes`; top-level tensors that differ
+    only in their last index and share a shape become one row (`markov_head.markov_w{1,2}.weight`).
     """
     per_layer: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(list)
     top: dict[tuple[str, str, tuple[int, ...]], list[str]] = defaultdict(list)
@@ -418,7 +419,7 @@ def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise UsageError(f"{p}: no such file; pass the card metadata with --meta cards/<name>/card.yaml") from None
     except yaml.YAMLError as e:
         raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]}); fix the syntax") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(doc.get("front_matter"), dict):
+    if not (isinstance(doc, dict) and isinstance(doc.get("name"), str) and isinstance(doc.get("front_matter"), dict)):
         raise UsageError(f"{p}: needs at least 'name' (a string) and 'front_matter' (a mapping); see dspark_hub.cards")
     meta = {**SECTION_DEFAULTS, **doc}
     for key in ("architecture", "training", "results", "checksums"):
@@ -490,7 +491,8 @@ def front_matter_problems(data: Any) -> list[FrontMatterProblem]:
         problems.append(P("base_model_relation", "BASE_MODEL_RELATION_UNKNOWN", "error", f"base_model_relation "
                           f"{relation!r} is not one of {', '.join(sorted(hub_vocab.BASE_MODEL_RELATIONS))}"))
     if relation is not None and not data.get("base_model"):
-        problems.append(P("base_model_relation", "BASE_MODEL_MISSING", "error", "base_model_relation without base_model"))
+        problems.append(P("base_model_relation", "BASE_MODEL_MISSING", "error",
+                          "base_model_relation without base_model"))
     bases = data.get("base_model")
     for base in ([bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []):
         try:
@@ -502,7 +504,7 @@ def front_matter_problems(data: Any) -> list[FrontMatterProblem]:
         if isinstance(value, list) and any(v is None for v in value):
             problems.append(P(key, "NULL_ITEM", "error", f"{key} lists an empty (null) item; the Hub rejects it"))
         elif key in ("tags", "datasets", "metrics") and value is not None and not (
-                isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
             problems.append(P(key, "NOT_STRINGS", "error", f"{key} must be a string or a list of strings"))
     return problems
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise

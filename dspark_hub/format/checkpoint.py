@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+from dspark_hub.format import contract
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.format.reader import SafetensorsHeader, ShardIndex, TensorInfo, parse_index, read_header_with
 from dspark_hub.report import Finding, error, warning
@@ -218,7 +218,7 @@ def _set_aside_golden(source: Source, files: dict[str, int], candidates: list[st
     for name in candidates:
         if "golden" in name.lower():
             try:
-                header = read_header_with(lambda start, length: source.read_bytes(name, start, length),
+                header = read_header_with(lambda start, length, name=name: source.read_bytes(name, start, length),
                                           file_size=files[name], path=name)
             except (CheckpointFormatError, OSError):
                 header = None

@@ -17,8 +17,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from dspark_hub.errors import ContractError
 from dspark_hub.format import roster_k3_dspark

@@ -19,9 +19,10 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format.jsonio import loads_strict

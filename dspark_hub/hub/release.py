@@ -10,16 +10,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from dspark_hub import __version__
-from dspark_hub.verify.checks import verify
-from dspark_hub.format.digests import checkpoint_files, sha256_file
 from dspark_hub.errors import CheckpointNotFoundError
+from dspark_hub.format.digests import checkpoint_files, sha256_file
 from dspark_hub.report import Report
+from dspark_hub.verify.checks import verify
 
 CARD_NAME = "README.md"
 

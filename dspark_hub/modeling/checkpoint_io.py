@@ -8,17 +8,19 @@ input's safetensors metadata, a `config.json` with the input's key set and order
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CONFIG_JSON_CODES
 from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.format.writer import atomic_path
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
+
 from .configuration_k3_dspark import ordered_config
 from .modeling_k3_dspark import K3DSparkModel
 

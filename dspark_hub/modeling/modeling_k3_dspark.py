@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -472,8 +472,8 @@ class K3DSparkPreTrainedModel(PreTrainedModel):
     base_model_prefix = ""
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["K3DSparkDecoderLayer"]
-    _tied_weights_keys: dict[str, str] = {}
+    _no_split_modules: ClassVar[list[str]] = ["K3DSparkDecoderLayer"]
+    _tied_weights_keys: ClassVar[dict[str, str]] = {}
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

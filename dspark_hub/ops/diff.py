@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
-from dspark_hub.report import Finding
 from dspark_hub.format.tensorio import TensorLocation, decode_float, float_dtype_supported, iter_elements, view_location
+from dspark_hub.report import Finding
 
 SCHEMA = "dspark-hub/diff/1"
 Progress = Callable[[int], None]
@@ -133,7 +134,7 @@ def compare_tensor(a: TensorLocation, b: TensorLocation, *, progress: Progress |
     floats = float_dtype_supported(a.info.dtype) and float_dtype_supported(b.info.dtype)
     identical = same_dtype
     norm_a = delta = 0.0
-    for piece_a, piece_b in zip(iter_elements(a, chunk_elements), iter_elements(b, chunk_elements)):
+    for piece_a, piece_b in zip(iter_elements(a, chunk_elements), iter_elements(b, chunk_elements), strict=True):
         equal = same_dtype and np.array_equal(np.frombuffer(piece_a, np.uint8), np.frombuffer(piece_b, np.uint8))
         identical = identical and equal
         if progress:
@@ -211,6 +212,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progres
     report.config_added, report.config_removed, report.config_changed = added, removed, changed
     names = _roster(report, va, vb)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="diff") as pool:
-        deltas = pool.map(lambda n: compare_tensor(view_location(va, n), view_location(vb, n), progress=progress), names)
-        report.tensors = dict(zip(names, deltas))
+        deltas = pool.map(lambda n: compare_tensor(view_location(va, n), view_location(vb, n), progress=progress),
+                          names)
+        report.tensors = dict(zip(names, deltas, strict=True))
     return report

@@ -27,11 +27,12 @@ is bounded in the vocabulary dimension (163,840 at K3 scale: ~2.3 GB per tensor 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError, UsageError
+from dspark_hub.format import contract
 from dspark_hub.format.jsonio import loads_strict
 
 LOSS_TERMS = ("ce", "kl", "tv")
@@ -105,7 +106,7 @@ def collate(rollouts: Sequence[Any], anchors: Sequence[Any]) -> Batch:
     final = torch.zeros(rows, length, first.final_hidden_states.shape[-1], dtype=first.final_hidden_states.dtype)
     anchor_ids = torch.zeros(rows, width, dtype=torch.long)
     anchor_valid = torch.zeros(rows, width, dtype=torch.bool)
-    for i, (r, a) in enumerate(zip(rollouts, anchors)):
+    for i, (r, a) in enumerate(zip(rollouts, anchors, strict=True)):
         n = int(r.input_ids.shape[0])
         input_ids[i, :n] = r.input_ids
         loss_mask[i, :n] = r.loss_mask.bool()

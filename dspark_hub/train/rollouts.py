@@ -33,15 +33,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
-from dspark_hub.train.teacher import (capture_states, check_teacher_matches, chat_template_digest, load_teacher, load_tokenizer, read_json,
-                      sha256_file, teacher_identity)
 from dspark_hub.format.writer import atomic_file, atomic_path
+from dspark_hub.train.teacher import (
+    capture_states,
+    chat_template_digest,
+    check_teacher_matches,
+    load_teacher,
+    load_tokenizer,
+    read_json,
+    sha256_file,
+    teacher_identity,
+)
 from dspark_hub.verify.rules import TAP_CONVENTION
 
 SCHEMA = "dspark-hub/rollouts/1"
@@ -338,8 +347,8 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     """
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file"))
-    check_teacher_matches(read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json"), draft,
-                  teacher_name=str(teacher))
+    teacher_config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json")
+    check_teacher_matches(teacher_config, draft, teacher_name=str(teacher))
     out = Path(out)
     settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos)
     manifest = _open_manifest(out, settings, force)

@@ -22,13 +22,14 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import json_type, load_json_object
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
 from dspark_hub.verify.rules import require_tap_layers, text_config
 
 _SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})")

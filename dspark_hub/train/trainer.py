@@ -31,21 +31,22 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dspark_hub.train import objective
 from dspark_hub.errors import UsageError
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import read_lm_head
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
+from dspark_hub.train import objective
+from dspark_hub.train.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.teacher import read_lm_head
 
 LOG_NAME = "training_log.jsonl"
 Progress = Callable[[int], None]

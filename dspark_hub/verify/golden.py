@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dspark_hub import __version__
-from dspark_hub.format import contract
-from dspark_hub.format.digests import sha256_file
 from dspark_hub.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -55,6 +54,8 @@ from dspark_hub.errors import (
     RefusedOverwriteError,
     UsageError,
 )
+from dspark_hub.format import contract
+from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_path
 
@@ -283,7 +284,7 @@ def _read_fixture(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         with safe_open(str(path), framework="pt") as handle:
             meta: dict[str, Any] = dict(handle.metadata() or {})
-            stored = {name: handle.get_tensor(name) for name in handle.keys()}
+            stored = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
     except SafetensorError as e:
         raise UsageError(f"{path}: not a safetensors file ({str(e).splitlines()[0]}); {rewrite}") from None
     if meta.get("schema") != SCHEMA:

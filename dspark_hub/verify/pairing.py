@@ -31,16 +31,17 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
+from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
-from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format.jsonio import loads_strict
+from dspark_hub.format.tensorio import TensorDigest
 from dspark_hub.report import Finding, Report, error, info, warning
 from dspark_hub.verify.rules import tap_layer_findings, text_config
-from dspark_hub.format.tensorio import TensorDigest
 
 Progress = Callable[[int], None]
 CHUNK_BYTES = 16 << 20
@@ -275,7 +276,7 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
     embed_findings, embedding = _embedding(draft_view, target_view, embed_name, progress)
     out += embed_findings
     revision, revision_source = target_revision(target_view)
-    hashed = ("config.json",) + TOKENIZER_FILES
+    hashed = ("config.json", *TOKENIZER_FILES)
     section = {
         "target": target_view.location,
         "revision": revision,
