@@ -35,8 +35,12 @@ def model_shapes(config: dict[str, object]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
+def flag_id(value: object) -> str | None:
+    return "absent" if value is ABSENT else None
+
+
 @pytest.mark.parametrize(("enable", "with_markov", "markov_rank", "draft_vocab_size"), list(itertools.product(
-    FLAG_VALUES, FLAG_VALUES, [16, 24], [512, 384])))
+    FLAG_VALUES, FLAG_VALUES, [16, 24], [512, 384])), ids=flag_id)
 def test_model_state_dict_equals_the_contract_roster(enable, with_markov, markov_rank, draft_vocab_size):
     config = config_with(enable_confidence_head=enable, confidence_head_with_markov=with_markov,
                          markov_rank=markov_rank, draft_vocab_size=draft_vocab_size)
@@ -47,7 +51,7 @@ def test_model_state_dict_equals_the_contract_roster(enable, with_markov, markov
 @pytest.mark.parametrize(("enable", "with_markov", "width"), [
     (True, True, 64 + 16), (True, False, 64), (ABSENT, ABSENT, 64 + 16), (True, None, 64),
     (False, True, None), (None, True, None),
-])
+], ids=flag_id)
 def test_head_flags_mean_the_same_to_roster_and_model(enable, with_markov, width):
     """Absent means the reference's true (`HEAD_FLAG_DEFAULT`), as `K3DSparkConfig` defaults; null means no."""
     config = config_with(enable_confidence_head=enable, confidence_head_with_markov=with_markov)
