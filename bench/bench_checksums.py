@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dspark_hub.format.digests import checkpoint_files, compute_manifest  # noqa: E402
+from dspark_hub.format.digests import checkpoint_files, compute_manifest
 
 
 def make_folder() -> Path:

@@ -12,7 +12,6 @@ because other processes sharing the cores skew every number.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil

@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _reference import env  # noqa: E402
+from _reference import env
 
 from dspark_hub.format import contract
-from dspark_hub.train import objective  # noqa: E402
+from dspark_hub.train import objective
 
 TERMS = {"ce": 0.1, "tv": 0.9}
 
@@ -40,8 +40,9 @@ def resident_kib() -> int:
 
 def measure(chunk_rows: int, anchors: int, block: int, hidden_size: int, repeats: int, threads: int) -> dict:
     """One variant, in this process: the numbers the parent prints."""
-    import torch
     from types import SimpleNamespace
+
+    import torch
 
     from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
     from dspark_hub.train.trainer import chunkable_draft_logits
@@ -71,8 +72,9 @@ def measure(chunk_rows: int, anchors: int, block: int, hidden_size: int, repeats
             sums = objective.chunked_loss_sums(draft_logits, inputs, confidence, labels, positions, batch, lm_head,
                                                terms=list(TERMS), gamma=4.0, chunk_rows=chunk_rows)
         else:
-            sums = objective.loss_sums(model.draft_logits(hidden, lm_head, prev_ids), confidence, labels, positions, batch, lm_head,
-                                       terms=list(TERMS), gamma=4.0)
+            logits = model.draft_logits(hidden, lm_head, prev_ids)
+            sums = objective.loss_sums(logits, confidence, labels, positions, batch, lm_head, terms=list(TERMS),
+                                       gamma=4.0)
         loss = objective.combine(sums, TERMS, 1.0, sums.weight)
         loss.backward()
         model.zero_grad(set_to_none=True)

@@ -152,8 +152,9 @@ def bench_layer(profile: str, seq: int, repeat: int, dtype_name: str) -> None:
     params = sum(p.numel() for p in ours.parameters())
     print(f"one layer, profile {profile} ({params:,} params), {dtype_name}, seq {seq}, threads "
           f"{torch.get_num_threads()}; max |ours - peer| forward = {agree:.2e}")
-    print(f"k3_dspark layer fwd+bwd               {best_ours:8.3f} s  (runs: {', '.join(f'{t:.3f}' for t in timings['ours'])})")
-    print(f"DeepseekV3DecoderLayer fwd+bwd (peer) {best_peer:8.3f} s  (runs: {', '.join(f'{t:.3f}' for t in timings['peer'])})")
+    runs = {name: ", ".join(f"{t:.3f}" for t in times) for name, times in timings.items()}
+    print(f"k3_dspark layer fwd+bwd               {best_ours:8.3f} s  (runs: {runs['ours']})")
+    print(f"DeepseekV3DecoderLayer fwd+bwd (peer) {best_peer:8.3f} s  (runs: {runs['peer']})")
     print(f"ratio ours/peer: {best_ours / best_peer:.3f}  (target <= 1.1)")
 
 

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dspark_hub.format import contract
-from dspark_hub.train import objective  # noqa: E402
+from dspark_hub.train import objective
 
 STEP_CONFIG = {**contract.TINY_CONFIG, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
                "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 128, "kv_lora_rank": 64,
@@ -42,9 +42,9 @@ STEP_CONFIG = {**contract.TINY_CONFIG, "hidden_size": 512, "intermediate_size": 
 def throughput(steps: int) -> float:
     from transformers import LlamaForCausalLM
 
+    from dspark_hub.ops.init import init_checkpoint
     from dspark_hub.train.rollouts import make_rollouts
     from dspark_hub.train.trainer import TrainConfig, finetune
-    from dspark_hub.ops.init import init_checkpoint
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from teacher_factory import teacher_config
@@ -146,7 +146,8 @@ def main() -> None:
     peer_all = peer_step_time(args.seq + rows)
     peer_block = peer_step_time(rows)
     print(f"draft step (T={args.seq} context rows, {args.anchors} anchors x K={block}), hidden "
-          f"{STEP_CONFIG['hidden_size']}, {STEP_CONFIG['num_hidden_layers']} layers, vocab {STEP_CONFIG['vocab_size']}:")
+          f"{STEP_CONFIG['hidden_size']}, {STEP_CONFIG['num_hidden_layers']} layers, "
+          f"vocab {STEP_CONFIG['vocab_size']}:")
     print(f"  ours  forward+backward                        {ours * 1e3:8.1f} ms")
     print(f"  peer  DeepseekV3ForCausalLM, {args.seq + rows:4d} tokens         {peer_all * 1e3:8.1f} ms   "
           f"ratio ours/peer {ours / peer_all:.2f}")

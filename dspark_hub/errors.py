@@ -53,7 +53,7 @@ class CheckpointFormatError(DsparkError, ValueError):
     """The strict safetensors reader's only exception. `code` is a stable identifier.
 
     Example: ``model.safetensors: tensor 'final_norm.weight' data_offsets [0, 10] cover 10 bytes, shape [8] x BF16 needs 16``
-    """
+    """  # noqa: E501 (the example is one line, as the message is)
 
     error_code = "CHECKPOINT_FORMAT"
 
@@ -106,7 +106,7 @@ class HubError(DsparkError, OSError):
     """A Hub operation failed (not found, unauthorized, network).
 
     Example: ``hf://org/name: repository not found or not readable with this token; check the name or run 'hf auth login'``
-    """
+    """  # noqa: E501 (the example is one line, as the message is)
 
     error_code = "HUB"
 

@@ -10,7 +10,7 @@ opened its inputs calls `announce_total(progress, n)`, which does nothing for a 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 Progress = Callable[[int], None]
 

@@ -35,13 +35,6 @@ def write_sparse_reference(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(autouse=True)
-def plain_cli(monkeypatch):
-    """Deterministic CLI output (no colour, wide tables); import it into a test module to use it."""
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", "200")
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """A tiny conforming checkpoint written by `init` (random weights, seed 1)."""

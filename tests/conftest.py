@@ -5,9 +5,23 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
+#: Fixtures shared by several modules (`tiny`, a checkpoint written by `init`).
+pytest_plugins = ["tests.card_fixtures"]
+
 settings.register_profile("ci", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
+
+
+#: Fixtures that take more than 5 s to build; every test using one is marked `slow`.
+SLOW_FIXTURES = {"world"}      # tests/test_train.py: a trained teacher plus rollouts (~15 s)
+
+
+def pytest_collection_modifyitems(items):
+    """Mark the tests that need a slow fixture, so `-m "not slow"` skips building it."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)
@@ -15,6 +29,35 @@ def _clean_env(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("DSPARK_DEBUG", raising=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _codes_are_registered():
+    """Every `Finding` and `CheckpointFormatError` the suite creates carries a registered code.
+
+    The static half (code literals in the source) is `tests/test_docs.py`; this half catches
+    codes computed at run time on every path the suite takes.
+    """
+    from dspark_hub.errors import CheckpointFormatError
+    from dspark_hub.report import Finding
+    from tests.codes import CodeChecker
+
+    registered = CodeChecker()
+    originals = {Finding: Finding.__init__, CheckpointFormatError: CheckpointFormatError.__init__}
+
+    def checked(cls):
+        original = originals[cls]
+
+        def __init__(self, code, *args, **kwargs):
+            assert registered(code), f"{cls.__name__} code {code!r} is in no registry (see tests/codes.py)"
+            original(self, code, *args, **kwargs)
+        return __init__
+
+    for cls in originals:
+        cls.__init__ = checked(cls)
+    yield
+    for cls, original in originals.items():
+        cls.__init__ = original
 
 
 # ==== Local Hub server (owner: hub helper; see tests/hub_server.py) ================================

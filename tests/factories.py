@@ -10,8 +10,9 @@ import copy
 import json
 import os
 import struct
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -32,7 +33,8 @@ def tiny_config(**changes: Any) -> dict[str, Any]:
     return cfg
 
 
-def tensors_for(config: Mapping[str, Any], *, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+def tensors_for(config: Mapping[str, Any], *, seed: int = 0,
+                dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Random tensors for every roster entry of `config` (norms are ones)."""
     g = torch.Generator().manual_seed(seed)
     out = {}

@@ -21,6 +21,7 @@ Test hooks:
 from __future__ import annotations
 
 import base64
+import contextlib
 import fnmatch
 import hashlib
 import hmac
@@ -240,10 +241,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def handle(self) -> None:
-        try:
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):  # a client hanging up mid-response is normal
             super().handle()
-        except (ConnectionResetError, BrokenPipeError):  # a client hanging up mid-response is normal
-            pass
 
     # --- plumbing --------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -432,9 +431,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise HttpError(409, "You already created this model repo",
                                 body={"error": "You already created this model repo", "url": self._repo_url(existing)})
             repo = Repo(repo_type, repo_id, private=body.get("visibility") == "private")
-            init = self.hub.new_commit(repo, None, {".gitattributes": Entry(".gitattributes", len(DEFAULT_GITATTRIBUTES),
-                                                                           content=DEFAULT_GITATTRIBUTES)},
-                                       "initial commit", "")
+            attributes = Entry(".gitattributes", len(DEFAULT_GITATTRIBUTES), content=DEFAULT_GITATTRIBUTES)
+            init = self.hub.new_commit(repo, None, {".gitattributes": attributes}, "initial commit", "")
             repo.branches["main"] = init.oid
             self.hub.repos[(repo_type, repo_id)] = repo
         return self._send_json({"url": self._repo_url(repo), "name": repo_id, "id": repo_id})
@@ -675,7 +673,8 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo(repo_type, repo_id)
         with self.hub.lock:
             reply: dict[str, Any] = {
-                "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c} for n, c in repo.branches.items()],
+                "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c}
+                             for n, c in repo.branches.items()],
                 "converts": [],
                 "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": c} for n, c in repo.tags.items()],
             }

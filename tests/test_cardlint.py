@@ -9,11 +9,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from dspark_hub.format import contract
 from dspark_hub.cards.lint import lint_card
 from dspark_hub.cards.render import render_card
 from dspark_hub.cli.main import cli
-from tests.card_fixtures import plain_cli, tiny  # noqa: F401 (fixtures)
+from dspark_hub.format import contract
 from tests.card_fixtures import SDDD, SPECULATOR, write_sparse_reference
 
 FRONT = "---\nlicense: apache-2.0\nbase_model: org/teacher\ntags:\n  - dspark\npipeline_tag: text-generation\n---\n"

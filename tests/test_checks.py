@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from dspark_hub.errors import CheckpointNotFoundError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.verify.checks import verify
-from dspark_hub.errors import CheckpointNotFoundError, UsageError
 
 from .factories import raw_safetensors, sparse_reference, tensors_for, tiny_config, write_checkpoint
 

@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from dspark_hub.format import digests
 from dspark_hub.hub import checksums
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
-from tests.hub_checkpoints import write_tiny_checkpoint
 from tests.cli_errors import assert_one_line_error
+from tests.hub_checkpoints import write_tiny_checkpoint
 
 
 @pytest.fixture
@@ -174,7 +174,13 @@ def test_check_falls_back_to_sha256sums(mismatched, missing):
     (mismatched / digests.MANIFEST_NAME).unlink()
     problems = checksums.check_checksums(mismatched).problems
     assert {(p.path, p.kind) for p in problems} == {("model.safetensors", "mismatch"), ("sub/notes.txt", "missing")}
-    assert all(json.dumps(p.to_dict()) for p in problems)
+    # every verdict comes from SHA256SUMS, the only sidecar left
+    assert all(digests.SUMS_NAME in p.message and digests.MANIFEST_NAME not in p.message for p in problems)
+    listed = {line.split()[-1]: line.split()[0] for line in (mismatched / digests.SUMS_NAME).read_text().splitlines()}
+    mismatch, missing = problems
+    actual = hashlib.sha256((mismatched / "model.safetensors").read_bytes()).hexdigest()
+    assert (mismatch.expected, mismatch.actual) == (listed["model.safetensors"], actual)
+    assert (missing.expected, missing.actual) == (listed["sub/notes.txt"], None)
 
 
 def test_awkward_names_round_trip_through_sha256sum(tmp_path):

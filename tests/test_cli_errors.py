@@ -14,8 +14,16 @@ from click.testing import CliRunner
 
 from dspark_hub.cli._errors import ErrorReport, format_error, in_cli_terms
 from dspark_hub.cli.main import cli
-from dspark_hub.errors import (CheckpointFormatError, CheckpointNotFoundError, ContractError, DsparkError, HubError,
-                               MissingDependencyError, RefusedOverwriteError, UsageError)
+from dspark_hub.errors import (
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    ContractError,
+    DsparkError,
+    HubError,
+    MissingDependencyError,
+    RefusedOverwriteError,
+    UsageError,
+)
 
 from .cli_errors import assert_one_line_error
 from .factories import write_checkpoint
@@ -107,7 +115,8 @@ def test_unknown_errors_are_bugs_not_formatted():
 
 def test_error_document_shape():
     assert ErrorReport("USAGE", "--drop-in: bad", "h").to_dict() == {
-        "schema": "dspark-hub/error/1", "ok": False, "error": {"code": "USAGE", "message": "--drop-in: bad", "hint": "h"}}
+        "schema": "dspark-hub/error/1", "ok": False,
+        "error": {"code": "USAGE", "message": "--drop-in: bad", "hint": "h"}}
 
 
 # ----------------------------------------------------------------------------- the boundary, end to end

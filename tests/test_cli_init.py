@@ -6,13 +6,13 @@ import json
 
 from click.testing import CliRunner
 
-from dspark_hub.format import contract
-from dspark_hub.verify.checks import verify
 from dspark_hub.cli.main import cli
+from dspark_hub.format import contract
 from dspark_hub.format.reader import read_header
+from dspark_hub.verify.checks import verify
 
-from .factories import file_digest
 from .cli_errors import assert_one_line_error
+from .factories import file_digest
 
 
 def run(*args):

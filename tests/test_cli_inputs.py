@@ -8,11 +8,11 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from dspark_hub.format import contract
 from dspark_hub.cli.main import cli
+from dspark_hub.format import contract
 
-from .factories import write_checkpoint
 from .cli_errors import assert_one_line_error
+from .factories import write_checkpoint
 
 
 def run(*args):

@@ -9,8 +9,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from dspark_hub.format import contract
 from dspark_hub.cli.main import cli
+from dspark_hub.format import contract
 
 from .factories import raw_safetensors, write_checkpoint
 

@@ -18,14 +18,14 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dspark_hub.format import contract
-from dspark_hub.verify.checks import verify
 from dspark_hub.cli.main import cli
+from dspark_hub.errors import RefusedOverwriteError, UsageError
+from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.contract import TensorSpec
 from dspark_hub.ops.convert import convert, f32_bits_to_bf16, plan_tensors, repair_config
-from dspark_hub.errors import RefusedOverwriteError, UsageError
 from dspark_hub.ops.init import init_checkpoint
+from dspark_hub.verify.checks import verify
 
 from .factories import tensors_for, tiny_config, tree_digest, write_checkpoint
 
@@ -78,7 +78,7 @@ def test_trainer_named_prefixed_fp32_sharded_export_converts_and_verifies(tmp_pa
     assert ("config_remove", "rope_interleave") in kinds and ("config_remove", "dtype") in kinds
     assert ("config_add", "_torchspec_version") in kinds and ("merge", "model.safetensors") in kinds
     config = json.loads((dst / "config.json").read_text())
-    assert list(config) == list(contract.TINY_CONFIG) + ["my_trainer_note"]
+    assert list(config) == [*contract.TINY_CONFIG, "my_trainer_note"]
     assert config["torch_dtype"] == "bfloat16"
 
 
@@ -167,7 +167,7 @@ def test_refusals(tmp_path):
 def test_collision_is_refused(tmp_path):
     state = tensors_for(contract.TINY_CONFIG)
     state["model.final_norm.weight"] = state["final_norm.weight"].clone()
-    with pytest.raises(UsageError, match="final_norm.weight"):
+    with pytest.raises(UsageError, match=r"final_norm\.weight"):
         convert(write_checkpoint(tmp_path / "src", tensors=state), tmp_path / "dst")
     assert not (tmp_path / "dst").exists()
 

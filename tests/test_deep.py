@@ -10,12 +10,12 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from dspark_hub.format import contract
-from dspark_hub.verify.checks import verify
 from dspark_hub.cli.main import cli
-from dspark_hub.verify.deep import _FileScanner, scan_file
 from dspark_hub.errors import UsageError
+from dspark_hub.format import contract
 from dspark_hub.format.reader import read_header
+from dspark_hub.verify.checks import verify
+from dspark_hub.verify.deep import _FileScanner, scan_file
 
 from .factories import file_digest, tensors_for, tiny_config, write_checkpoint
 
@@ -123,7 +123,7 @@ def test_odd_chunk_boundaries_give_the_same_result(tmp_path):
     for offset in range(0, len(data), 7):
         pieces.feed(offset, memoryview(data[offset:offset + 7]))
     for other in (windows.tensors, pieces.stats):
-        for a, b in zip(whole.tensors, other):
+        for a, b in zip(whole.tensors, other, strict=True):
             assert (a.name, a.finite, a.max_bits) == (b.name, b.finite, b.max_bits)
             assert math.isclose(a.total_sq, b.total_sq, rel_tol=1e-5)
 
@@ -199,7 +199,7 @@ def test_teacher_without_embedding_is_a_usage_error(tmp_path):
     draft = write_checkpoint(tmp_path / "d")
     (tmp_path / "t").mkdir()
     save_file({"foo.weight": torch.zeros(2, 2)}, str(tmp_path / "t" / "model.safetensors"))
-    with pytest.raises(UsageError, match="model.embed_tokens.weight"):
+    with pytest.raises(UsageError, match=r"model\.embed_tokens\.weight"):
         verify(draft, frozen_embed=tmp_path / "t")
 
 

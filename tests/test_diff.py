@@ -8,10 +8,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dspark_hub.format import contract
 from dspark_hub.cli.main import cli
-from dspark_hub.ops.diff import compare_tensor, diff
+from dspark_hub.format import contract
 from dspark_hub.format.tensorio import locate_tensor
+from dspark_hub.ops.diff import compare_tensor, diff
 
 from .factories import tensors_for, tiny_config, write_checkpoint
 

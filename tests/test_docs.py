@@ -1,30 +1,101 @@
-"""The README documents every command and every finding code the code can emit."""
+"""The README documents every command and every code the package can emit, and nothing else.
+
+Codes are data: each area keeps a registry (code -> meaning, see `tests/codes.py`). The README
+is checked against the registries both ways; the source is checked against them statically
+here (every code written as a literal is registered, no code is assembled from pieces) and at
+run time by `tests/conftest.py` (every finding and format error the suite creates).
+"""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
 
 from dspark_hub.cli.main import cli
-from dspark_hub.format.reader import FORMAT_CODES
+from tests.codes import registered_codes
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-EMITTED = re.compile(r"\b(?:error|warning|info|make)\(\s*\"([A-Z][A-Z0-9_]+)\"")
+CODE = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
+#: Calls whose argument at this position is a code.
+CODE_ARGUMENT = {"error": 0, "warning": 0, "info": 0, "make": 0, "Finding": 0, "CheckpointFormatError": 0,
+                 "FrontMatterProblem": 1, "P": 1}
 
 
-def emitted_codes() -> set[str]:
-    codes = set(FORMAT_CODES)
-    for path in (ROOT / "dspark_hub").rglob("*.py"):
-        codes |= set(EMITTED.findall(path.read_text()))
-    return codes
+def _readme_code_sections() -> str:
+    """The README sections that list codes ('### Finding codes', '### ... finding codes', '### Error codes')."""
+    sections = re.findall(r"^### [^\n]*(?:Finding|finding|Error) codes[^\n]*\n(.*?)(?=^## |^### )", README,
+                          flags=re.M | re.S)
+    assert len(sections) == 3, "the README's code sections moved; update this test"
+    return "\n".join(sections)
 
 
-@pytest.mark.parametrize("code", sorted(emitted_codes()))
-def test_finding_code_is_documented(code):
-    assert f"`{code}`" in README or re.search(rf"\b{code}\b", README), f"{code} missing from README"
+def _call_name(node: ast.Call) -> str | None:
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def code_expressions() -> list[tuple[str, ast.expr]]:
+    """(file:line, expression) of every place the package passes or defaults a code."""
+    found: list[tuple[str, ast.expr]] = []
+    for path in sorted((ROOT / "dspark_hub").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.Call):
+                position = CODE_ARGUMENT.get(_call_name(node) or "")
+                if position is not None and len(node.args) > position:
+                    found.append((f"{rel}:{node.lineno}", node.args[position]))
+                found += [(f"{rel}:{node.lineno}", kw.value) for kw in node.keywords if kw.arg == "code"]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.posonlyargs + node.args.args
+                defaults = dict(zip([a.arg for a in args][len(args) - len(node.args.defaults):], node.args.defaults,
+                                    strict=True))
+                defaults.update({a.arg: d for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True)
+                                 if d is not None})
+                if "code" in defaults:
+                    found.append((f"{rel}:{node.lineno}", defaults["code"]))
+    return found
+
+
+def test_no_code_is_assembled_from_pieces():
+    """An f-string or concatenated code cannot be looked up in a registry (nor grepped for)."""
+    built = [where for where, expr in code_expressions()
+             if isinstance(expr, (ast.JoinedStr, ast.BinOp)) or
+             (isinstance(expr, ast.IfExp) and any(isinstance(e, (ast.JoinedStr, ast.BinOp))
+                                                  for e in (expr.body, expr.orelse)))]
+    assert built == [], "look the code up in a registry dict instead"
+
+
+def test_every_code_written_in_the_source_is_registered():
+    literals = {(where, expr.value) for where, expr in code_expressions()
+                if isinstance(expr, ast.Constant) and isinstance(expr.value, str)}
+    assert len(literals) > 100          # the scan sees the package's codes
+    registered = registered_codes()
+    assert sorted(f"{where}: {code}" for where, code in literals if code not in registered) == []
+
+
+@pytest.mark.parametrize("code", sorted(registered_codes()))
+def test_registered_code_is_documented(code):
+    assert f"`{code}`" in _readme_code_sections(), f"{code} missing from the README's code tables"
+
+
+def test_readme_lists_no_code_the_package_cannot_emit():
+    documented = {token for token in re.findall(r"`([A-Z][A-Z0-9_]+)`", _readme_code_sections()) if CODE.match(token)}
+    assert sorted(documented - registered_codes()) == []
+
+
+def test_an_unregistered_code_fails_the_suite():
+    """The run-time half (tests/conftest.py) is active."""
+    from dspark_hub.errors import CheckpointFormatError
+    from dspark_hub.report import error
+
+    with pytest.raises(AssertionError, match="NOT_A_REAL_CODE"):
+        error("NOT_A_REAL_CODE", "x", "y")
+    with pytest.raises(AssertionError, match="not-a-real-code"):
+        CheckpointFormatError("not-a-real-code", "y")
 
 
 @pytest.mark.parametrize("name", sorted(cli.commands))
@@ -40,7 +111,8 @@ def test_group_help_lists_every_subcommand(group):
     result = CliRunner().invoke(cli, [group, "--help"])
     assert result.exit_code == 0
     listed = result.stdout.split("Commands:")[1].split()
-    assert set(cli.commands[group].commands) <= set(listed)   # golden's errors say "Try 'dspark-hub golden write --help'"
+    # golden's errors say "Try 'dspark-hub golden write --help'"
+    assert set(cli.commands[group].commands) <= set(listed)
 
 
 def test_every_command_schema_id_is_in_the_readme_table():

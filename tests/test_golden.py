@@ -11,13 +11,13 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dspark_hub.format import contract
 from dspark_hub.cli.main import cli
-from dspark_hub.verify.golden import check_golden, write_golden
+from dspark_hub.format import contract
 from dspark_hub.modeling import modeling_k3_dspark as mk
+from dspark_hub.verify.golden import check_golden, write_golden
 
-from .factories import file_digest, tensors_for, write_checkpoint
 from .cli_errors import assert_one_line_error
+from .factories import file_digest, tensors_for, write_checkpoint
 
 TINY = contract.TINY_CONFIG
 
@@ -60,7 +60,7 @@ def test_check_passes_on_the_same_checkpoint(fixture):
 
 
 def test_one_bf16_ulp_in_one_weight_fails(fixture, tmp_path):
-    ckpt, golden = fixture
+    _, golden = fixture
     tensors = tensors_for(TINY)
     bits = tensors["layers.0.self_attn.o_proj.weight"].view(torch.int16)
     bits.view(-1)[0] += 1                                   # the next bf16 value of one element
@@ -188,12 +188,12 @@ def test_fixture_gets_new_file_permissions_and_no_temp_leftover(tmp_path):
     assert [p.name for p in out.parent.iterdir()] == ["g.safetensors"]
 
 
+@pytest.mark.slow        # a fresh process that imports torch: ~15 s
 def test_json_mode_leaves_stderr_empty(tmp_path):
     # A fresh process: transformers' progress-bar switch is global, so an in-process test could pass by accident.
+    import os
     import subprocess
     import sys
-
-    import os
 
     ckpt = write_checkpoint(tmp_path / "c")
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}   # conftest sets it

@@ -8,9 +8,9 @@ import traceback
 
 import pytest
 
-from dspark_hub.hub import checksums
 from dspark_hub.errors import HubError, UsageError
 from dspark_hub.format.remote import HubSource, parse_hf_url
+from dspark_hub.hub import checksums
 from dspark_hub.hub.publish import publish
 from dspark_hub.verify.against_hub import compare_with_hub
 from tests.hub_checkpoints import write_tiny_checkpoint

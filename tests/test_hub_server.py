@@ -40,7 +40,7 @@ def sha256(path) -> str:
 
 def test_endpoint_and_xet_are_set_before_import(hub):
     from huggingface_hub import constants
-    assert constants.ENDPOINT == hub.url
+    assert hub.url == constants.ENDPOINT
     assert constants.HF_HUB_DISABLE_XET is True
 
 

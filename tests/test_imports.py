@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import pkgutil
 import subprocess
 import sys
+import types
 from pathlib import Path
+
+import pytest
 
 HEAVY = ("torch", "transformers", "numpy", "huggingface_hub", "jinja2")
 
@@ -44,3 +50,24 @@ def test_every_public_name_resolves():
     import dspark_hub
     for name in dspark_hub.__all__:
         assert getattr(dspark_hub, name) is not None
+
+
+PACKAGES = ["dspark_hub", "dspark_hub.verify", "dspark_hub.ops", "dspark_hub.train", "dspark_hub.cards",
+            "dspark_hub.hub", "dspark_hub.modeling", "dspark_hub.cli"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_public_name_resolves_to_a_definition_not_a_submodule(package):
+    """A lazy name equal to a submodule's would become that module once anything imports it."""
+    module = importlib.import_module(package)
+    submodules = {info.name for info in pkgutil.iter_modules(module.__path__)}
+    tree = ast.parse(Path(module.__file__).read_text())
+    eager = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}             # bound when the package is imported (cli's `main`): stable
+    lazy = set(module.__all__) - eager
+    assert module.__all__ and sorted(lazy & submodules) == []
+    for name in module.__all__:
+        value = getattr(module, name)
+        assert not isinstance(value, types.ModuleType), name
+        # a definition of this package, or of a lower layer it re-exports (modeling's torch-free export_code)
+        assert getattr(value, "__module__", package).startswith("dspark_hub"), (name, value)

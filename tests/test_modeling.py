@@ -274,15 +274,33 @@ def test_anchor_mask_respects_document_boundaries():
     assert inputs["labels"][0, 1].tolist() == [7, 8, -100]  # position 9 is padding (doc -1)
 
 
-def test_teacher_forced_pass_trains_with_gradient_checkpointing():
-    model = tiny_model().train()
-    model.activation_checkpointing_enable()
+def _teacher_forced_backward(checkpointing: bool) -> tuple[int, dict[str, torch.Tensor]]:
+    """Calls of layer 0's MLP `forward` during one teacher-forced forward + backward, and the gradients."""
+    torch.manual_seed(1)
     seq, context_states = torch.randint(0, 500, (1, 16)), torch.randn(1, 16, 192)
-    out = model.teacher_forced(context_states, seq, torch.tensor([[3, 9]]), lm_head_weight=torch.randn(512, 64))
+    lm_head = torch.randn(512, 64)
+    model = tiny_model().train()
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    calls = []     # counted in `forward` itself: module hooks do not fire when backward recomputes a layer
+    mlp = model.layers[0].mlp
+    forward = mlp.forward
+    mlp.forward = lambda x: (calls.append(1), forward(x))[1]
+    out = model.teacher_forced(context_states, seq, torch.tensor([[3, 9]]), lm_head_weight=lm_head)
     valid = out.labels != -100
     loss = torch.nn.functional.cross_entropy(out.logits[valid], out.labels[valid])
     loss = loss + out.confidence_logits[valid].sigmoid().mean()
     loss.backward()
+    return len(calls), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_teacher_forced_pass_trains_with_gradient_checkpointing():
+    plain_calls, plain = _teacher_forced_backward(checkpointing=False)
+    calls, grads = _teacher_forced_backward(checkpointing=True)
+    assert (plain_calls, calls) == (1, 2)        # backward recomputed the layer: checkpointing is on
+    assert grads.keys() == plain.keys()
     for name in ("context_proj.weight", "layers.0.self_attn.kv_a_proj_with_mqa.weight",
                  "markov_head.markov_w2.weight", "confidence_head.proj.weight"):
-        assert model.get_parameter(name).grad.abs().sum() > 0, name
+        assert grads[name].abs().sum() > 0, name
+    for name, grad in grads.items():             # recomputation changes nothing
+        assert torch.allclose(grad, plain[name], rtol=1e-5, atol=1e-6), name

@@ -16,8 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModel
 
-from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
+from dspark_hub.format import contract
 from dspark_hub.modeling import (
     AUTO_MAP,
     K3DSparkConfig,
@@ -27,6 +27,7 @@ from dspark_hub.modeling import (
     register,
     save_checkpoint,
 )
+from dspark_hub.verify.checks import verify
 from tests.modeling_factory import tiny_config, write_tiny_checkpoint
 
 pytestmark = pytest.mark.torch
@@ -36,7 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str] | None]:
     with safe_open(str(path), framework="pt") as handle:
         layout = {name: (str(handle.get_slice(name).get_dtype()), tuple(handle.get_slice(name).get_shape()))
-                  for name in handle.keys()}
+                  for name in handle.keys()}  # noqa: SIM118 (safe_open is not a dict)
         return layout, handle.metadata()
 
 
@@ -111,15 +112,37 @@ def test_load_checkpoint_is_strict_about_names_and_reports_them(tmp_path):
     source = write_tiny_checkpoint(tmp_path / "in", rename={"context_proj.weight": "fc.weight"})
     with pytest.raises(CheckpointFormatError) as raised:
         load_checkpoint(source)
-    assert raised.value.code == "state-dict-mismatch" and "fc.weight" in str(raised.value)
+    assert raised.value.code == "STATE_DICT_MISMATCH" and "fc.weight" in str(raised.value)
     lenient = load_checkpoint(source, strict=False)
     assert lenient.missing_keys == ["context_proj.weight"] and lenient.unexpected_keys == ["fc.weight"]
+
+
+@pytest.mark.parametrize(("edit", "code", "words"), [
+    (lambda text: text.replace('"hidden_size": 64', '"hidden_size": 64, "hidden_size": 64'), "CONFIG_DUPLICATE_KEY",
+     "'hidden_size' appears twice"),
+    (lambda text: text.replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": NaN'), "CONFIG_INVALID_JSON",
+     "rms_norm_eps is NaN"),
+    (lambda text: "[1, 2]", "CONFIG_INVALID_JSON", "not an object"),
+    (lambda text: text[:-3], "CONFIG_INVALID_JSON", "not valid JSON"),
+], ids=["duplicate-key", "nan", "array", "truncated"])
+def test_load_checkpoint_reads_the_config_as_strictly_as_verify(tmp_path, edit, code, words):
+    source = write_tiny_checkpoint(tmp_path / "in")
+    config = source / "config.json"
+    config.write_text(edit(config.read_text()))
+    with pytest.raises(CheckpointFormatError) as raised:
+        load_checkpoint(source)
+    assert raised.value.code == code and words in str(raised.value)
+    assert str(raised.value).startswith(f"{config}: ")
+    assert code in verify(source).codes()      # verify names the same problem with the same code
 
 
 def test_export_code_adds_auto_map_and_files_idempotently(tmp_path):
     folder = write_tiny_checkpoint(tmp_path / "ckpt")
     first = export_code(folder)
-    assert sorted(first.written) == ["config.json", "configuration_k3_dspark.py", "modeling_k3_dspark.py"]
+    assert sorted(first.written) == ["config.json", "configuration_k3_dspark.py", "modeling_k3_dspark.py",
+                                     "roster_k3_dspark.py"]
+    roster_source = REPO_ROOT / "dspark_hub" / "format" / "roster_k3_dspark.py"
+    assert (folder / "roster_k3_dspark.py").read_bytes() == roster_source.read_bytes()
     config = json.loads((folder / "config.json").read_text())
     assert list(config) == [*contract.TINY_CONFIG, "auto_map"] and config["auto_map"] == AUTO_MAP
     assert export_code(folder).written == []
@@ -130,6 +153,7 @@ def test_export_code_adds_auto_map_and_files_idempotently(tmp_path):
     assert not list(folder.glob(".*tmp*"))
 
 
+@pytest.mark.slow        # a fresh process that imports torch and transformers: ~15 s
 def test_exported_code_loads_with_trust_remote_code_where_dspark_hub_is_not_importable(tmp_path):
     folder = write_tiny_checkpoint(tmp_path / "ckpt")
     export_code(folder)

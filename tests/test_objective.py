@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from dspark_hub.train import objective
 from dspark_hub.errors import UsageError
+from dspark_hub.train import objective
 from dspark_hub.train.evaluate import AcceptanceStats, ngram_proposer, simulate
 
 
 def test_parse_loss_accepts_known_terms_and_names_the_bad_one():
     assert objective.parse_loss('{"ce":0.1,"tv":0.9}') == {"ce": 0.1, "tv": 0.9}
-    for spec, words in (('{"mse":1}', "unknown term 'mse'"), ('{"ce":-1}', "non-negative"), ("ce", "not JSON")):
+    for spec, words in (('{"mse":1}', "unknown term 'mse'"), ('{"ce":-1}', "non-negative"),
+                        ("ce", "^loss: not valid JSON")):
         with pytest.raises(UsageError, match=words):
             objective.parse_loss(spec)
 
@@ -31,7 +33,7 @@ def test_anchors_are_continuation_positions_with_a_supervised_next_token():
 def test_cosine_schedule_warms_up_then_decays_to_the_floor():
     lr = [objective.cosine_lr(s, total=10, warmup=2, min_ratio=0.1) for s in range(11)]
     assert lr[:3] == [0.5, 1.0, 1.0] and lr[10] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(lr[2:], lr[3:]))
+    assert all(a >= b for a, b in itertools.pairwise(lr[2:]))
 
 
 def _batch(final_hidden, loss_mask):
@@ -187,7 +189,7 @@ def test_chunked_loss_never_makes_a_tensor_wider_than_a_chunk_of_vocabulary_rows
     widest, saved = run(0)
     assert widest == labels.numel() and saved > 2 * labels.numel()      # every slot's [V] rows, kept for backward
     assert run(6) == (6, 0)         # one chunk at a time, and none kept: backward recomputes it (checkpoint)
-    with pytest.raises(UsageError, match="^loss_chunk: 0 rows per chunk") as refused:
+    with pytest.raises(UsageError, match=r"^loss_chunk: 0 rows per chunk") as refused:
         objective.chunked_loss_sums(None, (hidden,), None, labels, positions, batch, lm_head, terms=["ce"],
                                     gamma=4.0, chunk_rows=0)
     assert refused.value.param == "loss_chunk"   # the CLI shows it as --loss-chunk

@@ -10,7 +10,6 @@ from urllib.parse import quote
 import pytest
 
 from dspark_hub import schemas
-from dspark_hub.hub import checksums
 from dspark_hub.errors import RefusedOverwriteError, UsageError
 from dspark_hub.hub.package import package
 from tests.hub_checkpoints import write_tiny_checkpoint
@@ -99,6 +98,8 @@ def test_webseeds_resolve_to_the_hub_download_urls(ckpt, tmp_path):
     torrent = read_torrent(result.files["tiny-draft.torrent"])
     assert torrent.webseeds == [f"{ENDPOINT}/{REPO}/resolve/"] == result.webseeds
     assert torrent.name == revision
+    assert {Path(*file.parts[1:]).as_posix() for file in torrent.files} >= {"config.json", "model.safetensors",
+                                                                           "README.md", "extra/blob.dat"}
     for file in torrent.files:
         path = Path(*file.parts[1:]).as_posix()
         # BEP 19, multi-file: <url-list entry> + <name> + "/" + <path>, each URL-escaped.
@@ -117,6 +118,7 @@ def test_webseed_urls_serve_the_files_from_the_hub(ckpt, tmp_path, hub, hub_repo
     published = publish(ckpt, hub_repo_id, token=hub_token, endpoint=hub.url)
     result = package(ckpt, hub_repo_id, out_dir=tmp_path / "pkg", revision=published.commit_oid, endpoint=hub.url)
     torrent = read_torrent(result.files[f"{hub_repo_id.split('/')[1]}.torrent"])
+    assert len(torrent.files) >= 4
     for file in torrent.files:
         url = torrent.webseeds[0] + "/".join(quote(part) for part in file.parts)
         response = get_session().get(url, headers=build_hf_headers(token=hub_token))

@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
+from dspark_hub.cli.main import cli
 from dspark_hub.format import contract
 from dspark_hub.verify.checks import verify
-from dspark_hub.cli.main import cli
 
 from .factories import tensors_for, tiny_config, write_checkpoint
 
@@ -136,7 +136,7 @@ def test_mask_equal_to_target_pad_fails(tmp_path, draft, draft_tensors):
     teacher = make_teacher(tmp_path / "t", draft_tensors["embed_tokens.weight"],
                            config=teacher_config(pad_token_id=MASK), tokenizer=False)
     report = verify(draft, target=teacher)
-    assert [f.message for f in report.errors if f.code == "PAIRING_MASK_TOKEN"][0].endswith(
+    assert next(f.message for f in report.errors if f.code == "PAIRING_MASK_TOKEN").endswith(
         "training and serving then confuse the mask with real text")
 
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.torch import save, save_file
 
-from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError
+from dspark_hub.format import contract
 from dspark_hub.format.reader import FORMAT_CODES, parse_index, read_header
 
 from .factories import raw_safetensors
@@ -244,10 +246,8 @@ VALID = save({"x.weight": torch.ones(3, 4, dtype=torch.bfloat16), "y": torch.zer
 def _read_bytes(tmp_path_factory, blob: bytes):
     path = tmp_path_factory.mktemp("h") / "f.safetensors"
     path.write_bytes(blob)
-    try:
+    with contextlib.suppress(CheckpointFormatError):   # anything else fails the property
         read_header(path)
-    except CheckpointFormatError:
-        pass
 
 
 @given(st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8))

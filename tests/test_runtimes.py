@@ -8,9 +8,9 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
+from dspark_hub.cli.main import cli
 from dspark_hub.format import contract
 from dspark_hub.verify.checks import verify
-from dspark_hub.cli.main import cli
 from dspark_hub.verify.runtimes import RUNTIMES, runtime_verdicts, serving_parameters
 
 from .factories import tensors_for, write_checkpoint
@@ -64,7 +64,8 @@ def test_atom_silent_drop_spells_out_the_consequence(trainer_named):
 
 
 def test_shipped_lm_head_is_skipped_by_design_everywhere(tmp_path):
-    folder = write_checkpoint(tmp_path / "lm", mutate=lambda t: t.update({"lm_head.weight": t["embed_tokens.weight"].clone()}))
+    folder = write_checkpoint(tmp_path / "lm",
+                              mutate=lambda t: t.update({"lm_head.weight": t["embed_tokens.weight"].clone()}))
     for runtime in RUNTIMES:
         report, tensors, unfilled = verdicts(folder, runtime)
         assert tensors["lm_head.weight"] == "skipped", runtime
@@ -78,7 +79,7 @@ def test_model_prefix_is_stripped_by_tokenspeed_only(tmp_path):
     expected = {"tokenspeed": ("loaded", "skipped"), "vllm": ("fatal", "skipped"),
                 "atom": ("ignored", "ignored"), "sglang": ("ignored", "ignored")}
     for runtime, (layer_verdict, embed_verdict) in expected.items():
-        report, tensors, _ = verdicts(folder, runtime)
+        _, tensors, _ = verdicts(folder, runtime)
         assert tensors[name] == layer_verdict, runtime
         assert tensors["model.embed_tokens.weight"] == embed_verdict, runtime
     # the ignored prefixed embedding costs nothing in ATOM (it would be skipped anyway): not named as a drop

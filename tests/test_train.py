@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -13,11 +14,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from dspark_hub.format import contract
-from dspark_hub.verify.checks import verify
 from dspark_hub.cli.main import cli
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.trainer import TrainConfig, Trainer, finetune
+from dspark_hub.verify.checks import verify
 
 from .teacher_factory import build_teacher, write_draft_base, write_prompts
 
@@ -80,7 +80,8 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
     logits = teacher(sample.input_ids[None]).logits[0]
     assert torch.equal(logits[11:-1].argmax(-1), sample.input_ids[12:])
     manifest = data.manifest
-    assert manifest["settings"]["target_layer_ids"] == [1, 3, 4] and "hidden_states[l + 1]" in manifest["tap_convention"]
+    assert manifest["settings"]["target_layer_ids"] == [1, 3, 4]
+    assert "hidden_states[l + 1]" in manifest["tap_convention"]
 
 
 def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
@@ -102,7 +103,7 @@ def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
         handle.remove()
     states = capture_states(model, ids, [4, 1, 5])
     chunks = states.aux_hidden_states.split(64, dim=-1)
-    for chunk, layer in zip(chunks, [1, 4, 5]):     # ascending ids, whatever the order asked
+    for chunk, layer in zip(chunks, [1, 4, 5], strict=True):     # ascending ids, whatever the order asked
         output = hooked[layer][0] if isinstance(hooked[layer], tuple) else hooked[layer]
         assert torch.equal(chunk, output)
     assert torch.equal(chunks[0], hidden_states[2]) and torch.equal(chunks[1], hidden_states[5])
@@ -111,9 +112,9 @@ def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
 
 
 def test_rollouts_refuse_a_teacher_that_does_not_fit_the_draft(world, tmp_path):
-    from .teacher_factory import teacher_config
-
     from transformers import LlamaForCausalLM
+
+    from .teacher_factory import teacher_config
 
     for key, value in (("hidden_size", 32), ("num_hidden_layers", 5), ("vocab_size", 600)):
         folder = tmp_path / key
@@ -171,7 +172,7 @@ def test_finetune_improves_held_out_acceptance_and_stays_a_drop_in(world, tmp_pa
     assert before < 1.2 and after > before + 1.0, (before, after)
     assert doc["reference"]["ratio"] == pytest.approx(after / before)
     rates = doc["per_position"]
-    assert all(a >= b for a, b in zip(rates, rates[1:])) and rates[0] > rates[-1] + 0.3
+    assert all(a >= b for a, b in itertools.pairwise(rates)) and rates[0] > rates[-1] + 0.3
     assert after == pytest.approx(1 + sum(rates))
     assert doc["prompts"] == 16 and doc["tokens"] == 16 * 48
     assert set(doc["by_dataset"]) == {"words"} and doc["by_dataset"]["words"]["baseline"]["steps"] > 0
@@ -223,8 +224,8 @@ def test_eval_plot_names_its_missing_dependency(world, tmp_path):
 
 
 def test_a_block_in_the_packed_training_batch_equals_single_block_inference(world):
-    from dspark_hub.train import objective
     from dspark_hub.modeling import load_checkpoint
+    from dspark_hub.train import objective
     from dspark_hub.train.teacher import read_lm_head
 
     model = load_checkpoint(world["base"], dtype=torch.float32).model.eval()
@@ -266,10 +267,14 @@ def test_resume_from_a_mid_run_state_reproduces_the_uninterrupted_run(world, tmp
     class Interrupt(Exception):
         pass
 
-    def stop_after_three(_n, calls=[0]):
-        calls[0] += 1
-        if calls[0] == 4:
+    calls = 0
+
+    def stop_after_three(_n):
+        nonlocal calls
+        calls += 1
+        if calls == 4:
             raise Interrupt
+
     broken = small_config(world, tmp_path / "broken", save_every=3)
     with pytest.raises(Interrupt):
         finetune(broken, progress=stop_after_three)
@@ -351,9 +356,24 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
         read_prompts(tmp_path / "bad.jsonl", tmp_path / "teacher")
 
 
+def _linear_output_dtypes(trainer: Trainer) -> set[torch.dtype]:
+    """Dtypes the first layer's MLP projection produces during training (recorded by a forward hook)."""
+    seen: set[torch.dtype] = set()
+    trainer.model.layers[0].mlp.down_proj.register_forward_hook(lambda module, args, out: seen.add(out.dtype))
+    return seen
+
+
 def test_bf16_autocast_and_epochs_train_to_a_drop_in(world, tmp_path):
+    fp32 = Trainer(small_config(world, tmp_path / "fp32", steps=1))
+    fp32_dtypes = _linear_output_dtypes(fp32)
+    fp32.run_steps(RolloutData(world["data"]), 0, 1)
+    assert fp32_dtypes == {torch.float32}        # the twin: without bf16 the forward stays float32
     config = small_config(world, tmp_path / "bf16", steps=None, epochs=0.25, batch_size=8, dtype="bf16")
-    result = finetune(config)
+    trainer = Trainer(config)
+    bf16_dtypes = _linear_output_dtypes(trainer)
+    result = trainer.fit()
+    assert bf16_dtypes == {torch.bfloat16}       # the forward ran under bf16 autocast ...
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}    # ... over fp32 master weights
     assert result.steps == 3                     # 96 sequences / 8 per step = 12 steps per epoch
     log = [json.loads(line) for line in (tmp_path / "bf16" / "training_log.jsonl").read_text().splitlines()]
     assert all(torch.isfinite(torch.tensor(e["loss"])) for e in log) and len(log) == 3
@@ -377,10 +397,10 @@ def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(wor
         weights, log = trained[chunk]
         for name, value in whole.items():
             assert torch.allclose(weights[name], value, rtol=1e-5, atol=1e-6), (chunk, name)
-        for a, b in zip(whole_log, log):
+        for a, b in zip(whole_log, log, strict=True):
             assert a.keys() == b.keys()
             for key in ("loss", "ce", "kl", "tv", "confidence", "accuracy", "overlap", "grad_norm"):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (chunk, key)
-    with pytest.raises(Exception, match="^loss_chunk: -1; "):
+    with pytest.raises(Exception, match=r"^loss_chunk: -1; "):
         Trainer(small_config(world, tmp_path / "negative", loss_chunk=-1))
     assert run("finetune", "--base", world["base"], "--out", tmp_path / "x", "--loss-chunk", -1).exit_code == 2

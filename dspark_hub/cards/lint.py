@@ -21,18 +21,44 @@ Exit codes as verify: 0 no error finding, 1 error findings, 2 the lint could not
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.cards import render as cards
-from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.errors import UsageError
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.format.digests import sha256_file
 from dspark_hub.report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
 
 SCHEMA = schemas.command("card-lint")
+#: Every finding code of `lint_card`. Append-only: tools match on them.
+LINT_CODES: dict[str, str] = {
+    "FRONT_MATTER_MISSING": "no YAML front matter between --- lines",
+    "FRONT_MATTER_INVALID_YAML": "the front matter does not parse",
+    **cards.FRONT_MATTER_CODES,
+    "ACCEPTANCE_UNREADABLE": "a rate or an acceptance length in an acceptance table is not a number",
+    "RATE_OUT_OF_RANGE": "a per-position rate is outside [0, 100%]",
+    "ACCEPTANCE_LENGTH_MISMATCH": "acceptance length differs from 1 + the sum of the row's rates",
+    "RATES_INCREASE": "a per-position rate is higher than the one before it",
+    "DUPLICATE_ROW": "a table repeats a row key",
+    "BLOCK_SIZE_CONFLICT": "two statements of the block size disagree",
+    "PARAMETERS_INCONSISTENT": "trained + frozen differs from total",
+    "PARAMETERS_MISMATCH": "a parameter count differs from the checkpoint's",
+    "TENSOR_COUNT_MISMATCH": "a tensor count differs from the checkpoint's",
+    "LAYER_COUNT_MISMATCH": "the 'N x decoder layer' row differs from the checkpoint",
+    "TARGET_LAYERS_MISMATCH": "target layer ids differ from config.json",
+    "BLOCK_SIZE_MISMATCH": "block size differs from the weights' __metadata__ block_size",
+    "TENSOR_NOT_IN_CHECKPOINT": "a shape table names a tensor the checkpoint lacks",
+    "SHAPE_MISMATCH": "a shape in a table differs from the checkpoint's",
+    "CHECKSUM_MALFORMED": "a SHA-256 cell is not a 64-character hex digest",
+    "CHECKSUM_FILE_MISSING": "the checksum table names a file the checkpoint lacks",
+    "CHECKSUM_SIZE_MISMATCH": "a size in the checksum table differs from the file's",
+    "CHECKSUM_MISMATCH": "a stated SHA-256 differs from the file's",
+    "WEIGHTS_NOT_CHECKED": "no checkpoint given: weight facts were not compared",
+}
 _POSITION = re.compile(r"^pos(?:ition)?\s*(\d+)$", re.IGNORECASE)
 _NUMBER = re.compile(r"^[+-]?\d+(?:\.(\d+))?$")
 _PARAMETERS = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d{4,})\s+(?:\w+\s+)?parameters\b", re.IGNORECASE)

@@ -62,23 +62,24 @@ Training log (`--train-log`): JSON lines; lines carrying evaluation results beco
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
-from dspark_hub.format import contract
 from dspark_hub.cards import hub_vocab
-from dspark_hub.format.digests import FileDigest, read_digest_file, sha256_file
-from dspark_hub.schemas import GOLDEN_FIXTURE, command, current
 from dspark_hub.cards.results import Results, load_eval, load_train_log
-from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.errors import CheckpointFormatError, DsparkError, UsageError
+from dspark_hub.format import contract
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.format.digests import FileDigest, read_digest_file, sha256_file
+from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.writer import atomic_file, check_writable
+from dspark_hub.schemas import GOLDEN_FIXTURE, command, current
 
 TEMPLATE = "model_card.md.j2"
 #: Files of a checkpoint folder that are not part of the published weights' checksum table.
@@ -177,8 +178,8 @@ def group_components(shapes: Mapping[str, tuple[int, ...]]) -> tuple[list[Compon
     """Group tensor names into table rows: (top-level rows incl. a decoder-layer row, per-layer rows, layers).
 
     Per-layer tensors with the same name and shape in every layer become one row
-    `layers.{0..4}.<name>`, in the order they first appear in `shapes`; top-level tensors that differ only in their last index and share a
-    shape become one row (`markov_head.markov_w{1,2}.weight`).
+    `layers.{0..4}.<name>`, in the order they first appear in `shapes`; top-level tensors that differ
+    only in their last index and share a shape become one row (`markov_head.markov_w{1,2}.weight`).
     """
     per_layer: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(list)
     top: dict[tuple[str, str, tuple[int, ...]], list[str]] = defaultdict(list)
@@ -322,7 +323,10 @@ def _golden_fixtures(view: CheckpointView) -> list[dict[str, Any]]:
             continue
         if current(meta.get("schema")) != GOLDEN_FIXTURE:
             continue
-        cases = json.loads(meta.get("cases", "{}"))
+        try:
+            cases = object_or_raise(loads_strict(meta.get("cases", "{}"), path=name), path=name)
+        except CheckpointFormatError:
+            continue
         out.append({"file": name, "size": size, "block_size": meta.get("block_size"),
                     "cases": {case: spec.get("context_start") for case, spec in cases.items()}})
     return out
@@ -383,14 +387,15 @@ def _load_config(ref: Any, base: Path) -> dict[str, Any]:
         return dict(ref)
     if ref in contract.PROFILES:
         return contract.profile_config(ref)
-    import json
-
     path = base / str(ref)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: cannot read the config named by architecture.config ({e}); "
-                         "point it at a config.json or a profile name") from None
+        return load_json_object(path)
+    except CheckpointFormatError as e:
+        reason = e.detail
+    except OSError as e:      # CheckpointNotFoundError is one
+        reason = "no such file" if isinstance(e, FileNotFoundError) else e.strerror or str(e)
+    raise UsageError(f"{path}: cannot read the config named by architecture.config ({reason}); "
+                     "point it at a config.json or a profile name")
 
 
 # ------------------------------------------------------------------ card source and front matter
@@ -416,12 +421,28 @@ def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise UsageError(f"{p}: no such file; pass the card source, cards/<name>/card.yaml", param="meta") from None
     except yaml.YAMLError as e:
         raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]}); fix the syntax") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(doc.get("front_matter"), dict):
+    if not (isinstance(doc, dict) and isinstance(doc.get("name"), str) and isinstance(doc.get("front_matter"), dict)):
         raise UsageError(f"{p}: needs at least 'name' (a string) and 'front_matter' (a mapping); see dspark_hub.cards")
     meta = {**SECTION_DEFAULTS, **doc}
     for key in ("architecture", "training", "results", "checksums"):
         meta[key] = dict(meta[key] or {})
     return meta
+
+
+#: Codes of `front_matter_problems`. Append-only: tools match on them.
+FRONT_MATTER_CODES: dict[str, str] = {
+    "FRONT_MATTER_NOT_MAPPING": "the front matter is not a mapping",
+    "METADATA_REJECTED": "huggingface_hub.ModelCardData rejects it",
+    "LICENSE_MISSING": "no license",
+    "LICENSE_UNKNOWN": "license is not one of the Hub's license ids",
+    "LICENSE_UNNAMED": "license: other without license_name",
+    "PIPELINE_TAG_UNKNOWN": "pipeline_tag is not a Hub task id",
+    "BASE_MODEL_RELATION_UNKNOWN": "base_model_relation is not adapter, merge, quantized or finetune",
+    "BASE_MODEL_MISSING": "base_model_relation without base_model",
+    "BASE_MODEL_INVALID": "base_model is not a valid repo id",
+    "NULL_ITEM": "a list has an empty (null) item",
+    "NOT_STRINGS": "tags / datasets / metrics is not a string or a list of strings",
+}
 
 
 @dataclass(frozen=True)
@@ -472,7 +493,8 @@ def front_matter_problems(data: Any) -> list[FrontMatterProblem]:
         problems.append(P("base_model_relation", "BASE_MODEL_RELATION_UNKNOWN", "error", f"base_model_relation "
                           f"{relation!r} is not one of {', '.join(sorted(hub_vocab.BASE_MODEL_RELATIONS))}"))
     if relation is not None and not data.get("base_model"):
-        problems.append(P("base_model_relation", "BASE_MODEL_MISSING", "error", "base_model_relation without base_model"))
+        problems.append(P("base_model_relation", "BASE_MODEL_MISSING", "error",
+                          "base_model_relation without base_model"))
     bases = data.get("base_model")
     for base in ([bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []):
         try:
@@ -484,7 +506,7 @@ def front_matter_problems(data: Any) -> list[FrontMatterProblem]:
         if isinstance(value, list) and any(v is None for v in value):
             problems.append(P(key, "NULL_ITEM", "error", f"{key} lists an empty (null) item; the Hub rejects it"))
         elif key in ("tags", "datasets", "metrics") and value is not None and not (
-                isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
             problems.append(P(key, "NOT_STRINGS", "error", f"{key} must be a string or a list of strings"))
     return problems
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
+from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise
 
 #: Harness keys in render order: (label, accepted aliases).
 HARNESS_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -80,12 +82,11 @@ class Results:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        return load_json_file(path)
+    except CheckpointNotFoundError:
         raise UsageError(f"{path}: no such file; pass an existing evaluation JSON") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); pass the output of "
-                         "'dspark-hub eval --json'") from None
+    except CheckpointFormatError as e:
+        raise UsageError(f"{path}: {e.detail}; pass the output of 'dspark-hub eval --json'") from None
 
 
 def _first(mapping: Mapping[str, Any], names: tuple[str, ...]) -> Any:
@@ -252,11 +253,9 @@ def load_train_log(path: str | os.PathLike[str], *,
         if not raw.strip():
             continue
         try:
-            line = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{p}:{number}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-        if not isinstance(line, Mapping):
-            raise UsageError(f"{p}:{number}: is a JSON {type(line).__name__}, not an object")
+            line = object_or_raise(loads_strict(raw, path=f"{p}:{number}"), path=f"{p}:{number}")
+        except CheckpointFormatError as e:
+            raise UsageError(f"{e.message}; each line must be one JSON object") from None
         row = _step_row(line)
         if row is not None:
             rows[row.step] = row

@@ -6,7 +6,8 @@ every command runs inside the one error boundary of `_errors.py`, for its own ar
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 

@@ -109,7 +109,7 @@ def _size(n: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 60:
         return f"{s}s"
     if s < 3600:
@@ -199,8 +199,15 @@ def progress(description: str, *, unit: str = "bytes", total: int | None = None,
         yield log
         log.finish()
         return
-    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     columns = ((DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(),))
     with Progress(TextColumn("{task.description}"), BarColumn(), *columns, TimeRemainingColumn(),

@@ -81,7 +81,7 @@ def print_table(title: str | None, columns: Sequence[Column], rows: Sequence[Seq
     widths = _column_widths(columns, rows, stdout.width)
     if widths is not None:
         table = Table(title=title, expand=False)
-        for column, w in zip(columns, widths):
+        for column, w in zip(columns, widths, strict=True):
             table.add_column(column.name, justify=column.justify, width=w, no_wrap=not column.prose,
                              overflow="fold" if column.prose else "ignore")
         for row in rows:
@@ -92,10 +92,10 @@ def print_table(title: str | None, columns: Sequence[Column], rows: Sequence[Seq
         stdout.print(title)
     for row in rows:
         key = [Text.assemble(f"{c.name} ", cell) if c.label else cell
-               for c, cell in zip(columns, row) if not c.prose and str(cell)]
+               for c, cell in zip(columns, row, strict=True) if not c.prose and str(cell)]
         stdout.print(Text("  ").join(Text(k) if isinstance(k, str) else k for k in key))
         named = False
-        for column, cell in zip(columns, row):
+        for column, cell in zip(columns, row, strict=True):
             if column.prose and str(cell):
                 stdout.print(Text.assemble("    ", f"{column.name}: " if named else "", cell))
             named = named or column.prose

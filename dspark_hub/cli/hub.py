@@ -8,8 +8,13 @@ import click
 
 from dspark_hub.cli._framework import command, endpoint_option, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress
-from dspark_hub.cli._render import (render_checksum_check, render_checksums, render_export, render_package,
-                                    render_publication)
+from dspark_hub.cli._render import (
+    render_checksum_check,
+    render_checksums,
+    render_export,
+    render_package,
+    render_publication,
+)
 
 
 @command()

@@ -81,7 +81,8 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @json_option
 def finetune(loss: str, quiet: bool, as_json: bool, **options: Any) -> None:
     """Fine-tune drop-in k3_dspark weights on teacher rollouts (one process or torchrun)."""
-    from dspark_hub.train.trainer import TrainConfig, finetune as run
+    from dspark_hub.train.trainer import TrainConfig
+    from dspark_hub.train.trainer import finetune as run
 
     quiet_transformers(quiet or as_json)
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar:

@@ -3,6 +3,8 @@
 - `reader`: the strict safetensors header reader and its dtype table.
 - `jsonio`: the one strict JSON loader (duplicate keys and NaN refused).
 - `contract`: the `k3_dspark` contract as data (reference config, roster, sizes).
+- `roster_k3_dspark`: the tensor roster as one function of the config, shared with the model
+  (stdlib only; `export-code` ships it beside the modeling files).
 - `checkpoint`: checkpoint sources (a local folder) opened into a `CheckpointView` of headers.
 - `remote`: the Hub as a checkpoint source (HTTP range reads; huggingface_hub imported lazily).
 - `digests`: the one file-digest type, hashing, and the reader of digest files.

@@ -13,14 +13,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from dspark_hub.format import contract
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+from dspark_hub.format import contract
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.format.reader import SafetensorsHeader, ShardIndex, TensorInfo, parse_index, read_header_with
 from dspark_hub.report import Finding, error, warning
 from dspark_hub.schemas import GOLDEN_FIXTURE, current
 
 SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__"}
+
+#: Findings `open_checkpoint` makes about a folder, besides the reader's `FORMAT_CODES` for each
+#: weight file and the index. Append-only: tools match on them.
+FOLDER_CODES: dict[str, str] = {
+    "CONFIG_MISSING": "no config.json",
+    "CONFIG_INVALID_JSON": "config.json is not one JSON object (syntax, UTF-8, NaN/Infinity)",
+    "CONFIG_DUPLICATE_KEY": "config.json repeats a key",
+    "NO_WEIGHTS": "no *.safetensors file",
+    "FILE_UNREADABLE": "a file cannot be read",
+    "STRAY_WEIGHTS_FILE": "a safetensors file the index does not name",
+    "INDEX_MISSING": "several weight files and no index",
+    "INDEX_MISSING_FILE": "the index names a file that is absent",
+    "INDEX_WRONG_FILE": "a tensor is not in the file the index names",
+    "INDEX_UNLISTED_TENSOR": "a tensor is in a shard but not in the index",
+    "INDEX_TOTAL_SIZE": "metadata.total_size disagrees with the shards",
+    "TENSOR_IN_TWO_FILES": "a tensor is stored twice",
+    "GOLDEN_IN_WEIGHTS_FOLDER": "a golden-vector fixture beside the weights",
+}
 
 
 class Source(Protocol):
@@ -97,17 +115,14 @@ class CheckpointView:
         return list(self.headers)
 
 
-def _read_json(source: Source, name: str, size: int, view: CheckpointView, code: str) -> Any | None:
-    try:
-        return loads_strict(source.read_bytes(name, 0, size), path=name)
-    except CheckpointFormatError as e:
-        hint = {"DUPLICATE_KEY": "write each key once",
-                "NON_FINITE_NUMBER": "write a finite number (JSON has no NaN or Infinity)"}.get(e.code,
-                                                                                            "fix the JSON syntax")
-        where = f"{name}:{e.tensor}" if e.tensor else name
-        view.findings.append(error(f"{code}_{e.code}" if e.code == "DUPLICATE_KEY" else f"{code}_INVALID_JSON",
-                                   where, e.detail, hint))
-    return None
+#: How a `config.json` that is not a well-formed JSON object is reported (`jsonio.JSON_CODES` renamed);
+#: `verify` and `load_checkpoint` share it.
+CONFIG_JSON_CODES: dict[str, str] = {
+    "DUPLICATE_KEY": "CONFIG_DUPLICATE_KEY", "NOT_UTF8": "CONFIG_INVALID_JSON", "NOT_JSON": "CONFIG_INVALID_JSON",
+    "NON_FINITE_NUMBER": "CONFIG_INVALID_JSON", "NOT_OBJECT": "CONFIG_INVALID_JSON",
+}
+_JSON_HINTS = {"DUPLICATE_KEY": "write each key once",
+               "NON_FINITE_NUMBER": "write a finite number (JSON has no NaN or Infinity)"}
 
 
 def _load_config(source: Source, view: CheckpointView) -> None:
@@ -116,8 +131,12 @@ def _load_config(source: Source, view: CheckpointView) -> None:
         view.findings.append(error("CONFIG_MISSING", name, "no config.json in the checkpoint folder",
                                    "add the config.json the draft was trained with"))
         return
-    doc = _read_json(source, name, view.files[name], view, "CONFIG")
-    if doc is None:
+    try:
+        doc = loads_strict(source.read_bytes(name, 0, view.files[name]), path=name)
+    except CheckpointFormatError as e:
+        where = f"{name}:{e.tensor}" if e.tensor else name
+        view.findings.append(error(CONFIG_JSON_CODES[e.code], where, e.detail,
+                                   _JSON_HINTS.get(e.code, "fix the JSON syntax")))
         return
     if not isinstance(doc, dict):
         view.findings.append(error("CONFIG_INVALID_JSON", name, f"is a JSON {json_type(doc)}, not an object",
@@ -143,9 +162,8 @@ def _load_index(source: Source, view: CheckpointView) -> ShardIndex | None:
     name = contract.INDEX_NAME
     try:
         return parse_index(source.read_bytes(name, 0, view.files[name]), path=name)
-    except CheckpointFormatError as e:
-        code = e.code if e.code.startswith("INDEX_") else f"INDEX_{e.code}"
-        view.findings.append(error(code, name if e.tensor is None else f"{name}:{e.tensor}", e.detail,
+    except CheckpointFormatError as e:      # parse_index raises INDEX_* codes only
+        view.findings.append(error(e.code, name if e.tensor is None else f"{name}:{e.tensor}", e.detail,
                                    "regenerate the index (or merge the shards with 'dspark-hub convert')"))
         return None
 
@@ -200,7 +218,7 @@ def _set_aside_golden(source: Source, files: dict[str, int], candidates: list[st
     for name in candidates:
         if "golden" in name.lower():
             try:
-                header = read_header_with(lambda start, length: source.read_bytes(name, start, length),
+                header = read_header_with(lambda start, length, name=name: source.read_bytes(name, start, length),
                                           file_size=files[name], path=name)
             except (CheckpointFormatError, OSError):
                 header = None

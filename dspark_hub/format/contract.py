@@ -17,10 +17,12 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from dspark_hub.errors import ContractError
+from dspark_hub.format import roster_k3_dspark
 from dspark_hub.format.reader import DTYPE_SIZES
 
 MODEL_TYPE = "k3_dspark"
@@ -245,57 +247,44 @@ def _int(config: Mapping[str, Any], key: str) -> int:
     return value
 
 
+#: Keys the roster reads, validated in this order (the layer count is bounded before the layer keys).
+_ROSTER_KEYS = ("hidden_size", "vocab_size", "num_target_layers", "target_hidden_size", "markov_rank",
+                "draft_vocab_size", "num_hidden_layers")
+_LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim",
+               "v_head_dim", "q_lora_rank", "kv_lora_rank")
+
+
 def layer_roster(config: Mapping[str, Any], i: int) -> list[TensorSpec]:
-    """The 12 tensors of decoder layer `i`."""
-    h, inter = _int(config, "hidden_size"), _int(config, "intermediate_size")
-    n = _int(config, "num_attention_heads")
-    dn, dr, dv = _int(config, "qk_nope_head_dim"), _int(config, "qk_rope_head_dim"), _int(config, "v_head_dim")
-    rq, rkv = _int(config, "q_lora_rank"), _int(config, "kv_lora_rank")
-    p = f"layers.{i}."
-    return [
-        TensorSpec(p + "input_layernorm.weight", (h,)),
-        TensorSpec(p + "self_attn.q_a_proj.weight", (rq, h)),
-        TensorSpec(p + "self_attn.q_a_layernorm.weight", (rq,)),
-        TensorSpec(p + "self_attn.q_b_proj.weight", (n * (dn + dr), rq)),
-        TensorSpec(p + "self_attn.kv_a_proj_with_mqa.weight", (rkv + dr, h)),
-        TensorSpec(p + "self_attn.kv_a_layernorm.weight", (rkv,)),
-        TensorSpec(p + "self_attn.kv_b_proj.weight", (n * (dn + dv), rkv)),
-        TensorSpec(p + "self_attn.o_proj.weight", (h, n * dv)),
-        TensorSpec(p + "post_attention_layernorm.weight", (h,)),
-        TensorSpec(p + "mlp.gate_proj.weight", (inter, h)),
-        TensorSpec(p + "mlp.up_proj.weight", (inter, h)),
-        TensorSpec(p + "mlp.down_proj.weight", (h, inter)),
-    ]
+    """The 12 tensors of decoder layer `i`, in module order.
+
+    Raises:
+        ContractError: a key the layer depends on is missing or not a positive integer.
+    """
+    for key in _LAYER_KEYS:
+        _int(config, key)
+    return [TensorSpec(name, shape) for name, shape in roster_k3_dspark.layer_shapes(config, i).items()]
 
 
 def roster(config: Mapping[str, Any]) -> dict[str, TensorSpec]:
     """Every tensor a checkpoint with this config must hold, sorted by name (file order).
 
+    The names and shapes are `roster_k3_dspark.tensor_shapes(config)`, the function
+    `K3DSparkModel` builds its modules from; `enable_confidence_head` and
+    `confidence_head_with_markov` default to true when absent (`HEAD_FLAG_DEFAULT`).
+
     Raises:
         ContractError: a key the roster depends on is missing or not a positive integer.
     """
-    h, v = _int(config, "hidden_size"), _int(config, "vocab_size")
-    t, ht = _int(config, "num_target_layers"), _int(config, "target_hidden_size")
-    r, vd = _int(config, "markov_rank"), _int(config, "draft_vocab_size")
-    specs = [
-        TensorSpec("embed_tokens.weight", (v, h)),
-        TensorSpec("context_proj.weight", (h, t * ht)),
-        TensorSpec("context_norm.weight", (h,)),
-        TensorSpec("final_norm.weight", (h,)),
-        TensorSpec("markov_head.markov_w1.weight", (v, r)),
-        TensorSpec("markov_head.markov_w2.weight", (vd, r)),
-    ]
-    if config.get("enable_confidence_head", True) is not False:
-        with_markov = config.get("confidence_head_with_markov", True) is not False
-        specs += [TensorSpec("confidence_head.proj.weight", (1, h + r if with_markov else h)),
-                  TensorSpec("confidence_head.proj.bias", (1,))]
-    layers = _int(config, "num_hidden_layers")
+    for key in _ROSTER_KEYS:
+        _int(config, key)
+    layers = config["num_hidden_layers"]
     if layers > MAX_DRAFT_LAYERS:
         raise ContractError(f"config.json: num_hidden_layers is {layers:,}; a draft has a few layers (the reference "
                             f"5), more than {MAX_DRAFT_LAYERS} is a typo", key="num_hidden_layers")
-    for i in range(layers):
-        specs.extend(layer_roster(config, i))
-    return {s.name: s for s in sorted(specs, key=lambda s: s.name)}
+    for key in _LAYER_KEYS:
+        _int(config, key)
+    shapes = roster_k3_dspark.tensor_shapes(config)
+    return {name: TensorSpec(name, shapes[name]) for name in sorted(shapes)}
 
 
 def is_frozen(name: str) -> bool:

@@ -65,6 +65,14 @@ HUB_LFS_PATTERNS: tuple[str, ...] = (
     "saved_model/**/*", "*.tar.*", "*.tar", "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip",
     "*.zst", "*tfevents*",
 )
+#: `CheckpointFormatError.code`s of reading digest files and hashing. Append-only: tools match on them.
+DIGEST_CODES: dict[str, str] = {
+    "NOT_UTF8": "a digest file is not UTF-8 text",
+    "BAD_SUMS_LINE": "a SHA256SUMS line is not '<sha256>  <path>'",
+    "BAD_MANIFEST": "checksums.json is malformed or an entry lacks a field",
+    "NO_DIGESTS": "the file holds no recognisable file digests",
+    "FILE_CHANGED": "a file's size changed while it was hashed",
+}
 #: How to repair a sidecar `dspark-hub checksums` wrote.
 REGENERATE = "regenerate it with 'dspark-hub checksums --force'"
 

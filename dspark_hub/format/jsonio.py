@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 
@@ -112,8 +113,14 @@ def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None
     return doc
 
 
-def load_json_file(path: str | os.PathLike[str], *, display: str | None = None) -> Any:
+def load_json_file(path: str | os.PathLike[str], *, display: str | None = None,
+                   codes: Mapping[str, str] | None = None) -> Any:
     """Read and strictly parse one JSON file.
+
+    Args:
+        path: the file.
+        display: the name used in messages (default: `path`).
+        codes: renames of the `JSON_CODES`, as in `loads_strict`.
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
@@ -127,18 +134,28 @@ def load_json_file(path: str | os.PathLike[str], *, display: str | None = None) 
         raise CheckpointNotFoundError(f"{where}: no such file") from None
     except IsADirectoryError:
         raise CheckpointNotFoundError(f"{where}: is a directory, not a JSON file") from None
-    return loads_strict(raw, path=where)
+    return loads_strict(raw, path=where, codes=codes)
 
 
-def load_json_object(path: str | os.PathLike[str], *, display: str | None = None) -> dict[str, Any]:
+def object_or_raise(doc: Any, *, path: str, codes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`doc` when it is a JSON object.
+
+    Raises:
+        CheckpointFormatError: `NOT_OBJECT` (renamed through `codes`).
+    """
+    if not isinstance(doc, dict):
+        raise CheckpointFormatError((codes or {}).get("NOT_OBJECT", "NOT_OBJECT"),
+                                    f"is a JSON {json_type(doc)}, not an object", path=path)
+    return doc
+
+
+def load_json_object(path: str | os.PathLike[str], *, display: str | None = None,
+                     codes: Mapping[str, str] | None = None) -> dict[str, Any]:
     """`load_json_file` for documents that must be one JSON object (configs, manifests).
 
     Raises:
         CheckpointNotFoundError: the file does not exist.
-        CheckpointFormatError: see `loads_strict`, or `NOT_OBJECT`.
+        CheckpointFormatError: see `loads_strict`, or `NOT_OBJECT` (renamed through `codes`).
     """
-    doc = load_json_file(path, display=display)
-    if not isinstance(doc, dict):
-        raise CheckpointFormatError("NOT_OBJECT", f"is a JSON {json_type(doc)}, not an object",
-                                    path=display or str(path))
-    return doc
+    doc = load_json_file(path, display=display, codes=codes)
+    return object_or_raise(doc, path=display or str(path), codes=codes)

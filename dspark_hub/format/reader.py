@@ -19,9 +19,10 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format.jsonio import loads_strict
@@ -58,6 +59,9 @@ FORMAT_CODES: dict[str, str] = {
     "TRAILING_BYTES": "bytes after the last tensor",
     "INDEX_INVALID": "model.safetensors.index.json is malformed",
     "INDEX_UNSAFE_PATH": "the index names a file outside the checkpoint folder",
+    "INDEX_HEADER_NOT_UTF8": "model.safetensors.index.json is not valid UTF-8",
+    "INDEX_HEADER_NOT_JSON": "model.safetensors.index.json is not valid JSON",
+    "INDEX_DUPLICATE_KEY": "model.safetensors.index.json repeats a key",
 }
 
 
@@ -100,9 +104,11 @@ class SafetensorsHeader:
         return self.data_start + info.begin, self.data_start + info.end
 
 
-#: How the shared JSON failures are reported for a safetensors header.
+#: How the shared JSON failures are reported for a safetensors header, and for a shard index.
 _HEADER_JSON_CODES = {"NOT_UTF8": "HEADER_NOT_UTF8", "NOT_JSON": "HEADER_NOT_JSON",
                       "NON_FINITE_NUMBER": "HEADER_NOT_JSON"}
+_INDEX_JSON_CODES = {"NOT_UTF8": "INDEX_HEADER_NOT_UTF8", "NOT_JSON": "INDEX_HEADER_NOT_JSON",
+                     "NON_FINITE_NUMBER": "INDEX_HEADER_NOT_JSON", "DUPLICATE_KEY": "INDEX_DUPLICATE_KEY"}
 
 
 def header_length(first8: bytes, file_size: int, *, path: str) -> int:
@@ -262,9 +268,10 @@ def parse_index(raw: bytes, *, path: str) -> ShardIndex:
     """Validate a shard index: strict JSON, `weight_map` of names to safe relative file names.
 
     Raises:
-        CheckpointFormatError: INDEX_INVALID, INDEX_UNSAFE_PATH, DUPLICATE_KEY, HEADER_NOT_JSON.
+        CheckpointFormatError: INDEX_INVALID, INDEX_UNSAFE_PATH, INDEX_DUPLICATE_KEY, INDEX_HEADER_NOT_JSON,
+            INDEX_HEADER_NOT_UTF8.
     """
-    doc = loads_strict(raw, path=path, codes=_HEADER_JSON_CODES)
+    doc = loads_strict(raw, path=path, codes=_INDEX_JSON_CODES)
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise CheckpointFormatError("INDEX_INVALID", "has no \"weight_map\" object; regenerate the index",
                                     path=path)

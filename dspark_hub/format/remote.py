@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any
 
 from dspark_hub import __version__
-from dspark_hub.format.digests import FileDigest
 from dspark_hub.errors import DsparkError, HubError, MissingDependencyError, UsageError
+from dspark_hub.format.digests import FileDigest
 
 HF_SCHEME = "hf://"
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
@@ -82,7 +81,7 @@ def resolve_endpoint(endpoint: str | None) -> str:
     if endpoint:
         return endpoint.rstrip("/")
     _huggingface_hub()
-    from huggingface_hub import constants   # a submodule: not an attribute until imported
+    from huggingface_hub import constants  # a submodule: not an attribute until imported
 
     return str(constants.ENDPOINT).rstrip("/")
 
@@ -257,8 +256,8 @@ class HubSource:
                                             library_version=__version__)
         headers["Range"] = f"bytes={start}-{start + length - 1}"
         where = f"{self.location}/{name}"
-        with self._errors(f"read {name}", where):
-            with hf.utils.get_session().stream("GET", url, headers=headers, timeout=_READ_TIMEOUT) as response:
+        with (self._errors(f"read {name}", where),
+              hf.utils.get_session().stream("GET", url, headers=headers, timeout=_READ_TIMEOUT) as response):
                 self.requests += 1
                 if response.status_code == 416:  # the range starts at or after the end of the file
                     return b""

@@ -1,13 +1,13 @@
 """The modeling code a checkpoint ships for `trust_remote_code`, and `export_code` that ships it.
 
-Torch-free: the two modeling files are copied as bytes (read from the package's `modeling/`
-folder without importing it), so `dspark-hub export-code` starts in a fraction of a second.
+Torch-free: the code files are copied as bytes (the two modeling files read from the package's
+`modeling/` folder without importing it, the stdlib-only roster from here), so
+`dspark-hub export-code` starts in a fraction of a second.
 `AutoModel.from_pretrained(folder, trust_remote_code=True)` then works without dspark-hub.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -17,7 +17,8 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from dspark_hub.format import contract
-from dspark_hub.format.jsonio import json_type
+from dspark_hub.format.checkpoint import CONFIG_JSON_CODES
+from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.format.writer import atomic_path
 
 #: What `export_code` adds to `config.json`.
@@ -25,7 +26,17 @@ AUTO_MAP: dict[str, str] = {
     "AutoConfig": "configuration_k3_dspark.K3DSparkConfig",
     "AutoModel": "modeling_k3_dspark.K3DSparkModel",
 }
-CODE_FILES = ("configuration_k3_dspark.py", "modeling_k3_dspark.py")
+#: The files `export_code` ships. The roster's one source is the format core's (stdlib only); the
+#: modeling file imports it as a sibling, and in the package `modeling/roster_k3_dspark.py` re-exports it.
+CODE_FILES = ("configuration_k3_dspark.py", "modeling_k3_dspark.py", "roster_k3_dspark.py")
+#: `CheckpointFormatError.code`s of loading and exporting. Append-only: tools match on them.
+LOAD_CODES: dict[str, str] = {
+    "CONFIG_INVALID_JSON": "config.json is not one JSON object (syntax, UTF-8, NaN/Infinity)",
+    "CONFIG_DUPLICATE_KEY": "config.json repeats a key",
+    "FILE_UNREADABLE": "config.json cannot be read",
+    "STATE_DICT_MISMATCH": "tensor names or shapes do not match the model the config describes",
+    "AUTO_MAP_NOT_OBJECT": "config.json's auto_map is not a JSON object",
+}
 
 
 @dataclass(frozen=True)
@@ -54,39 +65,40 @@ def checkpoint_folder(path: str | os.PathLike[str]) -> Path:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """The folder's `config.json` as a dict.
+    """The folder's `config.json`, read as `verify` reads it (strict JSON, one object).
 
     Raises:
-        CheckpointFormatError: not readable JSON, or not an object.
+        CheckpointFormatError: `CONFIG_INVALID_JSON`, `CONFIG_DUPLICATE_KEY` or `FILE_UNREADABLE`.
     """
     path = folder / contract.CONFIG_NAME
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CheckpointFormatError("config-unreadable", f"not readable JSON ({str(exc).splitlines()[0]}); "
-                                    "fix or restore the file", path=str(path)) from exc
-    if not isinstance(config, dict):
-        raise CheckpointFormatError("config-not-object", f"is a JSON {json_type(config)}, not an object; "
-                                    "fix or restore the file", path=str(path))
-    return config
+        return load_json_object(path, codes=CONFIG_JSON_CODES)
+    except CheckpointFormatError as e:
+        raise CheckpointFormatError(e.code, f"{e.detail}; fix or restore the file", path=str(path),
+                                    tensor=e.tensor) from None
+    except OSError as e:
+        raise CheckpointFormatError("FILE_UNREADABLE", f"cannot be read ({e.strerror or e}); check permissions",
+                                    path=str(path)) from None
 
 
 def code_sources() -> dict[str, bytes]:
-    """File name -> bytes of the two modeling files shipped for `trust_remote_code`."""
-    modeling = resources.files("dspark_hub").joinpath("modeling")
-    return {name: modeling.joinpath(name).read_bytes() for name in CODE_FILES}
+    """File name -> bytes of the code files shipped for `trust_remote_code` (config, model, roster)."""
+    package = resources.files("dspark_hub")
+    where = {"roster_k3_dspark.py": package.joinpath("format")}
+    return {name: where.get(name, package.joinpath("modeling")).joinpath(name).read_bytes() for name in CODE_FILES}
 
 
 def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> ExportResult:
     """Make a checkpoint loadable with `trust_remote_code=True` where dspark-hub is not installed.
 
-    Copies `configuration_k3_dspark.py` and `modeling_k3_dspark.py` into `folder` and adds
+    Copies `configuration_k3_dspark.py`, `modeling_k3_dspark.py` and `roster_k3_dspark.py` into `folder` and adds
     `auto_map` (appended after the existing keys, whose order is kept) to its `config.json`.
     Each write goes to a temporary sibling, then is renamed. Files already identical are left alone.
 
     Raises:
         CheckpointNotFoundError: no `config.json` in `folder`.
-        CheckpointFormatError: `config.json` is not a JSON object, or its `auto_map` is not one.
+        CheckpointFormatError: `config.json` is not one strict JSON object, or its `auto_map` is not one
+            (`AUTO_MAP_NOT_OBJECT`).
         RefusedOverwriteError: a code file or `auto_map` exists with other content and `force` is False.
     """
     path = checkpoint_folder(folder)
@@ -95,7 +107,7 @@ def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> Expor
     if existing_map is None:
         existing_map = {}
     elif not isinstance(existing_map, dict):
-        raise CheckpointFormatError("auto-map-not-object", f"'auto_map' is a JSON {json_type(existing_map)}, "
+        raise CheckpointFormatError("AUTO_MAP_NOT_OBJECT", f"'auto_map' is a JSON {json_type(existing_map)}, "
                                     "not an object; remove it (export-code writes it) or make it an object",
                                     path=str(path / contract.CONFIG_NAME))
     pending: dict[Path, bytes] = {path / name: data for name, data in code_sources().items()}

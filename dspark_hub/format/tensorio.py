@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import CheckpointNotFoundError, UsageError
 from dspark_hub.format.contract import INDEX_NAME
-from dspark_hub.format.reader import DTYPE_SIZES
-from dspark_hub.format.reader import SafetensorsHeader, TensorInfo, parse_index, read_header
+from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo, parse_index, read_header
 from dspark_hub.progress import Progress
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def float_dtype_supported(dtype: str) -> bool:
     return dtype in FLOAT_BITS
 
 
-def decode_float(raw: Any, dtype: str) -> "np.ndarray":
+def decode_float(raw: Any, dtype: str) -> np.ndarray:
     """Little-endian float bytes -> a float32 array (float64 for F64). BF16 is widened bit-exactly."""
     import numpy as np
 

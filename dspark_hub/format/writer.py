@@ -11,15 +11,15 @@ import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
+from dspark_hub.errors import DsparkError, RefusedOverwriteError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
-from dspark_hub.errors import DsparkError, RefusedOverwriteError, UsageError
 from dspark_hub.progress import Progress
-
 
 
 def _umask() -> int:

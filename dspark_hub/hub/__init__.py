@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 
 from dspark_hub._lazy import lazy_exports
 
+# `publish` and `package` are the submodules (`dspark_hub.hub.publish.publish`): a lazy name equal to a
+# submodule's would turn into that module as soon as anything imports it.
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "publish": "publish", "plan_publish": "publish", "publish_checkpoint": "release", "package": "package",
+    "plan_publish": "publish", "publish_checkpoint": "release",
     "write_checksums": "checksums", "check_checksums": "checksums",
 })
-__all__ = ["check_checksums", "package", "plan_publish", "publish", "publish_checkpoint", "write_checksums"]
+__all__ = ["check_checksums", "plan_publish", "publish_checkpoint", "write_checksums"]
 
 if TYPE_CHECKING:
     from dspark_hub.hub.checksums import check_checksums, write_checksums
-    from dspark_hub.hub.package import package
-    from dspark_hub.hub.publish import plan_publish, publish
+    from dspark_hub.hub.publish import plan_publish
     from dspark_hub.hub.release import publish_checkpoint

@@ -15,8 +15,15 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointNotFoundError, RefusedOverwriteError
 from dspark_hub.format.digests import (
-    MANIFEST_NAME, SUMS_NAME, FileDigest, FileProblem, Manifest, checkpoint_files, compute_manifest,
-    read_digest_file, read_manifest,
+    MANIFEST_NAME,
+    SUMS_NAME,
+    FileDigest,
+    FileProblem,
+    Manifest,
+    checkpoint_files,
+    compute_manifest,
+    read_digest_file,
+    read_manifest,
 )
 from dspark_hub.format.writer import atomic_file
 from dspark_hub.progress import Progress

@@ -14,20 +14,28 @@ revision by commit sha when you can: a branch moves, the torrent's pieces do not
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from dspark_hub import schemas
-from dspark_hub.format.digests import (
-    GITATTRIBUTES_NAME, LFS_ATTRIBUTES, MANIFEST_NAME, SUMS_NAME, Manifest, checkpoint_files, compute_manifest,
-    lfs_patterns, matches_gitattributes,
-)
-from dspark_hub.hub.checksums import manifest_text, sums_text
 from dspark_hub.errors import CheckpointNotFoundError, MissingDependencyError, UsageError
+from dspark_hub.format.digests import (
+    GITATTRIBUTES_NAME,
+    LFS_ATTRIBUTES,
+    MANIFEST_NAME,
+    SUMS_NAME,
+    Manifest,
+    checkpoint_files,
+    compute_manifest,
+    lfs_patterns,
+    matches_gitattributes,
+)
 from dspark_hub.format.remote import resolve_endpoint, validate_repo_id
 from dspark_hub.format.writer import atomic_dir, check_writable
+from dspark_hub.hub.checksums import manifest_text, sums_text
 
 #: `progress(stage, bytes_done, bytes_total)`; stage is "checksums" then "pieces".
 PackageProgress = Callable[[str, int, int], None]

@@ -16,9 +16,16 @@ from typing import Any, Literal
 from dspark_hub import __version__
 from dspark_hub.errors import HubError, UsageError
 from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest
-from dspark_hub.format.remote import HubSource, _huggingface_hub, hf_location, hub_errors, resolve_endpoint, validate_repo_id
-from dspark_hub.verify.against_hub import compare_files, local_digests
+from dspark_hub.format.remote import (
+    HubSource,
+    _huggingface_hub,
+    hf_location,
+    hub_errors,
+    resolve_endpoint,
+    validate_repo_id,
+)
 from dspark_hub.progress import Progress
+from dspark_hub.verify.against_hub import compare_files, local_digests
 
 #: Files uploaded last within the commit's listing order (the card and config describe the weights).
 _LAST = ("config.json", "README.md")

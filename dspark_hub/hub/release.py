@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
@@ -51,7 +52,7 @@ def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
     is hashed. Otherwise the folder is hashed once (returned as the manifest `hub.publish`
     reuses) and the card's checksum table is checked against those digests.
     """
-    from dspark_hub.cards.lint import lint_card
+    from dspark_hub.cards import lint_card
     from dspark_hub.verify.against_hub import local_digests
 
     folder = Path(folder)

@@ -6,7 +6,7 @@ Importing this package imports torch and transformers and registers `k3_dspark` 
 - `register()`: make `AutoModel.from_pretrained(folder)` work on a pristine checkpoint.
 - `load_checkpoint(folder)`: strict load; reports missing/unexpected tensors.
 - `save_checkpoint(model, folder)`: single `model.safetensors` + `config.json` in the input's layout.
-- `export_code(folder)`: ship the two modeling files and an `auto_map` for `trust_remote_code`.
+- `export_code(folder)`: ship the modeling files (config, model, roster) and an `auto_map` for `trust_remote_code`.
 """
 
 from __future__ import annotations

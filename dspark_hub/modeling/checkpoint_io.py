@@ -8,18 +8,22 @@ input's safetensors metadata, a `config.json` with the input's key set and order
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
 from dspark_hub.format import contract
+
 # export_code lives in the format core, torch-free, so `dspark-hub export-code` never imports torch.
 from dspark_hub.format.remote_code import AUTO_MAP, CODE_FILES, ExportResult, code_sources, export_code
-from dspark_hub.format.remote_code import checkpoint_folder as _folder, read_config as _read_config
+from dspark_hub.format.remote_code import checkpoint_folder as _folder
+from dspark_hub.format.remote_code import read_config as _read_config
 from dspark_hub.format.writer import atomic_path
+
 from .configuration_k3_dspark import ordered_config
 from .modeling_k3_dspark import K3DSparkModel
 
@@ -90,7 +94,9 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
 
     Raises:
         CheckpointNotFoundError: no `config.json` in `folder`.
-        CheckpointFormatError: `strict` and the tensor names or shapes do not match the model.
+        CheckpointFormatError: `config.json` is not one strict JSON object (`CONFIG_INVALID_JSON`,
+            `CONFIG_DUPLICATE_KEY`), or `strict` and the tensor names or shapes do not match the model
+            (`STATE_DICT_MISMATCH`).
     """
     path = _folder(folder)
     raw_config = _read_config(path)
@@ -108,7 +114,7 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
         problems = [f"{label} {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
                     for label, keys in (("missing", loaded.missing_keys), ("unexpected", loaded.unexpected_keys),
                                         ("mismatched", loaded.mismatched_keys)) if keys]
-        raise CheckpointFormatError("state-dict-mismatch", f"tensors do not match the model: {'; '.join(problems)}; "
+        raise CheckpointFormatError("STATE_DICT_MISMATCH", f"tensors do not match the model: {'; '.join(problems)}; "
                                     "run 'dspark-hub verify' for the full list", path=str(path))
     setattr(model, _SOURCE_ATTR, {"config": raw_config, "metadata": loaded.metadata})
     return loaded

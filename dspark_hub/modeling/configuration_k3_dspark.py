@@ -175,4 +175,4 @@ def ordered_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**known, **{key: value for key, value in config.items() if key not in known}}
 
 
-__all__ = ["K3DSparkConfig", "PUBLISHED_KEY_ORDER", "ordered_config"]
+__all__ = ["PUBLISHED_KEY_ORDER", "K3DSparkConfig", "ordered_config"]

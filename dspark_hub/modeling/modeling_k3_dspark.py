@@ -1,6 +1,7 @@
 """The `k3_dspark` draft model: DSpark block drafting for Kimi-K3, as serving runtimes compute it.
 
-This file imports only torch, transformers and its sibling configuration file (relative import),
+This file imports only torch, transformers and its sibling files (relative imports of
+`configuration_k3_dspark` and `roster_k3_dspark`, the stdlib-only roster the contract shares),
 because it is copied verbatim into checkpoints for `trust_remote_code`.
 
 One draft step (inference):
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
 from .configuration_k3_dspark import K3DSparkConfig
+from .roster_k3_dspark import confidence_head_width, confidence_head_with_markov, tensor_shapes
 
 IGNORE_INDEX = -100
 
@@ -312,9 +314,8 @@ class K3DSparkMarkovHead(nn.Module):
 class K3DSparkConfidenceHead(nn.Module):
     """`proj([hidden ; markov_w1[prev]])` (or `proj(hidden)` without Markov): a logit per slot."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        width = config.hidden_size + (config.markov_rank if config.confidence_head_with_markov else 0)
         self.proj = nn.Linear(width, 1, bias=True)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -471,8 +472,8 @@ class K3DSparkPreTrainedModel(PreTrainedModel):
     base_model_prefix = ""
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["K3DSparkDecoderLayer"]
-    _tied_weights_keys: dict[str, str] = {}
+    _no_split_modules: ClassVar[list[str]] = ["K3DSparkDecoderLayer"]
+    _tied_weights_keys: ClassVar[dict[str, str]] = {}
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -505,9 +506,21 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
         self.final_norm = K3DSparkRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = K3DSparkRotary(config)
         self.markov_head = K3DSparkMarkovHead(config)
-        self.confidence_head = K3DSparkConfidenceHead(config)
+        # The roster decides which heads exist (the contract reads the same function).
+        width = confidence_head_width(config)
+        self.confidence_head = K3DSparkConfidenceHead(width) if width is not None else None
+        self._check_roster(config)
         self.gradient_checkpointing = False
         self.post_init()
+
+    def _check_roster(self, config: K3DSparkConfig) -> None:
+        """Refuse to build a model whose state dict differs from the checkpoint roster of its config."""
+        built = {name: tuple(tensor.shape) for name, tensor in self.state_dict().items()}
+        expected = tensor_shapes(config)
+        if built != expected:
+            differing = sorted(n for n in built.keys() | expected.keys() if built.get(n) != expected.get(n))
+            raise ValueError(f"K3DSparkModel: modules differ from the config's roster at {', '.join(differing[:5])}; "
+                             "roster_k3_dspark.tensor_shapes and the model must change together")
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embed_tokens
@@ -629,8 +642,10 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
 
     def confidence_logits(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
         """Pre-sigmoid confidence `proj([hidden ; markov_w1[prev_ids]])`, float32, shape `hidden[..., 0]`."""
+        if self.confidence_head is None:
+            raise ValueError("confidence_logits: this draft has no confidence head (enable_confidence_head is false)")
         features = hidden
-        if self.config.confidence_head_with_markov:
+        if confidence_head_with_markov(self.config):
             markov = self.markov_head.markov_w1(prev_ids)
             features = torch.cat((hidden.float(), markov.float()), dim=-1)
         return self.confidence_head(features)
@@ -701,7 +716,7 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
         tokens, logits, confidence = [], [], []
         for k in range(block_size):
             step = base[:, k] + self.markov_bias(prev).float()
-            if self.config.enable_confidence_head:
+            if self.confidence_head is not None:
                 confidence.append(self.confidence(hidden[:, k], prev))
             prev = step.argmax(dim=-1)
             tokens.append(prev)
@@ -754,7 +769,7 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
         prev_ids = packed["prev_ids"]
         logits = self.draft_logits(hidden, lm_head_weight, prev_ids) if lm_head_weight is not None else None
         confidence_logits = (self.confidence_logits(hidden, prev_ids)
-                             if self.config.enable_confidence_head else None)
+                             if self.confidence_head is not None else None)
         return K3DSparkTeacherForcedOutput(
             last_hidden_state=hidden,
             labels=packed["labels"],

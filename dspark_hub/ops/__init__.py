@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from dspark_hub._lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {"convert": "convert", "diff": "diff", "init_checkpoint": "init"})
-__all__ = ["convert", "diff", "init_checkpoint"]
+# `convert` and `diff` are the submodules (`dspark_hub.ops.convert.convert`): a lazy name equal to a
+# submodule's would turn into that module as soon as anything imports it.
+__getattr__, __dir__ = lazy_exports(__name__, {"init_checkpoint": "init"})
+__all__ = ["init_checkpoint"]
 
 if TYPE_CHECKING:
-    from dspark_hub.ops.convert import convert
-    from dspark_hub.ops.diff import diff
     from dspark_hub.ops.init import init_checkpoint

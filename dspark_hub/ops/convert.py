@@ -38,16 +38,17 @@ import copy
 import functools
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub._text import plural
+from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.contract import TensorSpec
-from dspark_hub.errors import UsageError
 from dspark_hub.format.tensorio import TensorLocation, iter_elements, view_location
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
 from dspark_hub.progress import Progress, announce_total
@@ -227,18 +228,19 @@ def repair_config(config: dict[str, Any], tensor_dtypes: set[str]) -> tuple[dict
         if key in cfg:
             changes.append(Change("config_remove", key, f"removed {key}={json.dumps(cfg.pop(key))}: {why}"))
     if DTYPE_ALIAS in cfg:
-        changes.append(Change("config_remove", DTYPE_ALIAS, f"removed {DTYPE_ALIAS}={json.dumps(cfg.pop(DTYPE_ALIAS))}: "
+        removed = json.dumps(cfg.pop(DTYPE_ALIAS))
+        changes.append(Change("config_remove", DTYPE_ALIAS, f"removed {DTYPE_ALIAS}={removed}: "
                               "the transformers-v5 alias of torch_dtype, which the contract writes"))
     torch_dtype = next((n for n, d in contract.TORCH_DTYPE_NAMES.items() if {d} == tensor_dtypes), None)
     if torch_dtype and "torch_dtype" in cfg and cfg["torch_dtype"] != torch_dtype:
-        changes.append(Change("config_set", "torch_dtype", f"{json.dumps(cfg['torch_dtype'])} -> {json.dumps(torch_dtype)} "
-                              "(the dtype of the converted tensors)"))
+        changes.append(Change("config_set", "torch_dtype", f"{json.dumps(cfg['torch_dtype'])} -> "
+                              f"{json.dumps(torch_dtype)} (the dtype of the converted tensors)"))
         cfg["torch_dtype"] = torch_dtype
     for key, value in contract.REFERENCE_CONFIG.items():
         if key in cfg:
             continue
         if key in dimension_keys():
-            changes.append(Change("config_note", key, f"missing and not added: it sets tensor dimensions; add "
+            changes.append(Change("config_note", key, "missing and not added: it sets tensor dimensions; add "
                                   "the value the weights were trained with"))
             continue
         cfg[key] = copy.deepcopy(torch_dtype if key == "torch_dtype" and torch_dtype else value)

@@ -140,7 +140,7 @@ def compare_tensor(a: TensorLocation, b: TensorLocation, *, progress: Progress |
     floats = float_dtype_supported(a.info.dtype) and float_dtype_supported(b.info.dtype)
     identical = same_dtype
     norm_a = delta = 0.0
-    for piece_a, piece_b in zip(iter_elements(a, chunk_elements), iter_elements(b, chunk_elements)):
+    for piece_a, piece_b in zip(iter_elements(a, chunk_elements), iter_elements(b, chunk_elements), strict=True):
         equal = same_dtype and np.array_equal(np.frombuffer(piece_a, np.uint8), np.frombuffer(piece_b, np.uint8))
         identical = identical and equal
         if progress:
@@ -211,6 +211,7 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progres
     names = _roster(report, va, vb)
     announce_total(progress, sum(va.tensors[n][1].nbytes + vb.tensors[n][1].nbytes for n in names))
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="diff") as pool:
-        deltas = pool.map(lambda n: compare_tensor(view_location(va, n), view_location(vb, n), progress=progress), names)
-        report.tensors = dict(zip(names, deltas))
+        deltas = pool.map(lambda n: compare_tensor(view_location(va, n), view_location(vb, n), progress=progress),
+                          names)
+        report.tensors = dict(zip(names, deltas, strict=True))
     return report

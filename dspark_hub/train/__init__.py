@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING
 
 from dspark_hub._lazy import lazy_exports
 
+# `evaluate` is the submodule (`dspark_hub.train.evaluate.evaluate`): a lazy name equal to a submodule's
+# would turn into that module as soon as anything imports it.
 __getattr__, __dir__ = lazy_exports(__name__, {
     "TrainConfig": "trainer", "Trainer": "trainer", "finetune": "trainer", "chunkable_draft_logits": "trainer",
-    "make_rollouts": "rollouts", "evaluate": "evaluate",
+    "make_rollouts": "rollouts",
 })
-__all__ = ["TrainConfig", "Trainer", "chunkable_draft_logits", "evaluate", "finetune", "make_rollouts"]
+__all__ = ["TrainConfig", "Trainer", "chunkable_draft_logits", "finetune", "make_rollouts"]
 
 if TYPE_CHECKING:
-    from dspark_hub.train.evaluate import evaluate
     from dspark_hub.train.rollouts import make_rollouts
     from dspark_hub.train.trainer import TrainConfig, Trainer, chunkable_draft_logits, finetune

@@ -19,9 +19,10 @@ data, so a looping or degenerate dataset cannot pass for a good draft.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
@@ -59,7 +60,7 @@ class AcceptanceStats:
     def add(self, other: AcceptanceStats) -> None:
         self.steps += other.steps
         self.accepted += other.accepted
-        self.hits = [a + b for a, b in zip(self.hits, other.hits)]
+        self.hits = [a + b for a, b in zip(self.hits, other.hits, strict=True)]
         self.tokens += other.tokens
         self.prompts += other.prompts
 
@@ -227,7 +228,14 @@ def load_eval_rollouts(draft_config: dict[str, Any], *, teacher: str | None, pro
                        max_new_tokens: int, batch_size: int, progress: Progress | None = None) -> tuple[Any, str, dict]:
     """(rollouts, teacher path, harness facts about the data) from a prompts file or a rollouts folder."""
     from dspark_hub.train.rollouts import MemoryRollouts, RolloutData, generate_rollouts, read_prompts
-    from dspark_hub.train.teacher import chat_template_digest, check_teacher_matches, load_teacher, read_json, sha256_file, teacher_identity
+    from dspark_hub.train.teacher import (
+        chat_template_digest,
+        check_teacher_matches,
+        load_teacher,
+        read_json,
+        sha256_file,
+        teacher_identity,
+    )
 
     if (prompts is None) == (data is None):
         raise UsageError("pass exactly one of `prompts` (with `teacher`) and `data`")

@@ -26,13 +26,14 @@ is bounded in the vocabulary dimension (163,840 at K3 scale: ~2.3 GB per tensor 
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
+from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract
-from dspark_hub.errors import UsageError
+from dspark_hub.format.jsonio import loads_strict
 
 LOSS_TERMS = ("ce", "kl", "tv")
 DraftLogits = Callable[[Any, Any], Any]
@@ -43,9 +44,9 @@ DEFAULT_LOSS_CHUNK = (256 << 20) // (4 * contract.REFERENCE_CONFIG["draft_vocab_
 def parse_loss(spec: str | dict[str, float]) -> dict[str, float]:
     """`'{"ce":0.1,"tv":0.9}'` -> weights; unknown names or non-numbers are a `UsageError`."""
     try:
-        weights = json.loads(spec) if isinstance(spec, str) else dict(spec)
-    except ValueError as exc:
-        raise UsageError(f"not JSON ({exc}); e.g. '{{\"ce\":0.1,\"tv\":0.9}}'", param="loss") from exc
+        weights = loads_strict(spec, path="loss") if isinstance(spec, str) else dict(spec)
+    except CheckpointFormatError as exc:
+        raise UsageError(f"{exc.detail}; e.g. '{{\"ce\":0.1,\"tv\":0.9}}'", param="loss") from None
     if not isinstance(weights, dict) or not weights:
         raise UsageError("expected a JSON object of term weights, e.g. '{\"ce\":0.1,\"tv\":0.9}'", param="loss")
     for name, value in weights.items():
@@ -105,7 +106,7 @@ def collate(rollouts: Sequence[Any], anchors: Sequence[Any]) -> Batch:
     final = torch.zeros(rows, length, first.final_hidden_states.shape[-1], dtype=first.final_hidden_states.dtype)
     anchor_ids = torch.zeros(rows, width, dtype=torch.long)
     anchor_valid = torch.zeros(rows, width, dtype=torch.bool)
-    for i, (r, a) in enumerate(zip(rollouts, anchors)):
+    for i, (r, a) in enumerate(zip(rollouts, anchors, strict=True)):
         n = int(r.input_ids.shape[0])
         input_ids[i, :n] = r.input_ids
         loss_mask[i, :n] = r.loss_mask.bool()

@@ -33,16 +33,26 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from dspark_hub import schemas
-from dspark_hub.errors import RefusedOverwriteError, UsageError
-from dspark_hub.train.teacher import (capture_states, check_teacher_matches, chat_template_digest, load_teacher, load_tokenizer, read_json,
-                      sha256_file, teacher_identity)
+from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
+from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.writer import atomic_file, atomic_path
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.train.teacher import (
+    capture_states,
+    chat_template_digest,
+    check_teacher_matches,
+    load_teacher,
+    load_tokenizer,
+    read_json,
+    sha256_file,
+    teacher_identity,
+)
 from dspark_hub.verify.rules import TAP_CONVENTION
 
 #: `manifest.json` and shard metadata of a rollouts folder.
@@ -122,9 +132,9 @@ def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] |
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"{path}:{number}: not JSON ({exc}); one JSON object per line") from exc
+            record = object_or_raise(loads_strict(line, path=f"{path}:{number}"), path=f"{path}:{number}")
+        except CheckpointFormatError as exc:
+            raise UsageError(f"{exc.message}; one JSON object per line") from None
         kinds = [key for key in ("messages", "text", "input_ids") if key in record]
         if len(kinds) != 1:
             raise UsageError(f"{path}:{number}: needs exactly one of messages, text, input_ids (has {kinds or 'none'})")
@@ -240,6 +250,13 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
         handle.write(json.dumps(manifest, indent=2) + "\n")
 
 
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        return load_json_object(path)
+    except CheckpointFormatError as e:
+        raise UsageError(f"{e.message}; write the folder again with 'dspark-hub rollouts --force'") from None
+
+
 class RolloutData:
     """Read access to a rollouts folder: `len(data)`, `data[i] -> Rollout` (memory-mapped reads)."""
 
@@ -248,7 +265,7 @@ class RolloutData:
         path = self.folder / MANIFEST
         if not path.is_file():
             raise UsageError(f"{self.folder}: no {MANIFEST}; pass a folder written by 'dspark-hub rollouts'")
-        self.manifest = json.loads(path.read_text(encoding="utf-8"))
+        self.manifest = _read_manifest(path)
         if schemas.current(self.manifest.get("schema")) != SCHEMA:
             raise UsageError(f"{path}: schema is {self.manifest.get('schema')!r}, expected {SCHEMA!r}")
         self.entries = [(shard["file"], seq) for shard in self.manifest["shards"] for seq in shard["sequences"]]
@@ -299,7 +316,7 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
         for file in out.glob("shard-*.safetensors"):
             file.unlink()
         return None
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest = _read_manifest(path)
     for key, value in settings.items():
         if manifest.get("settings", {}).get(key) != value:
             raise RefusedOverwriteError(str(out), f"cannot resume: setting {key} was "
@@ -333,8 +350,8 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     """
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file"))
-    check_teacher_matches(read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json"), draft,
-                  teacher_name=str(teacher))
+    teacher_config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json")
+    check_teacher_matches(teacher_config, draft, teacher_name=str(teacher))
     out = Path(out)
     settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos)
     manifest = _open_manifest(out, settings, force)

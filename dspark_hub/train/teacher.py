@@ -22,14 +22,15 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dspark_hub._text import plural
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.jsonio import json_type
-from dspark_hub.errors import CheckpointNotFoundError, DsparkError, UsageError
+from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.verify.rules import require_tap_layers, text_config
 
 _SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})")
@@ -51,7 +52,8 @@ def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder
 
     Raises:
         CheckpointNotFoundError: `path` does not exist.
-        UsageError: `path` is a folder, not UTF-8 JSON, or not a JSON object (one line ending `pass <what>`).
+        UsageError: `path` is a folder, not strict UTF-8 JSON (`jsonio.loads_strict`: no repeated
+            keys, no NaN), or not a JSON object (one line ending `pass <what>`).
     """
     path = Path(path)
     if path.is_dir():
@@ -59,12 +61,9 @@ def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder
     if not path.is_file():
         raise CheckpointNotFoundError(f"{path}: not found; pass {what}")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise UsageError(f"{path}: not valid JSON ({str(e).splitlines()[0]}); pass {what}") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{path}: is a JSON {json_type(doc)}, not an object; pass {what}")
-    return doc
+        return load_json_object(path)
+    except CheckpointFormatError as e:
+        raise UsageError(f"{e.message}; pass {what}") from None
 
 
 def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
@@ -142,11 +141,11 @@ def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
 
 def _weight_files(folder: Path) -> dict[str, Path]:
     """Tensor name -> file, from the index or from every safetensors file's header."""
-    from dspark_hub.format.reader import read_header
+    from dspark_hub.format.reader import parse_index, read_header
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = parse_index(index.read_bytes(), path=str(index)).weight_map
         return {name: folder / file for name, file in weight_map.items()}
     out: dict[str, Path] = {}
     for file in sorted(folder.glob("*.safetensors")):

@@ -40,13 +40,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dspark_hub.train import objective
-from dspark_hub.errors import UsageError
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import read_json, read_lm_head
 from dspark_hub import schemas
+from dspark_hub.errors import UsageError
+from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.train import objective
+from dspark_hub.train.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.teacher import read_lm_head
 
 LOG_NAME = "training_log.jsonl"
 
@@ -268,7 +269,7 @@ class Trainer:
             return fully_shard(step)
         from torch.nn.parallel import DistributedDataParallel
 
-        uses_confidence = bool(self.model.config.enable_confidence_head and self.config.alpha)
+        uses_confidence = bool(self.model.confidence_head is not None and self.config.alpha)
         return DistributedDataParallel(step, find_unused_parameters=not uses_confidence)
 
     def _total_steps(self) -> int:
@@ -353,7 +354,7 @@ class Trainer:
         pointer = self.state_dir / "latest.json"
         if not pointer.is_file():
             return False
-        state = torch.load(self.state_dir / json.loads(pointer.read_text())["file"], weights_only=False)
+        state = torch.load(self.state_dir / load_json_object(pointer)["file"], weights_only=False)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
@@ -366,7 +367,8 @@ class Trainer:
     def _truncate_log(self, step: int) -> None:
         log = self.state_dir / LOG_NAME
         if log.is_file():
-            kept = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= step]
+            kept = [line for line in log.read_text().splitlines()
+                    if loads_strict(line, path=str(log))["step"] <= step]
             log.write_text("".join(line + "\n" for line in kept))
 
     def log(self, entry: dict[str, Any]) -> None:
@@ -464,8 +466,3 @@ class Trainer:
 def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
     """Run a fine-tuning job (see the module docstring); returns what it wrote and measured."""
     return Trainer(config, progress).fit()
-
-
-def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A `training_args.json` written next to a fine-tuned draft."""
-    return read_json(path)

@@ -8,10 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.format.digests import (
-    SIDECAR_NAMES, FileDigest, FileProblem, Manifest, checkpoint_files, compute_manifest, git_blob_sha1,
+    SIDECAR_NAMES,
+    FileDigest,
+    FileProblem,
+    Manifest,
+    checkpoint_files,
+    compute_manifest,
+    git_blob_sha1,
 )
 from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
 from dspark_hub.progress import Progress
+
 
 @dataclass(frozen=True)
 class HubComparison:

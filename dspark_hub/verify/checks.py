@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from dspark_hub.format import contract
 from dspark_hub._text import plural
-from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
 from dspark_hub.errors import ContractError, UsageError
-from dspark_hub.report import Finding, Report, Summary, error, info, warning
+from dspark_hub.format import contract
+from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
+from dspark_hub.report import Finding, Report, Summary, error, warning
+from dspark_hub.verify.codes import HUB_FILE_CODES
 from dspark_hub.verify.dropin import DropInReference, check_drop_in, resolve_reference
 from dspark_hub.verify.rules import tap_layer_findings
 
@@ -115,7 +115,8 @@ YARN_KEYS = {"factor": (int, float), "original_max_position_embeddings": (int,),
 
 def _rope_rules(rope: Any) -> list[Finding]:
     """`rope_parameters` must be the YaRN block the draft was trained with; a modeling default never fills it."""
-    hint = f"write the YaRN block the draft was trained with (reference: {_fmt(contract.REFERENCE_CONFIG['rope_parameters'])})"
+    reference = _fmt(contract.REFERENCE_CONFIG["rope_parameters"])
+    hint = f"write the YaRN block the draft was trained with (reference: {reference})"
     if rope is None:
         return []   # a missing or null key is reported by the structure rules
     if not isinstance(rope, dict):
@@ -289,7 +290,7 @@ def source_for(path: str | os.PathLike[str], *, endpoint: str | None = None) -> 
     """A `Source` for a local folder or an `hf://org/name[@rev]` URL."""
     text = os.fspath(path)
     if text.startswith("hf://"):
-        from dspark_hub.format.remote import HubSource   # huggingface_hub only when a Hub path is given
+        from dspark_hub.format.remote import HubSource  # huggingface_hub only when a Hub path is given
         return HubSource.from_url(text, endpoint=endpoint)
     return LocalSource(text)
 
@@ -339,7 +340,7 @@ def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: s
     comparison = compare_with_hub(folder, repo_id, revision, endpoint=endpoint)
     report.sections["against_hub"] = comparison.to_dict()
     for problem in comparison.problems:
-        report.findings.append(error(f"HUB_FILE_{problem.kind.upper()}", problem.path, problem.message,
+        report.findings.append(error(HUB_FILE_CODES[problem.kind], problem.path, problem.message,
                                      "re-download the file, or publish the local folder if it is the intended one"))
 
 

@@ -34,6 +34,7 @@ or norm is not an error) and `FROZEN_EMBED_MISMATCH`, all errors naming the tens
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import mmap
@@ -41,21 +42,29 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource
-from dspark_hub.errors import UsageError
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo
+from dspark_hub.format.tensorio import (
+    CHUNK_BYTES,
+    FLOAT_BITS,
+    TensorLocation,
+    decode_float,
+    locate_tensor,
+    tensor_digest,
+    view_location,
+)
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.report import Finding, Report, error
-from dspark_hub.format.tensorio import (CHUNK_BYTES, FLOAT_BITS, TensorLocation, decode_float, locate_tensor, tensor_digest,
-                       view_location)
 
 RING_DEPTH = 4
 #: Elements per numpy call in the stats thread: small enough that the temporaries stay in L2.
@@ -247,7 +256,7 @@ class FileScan:
 
 
 class _Job:
-    __slots__ = ("window", "offset", "pending")
+    __slots__ = ("offset", "pending", "window")
 
     def __init__(self, window: mmap.mmap, offset: int) -> None:
         self.window, self.offset, self.pending = window, offset, 2
@@ -273,10 +282,9 @@ def _map_window(fd: int, offset: int, length: int) -> mmap.mmap:
 
 
 def _unmap(window: mmap.mmap) -> None:
-    try:
+    # BufferError: a view is still referenced (a traceback); the mapping goes with it.
+    with contextlib.suppress(BufferError):
         window.close()
-    except BufferError:   # a view is still referenced (a traceback); the mapping goes with it
-        pass
 
 
 def _hash_window(hasher: Any, job: _Job) -> None:

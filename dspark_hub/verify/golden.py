@@ -41,15 +41,23 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
+from dspark_hub.errors import (
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    ContractError,
+    RefusedOverwriteError,
+    UsageError,
+)
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.errors import CheckpointNotFoundError, ContractError, RefusedOverwriteError, UsageError
+from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_path
 
 #: `__metadata__["schema"]` of a fixture.
@@ -162,7 +170,7 @@ def _outputs(model: Any, inputs: Mapping[str, Any], lm_head: Any, block_size: in
         out = {"last_hidden_state": hidden, "markov_bias": bias,
                "greedy_tokens": proposal.tokens.long(),
                "greedy_logits": proposal.logits.gather(-1, proposal.tokens[..., None]).squeeze(-1).float()}
-        if model.config.enable_confidence_head:
+        if model.confidence_head is not None:
             out["confidence"] = model.confidence(hidden, prev).float()
     return out
 
@@ -180,7 +188,7 @@ def _verified_config(folder: Path) -> dict[str, Any]:
         first = report.errors[0]
         raise UsageError(f"{folder / first.where}: {first.message}; fix it first ('dspark-hub verify {folder}' "
                          "lists every problem)")
-    return json.loads((folder / contract.CONFIG_NAME).read_text(encoding="utf-8"))
+    return load_json_object(folder / contract.CONFIG_NAME)    # verify read it strictly: no error left here
 
 
 def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
@@ -294,15 +302,15 @@ def _read_fixture(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         with safe_open(str(path), framework="pt") as handle:
             meta: dict[str, Any] = dict(handle.metadata() or {})
-            stored = {name: handle.get_tensor(name) for name in handle.keys()}
+            stored = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
     except SafetensorError as e:
         raise UsageError(f"{path}: not a safetensors file ({str(e).splitlines()[0]}); {rewrite}") from None
     if schemas.current(meta.get("schema")) != SCHEMA:
         raise UsageError(f"{path}: not a dspark-hub golden fixture (schema {meta.get('schema')!r:.60}); {rewrite}")
     for key in (*_JSON_METADATA, "config_sha256", "block_size"):
         try:
-            meta[key] = json.loads(meta[key]) if key in _JSON_METADATA else meta[key]
-        except (KeyError, ValueError):
+            meta[key] = loads_strict(meta[key], path=f"{path}:{key}") if key in _JSON_METADATA else meta[key]
+        except (KeyError, CheckpointFormatError):
             raise UsageError(f"{path}: metadata {key!r} is missing or not JSON; {rewrite}") from None
     for key in ("config", "lm_head", "tolerances"):
         if not isinstance(meta[key], dict):

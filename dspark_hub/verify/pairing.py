@@ -31,16 +31,18 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
-from dspark_hub.errors import UsageError
-from dspark_hub.report import Finding, Report, error, info, warning
-from dspark_hub.verify.rules import tap_layer_findings, text_config
+from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.tensorio import TensorDigest
 from dspark_hub.progress import Progress
+from dspark_hub.report import Finding, Report, error, info, warning
+from dspark_hub.verify.rules import tap_layer_findings, text_config
 
 CHUNK_BYTES = 16 << 20
 #: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
@@ -91,8 +93,8 @@ def _read_json(view: CheckpointView, name: str) -> Any:
     if name not in view.files:
         return None
     try:
-        return json.loads(view.source.read_bytes(name, 0, view.files[name]))
-    except (ValueError, OSError):
+        return loads_strict(view.source.read_bytes(name, 0, view.files[name]), path=name)
+    except (CheckpointFormatError, OSError):
         return None
 
 
@@ -275,7 +277,7 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
     embed_findings, embedding = _embedding(draft_view, target_view, embed_name, progress)
     out += embed_findings
     revision, revision_source = target_revision(target_view)
-    hashed = ("config.json",) + TOKENIZER_FILES
+    hashed = ("config.json", *TOKENIZER_FILES)
     section = {
         "target": target_view.location,
         "revision": revision,

@@ -31,11 +31,6 @@ def residual_index(layer_id: int) -> int:
     return layer_id + 1
 
 
-def layer_id_from_residual(index: int) -> int:
-    """Inverse of `residual_index`: a vLLM/speculators aux layer id as our `target_layer_ids` entry."""
-    return index - 1
-
-
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The language-model part of a (possibly multimodal) target config: its `text_config` when nested."""
     nested = config.get("text_config")

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import json
 import shlex
-
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from dspark_hub._text import plural
-from dspark_hub.format import contract
 from dspark_hub.errors import ContractError
+from dspark_hub.format import contract
 from dspark_hub.report import Finding, error, info
 
 Verdict = Literal["loaded", "skipped", "ignored", "fatal"]

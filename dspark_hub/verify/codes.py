@@ -1,0 +1,74 @@
+"""Every finding code the `verify` checks emit, with what it means. Append-only: tools match on them.
+
+The format core reports what it meets while reading a folder under its own codes
+(`format.checkpoint.FOLDER_CODES`, `format.reader.FORMAT_CODES`); a verify report carries
+those too. The README's "Finding codes" tables list all of them (`tests/test_docs.py`).
+"""
+
+from __future__ import annotations
+
+from dspark_hub.format.digests import ProblemKind
+
+FINDING_CODES: dict[str, str] = {
+    # config (checks)
+    "SPECULATORS_FORMAT": "a speculators-format DSpark checkpoint, not k3_dspark",
+    "WRONG_MODEL_TYPE": "another model type altogether",
+    "FOREIGN_DRAFT_FAMILY": "another draft family (GQA DSpark, DFlash, EAGLE-3, MTP)",
+    "CONFIG_RULE": "a runtime start-up rule is violated, or rope_parameters is not a well-typed YaRN block",
+    "CONFIG_MISSING_KEY": "a contract key is missing",
+    "CONFIG_NULL_VALUE": "a key is null",
+    "FORBIDDEN_KEY": "a key that changes runtime numerics and is not in the contract",
+    "DRAFT_VOCAB_PRUNED": "draft_vocab_size differs from vocab_size",
+    "TORCH_DTYPE_MISMATCH": "torch_dtype disagrees with the tensors",
+    # roster (checks)
+    "ROSTER_UNDECIDABLE": "the config cannot produce a roster",
+    "MISSING_TENSOR": "a roster tensor is absent",
+    "UNEXPECTED_TENSOR": "a tensor outside the roster",
+    "SHAPE_MISMATCH": "shape differs from the config's",
+    "DTYPE_MISMATCH": "dtype is not BF16",
+    "TRAINER_NAME": "fc/hidden_norm/norm instead of context_proj/context_norm/final_norm",
+    "FOREIGN_PREFIX": "names carry model./module./_orig_mod.",
+    "SHIPPED_LM_HEAD": "an lm_head.weight the runtimes skip",
+    "EMPTY_METADATA": "__metadata__ is {} (crashes fastsafetensors)",
+    "TENSOR_ORDER": "single-file data not in sorted-name order",
+    # --drop-in (dropin)
+    "DROPIN_CONFIG_KEY_MISSING": "a reference config key is missing",
+    "DROPIN_CONFIG_EXTRA_KEY": "a config key the reference lacks",
+    "DROPIN_CONFIG_VALUE": "a config value differs from the reference",
+    "DROPIN_ALLOWED_EXTRA_KEY": "auto_map, the one extra key a drop-in may carry",
+    "DROPIN_TENSOR_MISSING": "a reference tensor is missing",
+    "DROPIN_TENSOR_EXTRA": "a tensor the reference lacks",
+    "DROPIN_SHAPE": "a shape differs from the reference",
+    "DROPIN_DTYPE": "a dtype differs from the reference",
+    "DROPIN_LAYOUT": "the file layout differs from the reference",
+    "DROPIN_METADATA": "the safetensors metadata differs from the reference",
+    "DROPIN_FILE_SIZE": "the header or file size differs from the reference",
+    # --runtime (runtimes)
+    "RUNTIME_SILENT_DROP": "the runtime would drop tensors (or leave parameters at init) without an error",
+    "RUNTIME_LOAD_FAILS": "the runtime raises at load on unknown or missing names",
+    "RUNTIME_LOADS": "the runtime loads every tensor it needs",
+    # --target (pairing, rules)
+    "PAIRING_HIDDEN_SIZE": "hidden size differs from the target's",
+    "PAIRING_LAYER_COUNT": "layer count differs from the target's",
+    "PAIRING_VOCAB": "vocabulary (config or padded embedding rows) differs from the target's",
+    "PAIRING_LAYER_ID": "a target layer id is out of range or the target's final layer",
+    "PAIRING_MASK_TOKEN": "mask_token_id outside the vocabulary, equal to pad/eos, or ordinary text",
+    "PAIRING_MASK_UNNAMED": "the target's tokenizer files do not name the mask id",
+    "PAIRING_EMBEDDING": "embed_tokens.weight is not bit-identical to the target's embedding",
+    "PAIRING_NO_TARGET_EMBEDDING": "no embedding found in the target to compare",
+    "PAIRING_OK": "the draft pairs with the target",
+    # --against-hub (HUB_FILE_CODES)
+    "HUB_FILE_MISMATCH": "a file differs from the Hub's",
+    "HUB_FILE_MISSING": "a file is only on the Hub",
+    "HUB_FILE_EXTRA": "a file is only local",
+    # --deep, --frozen-embed (deep)
+    "TENSOR_NAN": "a tensor holds NaN values",
+    "TENSOR_INF": "a tensor holds infinite values",
+    "TENSOR_ALL_ZERO": "a weight matrix (ndim >= 2) is all zeros",
+    "FROZEN_EMBED_MISMATCH": "embed_tokens.weight is not bit-identical to the teacher's embedding",
+}
+
+#: `--against-hub`: the code of each kind of file problem.
+HUB_FILE_CODES: dict[ProblemKind, str] = {
+    "mismatch": "HUB_FILE_MISMATCH", "missing": "HUB_FILE_MISSING", "extra": "HUB_FILE_EXTRA",
+}

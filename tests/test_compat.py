@@ -1,0 +1,97 @@
+"""The 0.1 import paths keep working, and the README's paths (old and new) are the real ones."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dspark_hub._compat import MOVED
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+#: What the 0.1 README documented as the Python API (its "Python API" table and contract paragraph).
+OLD_API = [
+    "dspark_hub.checks.verify", "dspark_hub.writer.init_checkpoint", "dspark_hub.diff.diff",
+    "dspark_hub.convert.convert", "dspark_hub.checksums.write_checksums", "dspark_hub.checksums.check_checksums",
+    "dspark_hub.golden.write_golden", "dspark_hub.golden.check_golden", "dspark_hub.rollouts.make_rollouts",
+    "dspark_hub.train.finetune", "dspark_hub.train.TrainConfig", "dspark_hub.evaluate.evaluate",
+    "dspark_hub.cards.render_card", "dspark_hub.cardlint.lint_card", "dspark_hub.package.package",
+    "dspark_hub.release.publish_checkpoint", "dspark_hub.contract.REFERENCE_CONFIG",
+    "dspark_hub.contract.reference_config_bytes", "dspark_hub.contract.roster", "dspark_hub.contract.parameter_counts",
+    "dspark_hub.contract.expected_header", "dspark_hub.contract.expected_file_size",
+    "dspark_hub.contract.REFERENCE_ARTIFACT", "dspark_hub.modeling.export_code", "dspark_hub.modeling.load_checkpoint",
+    "dspark_hub.modeling.save_checkpoint", "dspark_hub.modeling.register",
+]
+
+
+def resolve(dotted: str) -> Any:
+    """Import the longest module prefix of `dotted`, then read the rest as attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            value = getattr(value, name)
+        return value
+    raise ModuleNotFoundError(dotted)
+
+
+def moved_table() -> dict[str, list[str]]:
+    """The README's "Moved in 0.2" table: old module -> the new modules its row names."""
+    section = README[README.index("### Moved in 0.2"):]
+    section = section[:section.index("\n## ")]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`dspark_hub."):
+            rows[cells[0].strip("`")] = re.findall(r"`(dspark_hub\.[\w.]+)`", cells[1])
+    return rows
+
+
+def test_the_readme_moved_table_is_compat_moved():
+    assert {old: new[0] for old, new in moved_table().items()} == \
+        {f"dspark_hub.{old}": f"dspark_hub.{targets[0]}" for old, targets in MOVED.items()}
+    for old, targets in MOVED.items():
+        assert set(moved_table()[f"dspark_hub.{old}"]) == {f"dspark_hub.{t}" for t in targets}, old
+
+
+@pytest.mark.parametrize("old", OLD_API)
+def test_a_documented_0_1_name_resolves_to_what_the_moved_table_names(old):
+    module, _, name = old.rpartition(".")
+    value = resolve(old)
+    rows = moved_table()
+    if module in rows:           # a moved module: the object is the one in the first new module that has it
+        homes = [new for new in rows[module] if hasattr(importlib.import_module(new), name)]
+        assert homes and value is getattr(importlib.import_module(homes[0]), name)
+    assert not isinstance(value, types.ModuleType)
+
+
+def test_the_0_1_root_names_still_resolve():
+    import dspark_hub
+
+    assert dspark_hub.roster is resolve("dspark_hub.format.contract.roster")
+    assert dspark_hub.init_checkpoint is resolve("dspark_hub.ops.init.init_checkpoint")
+    assert resolve("dspark_hub.verify.verify") is resolve("dspark_hub.verify.checks.verify")
+
+
+def python_api_calls() -> list[str]:
+    section = README[README.index("## Python API"):README.index("## Architecture")]
+    return sorted(set(re.findall(r"`(dspark_hub\.[\w.]+)\(", section)))
+
+
+def test_the_python_api_table_is_seen():
+    assert len(python_api_calls()) >= 15
+
+
+@pytest.mark.parametrize("dotted", python_api_calls())
+def test_every_call_in_the_python_api_section_resolves_to_a_function(dotted):
+    value = resolve(dotted)
+    assert callable(value) and not isinstance(value, types.ModuleType)

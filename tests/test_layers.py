@@ -1,0 +1,164 @@
+"""Layers only point down: every import of every module (module level, function level and
+`TYPE_CHECKING`) against one table of allowed edges. The README's "Architecture" section mirrors
+`ALLOWED`; change both together, and write the reason next to any edge you add.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "dspark_hub"
+
+#: The bottom: imported by every area, importing nothing of ours but each other.
+BOTTOM = {"errors", "report", "schemas", "_lazy", "_compat", "_text", "progress"}
+
+#: area -> the areas it may import (besides itself). One row per area; the README draws this table.
+ALLOWED: dict[str, set[str]] = {
+    # The bottom imports nothing of ours but the bottom, downwards (the table stays a DAG).
+    "errors": set(),
+    "schemas": set(),
+    "report": {"errors", "schemas"},
+    "_lazy": set(),
+    "_compat": set(),         # resolves the moved names by string (importlib), never by an import statement
+    "_text": set(),
+    "progress": set(),
+    "format": BOTTOM,
+    "modeling": {"format"} | BOTTOM,
+    "verify": {"format", "modeling"} | BOTTOM,      # modeling: golden vectors run the reference forward
+    "ops": {"verify", "format", "modeling"} | BOTTOM,
+    "train": {"verify", "ops", "format", "modeling"} | BOTTOM,
+    "cards": {"verify", "format"} | BOTTOM,
+    "hub": {"cards", "verify", "format"} | BOTTOM,   # cards: its public API only (PUBLIC_ONLY)
+    "cli": {"verify", "ops", "train", "cards", "hub", "format", "modeling"} | BOTTOM,
+    "__main__": {"cli"},
+    "__init__": {"format", "ops"} | BOTTOM,          # the root package's lazy public names
+}
+#: (importer, area): the importer may use only `dspark_hub.<area>` itself, i.e. the names in its `__all__`.
+PUBLIC_ONLY = {("hub", "cards")}
+#: `from dspark_hub import <name>` is the root package; these names of it are bottom-level facts.
+ROOT_NAMES = {"__version__"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _area(module: str) -> str:
+    """`dspark_hub.verify.checks` -> `verify`; the root package is `__init__`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, imported module, names) for every import statement in the file, at any depth."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [alias.name for alias in node.names]
+            if target.split(".")[0] == "dspark_hub" and not node.module and node.level:
+                found += [(node.lineno, f"{target}.{name}", []) for name in names]   # from . import x
+            else:
+                found.append((node.lineno, target, names))
+    return [item for item in found if item[1].split(".")[0] == "dspark_hub"]
+
+
+def _exports(area: str) -> set[str]:
+    tree = ast.parse((PACKAGE / area / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def edges() -> list[tuple[str, str, str, int, str, list[str]]]:
+    """(importer area, imported area, file, line, imported module, names) for every import of ours."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = _module_name(path)
+        for line, target, names in imports(path):
+            rel = path.relative_to(ROOT).as_posix()
+            if target != "dspark_hub":
+                out.append((_area(importer), _area(target), rel, line, target, names))
+                continue
+            for name in names:      # `from dspark_hub import x`: a submodule, or one of the root's names
+                if name in ROOT_NAMES:
+                    continue
+                is_module = (PACKAGE / f"{name}.py").is_file() or (PACKAGE / name / "__init__.py").is_file()
+                out.append((_area(importer), name if is_module else "__init__", rel, line, target, [name]))
+    return out
+
+
+def test_the_table_names_every_area():
+    areas = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" or (p / "__init__.py").is_file())}
+    assert areas == set(ALLOWED)
+
+
+def test_the_scan_sees_function_level_and_type_checking_imports():
+    seen = {(area, target) for area, target, *_ in edges()}
+    assert ("verify", "modeling") in seen       # dspark_hub/verify/golden.py imports it inside a function
+    assert ("__init__", "ops") in seen          # under `if TYPE_CHECKING:` in dspark_hub/__init__.py
+
+
+def test_every_import_follows_the_table():
+    wrong = [f"{file}:{line}: {importer} imports {target}" for importer, area, file, line, target, _ in edges()
+             if area != importer and area not in ALLOWED[importer]]
+    assert wrong == []
+
+
+@pytest.mark.parametrize(("importer", "area"), sorted(PUBLIC_ONLY))
+def test_public_only_edges_use_the_package_api(importer, area):
+    public = _exports(area)
+    wrong = [f"{file}:{line}: {target} {names}" for imp, ar, file, line, target, names in edges()
+             if (imp, ar) == (importer, area) and (target != f"dspark_hub.{area}" or not set(names) <= public)]
+    assert public and wrong == []
+
+
+def test_nothing_imports_the_cli():
+    assert [(file, line) for importer, area, file, line, *_ in edges()
+            if area == "cli" and importer not in ("cli", "__main__")] == []
+
+
+def test_no_cycle_between_areas():
+    graph: dict[str, set[str]] = {area: set() for area in ALLOWED}
+    for importer, area, *_ in edges():
+        if importer != area:
+            graph[importer].add(area)
+    try:
+        list(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        pytest.fail(f"import cycle between areas: {' -> '.join(e.args[1])}")
+    # the table itself is a DAG, so following it can never make a cycle
+    list(TopologicalSorter({area: set(allowed) for area, allowed in ALLOWED.items()}).static_order())
+
+
+def test_the_readme_architecture_table_mirrors_allowed():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Architecture"):readme.index("### Moved in 0.2")]
+    documented: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        allowed = {token for token in re.findall(r"`([\w.]+)`", cells[1]) if token in ALLOWED}
+        for area in re.findall(r"`([\w.]+)`", cells[0]):
+            documented[area] = allowed - {area}
+    expected = {area: allowed - (BOTTOM if area not in BOTTOM | {"__main__"} else set())
+                for area, allowed in ALLOWED.items()}
+    assert documented == expected
