@@ -304,7 +304,7 @@ def test_reference_shape_passes_drop_in_kimi_k3(tmp_path):
     report = verify(sparse_reference(tmp_path / "ref"), drop_in="kimi-k3")
     assert report.ok, [f.to_dict() for f in report.findings]
     assert report.summary.parameters == {"total": 3_562_312_961, "trained": 2_387_907_841,
-                                         "frozen": 1_174_405_120}
+                                         "frozen": 1_174_405_120, "maps": 0}
     assert report.summary.tensors == 68 and report.summary.bytes == 7_124_633_450
 
 
