@@ -42,8 +42,8 @@ def test_json_schema_is_stable(tmp_path):
     doc = json.loads(result.stdout)
     assert set(doc) == {"schema", "ok", "path", "summary", "findings", "sections"}
     assert doc["schema"] == "dspark-hub/verify/1" and doc["ok"] is False
-    assert set(doc["summary"]) == {"model_type", "layout", "files", "tensors", "parameters", "bytes", "dtypes",
-                                   "metadata"}
+    assert set(doc["summary"]) == {"model_type", "format", "layout", "files", "tensors", "parameters", "bytes",
+                                   "dtypes", "metadata"}
     assert all(set(f) == FINDING_KEYS for f in doc["findings"])
     assert doc["findings"][0]["code"] == "FORBIDDEN_KEY"
     assert all(v is None for v in doc["sections"].values())
