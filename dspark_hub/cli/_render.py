@@ -82,8 +82,12 @@ def render_report(report: Report) -> None:
     stdout.print(f"layout: {s.layout or '-'}   files: {len(s.files)}   tensors: {s.tensors}   "
                  f"bytes: {s.bytes:,}   dtypes: {', '.join(f'{k} x{v}' for k, v in sorted(s.dtypes.items())) or '-'}")
     if params:
+        from dspark_hub.verify.formats import FORMATS
+
+        frozen = ", ".join(FORMATS[s.format or "k3_dspark"].frozen_tensors)
+        maps = f"; {params['maps']:,} vocabulary-map elements (not parameters)" if params.get("maps") else ""
         stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
-                     f"{params['frozen']:,} frozen (embed_tokens)")
+                     f"{params['frozen']:,} frozen ({frozen}){maps}")
     stdout.print(verdict_line(report.ok, len(report.errors), report.path))
 
 
@@ -186,6 +190,9 @@ def render_sections(report: Report) -> None:
     if family and family["family"] != "k3_dspark":
         stdout.print(f"family: {family['title']} ({'; '.join(family['evidence'])})")
     for name, data in (report.sections.get("runtimes") or {}).items():
+        if not data.get("supported", True):
+            stdout.print(f"{data['title']}: {'; '.join(data['notes'])}")
+            continue
         table = Table(title=f"{data['title']}: per-tensor verdicts", expand=False)
         for col in ("tensor", "verdict", "detail"):
             table.add_column(col, overflow="fold")
@@ -203,7 +210,8 @@ def render_sections(report: Report) -> None:
         stdout.print(f"serve with {data['title']} ({serving['num_speculative_tokens']} draft tokens; "
                      f"{serving['block_size_source']}; target layers {serving['target_layer_ids']} from "
                      "config.json):")
-        stdout.print(f"  {serving['command']}")
+        for command in [serving["command"], *serving.get("alternatives", [])]:
+            stdout.print(f"  {command}")
     pairing = report.sections.get("pairing")
     if pairing:
         embedding = pairing["embedding"]
