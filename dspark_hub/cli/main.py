@@ -595,14 +595,26 @@ def diff(ctx: click.Context, a: Path, b: Path, quiet: bool, as_json: bool) -> No
     ctx.exit(1 if any(f.severity == "error" for _, f in result.problems) else 0)
 
 
+def format_choices() -> list[str]:
+    """`--to`/`--from` choices, derived from the draft formats registry (never typed twice)."""
+    from dspark_hub.verify.formats import FORMATS
+
+    return [f.cli_name for f in FORMATS.values()]
+
+
 @cli.command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--to", "to", type=click.Choice(format_choices()), default=None,
+              help="Draft format to write (default k3_dspark); written only where the mapping is lossless.")
+@click.option("--from", "from_", type=click.Choice(format_choices()), default=None,
+              help="Draft format SRC must be in (default: whatever it is).")
 @force_option
 @quiet_option
 @json_option
 @click.pass_context
-def convert(ctx: click.Context, src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> None:
+def convert(ctx: click.Context, src: Path, dst: Path, to: str | None, from_: str | None, force: bool, quiet: bool,
+            as_json: bool) -> None:
     """Rewrite a near-miss export in SRC as a contract checkpoint in DST, reporting every change.
 
     Renames trainer names, strips model./module. prefixes, drops lm_head, casts F32/F16 to BF16,
@@ -613,8 +625,8 @@ def convert(ctx: click.Context, src: Path, dst: Path, force: bool, quiet: bool, 
     from dspark_hub.format.writer import check_writable
 
     check_writable(dst, force=force)
-    with progress_bar("convert", planned_bytes(src), enabled=not (quiet or as_json)) as advance:
-        result = convert_checkpoint(src, dst, force=force, progress=advance)
+    with progress_bar("convert", planned_bytes(src, to=to, from_=from_), enabled=not (quiet or as_json)) as advance:
+        result = convert_checkpoint(src, dst, force=force, to=to, from_=from_, progress=advance)
     if as_json:
         print_json(result.to_dict())
     else:

@@ -124,6 +124,11 @@ def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
         if key in config:
             out.append(error("FORBIDDEN_KEY", f"config.json:{key}", f"{key} is not a k3_dspark key: {why}",
                              f"delete {key} (or run 'dspark-hub convert')"))
+    model_type = config.get("model_type", contract.MODEL_TYPE)
+    if model_type != contract.MODEL_TYPE:
+        out.append(error("CONFIG_RULE", "config.json:model_type", f"model_type is {_fmt(model_type)} over a "
+                         "k3_dspark body; runtimes resolve the config class from it",
+                         f"set model_type to \"{contract.MODEL_TYPE}\""))
     arch = config.get("architectures")
     if arch != [contract.ARCHITECTURE]:
         out.append(error("CONFIG_RULE", "config.json:architectures", f"architectures is {_fmt(arch)}; runtimes "

@@ -186,7 +186,10 @@ def family_from_config(config: Mapping[str, Any] | None) -> tuple[str | None, li
         return f"speculators_{declared}", [f"config.json {speculators.TYPE_KEY} {declared!r}"]
     if config.get("model_type") == contract.MODEL_TYPE:
         return K3_DSPARK, ["config.json model_type 'k3_dspark'"]
-    arch = " ".join(str(a) for a in config.get("architectures") or [])
+    archs = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    if contract.ARCHITECTURE in archs:
+        return K3_DSPARK, [f"config.json architectures {contract.ARCHITECTURE}"]
+    arch = " ".join(str(a) for a in archs)
     if "Eagle3" in arch:
         return "eagle3", [f"config.json architectures {arch}"]
     if "DFlash" in arch or "dflash_config" in config:
