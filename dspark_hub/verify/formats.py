@@ -99,8 +99,12 @@ class DraftFormat:
     runtimes: Callable[[], Mapping[str, Any]]                          # runtime name -> loader spec
     hints: RosterHints
     frozen_tensors: tuple[str, ...]
+    frozen_note: str                   # what the frozen tensors are, for cards
     tap_convention: str
+    layer_order: Callable[[Mapping[str, Any]], list[str]]              # layer 0's tensor names, module order
+    block_size: Callable[[Mapping[str, Any]], int | None]              # the trained block size, if a config key
     sorted_data: bool = False          # the reference file stores tensor data in sorted-name order
+    tap_note: str | None = None        # a short reading of the tap ids, where they are not layer outputs
 
     def try_roster(self, config: Mapping[str, Any]) -> dict[str, TensorSpec] | None:
         try:
@@ -155,7 +159,11 @@ K3 = DraftFormat(
                                   "acceptance",
                       skipped_extras=contract.SKIPPED_EXTRAS, dtype_hint="cast to bfloat16 ('dspark-hub convert')",
                       missing_hint="export every contract tensor; see 'dspark-hub verify --json' for the full roster"),
-    frozen_tensors=contract.FROZEN_TENSORS, tap_convention=rules.TAP_CONVENTION, sorted_data=True,
+    frozen_tensors=contract.FROZEN_TENSORS, frozen_note="`embed_tokens` is frozen and shared with the teacher",
+    tap_convention=rules.TAP_CONVENTION,
+    layer_order=lambda config: [s.name for s in contract.layer_roster(config, 0)],
+    block_size=lambda config: None,    # not a config key: serving engines take it from the command line
+    sorted_data=True,
 )
 
 
@@ -217,7 +225,12 @@ SPECULATORS = DraftFormat(
                       dtype_hint="save every float tensor in the dtype config.json declares (d2t int64, t2d bool)",
                       missing_hint="save the checkpoint with the speculators library (save_pretrained writes every "
                                    "roster tensor)"),
-    frozen_tensors=speculators.FROZEN_TENSORS, tap_convention=rules.AUX_ID_CONVENTION,
+    frozen_tensors=speculators.FROZEN_TENSORS,
+    frozen_note="`lm_head` holds the verifier's rows for the pruned draft vocabulary and is frozen",
+    tap_convention=rules.AUX_ID_CONVENTION,
+    layer_order=lambda config: list(speculators.layer_shapes(speculators.geometry(config), 0)),
+    block_size=lambda config: _int_or_none(config.get("block_size")),
+    tap_note="speculators aux ids: id k is the residual stream after k teacher layers, the output of layer k - 1",
 )
 
 #: Every draft format, by family name. CLI choices derive from it (`cli_name`).
