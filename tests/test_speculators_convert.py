@@ -104,3 +104,15 @@ def test_a_trainer_named_k3_export_is_still_converted(tmp_path):
     src = write_checkpoint(tmp_path / "src", mutate=lambda t: t.__setitem__("fc.weight", t.pop("context_proj.weight")))
     report = convert(src, tmp_path / "out")
     assert report.verify_ok and ("rename", "fc.weight") in {(c.kind, c.target) for c in report.changes}
+
+
+@pytest.mark.parametrize("args", [["export-code", "{src}"], ["golden", "{src}", "-o", "{tmp}/g.safetensors"],
+                                  ["finetune", "--base", "{src}", "--data", "{tmp}/none", "--out", "{tmp}/o",
+                                   "--steps", "1"]])
+def test_k3_only_tools_refuse_a_speculators_checkpoint_in_one_line(tmp_path, args):
+    src = copy_fixture(tmp_path, "dspark")
+    before = (src / "config.json").read_bytes()
+    result = CliRunner().invoke(cli, [a.format(src=src, tmp=tmp_path) for a in args])
+    assert result.exit_code == 2, result.output
+    assert "speculators_model_type is 'dspark': not a k3_dspark draft" in result.stderr
+    assert (src / "config.json").read_bytes() == before and not (src / "modeling_k3_dspark.py").exists()

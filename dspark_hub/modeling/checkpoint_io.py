@@ -101,6 +101,18 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+def _require_k3_dspark(config: dict[str, Any], folder: Path) -> None:
+    """Refuse a config that names another model or draft format: this modeling code builds k3_dspark only."""
+    from dspark_hub.format import speculators
+
+    for key in ("model_type", speculators.TYPE_KEY):
+        value = config.get(key)
+        if value is not None and value != contract.MODEL_TYPE:
+            raise CheckpointFormatError("NOT_K3_DSPARK", f"{key} is {value!r}: not a k3_dspark draft, which is all "
+                                        "the k3_dspark modeling code builds ('dspark-hub verify' names the format)",
+                                        path=str(folder / contract.CONFIG_NAME))
+
+
 def read_metadata(folder: str | os.PathLike[str]) -> dict[str, str] | None:
     """The `__metadata__` of the folder's single `model.safetensors` (None if absent or sharded)."""
     from safetensors import safe_open
@@ -127,10 +139,12 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
 
     Raises:
         CheckpointNotFoundError: no `config.json` in `folder`.
-        CheckpointFormatError: `strict` and the tensor names or shapes do not match the model.
+        CheckpointFormatError: `strict` and the tensor names or shapes do not match the model; or
+            `NOT_K3_DSPARK`: config.json names another model type or draft format.
     """
     path = _folder(folder)
     raw_config = _read_config(path)
+    _require_k3_dspark(raw_config, path)
     model, info = K3DSparkModel.from_pretrained(str(path), dtype=dtype, output_loading_info=True,
                                                 ignore_mismatched_sizes=not strict)
     loaded = LoadedCheckpoint(
@@ -251,11 +265,13 @@ def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> Expor
 
     Raises:
         CheckpointNotFoundError: no `config.json` in `folder`.
-        CheckpointFormatError: `config.json` is not a JSON object, or its `auto_map` is not one.
+        CheckpointFormatError: `config.json` is not a JSON object, or its `auto_map` is not one; or
+            `NOT_K3_DSPARK`: it names another model type or draft format (its own auto_map stays).
         RefusedOverwriteError: a code file or `auto_map` exists with other content and `force` is False.
     """
     path = _folder(folder)
     config = _read_config(path)
+    _require_k3_dspark(config, path)
     existing_map = config.get("auto_map")
     if existing_map is None:
         existing_map = {}
