@@ -307,3 +307,11 @@ def test_cli_json_for_a_speculators_checkpoint(tmp_path):
     doc = json.loads(result.stdout)
     assert result.exit_code == 0 and doc["summary"]["format"] == "speculators_dspark"
     assert doc["summary"]["parameters"] == {"total": 94_801, "trained": 94_801, "frozen": 0, "maps": 0}
+
+
+def test_cli_human_output_with_target_and_runtime():
+    result = CliRunner().invoke(cli, ["verify", str(fixture("dspark-pruned-vocab")), "--target", str(VERIFIER),
+                                      "--runtime", "vllm"])
+    assert result.exit_code == 0, result.output
+    assert "embedding identical: not compared (the draft saves none)" in result.stdout
+    assert "4,096 frozen (lm_head); 320 vocabulary-map elements (not parameters)" in result.stdout

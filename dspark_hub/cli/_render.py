@@ -84,10 +84,10 @@ def render_report(report: Report) -> None:
     if params:
         from dspark_hub.verify.formats import FORMATS
 
-        frozen = ", ".join(FORMATS[s.format or "k3_dspark"].frozen_tensors)
+        frozen = f" ({', '.join(n.removesuffix('.weight') for n in FORMATS[s.format or 'k3_dspark'].frozen_tensors)})" if params["frozen"] else ""
         maps = f"; {params['maps']:,} vocabulary-map elements (not parameters)" if params.get("maps") else ""
         stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
-                     f"{params['frozen']:,} frozen ({frozen}){maps}")
+                     f"{params['frozen']:,} frozen{frozen}{maps}")
     stdout.print(verdict_line(report.ok, len(report.errors), report.path))
 
 
@@ -215,9 +215,9 @@ def render_sections(report: Report) -> None:
     pairing = report.sections.get("pairing")
     if pairing:
         embedding = pairing["embedding"]
+        identical = "not compared (the draft saves none)" if embedding is None else embedding["identical"]
         stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
-                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: "
-                     f"{embedding['identical']})")
+                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: {identical})")
 
 
 @contextmanager
