@@ -84,7 +84,8 @@ def render_report(report: Report) -> None:
     if params:
         from dspark_hub.verify.formats import FORMATS
 
-        frozen = f" ({', '.join(n.removesuffix('.weight') for n in FORMATS[s.format or 'k3_dspark'].frozen_tensors)})" if params["frozen"] else ""
+        names = ", ".join(n.removesuffix(".weight") for n in FORMATS[s.format or "k3_dspark"].frozen_tensors)
+        frozen = f" ({names})" if params["frozen"] else ""
         maps = f"; {params['maps']:,} vocabulary-map elements (not parameters)" if params.get("maps") else ""
         stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
                      f"{params['frozen']:,} frozen{frozen}{maps}")

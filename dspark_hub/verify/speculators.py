@@ -71,8 +71,9 @@ RULES: dict[str, ConfigRule] = {r.id: r for r in (
     ConfigRule("target_hidden_size", "target_hidden_size is null or the hidden size: speculators sizes fc with "
                "the hidden size, vLLM with target_hidden_size", S + "models/dflash/config.py:51-54 (unused); "
                + V + "model_executor/models/qwen3_dflash.py:108-117", "executed"),
-    ConfigRule("block_size", "block_size is a positive integer",
-               S + "pydantic (2.5 rejected), models/dflash/utils.py:41-42 (> 0 at training)", "executed"),
+    ConfigRule("block_size", "block_size is a positive integer (2.5 is rejected when the config is parsed, "
+               "executed; 0 is accepted there and fails when anchors are drawn, read)",
+               S + "pydantic, models/dflash/utils.py:41-42", "read"),
     ConfigRule("flags", "the head and layout flags are JSON booleans (pydantic reads 'false' as false, vLLM copies "
                "the raw string, which Python reads as true)", S + "pydantic lax mode; " + V + "algos.py:197-209",
                "executed"),
