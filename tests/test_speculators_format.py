@@ -122,3 +122,23 @@ def test_crosswalk_maps_context_norms_mlp_and_heads_but_not_attention():
     assert speculators.speculators_counterpart("final_norm.weight") == "norm.weight"
     assert speculators.speculators_counterpart("layers.0.self_attn.kv_a_proj_with_mqa.weight") is None
     assert speculators.speculators_counterpart("embed_tokens.weight") is None
+
+
+def test_every_registered_format_answers_the_same_questions():
+    from dspark_hub.verify.formats import FORMATS, detect
+
+    configs = {"k3_dspark": contract.TINY_CONFIG, "speculators_dspark": read_config(fixture("dspark"))}
+    assert set(FORMATS) == set(configs)
+    for name, fmt in FORMATS.items():
+        config = configs[name]
+        assert detect(config)[0] is fmt
+        roster = fmt.roster(config)
+        counts = fmt.counts({n: s.shape for n, s in roster.items()})
+        assert counts.trained + counts.frozen == counts.total > 0
+        assert fmt.config_findings(config) == [] or name == "k3_dspark" and all(
+            f.severity != "error" for f in fmt.config_findings(config))
+        keys = fmt.pairing_keys(config)
+        assert keys.taps and all(isinstance(i, int) for i in keys.taps)
+        assert fmt.serving(config).method == "dspark"
+        assert "vllm" in fmt.runtimes() and fmt.layer_order(config)[0].startswith("layers.0.")
+    assert FORMATS["speculators_dspark"].pairing_keys(configs["speculators_dspark"]).taps == [0, 2, 4]

@@ -108,6 +108,10 @@ class RuntimeSpec:
                            block_size: int | None = None) -> dict[str, Any]:
         return serving_parameters(config, self, draft=draft, block_size=block_size)
 
+    def serving_findings(self, config: Mapping[str, Any], block_size: int | None) -> list[Finding]:
+        """Findings about how the draft must be served (none: N comes from the command line)."""
+        return []
+
     def skips(self, name: str) -> bool:
         return name.startswith(self.skip_prefixes) or any(s in name for s in self.skip_substrings)
 
@@ -466,7 +470,7 @@ def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[s
         section[spec.name] = {**result.to_dict(), "supported": True,
                               "serving": spec.serving_parameters(config, draft=draft, block_size=block_size)}
         out.extend(findings(result))
-        out.extend(getattr(spec, "serving_findings", lambda c, b: [])(config, block_size))
+        out.extend(spec.serving_findings(config, block_size))
     return section, out
 
 
