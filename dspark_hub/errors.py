@@ -119,3 +119,22 @@ class UsageError(DsparkError, ValueError):
     """
 
     error_code = "USAGE"
+
+
+class ConversionRefusedError(UsageError):
+    """`convert` will not write this checkpoint: it is of another draft family, or the mapping between
+    formats is not lossless. `family` is the detected family (`verify.family`), `target` the format asked
+    for, `detail` the analysis as data (e.g. `ops.crosswalk.Crosswalk.to_dict()`).
+
+    Example: ``src: a speculators-format DSpark checkpoint; converting it to k3_dspark is not lossless:
+    layers.{0..1}.self_attn.q_proj.weight, ... have no counterpart in the k3_dspark layout``
+    """
+
+    error_code = "CONVERSION_REFUSED"
+
+    def __init__(self, message: str, *, family: str, target: str, detail: dict | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.family = family
+        self.target = target
+        self.detail = detail or {}

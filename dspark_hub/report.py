@@ -80,16 +80,17 @@ class Summary:
     """What the checkpoint holds, as read from its headers and config."""
 
     model_type: str | None = None
+    format: str | None = None           # the draft format verified ("k3_dspark", "speculators_dspark") or None
     layout: str | None = None           # "single", "sharded" or None (no weights)
     files: list[dict[str, Any]] = field(default_factory=list)   # [{"name", "size"}]
     tensors: int = 0
-    parameters: dict[str, int] | None = None   # {"total", "trained", "frozen"}
+    parameters: dict[str, int] | None = None   # {"total", "trained", "frozen", "maps"}
     bytes: int = 0                      # sum of weight-file sizes
     dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> tensor count
     metadata: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model_type": self.model_type, "layout": self.layout, "files": self.files,
+        return {"model_type": self.model_type, "format": self.format, "layout": self.layout, "files": self.files,
                 "tensors": self.tensors, "parameters": self.parameters, "bytes": self.bytes,
                 "dtypes": dict(sorted(self.dtypes.items())), "metadata": self.metadata}
 

@@ -42,8 +42,8 @@ def test_json_schema_is_stable(tmp_path):
     doc = json.loads(result.stdout)
     assert set(doc) == {"schema", "ok", "path", "summary", "findings", "sections"}
     assert doc["schema"] == "dspark-hub/verify/1" and doc["ok"] is False
-    assert set(doc["summary"]) == {"model_type", "layout", "files", "tensors", "parameters", "bytes", "dtypes",
-                                   "metadata"}
+    assert set(doc["summary"]) == {"model_type", "format", "layout", "files", "tensors", "parameters", "bytes",
+                                   "dtypes", "metadata"}
     assert all(set(f) == FINDING_KEYS for f in doc["findings"])
     assert doc["findings"][0]["code"] == "FORBIDDEN_KEY"
     roster = {name: {"shape": list(spec.shape), "dtype": spec.dtype}
@@ -145,7 +145,9 @@ def test_roster_is_null_when_the_config_cannot_give_one(tmp_path):
     config = {k: v for k, v in contract.TINY_CONFIG.items() if k != "num_hidden_layers"}
     (folder / "config.json").write_text(json.dumps(config))
     doc = json.loads(run("verify", folder, "--json").stdout)
-    assert "ROSTER_UNDECIDABLE" in {f["code"] for f in doc["findings"]} and doc["sections"]["roster"] is None
+    # the missing key is said once (the config rule's finding), and the roster it decides is null
+    assert ("CONFIG_MISSING_KEY", "config.json:num_hidden_layers") in {(f["code"], f["where"]) for f in doc["findings"]}
+    assert doc["sections"]["roster"] is None
 
 
 def test_version_short_flag():

@@ -80,13 +80,14 @@ from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_r
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.writer import atomic_file, check_writable
 from dspark_hub.schemas import GOLDEN_FIXTURE, command, current
+from dspark_hub.verify.formats import K3, DraftFormat, detect
 
 TEMPLATE = "model_card.md.j2"
 #: Files of a checkpoint folder that are not part of the published weights' checksum table.
 NOT_CHECKSUMMED = ("README.md",)
 #: Order components appear in (data flow), by name prefix.
-FLOW_ORDER = ("embed_tokens", "context_proj", "context_norm", "layers", "final_norm", "markov_head",
-              "confidence_head")
+FLOW_ORDER = ("embed_tokens", "context_proj", "fc", "context_norm", "hidden_norm", "layers", "final_norm", "norm",
+              "lm_head", "d2t", "t2d", "markov_head", "confidence_head")
 LAYERS_ROW = "decoder layers"
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _LAST_DIGITS = re.compile(r"^(.*?)(\d+)(\D*)$")
@@ -129,6 +130,7 @@ class CardFacts:
     source: FactsSource
     location: str | None = None
     model_type: str | None = None
+    format: str | None = None                 # the draft format (`verify.formats`), e.g. "speculators_dspark"
     parameters: contract.ParameterCounts | None = None
     tensor_count: int | None = None
     dtype: str | None = None
@@ -140,20 +142,26 @@ class CardFacts:
     block_size: int | None = None
     markov_rank: int | None = None
     has_lm_head: bool | None = None
+    has_embed_tokens: bool | None = None
+    frozen_note: str | None = None            # what the frozen parameters are (the format's words)
+    tap_note: str | None = None               # how to read target_layer_ids where they are not layer outputs
+    tap_convention: str | None = None         # what a target_layer_ids entry names in this format
     config: dict[str, Any] = field(default_factory=dict)
     checksums: list[FileChecksum] = field(default_factory=list)
     golden: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "source": self.source, "location": self.location, "model_type": self.model_type,
+            "source": self.source, "location": self.location, "model_type": self.model_type, "format": self.format,
             "parameters": self.parameters.to_dict() if self.parameters else None,
             "tensor_count": self.tensor_count, "dtype": self.dtype,
             "components": [c.to_dict() for c in self.components],
             "layer_components": [c.to_dict() for c in self.layer_components],
             "num_layers": self.num_layers, "target_layer_ids": self.target_layer_ids,
             "target_num_hidden_layers": self.target_num_hidden_layers, "block_size": self.block_size,
-            "markov_rank": self.markov_rank, "has_lm_head": self.has_lm_head, "config": self.config,
+            "markov_rank": self.markov_rank, "has_lm_head": self.has_lm_head,
+            "has_embed_tokens": self.has_embed_tokens, "frozen_note": self.frozen_note, "tap_note": self.tap_note,
+            "tap_convention": self.tap_convention, "config": self.config,
             "checksums": [c.to_dict() for c in self.checksums], "golden": self.golden,
         }
 
@@ -204,9 +212,9 @@ def group_components(shapes: Mapping[str, tuple[int, ...]]) -> tuple[list[Compon
     return rows, layer_rows, layers
 
 
-def _roster_order(config: Mapping[str, Any]) -> list[str]:
+def _roster_order(config: Mapping[str, Any], fmt: DraftFormat = K3) -> list[str]:
     try:
-        return [s.name for s in contract.layer_roster(config, 0)]
+        return fmt.layer_order(config)
     except DsparkError:
         return []
 
@@ -226,19 +234,24 @@ def _int_or_none(value: Any) -> int | None:
 
 def _facts_from_shapes(source: FactsSource, shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any],
                        dtypes: Counter[str]) -> CardFacts:
-    # Per-layer rows follow the contract's module order, not the alphabetical file order.
-    module_order = {f"layers.0.{n.split('.', 2)[2]}": i for i, n in enumerate(_roster_order(config))}
+    """Facts of a roster in whatever draft format the config and names say (`verify.formats`; k3_dspark
+    when neither says)."""
+    fmt = detect(config, shapes)[0] or K3
+    # Per-layer rows follow the format's module order, not the alphabetical file order.
+    module_order = {f"layers.0.{n.split('.', 2)[2]}": i for i, n in enumerate(_roster_order(config, fmt))}
     ordered = dict(sorted(shapes.items(), key=lambda kv: (module_order.get(_layer0(kv[0]), 1 << 30), kv[0])))
     components, layer_components, layers = group_components(ordered)
-    ids = config.get("target_layer_ids")
+    keys = fmt.pairing_keys(config)
     return CardFacts(
-        source=source, model_type=config.get("model_type"), parameters=contract.count_parameters(shapes),
+        source=source, model_type=config.get("model_type"), format=fmt.name, parameters=fmt.counts(shapes),
         tensor_count=len(shapes), dtype=_dtype_text(dtypes), components=components,
         layer_components=layer_components, num_layers=layers or None,
-        target_layer_ids=list(ids) if isinstance(ids, list) else None,
-        target_num_hidden_layers=_int_or_none(config.get("target_num_hidden_layers")),
-        markov_rank=_int_or_none(config.get("markov_rank")),
-        has_lm_head=any(n.startswith("lm_head.") for n in shapes), config=dict(config))
+        target_layer_ids=list(keys.native_taps) if keys.native_taps is not None else None,
+        target_num_hidden_layers=_int_or_none(keys.target_layers),
+        block_size=fmt.block_size(config), markov_rank=_int_or_none(config.get("markov_rank")),
+        has_lm_head=any(n.startswith("lm_head.") for n in shapes),
+        has_embed_tokens=any(n.startswith("embed_tokens.") for n in shapes), frozen_note=fmt.frozen_note,
+        tap_note=fmt.tap_note, tap_convention=fmt.tap_convention, config=dict(config))
 
 
 def _layer0(name: str) -> str:
@@ -302,10 +315,13 @@ def card_facts(ckpt: str | os.PathLike[str] | CheckpointView, *, block_size: int
                        f"{view.location}: no tensors")
         raise UsageError(f"{problem}; run 'dspark-hub verify {view.location}' and fix it before writing a card")
     shapes = {name: info.shape for name, (_, info) in view.tensors.items()}
-    dtypes = Counter(info.dtype for _, info in view.tensors.values())
+    floats = set(contract.TORCH_DTYPE_NAMES.values())
+    # the dtype of the parameters: integer/boolean vocabulary maps (d2t, t2d) are not parameters
+    dtypes = Counter(info.dtype for _, info in view.tensors.values() if info.dtype in floats) or \
+        Counter(info.dtype for _, info in view.tensors.values())
     facts = _facts_from_shapes("checkpoint", shapes, view.config, dtypes)
     facts.location = view.location
-    facts.block_size = _block_size(view, block_size)
+    facts.block_size = _block_size(view, block_size, facts.block_size)
     facts.checksums = _checksums(view, manifest or {}, hash_files, progress)
     facts.golden = _golden_fixtures(view)
     return facts
@@ -332,10 +348,15 @@ def _golden_fixtures(view: CheckpointView) -> list[dict[str, Any]]:
     return out
 
 
-def _block_size(view: CheckpointView, declared: int | None) -> int | None:
+def _block_size(view: CheckpointView, declared: int | None, configured: int | None = None) -> int | None:
+    """The trained block size: the weights' `__metadata__` `block_size`, else the config's (a speculators
+    config has one; k3_dspark's has not), else the card's; the card may not contradict either."""
     stored = {h.metadata.get("block_size") for h in view.headers.values() if h.metadata and "block_size" in h.metadata}
     if not stored:
-        return declared
+        if declared is not None and configured is not None and declared != configured:
+            raise UsageError(f"card.yaml: architecture.block_size {declared} disagrees with config.json block_size "
+                             f"{configured}; fix the card metadata")
+        return configured if configured is not None else declared
     value = int(sorted(stored)[0]) if all(str(s).isdigit() for s in stored) else None
     if len(stored) > 1 or value is None:
         raise UsageError(f"{view.location}: safetensors metadata block_size is {sorted(stored)}; store one integer")
@@ -353,10 +374,9 @@ def facts_from_metadata(meta: Mapping[str, Any], base: Path) -> CardFacts:
     explicit = dict(architecture.get("facts") or {})
     if config_ref is not None:
         config = _load_config(config_ref, base)
-        specs = contract.roster(config)
-        dtype = config.get("torch_dtype")
+        specs = (detect(config)[0] or K3).roster(config)
         facts = _facts_from_shapes("config", {n: s.shape for n, s in specs.items()}, config,
-                                   Counter({contract.TORCH_DTYPE_NAMES.get(dtype, dtype or "BF16"): len(specs)}))
+                                   Counter(s.dtype for s in specs.values()))
     else:
         facts = CardFacts(source="metadata")
     _apply_explicit(facts, explicit)

@@ -129,8 +129,13 @@ def render_verify(report: Report) -> None:
     stdout.print(f"layout: {s.layout or '-'}   files: {len(s.files)}   tensors: {s.tensors}   "
                  f"bytes: {s.bytes:,}   dtypes: {', '.join(f'{k} x{v}' for k, v in sorted(s.dtypes.items())) or '-'}")
     if params:
+        from dspark_hub.verify.formats import FORMATS
+
+        names = ", ".join(n.removesuffix(".weight") for n in FORMATS[s.format or "k3_dspark"].frozen_tensors)
+        frozen = f" ({names})" if params["frozen"] else ""
+        maps = f"; {params['maps']:,} vocabulary-map elements (not parameters)" if params.get("maps") else ""
         stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
-                     f"{params['frozen']:,} frozen (embed_tokens)")
+                     f"{params['frozen']:,} frozen{frozen}{maps}")
     stdout.print(verdict_line(report.ok, len(report.errors), report.path))
     _render_deep(report)
     _render_sections(report)
@@ -156,6 +161,9 @@ def _render_sections(report: Report) -> None:
     if family and family["family"] != "k3_dspark":
         stdout.print(f"family: {family['title']} ({'; '.join(family['evidence'])})")
     for data in (report.sections.get("runtimes") or {}).values():
+        if not data.get("supported", True):
+            stdout.print(f"{data['title']}: {'; '.join(data['notes'])}")
+            continue
         rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
         rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
         loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
@@ -170,13 +178,14 @@ def _render_sections(report: Report) -> None:
         stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
                      f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "
                      "from config.json):")
-        stdout.print(f"  {serving['command']}")
+        for command in [serving["command"], *serving.get("alternatives", [])]:
+            stdout.print(f"  {command}")
     pairing = report.sections.get("pairing")
     if pairing:
         embedding = pairing["embedding"]
+        identical = "not compared (the draft saves none)" if embedding is None else embedding["identical"]
         stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
-                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: "
-                     f"{embedding['identical']})")
+                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: {identical})")
 
 
 # ----------------------------------------------------------------------------- diff, convert, init

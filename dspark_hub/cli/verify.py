@@ -81,13 +81,25 @@ def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
     emit(result, as_json=as_json, renderer=render_diff)
 
 
+def format_choices() -> list[str]:
+    """`--to`/`--from` choices, derived from the draft formats registry (never typed twice)."""
+    from dspark_hub.verify.formats import FORMATS
+
+    return [f.cli_name for f in FORMATS.values()]
+
+
 @command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--to", "to", type=click.Choice(format_choices()), default=None,
+              help="Draft format to write (default k3_dspark); written only where the mapping is lossless.")
+@click.option("--from", "from_", type=click.Choice(format_choices()), default=None,
+              help="Draft format SRC must be in (default: whatever it is).")
 @force_option
 @quiet_option
 @json_option
-def convert(src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> None:
+def convert(src: Path, dst: Path, to: str | None, from_: str | None, force: bool, quiet: bool,
+            as_json: bool) -> None:
     """Rewrite a near-miss export in SRC as a contract checkpoint in DST, reporting every change.
 
     Renames trainer names, strips model./module. prefixes, drops lm_head, casts F32/F16 to BF16,
@@ -97,7 +109,7 @@ def convert(src: Path, dst: Path, force: bool, quiet: bool, as_json: bool) -> No
     from dspark_hub.ops.convert import convert as convert_checkpoint
 
     with progress("convert", quiet=quiet or as_json) as bar:
-        result = convert_checkpoint(src, dst, force=force, progress=bar)
+        result = convert_checkpoint(src, dst, force=force, to=to, from_=from_, progress=bar)
     emit(result, as_json=as_json, renderer=render_convert)
 
 

@@ -1,10 +1,12 @@
-"""The format core: what a k3_dspark checkpoint is, read and written strictly, with no torch.
+"""The format core: what a draft checkpoint is (k3_dspark, speculators DSpark), read and written
+strictly, with no torch.
 
 - `reader`: the strict safetensors header reader and its dtype table.
 - `jsonio`: the one strict JSON loader (duplicate keys and NaN refused).
 - `contract`: the `k3_dspark` contract as data (reference config, roster, sizes).
 - `roster_k3_dspark`: the tensor roster as one function of the config, shared with the model
   (stdlib only; `export-code` ships it beside the modeling files).
+- `speculators`: the speculators-format DSpark contract (roster from its config, parameter counts).
 - `checkpoint`: checkpoint sources (a local folder) opened into a `CheckpointView` of headers.
 - `remote`: the Hub as a checkpoint source (HTTP range reads; huggingface_hub imported lazily).
 - `digests`: the one file-digest type, hashing, and the reader of digest files.

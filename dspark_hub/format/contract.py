@@ -207,14 +207,19 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class ParameterCounts:
-    """Parameters of a roster: everything, the frozen embedding, and what training owns."""
+    """Parameters of a roster: everything, what is frozen, and what training owns.
+
+    `maps` counts the elements of integer/boolean vocabulary maps (a speculators draft's
+    `d2t`/`t2d`), which are stored beside the weights but are not parameters.
+    """
 
     total: int
     frozen: int
     trained: int
+    maps: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        return {"total": self.total, "trained": self.trained, "frozen": self.frozen}
+        return {"total": self.total, "trained": self.trained, "frozen": self.frozen, "maps": self.maps}
 
 
 def reference_config() -> dict[str, Any]:

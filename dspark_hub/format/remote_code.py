@@ -36,6 +36,7 @@ LOAD_CODES: dict[str, str] = {
     "FILE_UNREADABLE": "config.json cannot be read",
     "STATE_DICT_MISMATCH": "tensor names or shapes do not match the model the config describes",
     "AUTO_MAP_NOT_OBJECT": "config.json's auto_map is not a JSON object",
+    "NOT_K3_DSPARK": "config.json names another model type or draft format than k3_dspark",
 }
 
 
@@ -81,6 +82,22 @@ def read_config(folder: Path) -> dict[str, Any]:
                                     path=str(path)) from None
 
 
+def require_k3_dspark(config: dict[str, Any], folder: Path) -> None:
+    """Refuse a config that names another model or draft format: this modeling code builds k3_dspark only.
+
+    Raises:
+        CheckpointFormatError: `NOT_K3_DSPARK`.
+    """
+    from dspark_hub.format import speculators
+
+    for key in ("model_type", speculators.TYPE_KEY):
+        value = config.get(key)
+        if value is not None and value != contract.MODEL_TYPE:
+            raise CheckpointFormatError("NOT_K3_DSPARK", f"{key} is {value!r}: not a k3_dspark draft, which is all "
+                                        "the k3_dspark modeling code builds ('dspark-hub verify' names the format)",
+                                        path=str(folder / contract.CONFIG_NAME))
+
+
 def code_sources() -> dict[str, bytes]:
     """File name -> bytes of the code files shipped for `trust_remote_code` (config, model, roster)."""
     package = resources.files("dspark_hub")
@@ -98,11 +115,13 @@ def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> Expor
     Raises:
         CheckpointNotFoundError: no `config.json` in `folder`.
         CheckpointFormatError: `config.json` is not one strict JSON object, or its `auto_map` is not one
-            (`AUTO_MAP_NOT_OBJECT`).
+            (`AUTO_MAP_NOT_OBJECT`); or `NOT_K3_DSPARK`: it names another model type or draft format
+            (its own auto_map stays).
         RefusedOverwriteError: a code file or `auto_map` exists with other content and `force` is False.
     """
     path = checkpoint_folder(folder)
     config = read_config(path)
+    require_k3_dspark(config, path)
     existing_map = config.get("auto_map")
     if existing_map is None:
         existing_map = {}

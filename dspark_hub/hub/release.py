@@ -158,6 +158,10 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointNotFoundError(f"{folder}: not a directory; pass the checkpoint folder to publish")
+    if with_remote_code and (refusal := _remote_code_refusal(folder)):
+        gate, _ = preflight(folder, drop_in=drop_in, progress=progress)
+        gate.refusals.append(refusal)
+        return Publication(input=str(folder), repo_id=repo_id, gate=gate)
     with (staged_with_code(folder) if with_remote_code else _as_is(folder)) as source:
         gate, manifest = preflight(source, drop_in=drop_in, progress=progress)
         if with_remote_code and gate.lint is not None and any(f.code.startswith("CHECKSUM_") and
@@ -171,6 +175,19 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
                          commit_description=body, endpoint=endpoint, token=token, dry_run=dry_run,
                          progress=progress, manifest=manifest)
     return Publication(input=str(folder), repo_id=repo_id, gate=gate, result=result)
+
+
+def _remote_code_refusal(folder: Path) -> str | None:
+    """Why the k3_dspark modeling code may not ship with this checkpoint (None when it may)."""
+    from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
+    from dspark_hub.verify.formats import K3, detect
+
+    view = open_checkpoint(LocalSource(folder))
+    fmt, found = detect(view.config, view.tensors)
+    if view.config is None or fmt is K3:
+        return None
+    return (f"remote code: the exported code is the {K3.title} modeling, and this is {found.spec.title}; its own "
+            "library loads it (its config.json auto_map would be replaced); publish it without the code")
 
 
 @contextmanager

@@ -19,7 +19,14 @@ from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
 from dspark_hub.format import contract
 
 # export_code lives in the format core, torch-free, so `dspark-hub export-code` never imports torch.
-from dspark_hub.format.remote_code import AUTO_MAP, CODE_FILES, ExportResult, code_sources, export_code
+from dspark_hub.format.remote_code import (
+    AUTO_MAP,
+    CODE_FILES,
+    ExportResult,
+    code_sources,
+    export_code,
+    require_k3_dspark,
+)
 from dspark_hub.format.remote_code import checkpoint_folder as _folder
 from dspark_hub.format.remote_code import read_config as _read_config
 from dspark_hub.format.writer import atomic_path
@@ -96,10 +103,11 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
         CheckpointNotFoundError: no `config.json` in `folder`.
         CheckpointFormatError: `config.json` is not one strict JSON object (`CONFIG_INVALID_JSON`,
             `CONFIG_DUPLICATE_KEY`), or `strict` and the tensor names or shapes do not match the model
-            (`STATE_DICT_MISMATCH`).
+            (`STATE_DICT_MISMATCH`); or `NOT_K3_DSPARK`: config.json names another model type or draft format.
     """
     path = _folder(folder)
     raw_config = _read_config(path)
+    require_k3_dspark(raw_config, path)
     model, info = K3DSparkModel.from_pretrained(str(path), dtype=dtype, output_loading_info=True,
                                                 ignore_mismatched_sizes=not strict)
     loaded = LoadedCheckpoint(

@@ -1,4 +1,4 @@
-"""Operations that write or compare whole checkpoints: `init`, `convert`, `diff`.
+"""Operations that write or compare whole checkpoints: `init`, `convert` (with `crosswalk`), `diff`.
 
 Built on the format core and `verify` (a converted checkpoint is verified before it is reported).
 """

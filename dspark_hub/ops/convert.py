@@ -45,13 +45,16 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub._text import plural
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import ConversionRefusedError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.contract import TensorSpec
 from dspark_hub.format.tensorio import TensorLocation, iter_elements, view_location
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+from dspark_hub.ops.crosswalk import crosswalk
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.verify.family import methods_text
+from dspark_hub.verify.formats import K3, by_cli_name, detect
 
 SCHEMA = schemas.command("convert")
 CAST_TO_BF16 = ("F32", "F16")
@@ -261,15 +264,47 @@ def _check_paths(src: Path, dst: Path) -> None:
         raise UsageError(f"{dst}: contains SRC {src}; replacing it would delete the source, choose another folder")
 
 
-def _open_source(src: Path) -> CheckpointView:
+def _open_source(src: Path, *, to: str | None = None, from_: str | None = None) -> CheckpointView:
+    """Open SRC and refuse, before anything is written, what convert cannot turn into a k3_dspark checkpoint.
+
+    Raises:
+        UsageError: SRC cannot be read.
+        ConversionRefusedError: SRC is of another draft family (naming it and what serves it), is not in
+            the `from_` format, or the conversion between formats is not lossless.
+    """
     view = open_checkpoint(LocalSource(src))
     blocking = [f for f in view.findings if f.severity == "error" and f.code not in _REPAIRABLE]
     if blocking:
         f = blocking[0]
         raise UsageError(f"{src}/{f.where}: {f.message}; convert cannot repair this (see 'dspark-hub verify {src}')")
     config = view.config or {}
-    if "speculators_model_type" in config or config.get("model_type", contract.MODEL_TYPE) != contract.MODEL_TYPE:
-        raise UsageError(f"{src}/config.json: model_type {config.get('model_type')!r} is not a k3_dspark export; "
+    fmt, found = detect(config, view.tensors)
+    target = by_cli_name(to) if to else K3
+    if from_ is not None and (fmt is None or fmt.cli_name != from_):
+        raise ConversionRefusedError(f"{src}: is {found.spec.title}, not a {by_cli_name(from_).title} checkpoint "
+                                     f"({'; '.join(found.evidence) or 'nothing identifies it'})",
+                                     family=found.family, target=target.name)
+    if fmt is None:
+        claim = " although config.json says k3_dspark" if config.get("model_type") == contract.MODEL_TYPE else ""
+        raise ConversionRefusedError(
+            f"{src}: is {found.spec.title}{claim} ({'; '.join(found.evidence) or 'nothing identifies it'}); "
+            f"convert only rewrites {K3.title} exports and cannot make one of it",
+            family=found.family, target=target.name,
+            hint=f"serve it as it is ({methods_text(found.spec)}), or train a {K3.title} draft")
+    if fmt is not target:
+        walk = crosswalk(list(view.tensors), config, fmt, target)
+        if not walk.lossless:
+            raise ConversionRefusedError(
+                f"{src}: is {found.spec.title}; converting it to {target.title} is not lossless: {walk.reason()} "
+                "(the context path, norms, MLP, Markov and confidence heads map one to one; the attention does not)",
+                family=found.family, target=target.name, detail=walk.to_dict(),
+                hint=f"serve it as it is ({methods_text(found.spec)}), or train a {target.title} draft")
+    if target is not K3:
+        raise ConversionRefusedError(f"{src}: is already {found.spec.title}; convert repairs {K3.title} exports only",
+                                     family=found.family, target=target.name)
+    model_type = config.get("model_type", contract.MODEL_TYPE)
+    if model_type != contract.MODEL_TYPE:
+        raise UsageError(f"{src}/config.json: model_type {model_type!r} is not a k3_dspark export; "
                          "convert only repairs near-miss k3_dspark layouts")
     return view
 
@@ -293,13 +328,20 @@ def _layout_changes(view: CheckpointView, plans: list[TensorPlan]) -> list[Chang
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: bool = False,
-            progress: Progress | None = None) -> ConvertReport:
+            to: str | None = None, from_: str | None = None, progress: Progress | None = None) -> ConvertReport:
     """Convert a near-miss k3_dspark export in SRC into a contract checkpoint in DST.
+
+    Between draft formats (`to`/`from_` name one: `k3_dspark`, `speculators`) it writes only a
+    lossless mapping (`ops.crosswalk`); k3_dspark <-> speculators DSpark never is (the attention
+    differs), so that is refused naming the tensors without a counterpart. Every refusal comes
+    before anything is written.
 
     Args:
         src: the exported checkpoint folder (never modified).
         dst: the output folder (created atomically).
         force: replace an existing DST.
+        to: the format to write (default `k3_dspark`).
+        from_: the format SRC must be in (default: whatever it is).
         progress: called with the number of tensor bytes written; told the total first.
 
     Returns:
@@ -309,13 +351,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: 
         RefusedOverwriteError: DST exists and `force` is False.
         UsageError: DST is SRC, inside it or contains it; SRC cannot be read or is not a k3_dspark export;
             two tensors map to one contract name.
+        ConversionRefusedError: SRC is of another draft family, or the format conversion is not lossless.
     """
     from dspark_hub.verify.checks import verify
 
     src_p, dst_p = Path(src), Path(dst)
     _check_paths(src_p, dst_p)
     check_writable(dst_p, force=force)
-    view = _open_source(src_p)
+    view = _open_source(src_p, to=to, from_=from_)
     plans, changes = plan_tensors(view)
     config, config_changes = repair_config(view.config or {}, {p.spec.dtype for p in plans})
     report = ConvertReport(src=os.fspath(src), dst=os.fspath(dst), tensors=len(plans),

@@ -2,8 +2,11 @@
 
 - `checks`: the entry point `verify()`, config rules, roster, drop-in identity.
 - `rules`: the rules that have one home (which target layers a draft may tap).
-- `family`: which draft family a folder is (k3_dspark, speculators DSpark, DFlash, EAGLE-3, MTP).
+- `formats`: the registry of draft formats verify checks end to end (k3_dspark, speculators DSpark).
+- `family`: which draft family a folder is (k3_dspark, every speculators type, DFlash, EAGLE-3, MTP).
+- `speculators`: the config rules of a speculators DSpark (speculators 0.9.0, vLLM 0.32.0; sourced).
 - `runtimes`: what each serving runtime's loader does with every tensor.
+- `runtimes_speculators`: vLLM's loader for a speculators DSpark, as sourced rules, and its serving command.
 - `pairing`: a draft against its target model.
 - `deep`: every byte streamed once (digests, NaN/inf, all-zero matrices).
 - `against_hub`: local files against a Hub revision.

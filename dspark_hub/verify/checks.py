@@ -19,7 +19,9 @@ from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
 from dspark_hub.report import Finding, Report, Summary, error, warning
 from dspark_hub.verify.codes import HUB_FILE_CODES
-from dspark_hub.verify.dropin import DropInReference, check_drop_in, resolve_reference
+from dspark_hub.verify.dropin import DropInReference, check_drop_in, dropin_family_finding, resolve_reference
+from dspark_hub.verify.family import Fingerprint, methods_text
+from dspark_hub.verify.formats import FORMATS, K3, DraftFormat, RosterHints, detect
 from dspark_hub.verify.rules import tap_layer_findings
 
 #: Config keys whose absence makes the roster or a runtime rule undecidable.
@@ -30,8 +32,6 @@ REQUIRED_KEYS = (
     "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type", "draft_vocab_size",
     "rope_parameters",
 )
-#: Findings that say the folder is not a k3_dspark draft at all (the roster is then not checked).
-FAMILY_CODES = ("SPECULATORS_FORMAT", "WRONG_MODEL_TYPE", "FOREIGN_DRAFT_FAMILY")
 
 
 def _fmt(value: Any) -> str:
@@ -44,30 +44,21 @@ def _is_int(value: Any) -> bool:
 
 # ---------------------------------------------------------------- config rules
 
-def _config_family(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
-    """One finding naming the family when the folder is not a k3_dspark draft (else none)."""
-    from dspark_hub.verify.family import fingerprint
-
-    found = fingerprint(config, names)
-    if found.is_k3_dspark:
+def family_findings(found: Fingerprint, config: Mapping[str, Any]) -> list[Finding]:
+    """One finding naming the family of a folder no draft format covers (none for a covered one)."""
+    if found.family in FORMATS:
         return []
-    if found.family == "speculators_dspark":
-        return [error("SPECULATORS_FORMAT", "config.json:speculators_model_type",
-                      "this is a speculators-format DSpark checkpoint (speculators_model_type 'dspark', "
-                      "fc/hidden_norm/norm and q_proj/k_proj/v_proj names), not a k3_dspark draft",
-                      "serve it with the speculators/vLLM 'dspark' method, or train a k3_dspark draft; "
-                      "its weights do not map onto the MLA contract")]
     model_type = config.get("model_type")
     if found.family == "unknown":
         return [error("WRONG_MODEL_TYPE", "config.json:model_type",
-                      f"model_type is {_fmt(model_type)}, not 'k3_dspark'; this folder holds another kind of model",
-                      "point verify at a k3_dspark draft folder")]
-    methods = ", ".join(f"{rt} {m}" for rt, m in found.spec.methods.items() if m) or "none found"
+                      f"model_type is {_fmt(model_type)}, not 'k3_dspark', and the config names no speculators "
+                      "algorithm; this folder holds another kind of model", "point verify at a draft folder")]
     claim = " although config.json says k3_dspark" if model_type == contract.MODEL_TYPE else ""
-    return [error("FOREIGN_DRAFT_FAMILY", "config.json:model_type",
-                  f"this is not a k3_dspark draft, it is {found.spec.title}{claim} "
-                  f"({'; '.join(found.evidence)})",
-                  f"serve it with the method that fits ({methods}), or verify a k3_dspark draft")]
+    where = "config.json:speculators_model_type" if found.spec.speculators_type else "config.json:model_type"
+    return [error("FOREIGN_DRAFT_FAMILY", where,
+                  f"this is {found.spec.title}{claim}, not a draft format dspark-hub verifies "
+                  f"({', '.join(f.title for f in FORMATS.values())}) ({'; '.join(found.evidence)})",
+                  f"serve it with the method that fits ({methods_text(found.spec)}), or verify a DSpark draft")]
 
 
 def _rule(ok: bool, key: str, message: str, hint: str) -> list[Finding]:
@@ -135,6 +126,11 @@ def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
         if key in config:
             out.append(error("FORBIDDEN_KEY", f"config.json:{key}", f"{key} is not a k3_dspark key: {why}",
                              f"delete {key} (or run 'dspark-hub convert')"))
+    model_type = config.get("model_type", contract.MODEL_TYPE)
+    if model_type != contract.MODEL_TYPE:
+        out.append(error("CONFIG_RULE", "config.json:model_type", f"model_type is {_fmt(model_type)} over a "
+                         "k3_dspark body; runtimes resolve the config class from it",
+                         f"set model_type to \"{contract.MODEL_TYPE}\""))
     arch = config.get("architectures")
     if arch != [contract.ARCHITECTURE]:
         out.append(error("CONFIG_RULE", "config.json:architectures", f"architectures is {_fmt(arch)}; runtimes "
@@ -161,16 +157,19 @@ def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
     return out
 
 
+def k3_config_findings(config: Mapping[str, Any]) -> list[Finding]:
+    """Every config rule serving runtimes apply to a k3_dspark draft at start-up, plus the contract's own."""
+    return _structure_rules(config) + tap_layer_findings(config) + _value_rules(config)
+
+
 def check_config(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
-    """Every config rule serving runtimes apply at start-up, plus the contract's own.
+    """The config rules of the draft format the folder is in (`verify.formats`).
 
     `names` (the checkpoint's tensor names) sharpen the family check: a folder of another
-    draft family gets one finding naming it instead of the k3_dspark rules.
+    draft family gets one finding naming it instead of a format's rules.
     """
-    family = _config_family(config, names)
-    if family:
-        return family
-    return _structure_rules(config) + tap_layer_findings(config) + _value_rules(config)
+    fmt, found = detect(config, names)
+    return fmt.config_findings(config) if fmt is not None else family_findings(found, config)
 
 
 # ---------------------------------------------------------------- roster
@@ -183,8 +182,13 @@ def _strip_prefix(name: str) -> tuple[str | None, str]:
 
 
 def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
-                 expected: Mapping[str, contract.TensorSpec], *, drop_in: bool = False) -> list[Finding]:
-    """Compare present tensors (name -> (shape, dtype)) with a roster; explain known wrong layouts."""
+                 expected: Mapping[str, contract.TensorSpec], *, drop_in: bool = False,
+                 hints: RosterHints | None = None) -> list[Finding]:
+    """Compare present tensors (name -> (shape, dtype)) with a roster; explain known wrong layouts.
+
+    `hints` are the format's words for known wrong layouts (default: the k3_dspark contract's).
+    """
+    hints = hints or K3.hints
     out: list[Finding] = []
     missing = [n for n in expected if n not in present]
     unexpected = [n for n in present if n not in expected]
@@ -201,18 +205,17 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
         out.append(error("FOREIGN_PREFIX", f"{prefix}*", f"{plural(len(names), 'tensor')} {carry} the {prefix!r} "
                          f"prefix (e.g. {names[0]}); runtimes look the contract names up without it and ignore these",
                          f"strip the {prefix!r} prefix ('dspark-hub convert')"))
-    for wrong, right in contract.KNOWN_MISNAMES.items():
+    for wrong, right in hints.misnames.items():
         for name in unexpected:
             prefix, bare = _strip_prefix(name)
             if bare == wrong and right in missing:
-                out.append(error("TRAINER_NAME", name, f"is the trainer-internal name of {right}; a runtime that "
-                                 "ignores unknown names drops the context path and serves at 0% acceptance",
-                                 f"rename {name} -> {right} ('dspark-hub convert')"))
+                out.append(error("TRAINER_NAME", name, f"is the trainer-internal name of {right}; "
+                                 f"{hints.misname_why}", f"rename {name} -> {right} ('dspark-hub convert')"))
                 explained.update({name, right})
     for name in unexpected:
         if name in explained:
             continue
-        if name in contract.SKIPPED_EXTRAS:
+        if name in hints.skipped_extras:
             shape, dtype = present[name]
             make = error if drop_in else warning
             out.append(make("SHIPPED_LM_HEAD", name, f"is not in the contract (shape {list(shape)}, {dtype}); "
@@ -226,8 +229,7 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
         if name not in explained:
             spec = expected[name]
             out.append(error("MISSING_TENSOR", name, f"is missing (expected {list(spec.shape)} {spec.dtype})",
-                             "export every contract tensor; 'dspark-hub verify --json' lists the full roster "
-                             "(sections.roster)"))
+                             hints.missing_hint))
     for name, spec in expected.items():
         if name not in present:
             continue
@@ -239,21 +241,23 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
                              "fix the export or the config so they agree"))
         if dtype != spec.dtype:
             out.append(error("DTYPE_MISMATCH", name, f"is {dtype}, the contract stores {spec.dtype}",
-                             "cast to bfloat16 ('dspark-hub convert')"))
+                             hints.dtype_hint))
     return out
 
 
 # ---------------------------------------------------------------- summary
 
-def summarize(view: CheckpointView) -> Summary:
+def summarize(view: CheckpointView, fmt: DraftFormat | None = None) -> Summary:
+    """What the checkpoint holds; parameters are counted the way `fmt` (default k3_dspark) counts them."""
     shapes = {name: info.shape for name, (_, info) in view.tensors.items()}
     metas = [h.metadata for h in view.headers.values()]
     return Summary(
         model_type=(view.config or {}).get("model_type"),
+        format=fmt.name if fmt else None,
         layout=view.layout,
         files=[{"name": name, "size": view.files[name]} for name in view.headers],
         tensors=len(view.tensors),
-        parameters=contract.count_parameters(shapes).to_dict() if shapes else None,
+        parameters=(fmt or K3).counts(shapes).to_dict() if shapes else None,
         bytes=sum(view.files[name] for name in view.headers),
         dtypes=dict(Counter(info.dtype for _, info in view.tensors.values())),
         metadata=metas[0] if len(metas) == 1 else None,
@@ -261,23 +265,26 @@ def summarize(view: CheckpointView) -> Summary:
 
 
 def _dtype_consistency(config: Mapping[str, Any], view: CheckpointView) -> list[Finding]:
-    declared = config.get("torch_dtype", config.get("dtype"))
+    """The declared float dtype (`torch_dtype`, or transformers 5's `dtype`) against the float tensors."""
+    key = "torch_dtype" if "torch_dtype" in config else "dtype"
+    declared = config.get(key)
     want = contract.TORCH_DTYPE_NAMES.get(declared) if isinstance(declared, str) else None
-    dtypes = {info.dtype for _, info in view.tensors.values()}
+    floats = set(contract.TORCH_DTYPE_NAMES.values())
+    dtypes = {info.dtype for _, info in view.tensors.values() if info.dtype in floats}
     if want is None or not dtypes or dtypes == {want}:
         return []
-    return [error("TORCH_DTYPE_MISMATCH", "config.json:torch_dtype", f"torch_dtype is {declared!r} but the "
-                  f"tensors are {', '.join(sorted(dtypes))}", "cast the tensors or fix torch_dtype")]
+    return [error("TORCH_DTYPE_MISMATCH", f"config.json:{key}", f"{key} is {declared!r} but the float "
+                  f"tensors are {', '.join(sorted(dtypes))}", f"cast the tensors or fix {key}")]
 
 
-def _metadata_findings(view: CheckpointView) -> list[Finding]:
+def _metadata_findings(view: CheckpointView, fmt: DraftFormat | None = None) -> list[Finding]:
     out = []
     for name, header in view.headers.items():
         if header.metadata == {}:
             out.append(warning("EMPTY_METADATA", name, "__metadata__ is an empty map, which crashes some loaders "
                                "(fastsafetensors)", "write {\"torchspec_version\": \"0.1.0\"} or no metadata"))
         order = list(header.tensors)
-        if view.layout == "single" and order != sorted(order):
+        if (fmt or K3).sorted_data and view.layout == "single" and order != sorted(order):
             out.append(warning("TENSOR_ORDER", name, "tensor data is not in sorted-name order, unlike the "
                                "published file; the bytes (and so the SHA-256) cannot match a drop-in",
                                "re-export with safetensors (which sorts names)"))
@@ -295,37 +302,54 @@ def source_for(path: str | os.PathLike[str], *, endpoint: str | None = None) -> 
     return LocalSource(text)
 
 
+def _check_format(report: Report, view: CheckpointView, fmt: DraftFormat, *, drop_in: bool) -> None:
+    """A format's config rules, its roster and the declared dtype, into `report`."""
+    config = view.config or {}
+    config_findings = fmt.config_findings(config)
+    report.findings.extend(config_findings)
+    try:
+        expected = fmt.roster(config)
+    except ContractError as e:
+        expected = None
+        where = f"config.json:{e.key}"
+        said = any(f.where == where and f.severity == "error" for f in config_findings)
+        if view.tensors and not said:   # said once
+            report.findings.append(error("ROSTER_UNDECIDABLE", where, str(e),
+                                         "fix the config; the tensor roster depends on it"))
+    if expected is not None:   # what a MISSING_TENSOR hint points at
+        report.sections["roster"] = {name: {"shape": list(spec.shape), "dtype": spec.dtype}
+                                     for name, spec in expected.items()}
+    if not view.tensors:
+        return
+    if expected is not None:
+        present = {n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()}
+        report.findings.extend(check_roster(present, expected, drop_in=drop_in, hints=fmt.hints))
+    report.findings.extend(_dtype_consistency(config, view))
+
+
 def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None = None) -> Report:
-    """Run every header-level check on an opened checkpoint."""
-    report = Report(path=view.location, summary=summarize(view))
-    report.findings.extend(view.findings)
+    """Run every header-level check on an opened checkpoint, against the draft format it is in.
+
+    The format comes from `verify.formats.detect` (a declared type first, tensor names second);
+    a folder of another family gets one finding naming it, and with a drop-in reference of
+    another family one finding naming both.
+    """
+    ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
     config = view.config
-    if config is not None:
-        config_findings = check_config(config, view.tensors)
-        report.findings.extend(config_findings)
-        foreign = any(f.code in FAMILY_CODES for f in config_findings)
-        if foreign:
-            from dspark_hub.verify.family import fingerprint
-            report.sections["family"] = fingerprint(config, view.tensors).to_dict()
-        if not foreign:
-            try:
-                expected = contract.roster(config)
-            except ContractError as e:
-                expected = None
-                if view.tensors:
-                    report.findings.append(error("ROSTER_UNDECIDABLE", f"config.json:{e.key}", str(e),
-                                                 "fix the config; the tensor roster depends on it"))
-            if expected is not None:
-                report.sections["roster"] = {name: {"shape": list(spec.shape), "dtype": spec.dtype}
-                                             for name, spec in expected.items()}
-            if expected is not None and view.tensors:
-                present = {n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()}
-                report.findings.extend(check_roster(present, expected, drop_in=drop_in is not None))
-            if view.tensors:
-                report.findings.extend(_dtype_consistency(config, view))
-    report.findings.extend(_metadata_findings(view))
-    if drop_in is not None:
-        ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
+    fmt, found = detect(config, view.tensors) if config is not None else (None, None)
+    report = Report(path=view.location, summary=summarize(view, fmt))
+    report.findings.extend(view.findings)
+    across = ref is not None and found is not None and found.family != ref.family
+    if found is not None and (fmt is None or across):
+        report.sections["family"] = found.to_dict()
+    if across:
+        report.findings.append(dropin_family_finding(found, ref))   # type: ignore[arg-type]
+    elif config is not None and fmt is None:
+        report.findings.extend(family_findings(found, config))     # type: ignore[arg-type]
+    if fmt is not None:
+        _check_format(report, view, fmt, drop_in=ref is not None)
+    report.findings.extend(_metadata_findings(view, fmt))
+    if ref is not None and not across:
         report.findings.extend(check_drop_in(view, ref))
     return report
 

@@ -11,7 +11,13 @@ from dspark_hub.format.digests import ProblemKind
 
 FINDING_CODES: dict[str, str] = {
     # config (checks)
-    "SPECULATORS_FORMAT": "a speculators-format DSpark checkpoint, not k3_dspark",
+    "SPECULATORS_FORMAT": "retired: no longer emitted (a speculators DSpark is verified against its own contract)",
+    "SERVING_UNSUPPORTED": "a valid speculators checkpoint vLLM 0.32.0 will not serve as trained",
+    "SERVING_TOKEN_COUNT": "a bonus-anchor speculators draft drafts block_size - 1 tokens; vLLM given no count "
+                           "takes block_size",
+    "RUNTIME_NO_RULES": "no loader rules of that runtime are known for the checkpoint's format",
+    "DROPIN_FAMILY": "the checkpoint and the drop-in reference are of different draft families",
+    "PAIRING_VERIFIER": "the verifier a speculators draft records has other architectures than the target",
     "WRONG_MODEL_TYPE": "another model type altogether",
     "FOREIGN_DRAFT_FAMILY": "another draft family (GQA DSpark, DFlash, EAGLE-3, MTP)",
     "CONFIG_RULE": "a runtime start-up rule is violated, or rope_parameters is not a well-typed YaRN block",

@@ -15,6 +15,7 @@ from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.report import Finding, error, info
+from dspark_hub.verify.family import FAMILIES, K3_DSPARK, Fingerprint, fingerprint, methods_text
 
 #: Keys that may appear in a drop-in's config beyond the reference's (reported as info).
 ALLOWED_EXTRA_KEYS = {"auto_map": "added by 'dspark-hub export-code' for trust_remote_code; runtimes ignore it"}
@@ -32,6 +33,7 @@ class DropInReference:
     config: dict[str, Any]
     tensors: dict[str, tuple[tuple[int, ...], str]]
     files: dict[str, tuple[int, int, dict[str, str] | None]]   # file -> (size, header length, metadata)
+    family: str = K3_DSPARK                                   # `verify.family` name of the reference
 
 
 def bundled_reference(name: str) -> DropInReference:
@@ -51,7 +53,16 @@ def reference_from_view(view: CheckpointView) -> DropInReference:
         name=view.location, config=view.config or {},
         tensors={n: (info.shape, info.dtype) for n, (_, info) in view.tensors.items()},
         files={f: (view.files[f], h.header_length, h.metadata) for f, h in view.headers.items()},
+        family=fingerprint(view.config, view.tensors).family,
     )
+
+
+def dropin_family_finding(found: Fingerprint, ref: DropInReference) -> Finding:
+    """The one finding for a drop-in check across draft families: nothing else about it is comparable."""
+    theirs = FAMILIES[ref.family].title
+    return error("DROPIN_FAMILY", "config.json", f"this is {found.spec.title}, {ref.name} is {theirs}: a checkpoint "
+                 f"of another draft family is never a drop-in replacement ({'; '.join(found.evidence)})",
+                 f"compare it with a reference of its own family; it is served by {methods_text(found.spec)}")
 
 
 def resolve_reference(ref: str) -> DropInReference:

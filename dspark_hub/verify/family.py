@@ -1,26 +1,39 @@
-"""Which draft family a folder holds, from its tensor names and config, and which runtime method fits.
+"""Which draft family a folder holds, from its config and tensor names, and which runtime method fits.
 
 A checkpoint of another family should get one clear "this is not a k3_dspark draft, it
-is X" finding instead of a wall of missing-tensor findings. The name sets are the
-public layouts:
+is X" finding instead of a wall of missing-tensor findings. The config is read first: a
+declared `speculators_model_type` names the family whatever the tensor names look like (a
+speculators `dflash` and a `dspark` with the Markov head off save byte-identical bodies, so
+only the config tells them apart). The names decide when the config says nothing, and over a
+config that claims `k3_dspark` (a GQA body under a hand-written k3_dspark config is not one).
 
-- ``k3_dspark`` (MLA): ``layers.N.self_attn.q_a_proj``/``kv_a_proj_with_mqa`` +
-  ``markov_head.*`` (Inferact/Kimi-K3-DSpark; vLLM ``dspark_mla.py``). Trainer names
-  (``fc``/``hidden_norm``/``norm``) around an MLA body are still this family.
-- ``speculators_dspark``: ``speculators_model_type: "dspark"`` in the config
-  (vllm-project/speculators ``src/speculators/models/dspark``), GQA body with
-  ``fc``/``hidden_norm``/``norm`` and the same heads.
-- ``gqa_dspark``: a GQA DSpark layout (``q_proj``/``k_proj``/``v_proj`` + ``markov_head``)
-  without the speculators config (DeepSpec ``dspark_qwen3_*``, SGLang ``Qwen3DSparkModel``).
-- ``dflash``: the GQA block drafter without a Markov head (z-lab DFlash: ``fc``,
-  ``hidden_norm``, ``layers.N.self_attn.q_proj``; config ``DFlashDraftModel``/``dflash_config``).
-- ``eagle3``: ``midlayer.*`` or ``d2t``/``t2d`` with one decoder layer (EAGLE-3 exports,
-  vLLM ``llama_eagle3.py``; speculators ``eagle3``).
+Families and the layouts that identify them:
+
+- ``k3_dspark`` (MLA): ``layers.N.self_attn.q_a_proj``/``kv_a_proj_with_mqa`` + ``markov_head.*``
+  (Inferact/Kimi-K3-DSpark; vLLM ``dspark_mla.py``). Trainer names (``fc``/``hidden_norm``/``norm``)
+  around an MLA body are still this family.
+- ``speculators_<type>`` for every type speculators 0.9.0 registers (``dspark``, ``dflash``,
+  ``dflash2``, ``xpress``, ``eagle3``, ``peagle``, ``mtp``): config ``speculators_model_type``;
+  names second: ``refiner_head.*`` (xpress), ``candidate_selector.*``/``attention_conv`` (dflash2),
+  ``mask_hidden`` (peagle), ``layers.0.hidden_norm`` (the speculators EAGLE-3 layout),
+  ``mtp_layers.*`` (the speculators MTP layout).
+- ``gqa_dspark``: a GQA body with ``markov_head.*`` and no speculators config (DeepSpec
+  ``dspark_qwen3_*``, SGLang ``Qwen3DSparkModel``). A pruned vocabulary (``d2t``/``t2d``) does not
+  make it EAGLE-3.
+- ``dflash``: the GQA block drafter without a Markov head (``fc``, top-level ``hidden_norm``,
+  ``layers.N.self_attn.q_proj``; config ``DFlashDraftModel``/``dflash_config``).
+- ``eagle3``: ``midlayer.*``, or ``d2t``/``t2d`` otherwise unexplained (EAGLE-3 exports, vLLM
+  ``llama_eagle3.py``).
 - ``mtp``: ``mtp.*`` or ``eh_proj``/``enorm``/``hnorm``/``shared_head`` (DeepSeek MTP layers;
   config ``num_nextn_predict_layers``).
 
+The vLLM methods of the speculators families are what vLLM 0.32.0 translates each
+``speculators_model_type`` to (``vllm/transformers_utils/configs/speculators/algos.py``, executed);
+``None`` where it rejects the type (``mtp``, ``xpress``: ``SpeculatorsConfig``, base.py:51-56).
+No other runtime was found to load the speculators format.
+
 `sections["family"]` (JSON): ``{"family", "title", "confidence", "evidence": [str],
-"methods": {runtime: method|null}, "config_model_type"}``.
+"methods": {runtime: method|null}, "config_model_type", "format", "speculators_type"}``.
 """
 
 from __future__ import annotations
@@ -30,9 +43,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dspark_hub.format import contract
+from dspark_hub.format import contract, speculators
 
 K3_DSPARK = "k3_dspark"
+SPECULATORS_DSPARK = "speculators_dspark"
+
+_NOT_SERVED = {"tokenspeed": None, "sglang": None, "atom": None}
 
 
 @dataclass(frozen=True)
@@ -41,15 +57,36 @@ class FamilySpec:
 
     name: str
     title: str
-    methods: Mapping[str, str | None]     # runtime -> method flag value (None: not served)
+    methods: Mapping[str, str | None]     # runtime -> method flag value (None: no method serves it)
+    speculators_type: str | None = None   # the declared speculators_model_type, for speculators families
+    serving_note: str | None = None
+
+    @property
+    def format(self) -> str:
+        """`k3_dspark`, `speculators` (the library's own checkpoint format) or `native` (other exports)."""
+        return "speculators" if self.speculators_type else (K3_DSPARK if self.name == K3_DSPARK else "native")
+
+
+def _speculators(kind: str, title: str, vllm: str | None, note: str | None = None) -> FamilySpec:
+    return FamilySpec(f"speculators_{kind}", f"a speculators-format {title} checkpoint",
+                      {"vllm": vllm, **_NOT_SERVED}, speculators_type=kind, serving_note=note)
 
 
 FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (
     FamilySpec(K3_DSPARK, "an MLA k3_dspark draft",
                {"vllm": "dspark", "tokenspeed": "DSPARK", "sglang": "DSPARK", "atom": "dspark"}),
-    FamilySpec("speculators_dspark", "a speculators-format DSpark checkpoint",
-               # sglang dspark.py refuses the speculators convention (slot j predicts anchor+j)
-               {"vllm": "dspark", "tokenspeed": None, "sglang": None, "atom": None}),
+    # sglang dspark.py refuses the speculators convention (slot j predicts anchor+j)
+    _speculators("dspark", "DSpark", "dspark"),
+    _speculators("dflash", "DFlash", "dflash"),
+    _speculators("dflash2", "DFlash2", "dflash", "vLLM 0.32.0 serves dflash2 through the dflash method "
+                 "(update_dflash2, algos.py:129-149)"),
+    _speculators("xpress", "XPress", None, "vLLM 0.32.0 rejects speculators_model_type 'xpress' "
+                 "(SpeculatorsConfig, base.py:51-56)"),
+    _speculators("eagle3", "EAGLE-3", "eagle3"),
+    _speculators("peagle", "P-EAGLE", "eagle3", "vLLM 0.32.0 serves peagle as eagle3 with parallel_drafting "
+                 "(update_peagle, algos.py:53-87)"),
+    _speculators("mtp", "MTP", None, "vLLM 0.32.0 rejects speculators_model_type 'mtp' "
+                 "(SpeculatorsConfig, base.py:51-56)"),
     FamilySpec("gqa_dspark", "a GQA DSpark draft (Qwen3-style attention, not MLA)",
                {"vllm": "dspark", "tokenspeed": "DSPARK", "sglang": "DSPARK", "atom": "dspark"}),
     FamilySpec("dflash", "a DFlash block drafter (no Markov head)",
@@ -84,11 +121,22 @@ class Fingerprint:
     def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, "title": self.spec.title, "confidence": self.confidence,
                 "evidence": self.evidence, "methods": dict(self.spec.methods),
-                "config_model_type": self.config_model_type}
+                "config_model_type": self.config_model_type, "format": self.spec.format,
+                "speculators_type": self.spec.speculators_type}
+
+
+def methods_text(spec: FamilySpec) -> str:
+    """`vllm dspark, tokenspeed DSPARK` (or `no runtime method known`), plus the family's serving note."""
+    text = ", ".join(f"{rt} {m}" for rt, m in spec.methods.items() if m) or "no runtime method known"
+    return text + (f"; {spec.serving_note}" if spec.serving_note else "")
 
 
 def _has(names: set[str], *fragments: str) -> list[str]:
     return sorted(n for n in names if any(f in n for f in fragments))
+
+
+def _starting(names: set[str], *prefixes: str) -> list[str]:
+    return sorted(n for n in names if n.startswith(prefixes))
 
 
 def family_from_names(names: Iterable[str]) -> tuple[str | None, list[str]]:
@@ -99,19 +147,32 @@ def family_from_names(names: Iterable[str]) -> tuple[str | None, list[str]]:
     mla = _has(names, ".self_attn.q_a_proj.", ".self_attn.kv_a_proj_with_mqa.")
     gqa = [n for n in _has(names, ".self_attn.q_proj.", ".self_attn.k_proj.") if _LAYER.match(n)]
     markov = _has(names, "markov_head.")
-    mtp = _has(names, ".eh_proj.", ".enorm.", ".hnorm.", ".shared_head.") + sorted(n for n in names
-                                                                                   if n.startswith("mtp."))
-    eagle = _has(names, "midlayer.") + sorted(n for n in names if n in ("d2t", "t2d"))
     if mla and markov:
         return K3_DSPARK, [f"MLA attention ({mla[0]})", f"Markov head ({markov[0]})"]
-    if mtp:
-        return "mtp", [f"MTP tensors ({mtp[0]})"]
-    if eagle:
-        return "eagle3", [f"EAGLE-3 tensors ({eagle[0]})"]
+    rules: list[tuple[str, list[str], str]] = [
+        ("speculators_mtp", _starting(names, "mtp_layers."), "the speculators MTP layout"),
+        ("mtp", _has(names, ".eh_proj.", ".enorm.", ".hnorm.", ".shared_head.") + _starting(names, "mtp."),
+         "MTP tensors"),
+        ("speculators_xpress", _starting(names, "refiner_head."), "the XPress refiner head"),
+        ("speculators_dflash2", _starting(names, "candidate_selector.") + _has(names, ".attention_conv.",
+                                                                                 ".mlp_conv."),
+         "DFlash2 convolutions / candidate selector"),
+    ]
+    for family, found, what in rules:
+        if found:
+            return family, [f"{what} ({found[0]})"]
     if gqa and markov:
         return "gqa_dspark", [f"GQA attention ({gqa[0]})", f"Markov head ({markov[0]})"]
-    if gqa and _has(names, "fc.weight", "hidden_norm."):
+    if "mask_hidden" in names:
+        return "speculators_peagle", ["P-EAGLE mask_hidden beside an EAGLE-3 layer"]
+    eagle = _starting(names, "midlayer.") + sorted(n for n in names if re.fullmatch(r"layers\.0\.hidden_norm\.\w+", n))
+    if eagle:
+        family = "eagle3" if eagle[0].startswith("midlayer.") else "speculators_eagle3"
+        return family, [f"EAGLE-3 layer ({eagle[0]})"]
+    if gqa and (names & {"fc.weight", "hidden_norm.weight"}):
         return "dflash", [f"GQA attention ({gqa[0]})", "fc/hidden_norm context path", "no Markov head"]
+    if names & {"d2t", "t2d"}:
+        return "eagle3", ["EAGLE-3 vocabulary maps (d2t/t2d)"]
     if mla:
         return K3_DSPARK, [f"MLA attention ({mla[0]}) without a Markov head"]
     return None, []
@@ -121,13 +182,17 @@ def family_from_config(config: Mapping[str, Any] | None) -> tuple[str | None, li
     """Guess the family from config keys alone (None when the config says nothing)."""
     if not config:
         return None, []
-    if config.get("speculators_model_type") == "dspark":
-        return "speculators_dspark", ["config.json speculators_model_type 'dspark'"]
+    declared = config.get(speculators.TYPE_KEY)
+    if declared in speculators.REGISTERED_TYPES:
+        return f"speculators_{declared}", [f"config.json {speculators.TYPE_KEY} {declared!r}"]
     if config.get("model_type") == contract.MODEL_TYPE:
         return K3_DSPARK, ["config.json model_type 'k3_dspark'"]
-    arch = " ".join(str(a) for a in config.get("architectures") or [])
-    if config.get("speculators_model_type") == "eagle3" or "Eagle3" in arch:
-        return "eagle3", [f"config.json architectures {arch or config.get('speculators_model_type')}"]
+    archs = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    if contract.ARCHITECTURE in archs:
+        return K3_DSPARK, [f"config.json architectures {contract.ARCHITECTURE}"]
+    arch = " ".join(str(a) for a in archs)
+    if "Eagle3" in arch:
+        return "eagle3", [f"config.json architectures {arch}"]
     if "DFlash" in arch or "dflash_config" in config:
         return "dflash", [f"config.json {'architectures ' + arch if 'DFlash' in arch else 'dflash_config'}"]
     if "DSpark" in arch:
@@ -138,11 +203,11 @@ def family_from_config(config: Mapping[str, Any] | None) -> tuple[str | None, li
 
 
 def fingerprint(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> Fingerprint:
-    """Name the draft family from config and tensor names.
+    """Name the draft family: a declared type first, tensor names second.
 
-    The tensor names win over a config that claims `k3_dspark` (a GQA body under a
-    k3_dspark config is not a k3_dspark draft); a config that names another family wins
-    over ambiguous names.
+    A config that names a family wins over the names (a speculators `dflash` and a `dspark`
+    with the Markov head off have identical bodies); tensor names win over a config that only
+    claims `k3_dspark` (a GQA body under a k3_dspark config is not a k3_dspark draft).
     """
     by_config, config_evidence = family_from_config(config)
     by_names, name_evidence = family_from_names(names)

@@ -1,25 +1,36 @@
 """`verify --target TARGET`: does this draft pair with that target? Offline, from files only.
 
+What the draft says about its target comes from its draft format (`verify.formats.PairingKeys`):
+k3_dspark's ``target_hidden_size``, ``target_num_hidden_layers``, ``vocab_size`` and
+``target_layer_ids``; a speculators DSpark's ``target_hidden_size`` (null: the hidden size),
+``transformer_layer_config.vocab_size``, ``draft_vocab_size`` and ``aux_hidden_state_layer_ids``
+(residual indices, shown in our convention too; it records no target layer count).
+
 Checks (each a finding naming what differs):
 
-- the target's hidden size, layer count and vocabulary against the draft's
-  ``target_hidden_size``, ``target_num_hidden_layers`` and ``vocab_size``, and the rows of
-  the target's embedding table (a padded vocabulary breaks the shared ``lm_head``);
-- every ``target_layer_ids`` entry in range and never the final layer;
+- the target's hidden size, layer count (where the draft records one) and vocabulary against the
+  draft's, the rows of the target's embedding table (a padded vocabulary breaks the shared
+  ``lm_head``), and a draft vocabulary no larger than the target's;
+- every tap in range for the target (k3_dspark: ``target_layer_ids`` in ``[0, L)``, never the final
+  layer; speculators: aux ids in ``[0, L]``);
+- the verifier a speculators draft records (``speculators_config.verifier.architectures``) against
+  the target's architectures (a warning);
 - ``mask_token_id`` inside the target vocabulary, not the target's pad/eos id, and, when the
   target ships a tokenizer (``tokenizer.json``, ``tokenizer_config.json``
   ``added_tokens_decoder``, ``special_tokens_map.json``, read as JSON, never run), a special
   or reserved token rather than ordinary text;
-- ``embed_tokens.weight`` bit-identical to the target's embedding (a streamed SHA-256 of
-  both byte ranges through the `Source` protocol, so it works for local folders and Hub
-  sources alike);
+- k3_dspark only: ``embed_tokens.weight`` bit-identical to the target's embedding (a streamed
+  SHA-256 of both byte ranges through the `Source` protocol, so it works for local folders and
+  Hub sources alike); a speculators draft saves no embedding;
 
 and records what the draft was paired with in ``sections["pairing"]``::
 
-    {"target": str, "revision": str|null, "revision_source": str|null,
+    {"target": str, "revision": str|null, "revision_source": str|null, "format": str,
+     "draft": {"tap_width", "vocab_size", "draft_vocab_size", "target_layers", "target_layer_ids",
+               "native_layer_ids", "native_layer_ids_key", "verifier"},   # target_layer_ids: our convention
      "config": {"hidden_size", "num_hidden_layers", "vocab_size", "sha256"},
      "files": {name: {"size": int, "sha256": str|null}},   # config/tokenizer files hashed, weights by size
-     "embedding": {"draft": digest|null, "target": digest|null, "identical": bool|null},
+     "embedding": {"draft": digest|null, "target": digest|null, "identical": bool|null}|null,
      "mask_token": {"id", "content", "special", "where"}|null}
 
 TARGET may be a local folder or ``hf://org/name[@rev]`` (through `checks.source_for`).
@@ -42,7 +53,8 @@ from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.tensorio import TensorDigest
 from dspark_hub.progress import Progress
 from dspark_hub.report import Finding, Report, error, info, warning
-from dspark_hub.verify.rules import tap_layer_findings, text_config
+from dspark_hub.verify.formats import K3, PairingKeys, detect
+from dspark_hub.verify.rules import text_config
 
 CHUNK_BYTES = 16 << 20
 #: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
@@ -163,11 +175,10 @@ def _special_strings(view: CheckpointView) -> set[str]:
     return out
 
 
-def _mask_findings(draft: Mapping[str, Any], tcfg: Mapping[str, Any], view: CheckpointView,
+def _mask_findings(mask: int | None, tcfg: Mapping[str, Any], view: CheckpointView,
                    vocab: int | None) -> tuple[list[Finding], TokenInfo | None]:
-    mask = draft.get("mask_token_id")
     where = "config.json:mask_token_id"
-    if not isinstance(mask, int) or isinstance(mask, bool):
+    if mask is None:
         return [], None
     if vocab is not None and not 0 <= mask < vocab:
         return [error("PAIRING_MASK_TOKEN", where, f"mask_token_id {mask} is outside the target's vocabulary "
@@ -197,9 +208,9 @@ def _mask_findings(draft: Mapping[str, Any], tcfg: Mapping[str, Any], view: Chec
 
 # ---------------------------------------------------------------- shape facts
 
-def _compare(draft: Mapping[str, Any], draft_key: str, target: Mapping[str, Any], target_key: str,
+def _compare(mine: Any, draft_key: str, target: Mapping[str, Any], target_key: str,
              code: str, what: str, why: str) -> list[Finding]:
-    mine, theirs = draft.get(draft_key), target.get(target_key)
+    theirs = target.get(target_key)
     if theirs is None or mine == theirs:
         return []
     return [error(code, f"config.json:{draft_key}", f"{draft_key} is {json.dumps(mine)} but the target's "
@@ -207,16 +218,31 @@ def _compare(draft: Mapping[str, Any], draft_key: str, target: Mapping[str, Any]
                   "pair the draft with the target it was trained on")]
 
 
-def _vocab_findings(draft: Mapping[str, Any], tcfg: Mapping[str, Any], rows: int | None) -> list[Finding]:
-    out = _compare(draft, "vocab_size", tcfg, "vocab_size", "PAIRING_VOCAB", "vocabulary",
+def _vocab_findings(keys: PairingKeys, tcfg: Mapping[str, Any], rows: int | None) -> list[Finding]:
+    out = _compare(keys.vocab_size, keys.vocab_key, tcfg, "vocab_size", "PAIRING_VOCAB", "vocabulary",
                    "the draft scores through the target's lm_head, so the vocabularies must be identical")
-    vocab = draft.get("vocab_size")
+    vocab = keys.vocab_size
     if rows is not None and isinstance(vocab, int) and rows != vocab:
-        out.append(error("PAIRING_VOCAB", "config.json:vocab_size", f"the target's embedding has {rows} rows "
-                         f"(vocabulary with padding) but the draft's vocab_size is {vocab}; runtimes then stop "
+        out.append(error("PAIRING_VOCAB", f"config.json:{keys.vocab_key}", f"the target's embedding has {rows} rows "
+                         f"(vocabulary with padding) but the draft's {keys.vocab_key} is {vocab}; runtimes then stop "
                          "sharing the lm_head (0% acceptance in a public vLLM report)",
                          "give the draft the target's padded vocabulary size"))
+    theirs = tcfg.get("vocab_size") if isinstance(tcfg.get("vocab_size"), int) else rows
+    draft_vocab = keys.draft_vocab_size
+    if draft_vocab is not None and theirs is not None and draft_vocab > theirs:
+        out.append(error("PAIRING_VOCAB", "config.json:draft_vocab_size", f"draft_vocab_size {draft_vocab} is larger "
+                         f"than the target's vocabulary {theirs}", "a draft vocabulary is the target's or a subset"))
     return out
+
+
+def _verifier_findings(keys: PairingKeys, target_config: Mapping[str, Any]) -> list[Finding]:
+    """The verifier the draft records (speculators `speculators_config.verifier`) against the target's architecture."""
+    recorded, theirs = keys.verifier_architectures, target_config.get("architectures")
+    if not recorded or not isinstance(theirs, list) or set(recorded) & set(theirs):
+        return []
+    return [warning("PAIRING_VERIFIER", "config.json:speculators_config.verifier", f"the draft was trained against "
+                    f"{keys.verifier or 'a verifier'} with architectures {recorded}; this target is {theirs}",
+                    "check that this is the model the draft was trained for")]
 
 
 def _embedding(draft_view: CheckpointView, target_view: CheckpointView, name: str | None,
@@ -255,33 +281,48 @@ def _file_digests(view: CheckpointView, hashed: tuple[str, ...]) -> dict[str, di
 
 def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
                   progress: Progress | None = None) -> tuple[list[Finding], dict[str, Any]]:
-    """Every pairing check of a draft against a target; returns findings and `sections["pairing"]`."""
+    """Every pairing check of a draft against a target; returns findings and `sections["pairing"]`.
+
+    What the draft says about its target comes from its format's `pairing_keys` (`verify.formats`):
+    `target_hidden_size`/`target_num_hidden_layers`/`vocab_size` for k3_dspark; `target_hidden_size`
+    (null: the hidden size), `transformer_layer_config.vocab_size`, `draft_vocab_size` and the aux ids
+    (converted to our convention) for a speculators DSpark, which records no target layer count.
+    """
     draft = draft_view.config or {}
     if target_view.config is None:
         raise UsageError(f"{target_view.location}: no readable config.json; pass the target model folder",
                          param="target")
+    fmt, _ = detect(draft, draft_view.tensors)
+    fmt = fmt or K3
+    keys = fmt.pairing_keys(draft)
     tcfg = text_config(target_view.config)
     embed_name = target_embedding_name(target_view)
     rows = target_view.tensors[embed_name][1].shape[0] if embed_name else None
     vocab = tcfg.get("vocab_size") if isinstance(tcfg.get("vocab_size"), int) else rows
-    out = _compare(draft, "target_hidden_size", tcfg, "hidden_size", "PAIRING_HIDDEN_SIZE", "hidden size",
-                   "context_proj expects taps of the draft's target_hidden_size")
-    out += _compare(draft, "target_num_hidden_layers", tcfg, "num_hidden_layers", "PAIRING_LAYER_COUNT",
-                    "layer count", "the taps were trained on another depth of model")
-    out += _vocab_findings(draft, tcfg, rows)
+    out = _compare(keys.tap_width, keys.tap_width_key, tcfg, "hidden_size", "PAIRING_HIDDEN_SIZE", "hidden size",
+                   "the draft's context projection expects taps of that width")
+    if keys.target_layers_key is not None:
+        out += _compare(keys.target_layers, keys.target_layers_key, tcfg, "num_hidden_layers", "PAIRING_LAYER_COUNT",
+                        "layer count", "the taps were trained on another depth of model")
+    out += _vocab_findings(keys, tcfg, rows)
     layers = tcfg.get("num_hidden_layers")
     if isinstance(layers, int):
-        out += tap_layer_findings(draft, target_layers=layers, code="PAIRING_LAYER_ID")
-    mask_findings, token = _mask_findings(draft, tcfg, target_view, vocab)
+        out += fmt.tap_findings(draft, layers)
+    out += _verifier_findings(keys, target_view.config)
+    mask_findings, token = _mask_findings(keys.mask_token_id, tcfg, target_view, vocab)
     out += mask_findings
-    embed_findings, embedding = _embedding(draft_view, target_view, embed_name, progress)
-    out += embed_findings
+    embedding = None
+    if keys.embedding is not None:
+        embed_findings, embedding = _embedding(draft_view, target_view, embed_name, progress)
+        out += embed_findings
     revision, revision_source = target_revision(target_view)
     hashed = ("config.json", *TOKENIZER_FILES)
     section = {
         "target": target_view.location,
         "revision": revision,
         "revision_source": revision_source,
+        "format": fmt.name,
+        "draft": keys.to_dict(),
         "config": {"hidden_size": tcfg.get("hidden_size"), "num_hidden_layers": tcfg.get("num_hidden_layers"),
                    "vocab_size": tcfg.get("vocab_size"), "sha256": _sha256_file(target_view, "config.json")},
         "files": _file_digests(target_view, hashed),
@@ -289,9 +330,10 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
         "mask_token": token.to_dict() if token else None,
     }
     if not any(f.severity == "error" for f in out):
+        identical = bool(embedding and embedding["identical"])
         out.append(info("PAIRING_OK", target_view.location, f"pairs with this target (hidden "
                         f"{tcfg.get('hidden_size')}, {tcfg.get('num_hidden_layers')} layers, vocabulary "
-                        f"{vocab}" + (", embedding bit-identical)" if embedding["identical"] else ")")))
+                        f"{vocab}" + (", embedding bit-identical)" if identical else ")")))
     return out, section
 
 

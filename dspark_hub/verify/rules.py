@@ -37,6 +37,11 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return nested if isinstance(nested, Mapping) and "hidden_size" in nested else config
 
 
+def layer_id_from_residual(index: int) -> int:
+    """Inverse of `residual_index`: a vLLM/speculators aux layer id as our `target_layer_ids` entry."""
+    return index - 1
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -87,6 +92,55 @@ def tap_layer_findings(config: Mapping[str, Any], *, target_layers: int | None =
                                f"{residual_index(total - 1)}, a forward hook), not transformers' normed "
                                "hidden_states[-1]", "check that training and serving capture it the same way"))
     return out
+
+
+#: What a speculators / vLLM aux layer id names, for messages.
+AUX_ID_CONVENTION = ("aux_hidden_state_layer_ids entry k = the residual stream after k target decoder layers "
+                     "(transformers hidden_states[k]; 0 = the embedding output, L = the last layer's output before "
+                     "the final norm) = our target_layer_ids entry k - 1")
+#: Where the speculators aux-id rule was read and run.
+AUX_ID_SOURCE = ("[speculators 0.9.0 models/utils.py:99-140 resolve_target_layer_ids (distinct, within "
+                 "[0, num_layers] inclusive, order not checked); vLLM 0.32.0 algos.py:192-195 (target_layer_ids = "
+                 "ids - 1); executed]")
+
+
+def aux_id_findings(ids: Any, *, target_layers: int | None = None, code: str = "CONFIG_RULE",
+                    where: str = "config.json:aux_hidden_state_layer_ids") -> list[Finding]:
+    """Every problem with a speculators config's `aux_hidden_state_layer_ids`, as findings.
+
+    The ids must be a non-empty list of distinct integers >= 0 (speculators refuses anything else
+    when it sets up training); ascending order is what both the library and vLLM capture, so
+    another order is a warning. With `target_layers` (the paired target's layer count) only the
+    range `[0, target_layers]` (inclusive: the last layer's output is id `target_layers`) is checked:
+    the shape of the list is the config rule's to report, once.
+    """
+    well_formed = isinstance(ids, list) and bool(ids) and all(_is_int(i) for i in ids)
+    if target_layers is not None:
+        if not well_formed:
+            return []
+        bad = [i for i in ids if not 0 <= i <= target_layers]
+        return [error(code, where, f"aux ids {bad} are outside [0, {target_layers}] for a target with "
+                      f"{target_layers} layers (aux id k is the residual after k layers)",
+                      "list residual indices the target has")] if bad else []
+    if not well_formed:
+        return [error(code, where, f"aux_hidden_state_layer_ids is {json.dumps(ids)[:60]}; it must be a non-empty "
+                      f"list of integers (speculators and vLLM size fc and pick the target's hidden states from it) "
+                      f"{AUX_ID_SOURCE}", "list the target residual indices the draft was trained on")]
+    out: list[Finding] = []
+    if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
+        out.append(error(code, where, f"aux ids {ids} must be distinct and >= 0 {AUX_ID_SOURCE}",
+                         "list each residual index once"))
+    elif ids != sorted(ids):
+        out.append(warning(code, where, f"aux ids {ids} are not ascending; the target's hidden states are captured "
+                           "in layer order whatever the list order, so fc's column blocks follow ascending ids "
+                           f"{AUX_ID_SOURCE}",
+                           "write the ids ascending"))
+    return out
+
+
+def taps_from_aux_ids(ids: list[int]) -> list[int]:
+    """A speculators config's aux ids in our `target_layer_ids` convention (`k - 1`)."""
+    return [layer_id_from_residual(k) for k in ids]
 
 
 def require_tap_layers(config: Mapping[str, Any], *, target_layers: int | None = None) -> list[int]:

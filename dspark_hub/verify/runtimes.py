@@ -36,7 +36,8 @@ from typing import Any, Literal
 from dspark_hub._text import plural
 from dspark_hub.errors import ContractError
 from dspark_hub.format import contract
-from dspark_hub.report import Finding, error, info
+from dspark_hub.report import Finding, error, info, warning
+from dspark_hub.verify.family import methods_text
 
 Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
 Policy = Literal["raise", "ignore"]
@@ -50,15 +51,25 @@ REFERENCE_BLOCK_SIZE = 7
 LUMEN_NOTES = "ZhangDanyang-AMD/Lumen-RL examples/Kimi_K3_SDDD_MI350_ATOM/TRAIN_FROM_SCRATCH.md"
 
 
+Evidence = Literal["executed", "read"]
+
+
 @dataclass(frozen=True)
 class Cited:
-    """One loader rule and where it was read."""
+    """One loader rule and where it was read.
+
+    `id` names the rule so a verdict can say which rule decided it; `evidence` says whether the
+    behaviour was run against that runtime (`executed`) or only read in its code (`read`); None
+    for rules read from public sources without a pinned version.
+    """
 
     rule: str
     source: str
+    evidence: Evidence | None = None
+    id: str | None = None
 
-    def to_dict(self) -> dict[str, str]:
-        return {"rule": self.rule, "source": self.source}
+    def to_dict(self) -> dict[str, str | None]:
+        return {"id": self.id, "rule": self.rule, "source": self.source, "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,21 @@ class RuntimeSpec:
     rules: tuple[Cited, ...]
     serving: ServingRecipe
     notes: tuple[str, ...] = ()
+    drop_hint: str = "rename the tensors to the contract names ('dspark-hub convert') and verify again"
+    fatal_hint: str = "export exactly the contract names"
+
+    def verdicts(self, tensors: Mapping[str, tuple[tuple[int, ...], str]],
+                 config: Mapping[str, Any]) -> RuntimeVerdicts:
+        """What this runtime's loader does with every tensor (name -> (shape, dtype)) of a checkpoint."""
+        return runtime_verdicts(list(tensors), config, self)
+
+    def serving_parameters(self, config: Mapping[str, Any], *, draft: str = "DRAFT",
+                           block_size: int | None = None) -> dict[str, Any]:
+        return serving_parameters(config, self, draft=draft, block_size=block_size)
+
+    def serving_findings(self, config: Mapping[str, Any], block_size: int | None) -> list[Finding]:
+        """Findings about how the draft must be served (none: N comes from the command line)."""
+        return []
 
     def skips(self, name: str) -> bool:
         return name.startswith(self.skip_prefixes) or any(s in name for s in self.skip_substrings)
@@ -246,12 +272,18 @@ def resolve(names: str | list[str]) -> list[RuntimeSpec]:
 
 @dataclass
 class RuntimeVerdicts:
-    """What one runtime would do with every tensor of a checkpoint."""
+    """What one runtime would do with every tensor of a checkpoint.
 
-    runtime: RuntimeSpec
+    `runtime` is any loader spec with `name`, `title`, `rules`, `notes`, `drop_hint`, `fatal_hint`
+    (`RuntimeSpec` here, `runtimes_speculators.SpeculatorsLoader` for the speculators format);
+    `decided_by` names the rule id behind a verdict, where the loader's rules have ids.
+    """
+
+    runtime: Any
     tensors: dict[str, tuple[Verdict, str]] = field(default_factory=dict)     # name -> (verdict, detail)
     unfilled: dict[str, tuple[Verdict, str]] = field(default_factory=dict)    # parameter -> (verdict, detail)
     harmless: set[str] = field(default_factory=set)    # ignored names whose bare form is skipped by design
+    decided_by: dict[str, str] = field(default_factory=dict)   # tensor or parameter -> rule id
 
     def names(self, verdict: Verdict) -> list[str]:
         return [n for n, (v, _) in self.tensors.items() if v == verdict]
@@ -268,8 +300,10 @@ class RuntimeVerdicts:
 
     def to_dict(self) -> dict[str, Any]:
         return {"title": self.runtime.title,
-                "verdicts": [{"tensor": n, "verdict": v, "detail": d} for n, (v, d) in self.tensors.items()],
-                "unfilled": [{"parameter": n, "verdict": v, "detail": d} for n, (v, d) in self.unfilled.items()],
+                "verdicts": [{"tensor": n, "verdict": v, "detail": d, "rule": self.decided_by.get(n)}
+                             for n, (v, d) in self.tensors.items()],
+                "unfilled": [{"parameter": n, "verdict": v, "detail": d, "rule": self.decided_by.get(n)}
+                             for n, (v, d) in self.unfilled.items()],
                 "counts": self.counts(),
                 "rules": [r.to_dict() for r in self.runtime.rules],
                 "notes": list(self.runtime.notes)}
@@ -363,19 +397,18 @@ def findings(result: RuntimeVerdicts) -> list[Finding]:
     unfilled_ignored = [p for p, (v, _) in result.unfilled.items() if v == "ignored"]
     fatal = not result.loads
     out: list[Finding] = []
-    if ignored or unfilled_ignored:
+    if (ignored or unfilled_ignored) and not fatal:    # a load that fails drops nothing silently
         head = f"{spec.title} would ignore {_listing(ignored)}" if ignored else \
             f"{spec.title} would load without {_listing(unfilled_ignored)}"
         out.append(error("RUNTIME_SILENT_DROP", where, f"{head}: {consequence(unfilled_ignored or ignored)}; "
-                         "the server log stays healthy",
-                         "rename the tensors to the contract names ('dspark-hub convert') and verify again"))
+                         "the server log stays healthy", spec.drop_hint))
     if fatal:
         unknown = result.names("fatal")
         missing = [p for p, (v, _) in result.unfilled.items() if v == "fatal"]
         parts = ([f"unknown {_listing(unknown)}"] if unknown else []) + \
             ([f"missing {_listing(missing)}"] if missing else [])
         out.append(error("RUNTIME_LOAD_FAILS", where, f"{spec.title} refuses to start ({'; '.join(parts)}): its "
-                         "loader raises on unknown and missing names", "export exactly the contract names"))
+                         "loader raises on unknown and missing names", spec.fatal_hint))
     if not out:
         c = result.counts()
         out.append(info("RUNTIME_LOADS", where, f"{spec.title} loads {plural(c['loaded'], 'tensor')} and skips "
@@ -410,6 +443,7 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: s
         "target_layer_ids_source": "read from config.json target_layer_ids by every runtime (0-based, output of "
                                    "each target layer); no command-line flag",
         "command": recipe.template.format(target=target, draft=draft, n=n, n1=n + 1, vllm_spec=vllm_spec),
+        "alternatives": [],
         "source": recipe.source,
         "note": recipe.note or None,
     }
@@ -422,36 +456,57 @@ def _draft_id(draft: str) -> str:
     return draft
 
 
-def runtimes_section(tensor_names: list[str], config: Mapping[str, Any], specs: list[RuntimeSpec], *,
-                     draft: str = "DRAFT", block_size: int | None = None) -> tuple[dict[str, Any], list[Finding]]:
-    """`sections["runtimes"]` and the findings for the named runtimes."""
+def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[str], config: Mapping[str, Any],
+                     specs: list[Any], *, draft: str = "DRAFT",
+                     block_size: int | None = None) -> tuple[dict[str, Any], list[Finding]]:
+    """`sections["runtimes"]` and the findings for the named runtimes' loaders.
+
+    `tensors` maps name -> (shape, dtype) (a list of names is read as names of unknown shape).
+    """
+    present = tensors if isinstance(tensors, Mapping) else {name: ((), "") for name in tensors}
     section: dict[str, Any] = {}
     out: list[Finding] = []
     for spec in specs:
-        result = runtime_verdicts(tensor_names, config, spec)
-        section[spec.name] = {**result.to_dict(),
-                              "serving": serving_parameters(config, spec, draft=draft, block_size=block_size)}
+        result = spec.verdicts(present, config)
+        section[spec.name] = {**result.to_dict(), "supported": True,
+                              "serving": spec.serving_parameters(config, draft=draft, block_size=block_size)}
         out.extend(findings(result))
+        out.extend(spec.serving_findings(config, block_size))
     return section, out
 
 
 def extend_report(report: Any, view: Any, names: str | list[str], *, block_size: int | None = None) -> Any:
     """Add `sections["runtimes"]` (and `sections["family"]`) plus the runtime findings to a verify report.
 
-    A folder of another draft family, or a config without a roster, gets no runtime verdicts:
-    the family finding already says what it is.
+    The loaders are those of the checkpoint's draft format (`verify.formats`); a runtime with no
+    loader rules for that format gets a `RUNTIME_NO_RULES` warning instead of verdicts. A folder of
+    another draft family, or a config without a roster, gets no runtime verdicts: the family
+    finding already says what it is.
     """
-    from dspark_hub.verify.family import fingerprint
+    from dspark_hub.verify.formats import detect
 
-    found = fingerprint(view.config, view.tensors)
+    fmt, found = detect(view.config, view.tensors)
     report.sections["family"] = found.to_dict()
-    if not found.is_k3_dspark or view.config is None:
+    if fmt is None or view.config is None:
         return report
+    loaders = fmt.runtimes()
+    wanted = list(RUNTIMES) if names == "all" or names == ["all"] else ([names] if isinstance(names, str) else names)
+    present = {n: (tuple(info.shape), info.dtype) for n, (_, info) in view.tensors.items()}
     try:
-        section, out = runtimes_section(list(view.tensors), view.config, resolve(names), draft=view.location,
-                                        block_size=block_size)
+        section, out = runtimes_section(present, view.config, [loaders[n] for n in loaders if n in wanted],
+                                        draft=view.location, block_size=block_size)
     except ContractError:
         return report     # ROSTER_UNDECIDABLE is already reported
+    explicit = names not in ("all", ["all"])
+    for name in (n for n in wanted if n not in loaders):
+        title = RUNTIMES[name].title if name in RUNTIMES else name
+        section[name] = {"title": title, "supported": False, "verdicts": [], "unfilled": [], "counts": {},
+                         "rules": [], "notes": [f"no {title} loader for {fmt.title} checkpoints is known"],
+                         "serving": None}
+        if explicit:
+            out.append(warning("RUNTIME_NO_RULES", f"runtime:{name}", f"dspark-hub knows no {title} loader for "
+                               f"{fmt.title} checkpoints ({methods_text(found.spec)}); nothing was judged",
+                               "judge it with a runtime that serves this format"))
     report.sections["runtimes"] = section
     report.findings.extend(out)
     return report

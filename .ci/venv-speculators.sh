@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The speculators virtualenv: the real `speculators` library, used only to (re)generate the
+# checked-in fixtures under tests/fixtures/speculators/ (make_fixtures.py). The test suite never
+# needs it: tests read the checked-in files.
+#
+#   bash .ci/venv-speculators.sh            # create (or reuse) the venv, print its python
+#   bash .ci/venv-speculators.sh --check    # ... then rebuild every fixture and compare bytes
+#   bash .ci/venv-speculators.sh --write    # ... then regenerate the fixtures in place
+#
+# It lives outside the clone (speculators pins its own torch, so it is never a dependency of
+# dspark-hub): ${DSPARK_VENV_CACHE:-$HOME/.cache/dspark-hub}/speculators-0.9.0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SPECULATORS_VERSION=0.9.0
+TORCH_VERSION=2.13.0          # the CPU build the project's own venv uses; speculators 0.9.0 allows >=2.9,<=2.14.1
+TRANSFORMERS_VERSION=5.19.0   # the newest speculators 0.9.0 allows; fixture bytes depend on it (to_diff_dict)
+VENV="${DSPARK_VENV_CACHE:-$HOME/.cache/dspark-hub}/speculators-${SPECULATORS_VERSION}"
+
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import speculators" 2>/dev/null; then
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q "torch==${TORCH_VERSION}" "speculators==${SPECULATORS_VERSION}" \
+        "transformers==${TRANSFORMERS_VERSION}"
+    # speculators requires torchvision and torchaudio, which do not work beside the CPU torch build
+    # (they are built against another torch) and are never imported by the fixture script.
+    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio
+fi
+"$VENV/bin/python" -c "from speculators.version import version; import torch, transformers; print('speculators', version, 'torch', torch.__version__, 'transformers', transformers.__version__)" >&2
+echo "$VENV/bin/python"
+
+case "${1:-}" in
+    --check) OMP_NUM_THREADS=1 "$VENV/bin/python" tests/fixtures/speculators/make_fixtures.py --check ;;
+    --write) OMP_NUM_THREADS=1 "$VENV/bin/python" tests/fixtures/speculators/make_fixtures.py ;;
+    "") ;;
+    *) echo "usage: $0 [--check|--write]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,254 @@
+"""The draft formats dspark-hub verifies, as a registry: every entry answers the same questions.
+
+- ``k3_dspark``: the MLA contract of `Inferact/Kimi-K3-DSpark` (`format.contract`).
+- ``speculators_dspark``: a DSpark saved by the `speculators` library (`format.speculators`).
+
+Each `DraftFormat` gives, for a config:
+
+- `roster(config)`: the tensors (names, shapes, dtypes) the config implies;
+- `counts(shapes)`: total / trained / frozen parameters (vocabulary maps apart);
+- `config_findings(config)`: every config rule the format's library and runtimes enforce;
+- `pairing_keys(config)`: what the config says about its target (tap width, layer count,
+  vocabulary, taps in OUR `target_layer_ids` convention via `verify.rules`);
+- `serving(config)`: the runtime method and the number of speculative tokens;
+- `runtimes()`: the per-runtime loader rules (`verify.runtimes`, `verify.runtimes_speculators`).
+
+`detect(config, names)` picks the entry from `verify.family.fingerprint` (a declared type
+first, names second); a folder of any other family has no entry and gets one family finding.
+A later format plugs in as one more `DraftFormat` here: nothing else dispatches on formats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dspark_hub.errors import ContractError
+from dspark_hub.format import contract, speculators
+from dspark_hub.format.contract import ParameterCounts, TensorSpec
+from dspark_hub.report import Finding
+from dspark_hub.verify import rules
+from dspark_hub.verify.family import K3_DSPARK, SPECULATORS_DSPARK, Fingerprint, fingerprint
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class PairingKeys:
+    """What a draft config says about the target it pairs with, each with the key it came from."""
+
+    tap_width: int | None              # hidden size of each tapped state = the target's hidden size
+    tap_width_key: str
+    vocab_size: int | None             # the target vocabulary the draft scores in
+    vocab_key: str
+    draft_vocab_size: int | None
+    target_layers: int | None          # the target's layer count, when the config records it
+    target_layers_key: str | None
+    taps: list[int] | None             # OUR convention: target_layer_ids entry l = output of layer l
+    native_taps: list[int] | None      # as the config writes them
+    taps_key: str
+    mask_token_id: int | None
+    embedding: str | None              # the draft tensor that must equal the target's embedding, if any
+    verifier: str | None = None        # the model the draft was trained against, when recorded
+    verifier_architectures: list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tap_width": self.tap_width, "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+                "target_layers": self.target_layers, "target_layer_ids": self.taps,
+                "native_layer_ids": self.native_taps, "native_layer_ids_key": self.taps_key,
+                "verifier": self.verifier}
+
+
+@dataclass(frozen=True)
+class ServingFacts:
+    """How the config says the draft is served: method, tokens per step and where that number came from."""
+
+    method: str
+    num_speculative_tokens: int | None
+    source: str                        # where the number came from
+    verifier: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RosterHints:
+    """Format-specific words for the roster findings (the codes are shared)."""
+
+    misnames: Mapping[str, str] = field(default_factory=dict)   # wrong name -> right name
+    misname_why: str = ""
+    skipped_extras: tuple[str, ...] = ()
+    dtype_hint: str = "cast the tensors to the dtype the config declares"
+    missing_hint: str = "export every roster tensor"
+
+
+@dataclass(frozen=True)
+class DraftFormat:
+    """One checkpoint format dspark-hub verifies end to end."""
+
+    name: str                          # the family name (`verify.family`)
+    cli_name: str                      # the name commands accept (`--to`, `--from`)
+    title: str
+    roster: Callable[[Mapping[str, Any]], dict[str, TensorSpec]]
+    counts: Callable[[Mapping[str, Any]], ParameterCounts]
+    config_findings: Callable[[Mapping[str, Any]], list[Finding]]
+    pairing_keys: Callable[[Mapping[str, Any]], PairingKeys]
+    tap_findings: Callable[[Mapping[str, Any], int], list[Finding]]   # taps against a target's layer count
+    serving: Callable[[Mapping[str, Any]], ServingFacts]
+    runtimes: Callable[[], Mapping[str, Any]]                          # runtime name -> loader spec
+    hints: RosterHints
+    frozen_tensors: tuple[str, ...]
+    frozen_note: str                   # what the frozen tensors are, for cards
+    tap_convention: str
+    layer_order: Callable[[Mapping[str, Any]], list[str]]              # layer 0's tensor names, module order
+    block_size: Callable[[Mapping[str, Any]], int | None]              # the trained block size, if a config key
+    sorted_data: bool = False          # the reference file stores tensor data in sorted-name order
+    tap_note: str | None = None        # a short reading of the tap ids, where they are not layer outputs
+
+    def try_roster(self, config: Mapping[str, Any]) -> dict[str, TensorSpec] | None:
+        try:
+            return self.roster(config)
+        except ContractError:
+            return None
+
+
+# ---------------------------------------------------------------- k3_dspark
+
+def _k3_config_findings(config: Mapping[str, Any]) -> list[Finding]:
+    from dspark_hub.verify.checks import k3_config_findings  # the k3 rules live beside verify()
+
+    return k3_config_findings(config)
+
+
+def _k3_pairing(config: Mapping[str, Any]) -> PairingKeys:
+    ids = config.get("target_layer_ids")
+    ids = list(ids) if isinstance(ids, list) else None
+    return PairingKeys(
+        tap_width=config.get("target_hidden_size"), tap_width_key="target_hidden_size",
+        vocab_size=config.get("vocab_size"), vocab_key="vocab_size",
+        draft_vocab_size=_int_or_none(config.get("draft_vocab_size")),
+        target_layers=config.get("target_num_hidden_layers"), target_layers_key="target_num_hidden_layers",
+        taps=ids, native_taps=ids, taps_key="target_layer_ids",
+        mask_token_id=_int_or_none(config.get("mask_token_id")), embedding=contract.FROZEN_TENSORS[0])
+
+
+def _k3_serving(config: Mapping[str, Any]) -> ServingFacts:
+    from dspark_hub.verify.runtimes import REFERENCE_BLOCK_SIZE
+
+    return ServingFacts(method="dspark", num_speculative_tokens=REFERENCE_BLOCK_SIZE,
+                        source=f"default: the reference draft's {REFERENCE_BLOCK_SIZE} (block_size is not a "
+                               "config key)")
+
+
+def _k3_runtimes() -> Mapping[str, Any]:
+    from dspark_hub.verify.runtimes import RUNTIMES
+
+    return RUNTIMES
+
+
+K3 = DraftFormat(
+    name=K3_DSPARK, cli_name="k3_dspark", title="k3_dspark",
+    roster=contract.roster, counts=contract.count_parameters, config_findings=_k3_config_findings,
+    pairing_keys=_k3_pairing,
+    tap_findings=lambda config, layers: rules.tap_layer_findings(config, target_layers=layers,
+                                                                 code="PAIRING_LAYER_ID"),
+    serving=_k3_serving, runtimes=_k3_runtimes,
+    hints=RosterHints(misnames=contract.KNOWN_MISNAMES,
+                      misname_why="a runtime that ignores unknown names drops the context path and serves at 0% "
+                                  "acceptance",
+                      skipped_extras=contract.SKIPPED_EXTRAS, dtype_hint="cast to bfloat16 ('dspark-hub convert')",
+                      missing_hint="export every contract tensor; 'dspark-hub verify --json' lists the full roster "
+                                   "(sections.roster)"),
+    frozen_tensors=contract.FROZEN_TENSORS, frozen_note="`embed_tokens` is frozen and shared with the teacher",
+    tap_convention=rules.TAP_CONVENTION,
+    layer_order=lambda config: [s.name for s in contract.layer_roster(config, 0)],
+    block_size=lambda config: None,    # not a config key: serving engines take it from the command line
+    sorted_data=True,
+)
+
+
+# ---------------------------------------------------------------- speculators DSpark
+
+def _speculators_config_findings(config: Mapping[str, Any]) -> list[Finding]:
+    from dspark_hub.verify.speculators import check_config
+
+    return check_config(config)
+
+
+def _speculators_pairing(config: Mapping[str, Any]) -> PairingKeys:
+    tl = config.get(speculators.LAYER_CONFIG_KEY)
+    tl = tl if isinstance(tl, Mapping) else {}
+    declared = config.get("target_hidden_size")
+    width, width_key = (declared, "target_hidden_size") if declared is not None else \
+        (tl.get("hidden_size"), f"{speculators.LAYER_CONFIG_KEY}.hidden_size")
+    ids = config.get(speculators.AUX_IDS_KEY)
+    ids = list(ids) if isinstance(ids, list) and all(_int_or_none(i) is not None for i in ids) else None
+    spec = config.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, Mapping) else None
+    arch = verifier.get("architectures") if isinstance(verifier, Mapping) else None
+    return PairingKeys(
+        tap_width=width, tap_width_key=width_key,
+        vocab_size=tl.get("vocab_size"), vocab_key=f"{speculators.LAYER_CONFIG_KEY}.vocab_size",
+        draft_vocab_size=_int_or_none(config.get("draft_vocab_size")),
+        target_layers=None, target_layers_key=None,     # speculators configs do not record the target's depth
+        taps=rules.taps_from_aux_ids(ids) if ids is not None else None, native_taps=ids,
+        taps_key=speculators.AUX_IDS_KEY, mask_token_id=_int_or_none(config.get("mask_token_id")),
+        embedding=None,                                  # embed_tokens is never saved (the verifier's is used)
+        verifier=speculators.verifier_name(config),
+        verifier_architectures=list(arch) if isinstance(arch, list) else None)
+
+
+def _speculators_taps(config: Mapping[str, Any], layers: int) -> list[Finding]:
+    return rules.aux_id_findings(config.get(speculators.AUX_IDS_KEY), target_layers=layers, code="PAIRING_LAYER_ID")
+
+
+def _speculators_serving(config: Mapping[str, Any]) -> ServingFacts:
+    from dspark_hub.verify.runtimes_speculators import serving_facts
+
+    return serving_facts(config)
+
+
+def _speculators_runtimes() -> Mapping[str, Any]:
+    from dspark_hub.verify.runtimes_speculators import RUNTIMES
+
+    return RUNTIMES
+
+
+SPECULATORS = DraftFormat(
+    name=SPECULATORS_DSPARK, cli_name="speculators", title="speculators DSpark",
+    roster=speculators.roster, counts=speculators.count_parameters, config_findings=_speculators_config_findings,
+    pairing_keys=_speculators_pairing, tap_findings=_speculators_taps, serving=_speculators_serving,
+    runtimes=_speculators_runtimes,
+    hints=RosterHints(misnames={v: k for k, v in contract.KNOWN_MISNAMES.items()},
+                      misname_why="it is the k3_dspark name; speculators and vLLM look up the speculators name and "
+                                  "refuse (or drop) this one",
+                      dtype_hint="save every float tensor in the dtype config.json declares (d2t int64, t2d bool)",
+                      missing_hint="save the checkpoint with the speculators library (save_pretrained writes every "
+                                   "roster tensor; 'dspark-hub verify --json' lists it in sections.roster)"),
+    frozen_tensors=speculators.FROZEN_TENSORS,
+    frozen_note="`lm_head` holds the verifier's rows for the pruned draft vocabulary and is frozen",
+    tap_convention=rules.AUX_ID_CONVENTION,
+    layer_order=lambda config: list(speculators.layer_shapes(speculators.geometry(config), 0)),
+    block_size=lambda config: _int_or_none(config.get("block_size")),
+    tap_note="speculators aux ids: id k is the residual stream after k teacher layers, the output of layer k - 1",
+)
+
+#: Every draft format, by family name. CLI choices derive from it (`cli_name`).
+FORMATS: dict[str, DraftFormat] = {f.name: f for f in (K3, SPECULATORS)}
+
+
+def by_cli_name(name: str) -> DraftFormat:
+    """The format a command-line name (`k3_dspark`, `speculators`) stands for.
+
+    Raises:
+        KeyError: no format has that name.
+    """
+    return next(f for f in FORMATS.values() if f.cli_name == name)
+
+
+def detect(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> tuple[DraftFormat | None, Fingerprint]:
+    """The format a checkpoint is in (None for another family), and the fingerprint that decided it."""
+    found = fingerprint(config, names)
+    return FORMATS.get(found.family), found
