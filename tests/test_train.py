@@ -232,7 +232,7 @@ def test_a_block_in_the_packed_training_batch_equals_single_block_inference(worl
     data = RolloutData(world["data"])
     short, long = data[0], data[1]
     short.input_ids, short.aux_hidden_states = short.input_ids[:40], short.aux_hidden_states[:40]
-    short.final_hidden_states = short.final_hidden_states[:40]
+    short.final_hidden_states, short.mask = short.final_hidden_states[:40], short.mask[:40]
     anchors = [torch.tensor([14, 25, 30]), torch.tensor([12, 20])]
     batch = objective.collate([short, long], anchors)     # short is padded; long has a padded anchor slot
     with torch.no_grad():

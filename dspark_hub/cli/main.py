@@ -19,6 +19,7 @@ from rich.text import Text
 from dspark_hub import __version__
 from dspark_hub.format import contract
 from dspark_hub.train import objective
+from dspark_hub.train.engines import MODES
 from dspark_hub.cli._render import (_file_problems_table, _render_publication, count_bar, print_json, progress_bar,
                       render_convert, render_deep, render_diff, render_eval, render_findings, render_report,
                       render_sections, stderr, stdout, verdict_line)
@@ -90,6 +91,63 @@ def quiet_transformers(quiet: bool) -> None:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
+
+
+def engine_option_group(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The teacher engine and its settings (`train.engines.EngineOptions`), for rollouts and on-policy finetune."""
+    from dspark_hub.train.engines import DEFAULT_ENGINE, engine_names
+
+    options = [
+        click.option("--engine", type=click.Choice(engine_names()), default=DEFAULT_ENGINE, show_default=True,
+                     help="Teacher engine: transformers in this process (the oracle), or the real vLLM engine."),
+        click.option("--engine-dtype", "engine_dtype", metavar="DTYPE",
+                     help="Teacher dtype: float32, bfloat16, float16 or auto [transformers: float32; vllm: auto]."),
+        click.option("--engine-device", "engine_device", metavar="DEVICE", help="transformers: the teacher's device."),
+        click.option("--tensor-parallel-size", "tensor_parallel_size", type=POSITIVE, help="vllm: GPUs per teacher."),
+        click.option("--max-model-len", "max_model_len", type=POSITIVE, help="vllm: longest sequence."),
+        click.option("--max-num-seqs", "max_num_seqs", type=POSITIVE, help="vllm: sequences per engine step."),
+        click.option("--max-num-batched-tokens", "max_num_batched_tokens", type=POSITIVE,
+                     help="vllm: tokens per engine step (chunked prefill)."),
+        click.option("--gpu-memory-utilization", "gpu_memory_utilization", type=click.FloatRange(0, 1, min_open=True),
+                     help="vllm: fraction of device memory (of system RAM on CPU) the engine may take."),
+        click.option("--kv-cache-memory-bytes", "kv_cache_memory_bytes", type=POSITIVE,
+                     help="vllm: KV cache size [CPU default 512 MiB]."),
+        click.option("--engine-python", "engine_python", metavar="PYTHON",
+                     help="vllm: interpreter to run the engine in (a virtualenv with vllm, e.g. .ci/venv-vllm.sh's)."),
+        click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE", callback=_engine_args,
+                     help="vllm: any other vllm.LLM argument (VALUE is JSON, else a string); repeatable."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _engine_args(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    import json
+
+    parsed: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: use KEY=VALUE, e.g. enable_chunked_prefill=false")
+        try:
+            parsed[key.strip()] = json.loads(raw)
+        except ValueError:
+            parsed[key.strip()] = raw
+    return parsed
+
+
+def pop_engine_options(options: dict[str, Any]) -> tuple[str, Any]:
+    """(engine name, `EngineOptions`) taken out of a command's keyword arguments."""
+    from dspark_hub.train.engines import EngineOptions
+
+    values = {name: options.pop(key) for key, name in (
+        ("engine_dtype", "dtype"), ("engine_device", "device"), ("tensor_parallel_size", "tensor_parallel_size"),
+        ("max_model_len", "max_model_len"), ("max_num_seqs", "max_num_seqs"),
+        ("max_num_batched_tokens", "max_num_batched_tokens"), ("gpu_memory_utilization", "gpu_memory_utilization"),
+        ("kv_cache_memory_bytes", "kv_cache_memory_bytes"), ("engine_python", "python"),
+        ("engine_args", "engine_args"))}
+    return options.pop("engine"), EngineOptions(**values)
 
 
 def runtime_choices() -> list[str]:
@@ -192,27 +250,33 @@ def init(dst: Path, profile: str, init_kind: str, seed: int, force: bool, quiet:
               help="Equal-length prompts generated together.")
 @click.option("--shard-size", "shard_size", type=POSITIVE, default=256, show_default=True, help="Sequences per shard.")
 @click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Always generate --max-new-tokens tokens.")
+@click.option("--mode", type=click.Choice(MODES), default="generate", show_default=True,
+              help="generate: greedy continuations; prefill: record each line's sequence as it is (offline data, "
+                   "with its loss_mask).")
+@engine_option_group
 @force_option
 @quiet_option
 @json_option
 def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
-             shard_size: int, ignore_eos: bool, force: bool, quiet: bool, as_json: bool) -> None:
+             shard_size: int, ignore_eos: bool, mode: str, force: bool, quiet: bool, as_json: bool,
+             **engine: Any) -> None:
     """Write teacher greedy continuations with the draft's tap states (resumable safetensors shards)."""
     from dspark_hub.train.rollouts import make_rollouts
 
     quiet_transformers(quiet or as_json)
-
+    engine_name, engine_options = pop_engine_options(engine)
     with count_bar("rollouts", enabled=not (quiet or as_json)) as (advance, set_total):
         summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
+                                mode=mode, engine=engine_name, engine_options=engine_options,
                                 progress=advance, total=set_total)
     if as_json:
         print_json(summary.to_dict())
         return
     agreement = "-" if summary.greedy_agreement is None else f"{summary.greedy_agreement:.4f}"
     stdout.print(f"wrote {summary.written} sequences ({summary.skipped} already there) to {summary.out}: "
-                 f"{summary.sequences} sequences, {summary.continuation_tokens:,} continuation tokens, "
-                 f"{summary.shards} shards, greedy agreement {agreement}")
+                 f"{summary.sequences} sequences, {summary.continuation_tokens:,} supervised tokens, "
+                 f"{summary.shards} shards, greedy agreement {agreement} ({summary.engine} engine, {summary.mode})")
 
 
 @cli.command()
