@@ -281,7 +281,11 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 
 @cli.command()
 @click.option("--base", required=True, metavar="CKPT", help="The k3_dspark checkpoint to start from.")
-@click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts').")
+@click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts'), or hidden-state files from "
+                                            "vLLM's extraction connector or speculators' data pipeline.")
+@click.option("--data-layer-ids", "data_layer_ids", metavar="IDS",
+              help="vLLM/speculators aux layer ids the --data files hold, e.g. 3,24,48,72,90 (theirs = ours + 1; "
+                   "default: the draft's taps).")
 @click.option("--out", required=True, metavar="DIR", help="Output checkpoint folder (written atomically).")
 @click.option("--steps", type=int, help="Optimizer steps.")
 @click.option("--epochs", type=float, help="Passes over --data (instead of --steps).")
@@ -314,17 +318,23 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--eval-data", "eval_data", metavar="DIR", help="Held-out rollouts for acceptance in the log.")
 @click.option("--eval-every", "eval_every", type=int, default=0, show_default=True)
 @click.option("--fsdp", is_flag=True, help="Shard with FSDP2 fully_shard under torchrun instead of DDP.")
+@click.option("--device", metavar="DEVICE", help="Training device [default: cuda when torch sees a GPU, else cpu]; "
+                                                "under torchrun cuda means cuda:LOCAL_RANK.")
+@engine_option_group
 @force_option
 @quiet_option
 @json_option
 def finetune(quiet: bool, as_json: bool, **options: Any) -> None:
     """Fine-tune drop-in k3_dspark weights on teacher rollouts (one process or torchrun)."""
+    from dspark_hub.train.hidden_state_files import parse_layer_ids
     from dspark_hub.train.objective import parse_loss
     from dspark_hub.train.trainer import TrainConfig, finetune as run
 
     quiet_transformers(quiet or as_json)
-
-    config = TrainConfig(**{**options, "loss": parse_loss(options["loss"])})
+    engine, engine_options = pop_engine_options(options)
+    config = TrainConfig(**{**options, "loss": parse_loss(options["loss"]), "engine": engine,
+                            "engine_options": engine_options,
+                            "data_layer_ids": parse_layer_ids(options["data_layer_ids"])})
     with count_bar("finetune", enabled=not (quiet or as_json)) as (advance, set_total):
         if config.steps:
             set_total(config.steps)
@@ -336,7 +346,10 @@ def finetune(quiet: bool, as_json: bool, **options: Any) -> None:
         return
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
     stdout.print(f"wrote {result.out}: {result.steps} steps, {result.tokens:,} tokens, "
-                 f"{result.tokens_per_second:,.0f} tokens/s, final loss {loss} (log: {result.state_dir})")
+                 f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} "
+                 f"(log: {result.state_dir})")
+    for action in result.engine_releases:
+        stdout.print(f"between rounds: {action}")
     if result.eval:
         stdout.print(f"held-out acceptance length {result.eval['acceptance_length']:.4f} "
                      f"(prompt lookup {result.eval['baseline']['acceptance_length']:.4f})")
