@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -15,13 +17,19 @@ settings.load_profile("ci")
 
 #: Fixtures that take more than 5 s to build; every test using one is marked `slow`.
 SLOW_FIXTURES = {"world"}      # tests/test_train.py: a trained teacher plus rollouts (~15 s)
+VLLM_MISSING = importlib.util.find_spec("vllm") is None
+VLLM_SKIP = "vllm is not importable here; run the engine tests with: $(.ci/venv-vllm.sh) -m pytest -m vllm"
 
 
-def pytest_collection_modifyitems(items):
-    """Mark the tests that need a slow fixture, so `-m "not slow"` skips building it."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that need a slow fixture (so `-m "not slow"` skips building it); without vllm, skip
+    every `vllm` test by one mark, which pytest's summary folds into one line a file."""
+    skip = pytest.mark.skip(reason=VLLM_SKIP)
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if VLLM_MISSING and item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from dspark_hub.cli.main import cli
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.trainer import TrainConfig, Trainer, finetune
+from dspark_hub.train.trainer import MEASURED, TrainConfig, Trainer, finetune
 from dspark_hub.verify.checks import verify
 
 from .teacher_factory import build_teacher, write_draft_base, write_prompts
@@ -233,7 +233,7 @@ def test_a_block_in_the_packed_training_batch_equals_single_block_inference(worl
     data = RolloutData(world["data"])
     short, long = data[0], data[1]
     short.input_ids, short.aux_hidden_states = short.input_ids[:40], short.aux_hidden_states[:40]
-    short.final_hidden_states = short.final_hidden_states[:40]
+    short.final_hidden_states, short.mask = short.final_hidden_states[:40], short.mask[:40]
     anchors = [torch.tensor([14, 25, 30]), torch.tensor([12, 20])]
     batch = objective.collate([short, long], anchors)     # short is padded; long has a padded anchor slot
     with torch.no_grad():
@@ -284,8 +284,10 @@ def test_resume_from_a_mid_run_state_reproduces_the_uninterrupted_run(world, tmp
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    log_a = (tmp_path / "whole" / "training_log.jsonl").read_text().splitlines()
-    log_b = (tmp_path / "broken" / "training_log.jsonl").read_text().splitlines()
+    def values(run: str) -> list[dict]:     # the log minus what the machine measured (time, memory)
+        lines = (tmp_path / run / "training_log.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k not in MEASURED} for line in lines]
+    log_a, log_b = values("whole"), values("broken")
     assert log_a == log_b and len(log_a) == 6
 
 
@@ -321,7 +323,10 @@ def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path
     state = Path(result.state_dir)
     assert [len(RolloutData(state / f"round-{r:03d}" / "data")) for r in (0, 1)] == [4, 4]
     log = [json.loads(line) for line in (tmp_path / "onpolicy" / "training_log.jsonl").read_text().splitlines()]
-    assert [(e["step"], e["round"]) for e in log] == [(1, 0), (2, 0), (3, 1), (4, 1)]
+    assert [(e["step"], e["round"]) for e in log if "loss" in e] == [(1, 0), (2, 0), (3, 1), (4, 1)]
+    released = [e for e in log if "release" in e]
+    assert [(e["step"], e["round"], e["engine"]) for e in released] == [(0, 0, "transformers")]
+    assert result.engine_releases == (released[0]["release"],) and "unloaded" in released[0]["release"]
     assert verify(tmp_path / "onpolicy", drop_in=str(world["base"])).ok
 
 
@@ -404,3 +409,26 @@ def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(wor
     with pytest.raises(Exception, match=r"^loss_chunk: -1; "):
         Trainer(small_config(world, tmp_path / "negative", loss_chunk=-1))
     assert run("finetune", "--base", world["base"], "--out", tmp_path / "x", "--loss-chunk", -1).exit_code == 2
+
+
+def test_the_device_defaults_to_cuda_only_when_torch_sees_one_and_a_missing_one_is_refused():
+    from dspark_hub.errors import UsageError
+    from dspark_hub.train.trainer import resolve_device
+
+    assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="device 'cuda': torch sees no CUDA device here; use cpu"):
+            resolve_device("cuda")
+    with pytest.raises(UsageError, match="device 'gpu0': not a torch device"):
+        resolve_device("gpu0")
+
+
+def test_every_step_logs_its_time_throughput_and_peak_memory_on_the_device(world, tmp_path):
+    result = finetune(small_config(world, tmp_path / "m", steps=2, device="cpu"))
+    assert result.device == "cpu" and result.peak_memory_bytes > 100 << 20
+    log = [json.loads(line) for line in (tmp_path / "m" / "training_log.jsonl").read_text().splitlines()]
+    for entry in log:
+        assert entry["device"] == "cpu" and entry["step_seconds"] > 0 and entry["peak_memory_bytes"] > 0
+        assert entry["tokens_per_second"] == pytest.approx(entry["tokens"] / entry["step_seconds"])
+    assert set(MEASURED) <= set(log[0])

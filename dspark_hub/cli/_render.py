@@ -271,15 +271,19 @@ def render_rollouts(summary: Any) -> None:
     agreement = "-" if summary.greedy_agreement is None else f"{summary.greedy_agreement:.4f}"
     stdout.print(f"wrote {plural(summary.written, 'sequence')} ({summary.skipped} already there) to {summary.path}: "
                  f"{plural(summary.sequences, 'sequence')}, "
-                 f"{plural(summary.continuation_tokens, 'continuation token')}, "
-                 f"{plural(summary.shards, 'shard')}, greedy agreement {agreement}")
+                 f"{plural(summary.continuation_tokens, 'supervised token')}, "
+                 f"{plural(summary.shards, 'shard')}, greedy agreement {agreement} "
+                 f"({summary.engine} engine, {summary.mode})")
 
 
 def render_training(result: Any) -> None:
     """Human view of a `TrainResult`."""
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
     stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.tokens, 'token')}, "
-                 f"{result.tokens_per_second:,.0f} tokens/s, final loss {loss} (log: {result.state_dir})")
+                 f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} "
+                 f"(log: {result.state_dir})")
+    for action in result.engine_releases:
+        stdout.print(f"between rounds: {action}")
     if result.eval:
         stdout.print(f"held-out acceptance length {result.eval['acceptance_length']:.4f} "
                      f"(prompt lookup {result.eval['baseline']['acceptance_length']:.4f})")

@@ -11,7 +11,63 @@ import click
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
 from dspark_hub.cli._render import render_eval, render_rollouts, render_training
+from dspark_hub.errors import CheckpointFormatError
+from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
+from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, engine_names
+
+
+def _engine_args(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: use KEY=VALUE, e.g. enable_chunked_prefill=false")
+        try:
+            parsed[key.strip()] = loads_strict(raw, path=key.strip())
+        except CheckpointFormatError:
+            parsed[key.strip()] = raw
+    return parsed
+
+
+def engine_option_group(f: Any) -> Any:
+    """The teacher engine and its settings (`train.engines.EngineOptions`), for rollouts and on-policy finetune."""
+    options = [
+        click.option("--engine", type=click.Choice(engine_names()), default=DEFAULT_ENGINE, show_default=True,
+                     help="Teacher engine: transformers in this process (the oracle), or the real vLLM engine."),
+        click.option("--engine-dtype", "engine_dtype", metavar="DTYPE",
+                     help="Teacher dtype: float32, bfloat16, float16 or auto [transformers: float32; vllm: auto]."),
+        click.option("--engine-device", "engine_device", metavar="DEVICE", help="transformers: the teacher's device."),
+        click.option("--tensor-parallel-size", "tensor_parallel_size", type=POSITIVE, help="vllm: GPUs per teacher."),
+        click.option("--max-model-len", "max_model_len", type=POSITIVE, help="vllm: longest sequence."),
+        click.option("--max-num-seqs", "max_num_seqs", type=POSITIVE, help="vllm: sequences per engine step."),
+        click.option("--max-num-batched-tokens", "max_num_batched_tokens", type=POSITIVE,
+                     help="vllm: tokens per engine step (chunked prefill)."),
+        click.option("--gpu-memory-utilization", "gpu_memory_utilization", type=click.FloatRange(0, 1, min_open=True),
+                     help="vllm: fraction of device memory (of system RAM on CPU) the engine may take."),
+        click.option("--kv-cache-memory-bytes", "kv_cache_memory_bytes", type=POSITIVE,
+                     help="vllm: KV cache size [CPU default 512 MiB]."),
+        click.option("--engine-python", "engine_python", metavar="PYTHON",
+                     help="vllm: interpreter to run the engine in (a virtualenv with vllm, e.g. .ci/venv-vllm.sh's)."),
+        click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE", callback=_engine_args,
+                     help="vllm: any other vllm.LLM argument (VALUE is JSON, else a string); repeatable."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def pop_engine_options(options: dict[str, Any]) -> tuple[str, Any]:
+    """(engine name, `EngineOptions`) taken out of a command's keyword arguments."""
+    from dspark_hub.train.engines import EngineOptions
+
+    values = {name: options.pop(key) for key, name in (
+        ("engine_dtype", "dtype"), ("engine_device", "device"), ("tensor_parallel_size", "tensor_parallel_size"),
+        ("max_model_len", "max_model_len"), ("max_num_seqs", "max_num_seqs"),
+        ("max_num_batched_tokens", "max_num_batched_tokens"), ("gpu_memory_utilization", "gpu_memory_utilization"),
+        ("kv_cache_memory_bytes", "kv_cache_memory_bytes"), ("engine_python", "python"),
+        ("engine_args", "engine_args"))}
+    return options.pop("engine"), EngineOptions(**values)
 
 
 @command()
@@ -25,25 +81,35 @@ from dspark_hub.train import objective
               help="Equal-length prompts generated together.")
 @click.option("--shard-size", "shard_size", type=POSITIVE, default=256, show_default=True, help="Sequences per shard.")
 @click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Always generate --max-new-tokens tokens.")
+@click.option("--mode", type=click.Choice(MODES), default="generate", show_default=True,
+              help="generate: greedy continuations; prefill: record each line's sequence as it is (offline data, "
+                   "with its loss_mask).")
+@engine_option_group
 @force_option
 @quiet_option
 @json_option
 def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
-             shard_size: int, ignore_eos: bool, force: bool, quiet: bool, as_json: bool) -> None:
+             shard_size: int, ignore_eos: bool, mode: str, force: bool, quiet: bool, as_json: bool,
+             **engine: Any) -> None:
     """Write teacher greedy continuations with the draft's tap states (resumable safetensors shards)."""
     from dspark_hub.train.rollouts import make_rollouts
 
     quiet_transformers(quiet or as_json)
+    engine_name, engine_options = pop_engine_options(engine)
     with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar:
         summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
-                                progress=bar)
+                                mode=mode, engine=engine_name, engine_options=engine_options, progress=bar)
     emit(summary, as_json=as_json, renderer=render_rollouts)
 
 
 @command()
 @click.option("--base", required=True, metavar="CKPT", help="The k3_dspark checkpoint to start from.")
-@click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts').")
+@click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts'), or hidden-state files from "
+                                            "vLLM's extraction connector or speculators' data pipeline.")
+@click.option("--data-layer-ids", "data_layer_ids", metavar="IDS",
+              help="vLLM/speculators aux layer ids the --data files hold, e.g. 3,24,48,72,90 (theirs = ours + 1; "
+                   "default: the draft's taps).")
 @click.option("--out", required=True, metavar="DIR", help="Output checkpoint folder (written atomically).")
 @click.option("--steps", type=int, help="Optimizer steps.")
 @click.option("--epochs", type=float, help="Passes over --data (instead of --steps).")
@@ -76,17 +142,24 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--eval-data", "eval_data", metavar="DIR", help="Held-out rollouts for acceptance in the log.")
 @click.option("--eval-every", "eval_every", type=int, default=0, show_default=True)
 @click.option("--fsdp", is_flag=True, help="Shard with FSDP2 fully_shard under torchrun instead of DDP.")
+@click.option("--device", metavar="DEVICE", help="Training device [default: cuda when torch sees a GPU, else cpu]; "
+                                                "under torchrun cuda means cuda:LOCAL_RANK.")
+@engine_option_group
 @force_option
 @quiet_option
 @json_option
-def finetune(loss: str, quiet: bool, as_json: bool, **options: Any) -> None:
+def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, **options: Any) -> None:
     """Fine-tune drop-in k3_dspark weights on teacher rollouts (one process or torchrun)."""
+    from dspark_hub.train.hidden_state_files import parse_layer_ids
     from dspark_hub.train.trainer import TrainConfig
     from dspark_hub.train.trainer import finetune as run
 
     quiet_transformers(quiet or as_json)
+    engine, engine_options = pop_engine_options(options)
+    config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
+                         data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar:
-        result = run(TrainConfig(**options, loss=objective.parse_loss(loss)), progress=bar)
+        result = run(config, progress=bar)
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer=render_training)
 

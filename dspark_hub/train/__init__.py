@@ -1,9 +1,12 @@
 """Training drop-in weights: teacher data, the DSpark objective, the trainer, and acceptance.
 
 - `teacher`: loading a teacher and capturing its hidden states at the draft's taps.
+- `engines`: the teacher-engine registry (`transformers`, `vllm`) and its options;
+  `vllm_engine`, `vllm_worker`, `vllm_connector`: the vLLM engine, its process, its CPU connector.
 - `rollouts`: teacher greedy continuations with their states, in resumable shards.
+- `hidden_state_files`: vLLM-extraction and speculators hidden-state files read as rollouts.
 - `objective`: anchors, the per-slot losses and the confidence target.
-- `trainer`: `finetune()` on one process or under torchrun (DDP / FSDP2).
+- `trainer`: `finetune()` on one process or under torchrun (DDP / FSDP2), on the rank's device.
 - `evaluate`: simulated acceptance, next to a prompt-lookup drafter.
 
 Imports `verify`, `modeling` and the format core; never `cards`, `hub` or `cli`.
@@ -19,10 +22,14 @@ from dspark_hub._lazy import lazy_exports
 # would turn into that module as soon as anything imports it.
 __getattr__, __dir__ = lazy_exports(__name__, {
     "TrainConfig": "trainer", "Trainer": "trainer", "finetune": "trainer", "chunkable_draft_logits": "trainer",
-    "make_rollouts": "rollouts",
+    "make_rollouts": "rollouts", "EngineOptions": "engines", "open_engine": "engines",
+    "open_training_data": "hidden_state_files",
 })
-__all__ = ["TrainConfig", "Trainer", "chunkable_draft_logits", "finetune", "make_rollouts"]
+__all__ = ["EngineOptions", "TrainConfig", "Trainer", "chunkable_draft_logits", "finetune", "make_rollouts",
+           "open_engine", "open_training_data"]
 
 if TYPE_CHECKING:
+    from dspark_hub.train.engines import EngineOptions, open_engine
+    from dspark_hub.train.hidden_state_files import open_training_data
     from dspark_hub.train.rollouts import make_rollouts
     from dspark_hub.train.trainer import TrainConfig, Trainer, chunkable_draft_logits, finetune

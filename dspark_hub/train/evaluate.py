@@ -100,10 +100,10 @@ def draft_proposer(model: Any, lm_head_weight: Any, rollout: Any, block_size: in
     """`propose(p)` for a k3_dspark draft: context = taps of positions < p, anchor = x_p."""
     import torch
 
-    dtype = model.context_proj.weight.dtype
+    dtype, device = model.context_proj.weight.dtype, model.context_proj.weight.device
     with torch.no_grad():
-        latents = model.encode_context(rollout.aux_hidden_states[None].to(dtype))
-    ids = rollout.input_ids
+        latents = model.encode_context(rollout.aux_hidden_states[None].to(device=device, dtype=dtype))
+    ids = rollout.input_ids.to(device)
 
     def propose(p: int) -> list[int]:
         context = tuple(latent[:, :p] for latent in latents)

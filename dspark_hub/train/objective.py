@@ -91,6 +91,12 @@ class Batch:
     def tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    def to(self, device: Any) -> Batch:
+        """The same batch on `device` (non-blocking copies; a no-op on the tensors' own device)."""
+        return Batch(*(getattr(self, name).to(device, non_blocking=True) for name in
+                       ("input_ids", "loss_mask", "doc_ids", "context_states", "final_hidden", "anchors",
+                        "anchor_valid")))
+
 
 def collate(rollouts: Sequence[Any], anchors: Sequence[Any]) -> Batch:
     """Pad rollouts (from `dspark_hub.rollouts`) and their anchors into one `Batch`."""

@@ -8,11 +8,14 @@ Prompts (JSONL, one object per line) carry exactly one of:
   - `input_ids`: token ids, used as is (no tokenizer needed);
 and optionally `dataset`, a label that evaluation reports separately.
 
-Each prompt is continued greedily by the teacher (up to `max_new_tokens`, stopping at EOS), then
-one prefill pass over prompt + continuation records, per token:
+Mode `generate` (the default): each prompt is continued greedily by the teacher (up to
+`max_new_tokens`, stopping at EOS), then one prefill pass over prompt + continuation records the
+states. Mode `prefill` (offline data): each line is a whole sequence, recorded as it is, with the
+line's optional `loss_mask` (0/1 per token, `input_ids` lines only; all ones when absent).
+Per token:
 
   - `input_ids` (int64 `[T]`);
-  - `loss_mask` (uint8 `[T]`): 1 on continuation tokens, 0 on prompt tokens;
+  - `loss_mask` (uint8 `[T]`): 1 on supervised tokens (the continuation, in `generate` mode);
   - `aux_hidden_states` (bf16 `[T, len(target_layer_ids) * hidden]`): the OUTPUT of each teacher
     decoder layer named in the draft's `target_layer_ids` (0-based; `hidden_states[l + 1]` in
     `output_hidden_states` indexing, never the final-normed last entry), captured with forward
@@ -20,11 +23,14 @@ one prefill pass over prompt + continuation records, per token:
   - `final_hidden_states` (bf16 `[T, hidden]`): the teacher's last hidden state after its final
     norm, i.e. the input of `lm_head`. Target distributions are recomputed from it at training time.
 
+The teacher runs in an engine (`dspark_hub.train.engines`): `transformers` (default, the oracle)
+or `vllm` (the real serving engine; its states equal transformers' to float32 rounding).
+
 Layout of DATA (schema `dspark-hub/rollouts-data/1`; folders written before 0.2 say `dspark-hub/rollouts/1`):
   `shard-NNNNN.safetensors`: tensors named `<prompt_index>.<field>` for the fields above;
   `manifest.json`: `{"schema", "settings": {...}, "teacher": {...}, "tap_convention", "fields",
-  "shards": [{"file", "sequences": [{"prompt_index", "dataset", "length", "prompt_length",
-  "greedy_agreement": [agree, total]}]}]}`. Every file is written to a temporary sibling and
+  "engine": {...}, "shards": [{"file", "sequences": [{"prompt_index", "dataset", "length", "prompt_length",
+  "supervised_tokens", "greedy_agreement": [agree, total]}]}]}`. Every file is written to a temporary sibling and
   renamed; the manifest is rewritten after each shard, so an interrupted run resumes by skipping the
   prompts it already wrote (when the settings match; otherwise it refuses, naming the setting).
 """
@@ -43,11 +49,19 @@ from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, Usag
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.writer import atomic_file, atomic_path
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.train.engines import (
+    DEFAULT_ENGINE,
+    MODES,
+    EngineOptions,
+    Mode,
+    TeacherEngine,
+    greedy_agreement,
+    open_engine,
+)
 from dspark_hub.train.teacher import (
     capture_states,
     chat_template_digest,
     check_teacher_matches,
-    load_teacher,
     load_tokenizer,
     read_json,
     sha256_file,
@@ -60,7 +74,7 @@ SCHEMA = schemas.ROLLOUTS_DATA
 MANIFEST = "manifest.json"
 FIELDS = {
     "input_ids": "int64 [T]: prompt then greedy continuation",
-    "loss_mask": "uint8 [T]: 1 on continuation tokens",
+    "loss_mask": "uint8 [T]: 1 on supervised tokens (the continuation in generate mode)",
     "aux_hidden_states": "bfloat16 [T, len(target_layer_ids) * hidden]: outputs of the target_layer_ids decoder "
                          "layers (hook on layers[l], = hidden_states[l + 1]), ascending ids, concatenated",
     "final_hidden_states": "bfloat16 [T, hidden]: teacher hidden after its final norm (lm_head input)",
@@ -74,6 +88,7 @@ class Prompt:
     index: int
     input_ids: list[int]
     dataset: str | None = None
+    loss_mask: list[int] | None = None
 
 
 @dataclass
@@ -87,18 +102,22 @@ class Rollout:
     aux_hidden_states: Any         # [T, n_taps * H]
     final_hidden_states: Any       # [T, H]
     greedy_agreement: tuple[int, int] = (0, 0)
+    mask: Any = None               # [T] uint8 when given (prefill data); else 1 from prompt_length on
 
     @property
     def loss_mask(self) -> Any:
         import torch
 
+        if self.mask is not None:
+            return self.mask.to(torch.uint8)
         mask = torch.zeros(self.input_ids.shape[0], dtype=torch.uint8)
         mask[self.prompt_length:] = 1
         return mask
 
     def entry(self) -> dict[str, Any]:
         return {"prompt_index": self.prompt_index, "dataset": self.dataset, "length": int(self.input_ids.shape[0]),
-                "prompt_length": self.prompt_length, "greedy_agreement": list(self.greedy_agreement)}
+                "prompt_length": self.prompt_length, "supervised_tokens": int(self.loss_mask.sum()),
+                "greedy_agreement": list(self.greedy_agreement)}
 
 
 @dataclass(frozen=True)
@@ -112,12 +131,14 @@ class RolloutSummary:
     continuation_tokens: int
     shards: int
     greedy_agreement: float | None
+    engine: str = DEFAULT_ENGINE
+    mode: str = "generate"
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": schemas.command("rollouts"), "path": self.path, "written": self.written,
                 "skipped": self.skipped,
                 "sequences": self.sequences, "continuation_tokens": self.continuation_tokens, "shards": self.shards,
-                "greedy_agreement": self.greedy_agreement}
+                "greedy_agreement": self.greedy_agreement, "engine": self.engine, "mode": self.mode}
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -145,7 +166,11 @@ def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] |
         ids = _encode(record, kinds[0], tokenizer)
         if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
             raise UsageError(f"{path}:{number}: the prompt encodes to no tokens or to non-integer ids")
-        prompts.append(Prompt(index=len(prompts), input_ids=ids, dataset=record.get("dataset")))
+        mask = record.get("loss_mask")
+        if mask is not None and (kinds[0] != "input_ids" or not isinstance(mask, list) or len(mask) != len(ids)
+                                 or not all(m in (0, 1) and not isinstance(m, bool) for m in mask)):
+            raise UsageError(f"{path}:{number}: loss_mask must be a list of 0/1, one per input_ids token")
+        prompts.append(Prompt(index=len(prompts), input_ids=ids, dataset=record.get("dataset"), loss_mask=mask))
     return prompts
 
 
@@ -205,22 +230,50 @@ def generate_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else (eos[0] if eos else 0)
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
     lm_head = model.get_output_embeddings().weight
+    device = lm_head.device
     for group in _batches(prompts, batch_size):
-        ids = torch.tensor([p.input_ids for p in group], dtype=torch.long)
+        ids = torch.tensor([p.input_ids for p in group], dtype=torch.long, device=device)
         with torch.no_grad():
             sequences = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
         states = capture_states(model, sequences, layer_ids)  # causal: rows past EOS do not change earlier ones
         start = ids.shape[1]
         for row, prompt in enumerate(group):
             length = _trimmed_length(sequences[row].tolist(), start, eos)
-            final = states.final_hidden_states[row, :length]
-            tokens = sequences[row, :length]
-            agree = (final[start - 1:length - 1].to(lm_head.dtype) @ lm_head.T).argmax(-1) == tokens[start:]
-            yield Rollout(prompt.index, prompt.dataset, tokens.clone(), start,
-                          states.aux_hidden_states[row, :length].to(torch.bfloat16).clone(),
-                          final.to(torch.bfloat16).clone(), (int(agree.sum()), int(agree.numel())))
+            rollout = Rollout(prompt.index, prompt.dataset, sequences[row, :length].cpu().clone(), start,
+                              states.aux_hidden_states[row, :length].to(torch.bfloat16).cpu().clone(),
+                              states.final_hidden_states[row, :length].to(torch.bfloat16).cpu().clone())
+            rollout.greedy_agreement = greedy_agreement(states.final_hidden_states[row, :length],
+                                                        sequences[row, :length], rollout.loss_mask, lm_head)
+            yield rollout
         if progress:
             progress(len(group))
+
+
+def prefill_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *, batch_size: int = 8,
+                     progress: Progress | None = None) -> Iterator[Rollout]:
+    """The states of each prompt's sequence as it is (no generation), with its `loss_mask` (all ones if none)."""
+    import torch
+
+    lm_head = model.get_output_embeddings().weight
+    for group in _batches(prompts, batch_size):
+        ids = torch.tensor([p.input_ids for p in group], dtype=torch.long, device=lm_head.device)
+        states = capture_states(model, ids, layer_ids)
+        for row, prompt in enumerate(group):
+            yield prefill_rollout(prompt, ids[row].cpu(), states.aux_hidden_states[row].cpu(),
+                                  states.final_hidden_states[row], lm_head)
+        if progress:
+            progress(len(group))
+
+
+def prefill_rollout(prompt: Prompt, tokens: Any, aux: Any, final: Any, lm_head: Any) -> Rollout:
+    """A `Rollout` of a given sequence: its mask (all ones if none), states stored in bf16."""
+    import torch
+
+    mask = torch.tensor(prompt.loss_mask if prompt.loss_mask is not None else [1] * len(prompt.input_ids),
+                        dtype=torch.uint8)
+    start = int(mask.nonzero()[0]) if bool(mask.any()) else len(prompt.input_ids)
+    return Rollout(prompt.index, prompt.dataset, tokens.long().clone(), start, aux.to(torch.bfloat16).clone(),
+                   final.to(torch.bfloat16).cpu().clone(), greedy_agreement(final, tokens, mask, lm_head), mask)
 
 
 # ----------------------------------------------------------------------------- on disk
@@ -282,7 +335,7 @@ class RolloutData:
             get = handle.get_tensor
             return Rollout(seq["prompt_index"], seq.get("dataset"), get(f"{key}.input_ids"), seq["prompt_length"],
                            get(f"{key}.aux_hidden_states"), get(f"{key}.final_hidden_states"),
-                           tuple(seq.get("greedy_agreement", (0, 0))))
+                           tuple(seq.get("greedy_agreement", (0, 0))), get(f"{key}.loss_mask"))
 
     def __iter__(self) -> Iterator[Rollout]:
         return (self[i] for i in range(len(self)))
@@ -296,11 +349,17 @@ class RolloutData:
 
 
 def _settings(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str], draft: dict[str, Any],
-              max_new_tokens: int, ignore_eos: bool) -> dict[str, Any]:
-    return {"teacher": str(Path(teacher).resolve()), "prompts_sha256": sha256_file(prompts),
-            "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos, "decoding": "greedy",
+              max_new_tokens: int, ignore_eos: bool, *, mode: Mode = "generate", engine: str = DEFAULT_ENGINE,
+              engine_dtype: str = "float32") -> dict[str, Any]:
+    return {"teacher": str(Path(teacher).resolve()), "prompts_sha256": sha256_file(prompts), "mode": mode,
+            "max_new_tokens": max_new_tokens if mode == "generate" else 0, "ignore_eos": ignore_eos,
+            "decoding": "greedy", "engine": engine, "engine_dtype": engine_dtype,
             "target_layer_ids": list(draft["target_layer_ids"]), "target_hidden_size": draft["target_hidden_size"],
             "target_num_hidden_layers": draft["target_num_hidden_layers"], "vocab_size": draft["vocab_size"]}
+
+
+#: What a manifest written before a setting existed meant by it.
+_SETTING_DEFAULTS = {"mode": "generate", "engine": DEFAULT_ENGINE, "engine_dtype": "float32"}
 
 
 def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str, Any] | None:
@@ -318,17 +377,18 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
         return None
     manifest = _read_manifest(path)
     for key, value in settings.items():
-        if manifest.get("settings", {}).get(key) != value:
-            raise RefusedOverwriteError(str(out), f"cannot resume: setting {key} was "
-                                        f"{manifest.get('settings', {}).get(key)!r} and is now {value!r}; "
-                                        "write to another folder")
+        before = manifest.get("settings", {}).get(key, _SETTING_DEFAULTS.get(key))
+        if before != value:
+            raise RefusedOverwriteError(str(out), f"cannot resume: setting {key} was {before!r} and is now "
+                                        f"{value!r}; write to another folder")
     return manifest
 
 
 def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str],
                   draft_config: str | os.PathLike[str] | dict[str, Any], out: str | os.PathLike[str], *,
                   max_new_tokens: int, batch_size: int = 8, shard_size: int = 256, ignore_eos: bool = False,
-                  force: bool = False, progress: Progress | None = None) -> RolloutSummary:
+                  force: bool = False, mode: Mode = "generate", engine: str | TeacherEngine = DEFAULT_ENGINE,
+                  engine_options: EngineOptions | None = None, progress: Progress | None = None) -> RolloutSummary:
     """Write (or resume) a rollouts folder; see the module docstring for the layout.
 
     Args:
@@ -336,51 +396,70 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
         prompts: JSONL prompts file.
         draft_config: the draft's `config.json` (path or dict): taps and pairing keys come from it.
         out: output folder.
-        max_new_tokens: continuation budget per prompt.
-        batch_size: prompts generated together (equal-length prompts only).
+        max_new_tokens: continuation budget per prompt (`generate` mode).
+        batch_size: prompts the transformers engine runs together (equal-length prompts only).
         shard_size: sequences per shard file.
         ignore_eos: continue past EOS (always `max_new_tokens` tokens).
         force: discard existing shards instead of resuming.
+        mode: `generate` (greedy continuations) or `prefill` (record the given sequences).
+        engine: an engine name from `engines.ENGINES`, or an open engine (left open: on-policy
+            rounds reuse it).
+        engine_options: settings for a named engine (dtype, vLLM's parallelism and memory options).
         progress: called with the number of prompts finished; told the number still to do first.
 
     Raises:
         TeacherMismatchError: the teacher does not fit the draft config (one line, naming the key).
-        UsageError: malformed prompts.
+        UsageError: malformed prompts, an unknown mode or engine.
         RefusedOverwriteError: `out` holds other files, or a resume whose settings differ (and not `force`).
+        MissingDependencyError: the engine's package is not installed.
     """
+    if mode not in MODES:
+        raise UsageError(f"rollouts mode {mode!r}: use one of {', '.join(MODES)}")
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file"))
     teacher_config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json")
     check_teacher_matches(teacher_config, draft, teacher_name=str(teacher))
     out = Path(out)
-    settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos)
-    manifest = _open_manifest(out, settings, force)
-    all_prompts = read_prompts(prompts, teacher)
-    if manifest is None:
-        manifest = {"schema": SCHEMA, "settings": settings, "teacher": teacher_identity(teacher).to_dict(),
-                    "chat_template_sha256": chat_template_digest(teacher), "tap_convention": TAP_CONVENTION,
-                    "fields": FIELDS, "shards": []}
-    done = {seq["prompt_index"] for shard in manifest["shards"] for seq in shard["sequences"]}
-    todo = [p for p in all_prompts if p.index not in done]
-    announce_total(progress, len(todo))
-    out.mkdir(parents=True, exist_ok=True)
-    written = 0
-    if todo:
-        model = load_teacher(teacher)
+    owned = isinstance(engine, str)
+    runner = open_engine(engine, str(teacher), list(draft["target_layer_ids"]), engine_options) if owned else engine
+    try:
+        settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos, mode=mode, engine=runner.name,
+                             engine_dtype=runner.dtype)
+        manifest = _open_manifest(out, settings, force)
+        all_prompts = read_prompts(prompts, teacher)
+        if mode == "generate":
+            masked = next((p for p in all_prompts if p.loss_mask is not None), None)
+            if masked is not None:
+                raise UsageError(f"{prompts}: prompt {masked.index} has a loss_mask, which only prefill mode "
+                                 "reads (generate mode supervises the continuation)")
+        if manifest is None:
+            manifest = {"schema": SCHEMA, "settings": settings, "teacher": teacher_identity(teacher).to_dict(),
+                        "chat_template_sha256": chat_template_digest(teacher), "tap_convention": TAP_CONVENTION,
+                        "fields": FIELDS, "shards": []}
+        done = {seq["prompt_index"] for shard in manifest["shards"] for seq in shard["sequences"]}
+        todo = [p for p in all_prompts if p.index not in done]
+        announce_total(progress, len(todo))
+        out.mkdir(parents=True, exist_ok=True)
+        written = 0
         pending: list[Rollout] = []
-        stream = generate_rollouts(model, todo, draft["target_layer_ids"], max_new_tokens=max_new_tokens,
-                                   batch_size=batch_size, ignore_eos=ignore_eos, progress=progress)
-        for rollout in stream:
-            pending.append(rollout)
-            if len(pending) >= shard_size:
-                written += _flush(out, manifest, pending)
-        written += _flush(out, manifest, pending)
+        if todo:
+            stream = runner.rollouts(todo, mode=mode, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
+                                     batch_size=batch_size, progress=progress)
+            for rollout in stream:
+                pending.append(rollout)
+                if len(pending) >= shard_size:
+                    written += _flush(out, manifest, pending, runner)
+            written += _flush(out, manifest, pending, runner)
+    finally:
+        if owned:
+            runner.close()
     return _summary(out, manifest, written, len(all_prompts) - len(todo))
 
 
-def _flush(out: Path, manifest: dict[str, Any], pending: list[Rollout]) -> int:
+def _flush(out: Path, manifest: dict[str, Any], pending: list[Rollout], engine: TeacherEngine) -> int:
     if not pending:
         return 0
+    manifest["engine"] = engine.describe()
     name = shard_name(len(manifest["shards"]))
     write_shard(out / name, pending)
     manifest["shards"].append({"file": name, "sequences": [r.entry() for r in pending]})
@@ -394,9 +473,12 @@ def _summary(out: Path, manifest: dict[str, Any], written: int, skipped: int) ->
     sequences = [seq for shard in manifest["shards"] for seq in shard["sequences"]]
     agree = sum(s["greedy_agreement"][0] for s in sequences)
     checked = sum(s["greedy_agreement"][1] for s in sequences)
+    settings = manifest.get("settings", {})
     return RolloutSummary(path=str(out), written=written, skipped=skipped, sequences=len(sequences),
-                          continuation_tokens=sum(s["length"] - s["prompt_length"] for s in sequences),
-                          shards=len(manifest["shards"]), greedy_agreement=agree / checked if checked else None)
+                          continuation_tokens=sum(s.get("supervised_tokens", s["length"] - s["prompt_length"])
+                                                  for s in sequences),
+                          shards=len(manifest["shards"]), greedy_agreement=agree / checked if checked else None,
+                          engine=settings.get("engine", DEFAULT_ENGINE), mode=settings.get("mode", "generate"))
 
 
 @dataclass

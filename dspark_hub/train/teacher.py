@@ -182,6 +182,80 @@ def read_lm_head(folder: str | os.PathLike[str]) -> Any:
         return handle.get_tensor(name)
 
 
+@dataclass(frozen=True)
+class FinalNorm:
+    """The teacher's final RMSNorm, read from its files: what turns the last layer's output into the lm_head input.
+
+    Engines that capture the last decoder layer's output before the norm (vLLM, speculators' data)
+    get the lm_head input by applying it: `weight * x / sqrt(mean(x^2) + eps)`, normalised in
+    float32 and cast back before the scale (transformers' Llama/DeepSeek/Kimi RMSNorm).
+    """
+
+    tensor: str
+    weight: Any     # [hidden]
+    eps: float
+
+    def __call__(self, hidden: Any) -> Any:
+        import torch
+
+        dtype = hidden.dtype
+        x = hidden.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight.to(device=hidden.device, dtype=dtype) * x.to(dtype)
+
+    def describe(self) -> str:
+        return (f"teacher final norm {self.tensor} (eps {self.eps}) applied to the last decoder layer's "
+                "pre-norm output: w * x / sqrt(mean(x^2) + eps), normalised in float32")
+
+
+#: Final-norm tensor names by family: the text model's `norm` (multimodal teachers nest it).
+_FINAL_NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight")
+#: Families whose RMSNorm scales by (1 + weight): applying `FinalNorm` to them would be silently wrong.
+_ONE_PLUS_WEIGHT_NORMS = ("gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_next")
+
+
+def read_final_norm(folder: str | os.PathLike[str]) -> FinalNorm:
+    """The teacher's final norm weight and epsilon, read from its safetensors and config (no model built).
+
+    Raises:
+        UsageError: no unique final norm tensor, or a family whose norm is not `w * x / rms`.
+    """
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    config = read_json(folder / "config.json", what="a teacher folder that holds config.json")
+    text = text_config(config)
+    if text.get("model_type") in _ONE_PLUS_WEIGHT_NORMS or config.get("model_type") in _ONE_PLUS_WEIGHT_NORMS:
+        raise UsageError(f"{folder}: model_type {text.get('model_type') or config.get('model_type')} scales its "
+                         "norm by (1 + weight); its final states cannot be rebuilt from a pre-norm capture here")
+    files = _weight_files(folder)
+    names = [n for n in files if any(n == suffix or n.endswith("." + suffix) for suffix in _FINAL_NORM_NAMES)]
+    if len(names) != 1:
+        raise UsageError(f"{folder}: no unique final norm tensor ({' or '.join(_FINAL_NORM_NAMES)}) among "
+                         f"{len(files)} tensors; use a causal LM checkpoint folder")
+    with safe_open(str(files[names[0]]), framework="pt") as handle:
+        weight = handle.get_tensor(names[0])
+    eps = text.get("rms_norm_eps", config.get("rms_norm_eps", 1e-6))
+    return FinalNorm(names[0], weight, float(eps))
+
+
+def teacher_eos_ids(folder: str | os.PathLike[str]) -> list[int]:
+    """The ids a greedy continuation stops at: `generation_config.json`'s `eos_token_id`, else `config.json`'s.
+
+    The transformers engine gets the same ids from `model.generation_config`, which is read from the same files.
+    """
+    folder = Path(folder)
+    eos = None
+    if (folder / "generation_config.json").is_file():
+        eos = read_json(folder / "generation_config.json").get("eos_token_id")
+    if eos is None:
+        config = read_json(folder / "config.json", what="a teacher folder that holds config.json")
+        eos = text_config(config).get("eos_token_id", config.get("eos_token_id"))
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
 # ----------------------------------------------------------------------------- model + taps
 
 

@@ -1,24 +1,33 @@
 """Fine-tune k3_dspark weights on teacher rollouts (`dspark-hub finetune`).
 
-One process, or one per rank under `torchrun` (DDP; gloo on CPU, nccl on GPU; `fsdp=True` shards
-with FSDP2 `fully_shard` instead). The global batch is split across ranks by index; anchors are
-drawn per sequence from a seed of (seed, step, prompt index), and loss denominators are summed over
-ranks, so N ranks compute the gradient one process computes on the same global batch.
+One process, or one per rank under `torchrun` (DDP with `device_ids`; `fsdp=True` shards with
+FSDP2 `fully_shard` over a device mesh instead). The model and every batch live on the rank's
+device: `device` (default `cuda` when torch sees a GPU, else `cpu`), indexed by `LOCAL_RANK` under
+torchrun; nccl carries device tensors on GPUs, gloo on CPU. The global batch is split across ranks
+by index; anchors are drawn per sequence from a seed of (seed, step, prompt index), and loss
+denominators are summed over ranks, so N ranks compute the gradient one process computes on the
+same global batch.
 
 `embed_tokens` is frozen (saved bit-identical). AdamW over the other tensors, linear warmup then
 cosine decay to `min_lr_ratio * lr`, gradient-norm clipping, fp32 master weights (`dtype="bf16"`
-runs the forward under bf16 autocast). The loss is computed `loss_chunk` (anchor, position) rows at
+runs the forward under bf16 autocast of the device's type). The loss is computed `loss_chunk` (anchor, position) rows at
 a time (`objective.chunked_loss_sums`; 0 = the whole `[B, A, K, V]` at once). Every `save_every`
 steps the full training state (weights, optimizer, scheduler, step, RNG) goes to
 `state_dir/step-NNNNNN.pt`; `resume=True` continues from the latest one and reproduces the
 uninterrupted run. A JSON-lines log (`training_log.jsonl`: step, loss terms, lr, grad norm, tokens,
-and eval results) is kept in `state_dir` and copied into the output, which is written atomically
-with `modeling.save_checkpoint` in the base's layout (names, config key order, safetensors metadata,
-dtype), so it passes `verify --drop-in BASE`.
+step seconds, tokens/s, peak device memory, and eval results) is kept in `state_dir` and copied into
+the output. States and the output are gathered once into full state dicts and written by rank 0;
+the output is written atomically with `modeling.save_checkpoint` in the base's layout (names,
+config key order, safetensors metadata, dtype), so it passes `verify --drop-in BASE`.
+
+Data (`data`): a rollouts folder, or hidden-state files from vLLM's extraction connector or
+speculators' data pipeline (`hidden_state_files.open_training_data` detects which).
 
 On-policy mode (`on_policy=True, rounds=K`): the prompts are split into K rounds; each round the
 teacher greedily continues that round's prompts (`dspark_hub.rollouts`, resumable, under
-`state_dir/round-NNN/`), then the draft trains on those cached states for its share of the steps.
+`state_dir/round-NNN/`) in the teacher engine `engine` (`transformers` or `vllm`), the engine
+releases its memory (vLLM: sleep mode where the platform has it, else its process stops; the log
+says which), then the draft trains on those cached states for its share of the steps.
 "On-policy" is the teacher's policy: under greedy speculative decoding the emitted tokens are the
 teacher's greedy tokens whatever the draft proposes, so the teacher's own greedy continuations ARE
 the serving distribution (dspark-algorithm.md §2.8; the SDDD card's batch-alternating scheduler);
@@ -46,10 +55,14 @@ from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train import objective
+from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions, TeacherEngine, open_engine, peak_rss_bytes
+from dspark_hub.train.hidden_state_files import open_training_data
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.teacher import read_lm_head
 
 LOG_NAME = "training_log.jsonl"
+#: Log keys that measure the machine (time, memory): they differ between runs that train identically.
+MEASURED = ("step_seconds", "tokens_per_second", "peak_memory_bytes")
 
 
 @dataclass
@@ -87,6 +100,10 @@ class TrainConfig:
     eval_every: int = 0
     fsdp: bool = False
     force: bool = False
+    device: str | None = None
+    engine: str = DEFAULT_ENGINE
+    engine_options: EngineOptions = field(default_factory=EngineOptions)
+    data_layer_ids: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +125,9 @@ class TrainResult:
     state_dir: str
     world_size: int
     eval: dict[str, Any] | None
+    device: str = "cpu"
+    peak_memory_bytes: int = 0
+    engine_releases: tuple[str, ...] = ()
 
     @property
     def tokens_per_second(self) -> float:
@@ -116,7 +136,8 @@ class TrainResult:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": schemas.command("finetune"), "path": self.path, "steps": self.steps, "tokens": self.tokens,
                 "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "final_loss": self.final_loss,
-                "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval}
+                "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval, "device": self.device,
+                "peak_memory_bytes": self.peak_memory_bytes, "engine_releases": list(self.engine_releases)}
 
 
 def chunkable_draft_logits(model: nn.Module, lm_head_weight: torch.Tensor, hidden: torch.Tensor,
@@ -176,13 +197,53 @@ class DraftStep(nn.Module):
         return sums.terms, sums.weight, sums.stats
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world size); joins the process group when launched by torchrun."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+def launched_by_torchrun() -> bool:
+    """True in a process `torchrun` started (it sets LOCAL_RANK and WORLD_SIZE, even for one process)."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_device(requested: str | None = None) -> torch.device:
+    """The rank's device: `requested` (default `cuda` when torch sees a GPU, else `cpu`); a bare `cuda`
+    becomes `cuda:LOCAL_RANK`.
+
+    Raises:
+        UsageError: a CUDA device torch cannot see, or a device string torch does not know.
+    """
+    name = requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"device {name!r}: not a torch device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {name!r}: torch sees no CUDA device here; use cpu")
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if device.index >= torch.cuda.device_count():
+            raise UsageError(f"device {device}: torch sees {torch.cuda.device_count()} CUDA devices")
+        torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(device: torch.device | None = None) -> tuple[int, int]:
+    """(rank, world size); joins the process group when launched by torchrun (nccl on CUDA, else gloo)."""
+    if launched_by_torchrun() and not dist.is_initialized():
+        if device is not None and device.type == "cuda":
+            dist.init_process_group(backend="nccl", device_id=device)
+        else:
+            dist.init_process_group(backend="gloo")
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory on `device` since the last call: CUDA's peak allocated bytes, else the process's peak RSS."""
+    if device.type == "cuda":
+        peak = int(torch.cuda.max_memory_allocated(device))
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
+    return peak_rss_bytes()
 
 
 def _all_reduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -214,7 +275,8 @@ class Trainer:
         self.config = config
         self.progress = progress
         self.loss_weights = objective.parse_loss(config.loss)
-        self.rank, self.world = init_distributed()
+        self.device = resolve_device(config.device)
+        self.rank, self.world = init_distributed(self.device)
         if config.batch_size < self.world:
             raise UsageError(f"{config.batch_size} is smaller than the {self.world} ranks; "
                              "each rank needs at least one sequence", param="batch_size")
@@ -222,11 +284,12 @@ class Trainer:
         torch.manual_seed(config.seed)
         loaded = load_checkpoint(config.base, dtype=torch.float32)
         self.base_config = loaded.config
-        self.model = loaded.model
+        self.model = loaded.model.to(self.device)
         self.model.embed_tokens.weight.requires_grad_(False)
         self.model.train()
         self.save_dtype = getattr(torch, self.base_config.get("torch_dtype") or "bfloat16")
-        self.lm_head = read_lm_head(self._teacher_path()).float()
+        self.data = None if config.on_policy else self._open_data(config.data)
+        self.lm_head = read_lm_head(self._teacher_path()).float().to(self.device)
         if config.loss_chunk < 0:
             raise UsageError(f"{config.loss_chunk}; use rows per chunk, or 0 for no chunking", param="loss_chunk")
         self.module = self._wrap(DraftStep(self.model, config.block_size, terms=list(self.loss_weights),
@@ -243,6 +306,8 @@ class Trainer:
         self.tokens = 0
         self.last_loss: float | None = None
         self.last_eval: dict[str, Any] | None = None
+        self.peak_memory = 0
+        self.releases: list[str] = []
         self.state_dir = config.state_path
         if self.rank == 0:
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -252,46 +317,55 @@ class Trainer:
     def _teacher_path(self) -> str:
         if self.config.teacher:
             return self.config.teacher
-        if self.config.data:
-            teacher = RolloutData(self.config.data).teacher_path
-            if teacher:
-                return teacher
-        raise UsageError("no teacher; pass `teacher` (its lm_head gives the target distributions)")
+        teacher = getattr(self.data, "teacher_path", None)
+        if teacher:
+            return teacher
+        raise UsageError("no teacher; pass `teacher` (its lm_head gives the target distributions)", param="teacher")
+
+    def _open_data(self, path: str | None) -> Any:
+        if not path:
+            raise UsageError("no training data; pass `data` (or `on_policy` with `prompts`)", param="data")
+        return open_training_data(path, draft_config=self.base_config, teacher=self.config.teacher,
+                                  layer_ids=self.config.data_layer_ids)
 
     def _wrap(self, step: DraftStep) -> nn.Module:
-        if self.world == 1:
+        if not dist.is_initialized():
             return step
         if self.config.fsdp:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
+            mesh = init_device_mesh(self.device.type, (self.world,))
             for layer in step.model.layers:
-                fully_shard(layer)
-            return fully_shard(step)
+                fully_shard(layer, mesh=mesh)
+            return fully_shard(step, mesh=mesh)
         from torch.nn.parallel import DistributedDataParallel
 
         uses_confidence = bool(self.model.confidence_head is not None and self.config.alpha)
-        return DistributedDataParallel(step, find_unused_parameters=not uses_confidence)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(step, device_ids=device_ids, find_unused_parameters=not uses_confidence)
 
     def _total_steps(self) -> int:
         config = self.config
         if config.steps:
             return config.steps
         if config.on_policy or not config.epochs:
-            raise UsageError("no step count; pass `steps` (or `epochs` with `data`)")
-        count = len(RolloutData(config.data))
+            raise UsageError("no step count; pass `steps` (or `epochs` with `data`)", param="steps")
+        count = len(self.data)
         return max(1, int(config.epochs * max(1, count // config.batch_size)))
 
     # -- one step ----------------------------------------------------------------------------
 
     def train_step(self, data: Any, local_step: int) -> dict[str, Any]:
         config = self.config
+        started = time.perf_counter()
         indices = batch_indices(len(data), config.batch_size, local_step, config.seed)
         rollouts = [data[i] for i in indices[self.rank::self.world]]
         anchors = [objective.sample_anchors(r.loss_mask, config.max_anchors,
                                             objective.anchor_seed(config.seed, self.step, r.prompt_index))
                    for r in rollouts]
-        batch = objective.collate(rollouts, anchors)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.dtype == "bf16"):
+        batch = objective.collate(rollouts, anchors).to(self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.dtype == "bf16"):
             sums = objective.LossSums(*self.module(batch.context_states, batch.input_ids, batch.anchors,
                                                    batch.anchor_valid, batch.doc_ids, batch.final_hidden,
                                                    batch.loss_mask, self.lm_head))
@@ -304,14 +378,20 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
-        return self._log_entry(sums, global_weight, float(grad_norm), lr, batch.tokens)
+        entry = self._log_entry(sums, global_weight, float(grad_norm), lr, batch.tokens)
+        seconds = time.perf_counter() - started     # float(grad_norm) above waited for the device
+        peak = peak_memory_bytes(self.device)
+        self.peak_memory = max(self.peak_memory, peak)
+        entry.update(step_seconds=seconds, tokens_per_second=entry["tokens"] / seconds if seconds else 0.0,
+                     peak_memory_bytes=peak, device=str(self.device))
+        return entry
 
     def _log_entry(self, sums: objective.LossSums, global_weight: torch.Tensor, grad_norm: float, lr: float,
                    tokens: int) -> dict[str, Any]:
         names = sorted(sums.terms)
         packed = torch.stack([sums.terms[n].detach().float() for n in names]
                              + [sums.stats[k].float() for k in ("accuracy", "overlap", "slots")]
-                             + [torch.tensor(float(tokens))])
+                             + [torch.tensor(float(tokens), device=global_weight.device)])
         packed = _all_reduce(packed)
         weight = float(global_weight.clamp_min(1e-8))
         values = {name: float(packed[i]) / weight for i, name in enumerate(names)}
@@ -401,7 +481,8 @@ class Trainer:
         if self.rank == 0:
             from dspark_hub.train.evaluate import measure_draft, measure_ngram
 
-            data = RolloutData(config.eval_data)
+            data = open_training_data(config.eval_data, draft_config=self.base_config, teacher=self._teacher_path(),
+                                      layer_ids=config.data_layer_ids)
             self.last_eval = {**measure_draft(self.model, self.lm_head, data, config.block_size).to_dict(),
                               "baseline": measure_ngram(data, config.block_size).overall.to_dict()}
             self.log({"step": self.step, "eval": self.last_eval})
@@ -416,12 +497,11 @@ class Trainer:
         if self.config.on_policy:
             self._fit_on_policy()
         else:
-            if not self.config.data:
-                raise UsageError("no training data; pass `data` (or `on_policy` with `prompts`)")
-            self.run_steps(RolloutData(self.config.data), 0, self.total_steps)
+            self.run_steps(self.data, 0, self.total_steps)
         self.write_output()
         return TrainResult(self.config.out, self.step, self.tokens, time.perf_counter() - started, self.last_loss,
-                           str(self.state_dir), self.world, self.last_eval)
+                           str(self.state_dir), self.world, self.last_eval, str(self.device), self.peak_memory,
+                           tuple(self.releases))
 
     def _fit_on_policy(self) -> None:
         config = self.config
@@ -429,31 +509,51 @@ class Trainer:
             raise UsageError("needs `prompts` and `teacher`", param="on_policy")
         lines = [line for line in Path(config.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
         rounds = max(1, min(config.rounds, len(lines)))
-        for r in range(rounds):
-            start, stop = self.total_steps * r // rounds, self.total_steps * (r + 1) // rounds
-            if self.step >= stop:
-                continue
-            folder = self.state_dir / f"round-{r:03d}"
-            if self.rank == 0:
-                folder.mkdir(parents=True, exist_ok=True)
-                chunk = lines[len(lines) * r // rounds:len(lines) * (r + 1) // rounds]
-                (folder / "prompts.jsonl").write_text("".join(line + "\n" for line in chunk), encoding="utf-8")
-                make_rollouts(config.teacher, folder / "prompts.jsonl", self.base_config, folder / "data",
-                              max_new_tokens=config.max_new_tokens)
-            _barrier()
-            self.run_steps(RolloutData(folder / "data"), start, stop, round_index=r)
+        engine: TeacherEngine | None = None
+        if self.rank == 0:
+            engine = open_engine(config.engine, config.teacher, list(self.base_config["target_layer_ids"]),
+                                 config.engine_options, releasable=rounds > 1)
+        try:
+            for r in range(rounds):
+                start, stop = self.total_steps * r // rounds, self.total_steps * (r + 1) // rounds
+                if self.step >= stop:
+                    continue
+                folder = self.state_dir / f"round-{r:03d}"
+                if engine is not None:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    chunk = lines[len(lines) * r // rounds:len(lines) * (r + 1) // rounds]
+                    (folder / "prompts.jsonl").write_text("".join(line + "\n" for line in chunk), encoding="utf-8")
+                    make_rollouts(config.teacher, folder / "prompts.jsonl", self.base_config, folder / "data",
+                                  max_new_tokens=config.max_new_tokens, engine=engine)
+                    if r + 1 < rounds:        # free the teacher's memory for the draft's updates
+                        action = engine.release()
+                        self.releases.append(action)
+                        self.log({"step": self.step, "round": r, "engine": engine.name, "release": action})
+                _barrier()
+                self.run_steps(RolloutData(folder / "data"), start, stop, round_index=r)
+        finally:
+            if engine is not None:
+                engine.close()
+
+    def _full_model_state(self) -> dict[str, torch.Tensor] | None:
+        """The draft's full state dict on CPU, gathered once (a collective under FSDP); None off rank 0."""
+        if isinstance(self.module, nn.Module) and self.config.fsdp and dist.is_initialized():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return {k.removeprefix("model."): v for k, v in state.items()} if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def write_output(self) -> None:
         """Rank 0 writes the draft (base layout and dtype) plus the log and the options, atomically."""
         from dspark_hub.modeling import load_checkpoint, save_checkpoint
 
-        model = self.model
-        if self.config.fsdp and self.world > 1:
-            model_state, _ = self._state_dicts()
-            if self.rank == 0:
-                model = load_checkpoint(self.config.base, dtype=torch.float32).model
-                model.load_state_dict({k.removeprefix("model."): v for k, v in model_state.items()})
+        state = self._full_model_state()
         if self.rank == 0:
+            model = load_checkpoint(self.config.base, dtype=torch.float32).model
+            model.load_state_dict(state)
             with atomic_dir(self.config.out, force=self.config.force) as tmp:
                 save_checkpoint(model, tmp, dtype=self.save_dtype, force=True)
                 log = self.state_dir / LOG_NAME

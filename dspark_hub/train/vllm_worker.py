@@ -1,0 +1,250 @@
+"""The vLLM teacher engine's process: `python -m dspark_hub.train.vllm_worker`, in vLLM's interpreter.
+
+`dspark_hub.train.vllm_engine.VllmEngine` starts it and talks to it in JSON lines: one request per
+line on stdin, one reply per line on the protocol stream (the process's original stdout; its
+stdout is redirected to stderr, which the parent sends to a log file, so vLLM's own printing
+cannot corrupt a reply). Every reply has `ok`; a failed one carries `error` (one line) and `kind`.
+
+Requests (`op`):
+  - `start`: build `vllm.LLM` configured for hidden-state extraction, exactly as speculators'
+    `launch_vllm.py` configures a server (`speculative_config.method = extract_hidden_states`
+    with `eagle_aux_hidden_state_layer_ids` = the vLLM ids, plus a hidden-states KV connector
+    writing safetensors files under `storage`). Replies with the vLLM version, platform, dtype
+    and whether sleep mode is on.
+  - `capture`: greedy continuations (`max_new_tokens > 0`) or prefill only, for token-id
+    sequences. Replies, per sequence, with the file vLLM's connector wrote (`hidden_states
+    [T, n, H]` at the ids, ascending, and `token_ids [T]`), the tokens it covers, the prompt
+    length and the finish reason. The parent reads and deletes the files.
+  - `sleep` / `wake`: vLLM's sleep mode (level 1: weights to host memory, KV cache freed).
+  - `exit`: shut the engine down and leave.
+
+This module imports only the standard library (and `dspark_hub.train.engines`, which is
+stdlib-only) until `start`; then vLLM, and our connector, which vLLM itself loads by module path.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dspark_hub.format.jsonio import loads_strict
+from dspark_hub.train.engines import peak_rss_bytes
+
+#: vLLM series the engine is tested with (`DSPARK_ALLOW_UNTESTED_VLLM=1` accepts another).
+TESTED_SERIES = "0.32."
+#: KV cache reserved on CPU unless the caller sizes it (vLLM's default takes 90% of system RAM there).
+CPU_KV_CACHE_BYTES = 512 << 20
+
+
+class WorkerError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.llm: Any = None
+        self.sleeping = False
+
+    # -- start / stop ----------------------------------------------------------------------
+
+    def start(self, request: dict[str, Any]) -> dict[str, Any]:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # in-process engine core: we drain it
+        try:
+            import vllm
+            from vllm import LLM
+        except ImportError as exc:
+            raise WorkerError("missing", f"{sys.executable}: cannot import vllm ({exc})") from None
+        version = getattr(vllm, "__version__", "?")
+        if not version.startswith(TESTED_SERIES) and os.environ.get("DSPARK_ALLOW_UNTESTED_VLLM", "") in ("", "0"):
+            raise WorkerError("version", f"vLLM {version} is untested (the engine is tested with {TESTED_SERIES}*); "
+                                         "install that series or set DSPARK_ALLOW_UNTESTED_VLLM=1")
+        from vllm.platforms import current_platform
+
+        cpu = current_platform.is_cpu()
+        try:
+            from dspark_hub.train.vllm_connector import connector_config
+        except ImportError as exc:
+            raise WorkerError("version", str(exc)) from None
+        options = dict(request.get("options") or {})
+        defaults: dict[str, Any] = {"enforce_eager": cpu, "enable_prefix_caching": False, "seed": 0,
+                                    "disable_log_stats": True, "generation_config": "vllm"}
+        if cpu and "kv_cache_memory_bytes" not in options and "gpu_memory_utilization" not in options:
+            defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        teacher = Path(request["teacher"])
+        if not any((teacher / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            defaults["skip_tokenizer_init"] = True     # token ids in and out: no tokenizer needed
+        sleep = bool(request.get("sleep")) and current_platform.is_sleep_mode_available()
+        if sleep:
+            defaults["enable_sleep_mode"] = True
+        settings = {**defaults, **options}
+        speculative_config = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                              "draft_model_config": {"hf_config": {
+                                  "eagle_aux_hidden_state_layer_ids": list(request["engine_ids"])}}}
+        kv_transfer_config = connector_config(request["storage"], cpu=cpu)
+        started = time.perf_counter()
+        self.llm = LLM(model=str(teacher), dtype=request.get("dtype") or "auto", speculative_config=speculative_config,
+                       kv_transfer_config=kv_transfer_config, **settings)
+        seconds = time.perf_counter() - started
+        self._scheduler()   # fail now, not after the first request, if the engine core is not in this process
+        dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        return {"vllm": version, "torch": _torch_version(), "platform": current_platform.device_type,
+                "connector": kv_transfer_config["kv_connector"], "sleep_mode": sleep, "start_seconds": seconds,
+                "dtype": dtype, "settings": _jsonable(settings), "pid": os.getpid(), "peak_rss_bytes": peak_rss_bytes()}
+
+    def exit(self) -> dict[str, Any]:
+        if self.llm is not None:
+            try:
+                self.llm.llm_engine.engine_core.shutdown()
+            finally:
+                self.llm = None
+                gc.collect()
+        return {"peak_rss_bytes": peak_rss_bytes()}
+
+    def sleep(self) -> dict[str, Any]:
+        self.llm.sleep(level=1)
+        self.sleeping = True
+        return {}
+
+    def wake(self) -> dict[str, Any]:
+        self.llm.wake_up()
+        self.sleeping = False
+        return {}
+
+    # -- capture ---------------------------------------------------------------------------
+
+    def _scheduler(self) -> Any:
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        scheduler = getattr(getattr(core, "engine_core", None), "scheduler", None)
+        if scheduler is None:
+            raise WorkerError("engine", "the vLLM engine core is not in this process "
+                                        "(VLLM_ENABLE_V1_MULTIPROCESSING must be 0); cannot drain it")
+        return scheduler
+
+    def _drain(self, max_steps: int = 10_000) -> int:
+        """Step until the scheduler holds nothing.
+
+        `LLM.generate` returns once every request has finished; the connector extracts a finished
+        request's states in the *next* step, which `generate` never runs. In-process it is driven here.
+        """
+        scheduler = self._scheduler()
+        steps = 0
+        while scheduler.has_requests():
+            if steps >= max_steps:
+                raise WorkerError("engine", f"the engine did not drain in {max_steps} steps")
+            self.llm.llm_engine.step()
+            steps += 1
+        return steps
+
+    def _run(self, sequences: list[list[int]], max_new_tokens: int, stop: list[int]) -> list[dict[str, Any]]:
+        from vllm import SamplingParams
+
+        generate = max_new_tokens > 0
+        # max_new_tokens + 1: the file covers the prompt and the tokens fed back, i.e. all but the last sampled.
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens + 1 if generate else 1, ignore_eos=True,
+                                stop_token_ids=list(stop) if generate and stop else None, detokenize=False,
+                                extra_args={"kv_transfer_params": {"include_output_tokens": generate}})
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        self._drain()
+        results = []
+        for sequence, output in zip(sequences, outputs):
+            path = (output.kv_transfer_params or {}).get("hidden_states_path")
+            if path is None:
+                raise WorkerError("engine", f"request {output.request_id}: no hidden_states_path in its "
+                                            f"kv_transfer_params ({output.kv_transfer_params!r})")
+            generated = [int(t) for t in output.outputs[0].token_ids]
+            results.append({"path": path, "prompt_length": len(sequence), "generated": generated,
+                            "finish_reason": output.outputs[0].finish_reason})
+        return results
+
+    def capture(self, request: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        sequences = [[int(t) for t in s] for s in request["sequences"]]
+        max_new = int(request.get("max_new_tokens") or 0)
+        results = self._run(sequences, max_new, list(request.get("stop_token_ids") or []))
+        redo = []
+        for i, result in enumerate(results):
+            generated = result.pop("generated")
+            if max_new <= 0:
+                result["tokens"] = sequences[i]
+                continue
+            if len(generated) > max_new:          # the budget's extra token: never fed back, not kept
+                result["tokens"] = sequences[i] + generated[:max_new]
+                result["finish_reason"] = "length"
+            else:                                 # stopped early: the stop token itself has no state yet
+                result["tokens"] = sequences[i] + generated
+                redo.append(i)
+        if redo:
+            # Prefill prompt + continuation (stop token included) so the stop token's row is
+            # present, as in the transformers engine's rollouts.
+            for i, again in zip(redo, self._run([results[i]["tokens"] for i in redo], 0, [])):
+                _remove(results[i]["path"])
+                results[i]["path"] = again["path"]
+                results[i]["recaptured"] = True
+        return {"results": results, "seconds": time.perf_counter() - started, "recaptured": len(redo),
+                "peak_rss_bytes": peak_rss_bytes()}
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "start":
+            return self.start(request)
+        if self.llm is None and op != "exit":
+            raise WorkerError("engine", f"{op}: the engine is not started")
+        handler = {"capture": self.capture, "sleep": lambda _r: self.sleep(), "wake": lambda _r: self.wake(),
+                   "exit": lambda _r: self.exit()}.get(op)
+        if handler is None:
+            raise WorkerError("protocol", f"unknown op {op!r}")
+        return handler(request)
+
+
+def _remove(path: str) -> None:
+    for name in (path, path + ".lock"):
+        try:
+            os.remove(name)
+        except FileNotFoundError:
+            pass
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _jsonable(value: Any) -> Any:
+    return loads_strict(json.dumps(value, default=str), path="engine reply")
+
+
+def main() -> int:
+    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)       # anything printed (vLLM's logs included) goes to stderr, never into a reply
+    worker = Worker()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = loads_strict(line, path="engine request")
+        try:
+            reply = {"ok": True, **worker.handle(request)}
+        except WorkerError as exc:
+            reply = {"ok": False, "kind": exc.kind, "error": str(exc)}
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            first = (str(exc).strip().splitlines() or [""])[0]
+            reply = {"ok": False, "kind": "engine", "error": f"{type(exc).__name__}: {first}"}
+        protocol.write(json.dumps(reply) + "\n")
+        if request.get("op") == "exit":
+            break
+    worker.exit()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
