@@ -242,7 +242,7 @@ class SpeculatorsLoader:
             shown = "d2t" if key == "draft_id_to_target_id" else key
             result.unfilled[shown] = ("ignored", "no tensor fills it: vLLM runs no strict check for this format, so it "
                                       "starts and serves with it uninitialised")
-            result.decided_by[shown] = "no_strict_check"
+            result.unfilled_by[shown] = "no_strict_check"
         return result
 
     def _judge(self, tensors: Mapping[str, tuple[tuple[int, ...], str]], config: Mapping[str, Any],

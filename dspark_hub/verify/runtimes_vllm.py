@@ -348,7 +348,7 @@ class VllmK3Loader:
         for key, checked in tree.keys().items():
             if key not in filled:
                 result.unfilled[key] = ("fatal", _UNFILLED_FATAL) if checked else ("ignored", _UNFILLED_SILENT)
-                result.decided_by[key] = "strict_checked" if checked else "strict_exempt"
+                result.unfilled_by[key] = "strict_checked" if checked else "strict_exempt"
         return result
 
     def serving_parameters(self, config: Mapping[str, Any], *, draft: str = "DRAFT",

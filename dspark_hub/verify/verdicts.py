@@ -67,7 +67,8 @@ class RuntimeVerdicts:
 
     `runtime` is any loader spec with `name`, `title`, `rules`, `notes`, `drop_hint`, `fatal_hint`
     and `unfilled_state` (how a never-written parameter is left: "uninitialised", "at its init
-    value"); `decided_by` names the rule id behind a verdict, where the loader's rules have ids.
+    value"); `decided_by` / `unfilled_by` name the rule id behind a tensor's / a parameter's verdict,
+    where the loader's rules have ids.
     `refusal` (``{"stage": "config" | "load", "message", "rule", "source"}``) is a start-up failure
     that names no tensor; with one, no tensor is judged. `executed` holds what an executed run adds
     (`execute_vllm.ExecutedLoad`: version, stubs, rounds); None for rules.
@@ -77,7 +78,8 @@ class RuntimeVerdicts:
     tensors: dict[str, tuple[Verdict, str]] = field(default_factory=dict)     # name -> (verdict, detail)
     unfilled: dict[str, tuple[Verdict, str]] = field(default_factory=dict)    # parameter -> (verdict, detail)
     harmless: set[str] = field(default_factory=set)    # ignored names whose bare form is skipped by design
-    decided_by: dict[str, str] = field(default_factory=dict)   # tensor or parameter -> rule id
+    decided_by: dict[str, str] = field(default_factory=dict)   # tensor -> rule id
+    unfilled_by: dict[str, str] = field(default_factory=dict)  # unfilled parameter -> rule id
     refusal: dict[str, str] | None = None
     executed: dict[str, Any] | None = None
 
@@ -101,7 +103,7 @@ class RuntimeVerdicts:
         doc = {"title": self.runtime.title,
                "verdicts": [{"tensor": n, "verdict": v, "detail": d, "rule": self.decided_by.get(n)}
                             for n, (v, d) in self.tensors.items()],
-               "unfilled": [{"parameter": n, "verdict": v, "detail": d, "rule": self.decided_by.get(n)}
+               "unfilled": [{"parameter": n, "verdict": v, "detail": d, "rule": self.unfilled_by.get(n)}
                             for n, (v, d) in self.unfilled.items()],
                "refusal": self.refusal,
                "counts": self.counts(),
