@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import DsparkError, UsageError
+from dspark_hub.format.jsonio import load_json_object, loads_strict
+from dspark_hub.verify.verdicts import RuntimeVerdicts
 
 #: The vLLM release the engine's hooks and the static rules were built against.
 PINNED_VERSION = "0.32.0"
@@ -233,8 +235,8 @@ def check_internals() -> str:
         moved += [f"{cls_name}.{m}" for m in methods if cls is not None and not hasattr(cls, m)]
     if moved:
         raise VllmInternalsMoved(f"vLLM {version} lacks what the execution engine hooks (built against vLLM "
-                                 f"{PINNED_VERSION}): {', '.join(moved)}; the static rules (without --execute) "
-                                 "still work")
+                                 f"{PINNED_VERSION}): {', '.join(moved)}; the rules still judge the draft "
+                                 "without executing vLLM")
     return version
 
 
@@ -570,7 +572,7 @@ def _one_round(folder: Path, fmt: str, config: Mapping[str, Any], excluded: set[
     _STATE["trace"] = t
     outcome: dict[str, Any] = {}
     target_dir = _stub_target_config(config, fmt, workdir)
-    target_cfg = json.loads((target_dir / "config.json").read_text())
+    target_cfg = load_json_object(target_dir / "config.json")
     try:
         target = ModelConfig(model=str(target_dir), skip_tokenizer_init=True, dtype="bfloat16",
                              trust_remote_code=False)
@@ -715,7 +717,7 @@ def _parameters(t: _Trace, replaced: Mapping[str, str]) -> dict[str, dict[str, A
                 fatal = pname in raised_for
                 out[name] = {"status": "never written", "verdict": "fatal" if fatal else "ignored", "vllm": where,
                              "detail": ("the strict check raises for it: start-up fails" if fatal else
-                                        "never written, and vLLM starts and serves with it uninitialised")
+                                        "vLLM starts and serves with it uninitialised")
                              + ("" if all(unwritten) else f" ({sum(unwritten)} of {n} rows)")}
     return out
 
@@ -800,6 +802,38 @@ def execute(folder: str | os.PathLike[str], *, num_speculative_tokens: int = 7) 
     return result
 
 
+def as_verdicts(executed: ExecutedLoad, runtime: Any) -> RuntimeVerdicts:
+    """An executed load as the verdicts `verify --runtime` reports (same words, same finding codes).
+
+    `runtime` is the rules' loader spec for the same format (`runtimes_vllm.VLLM`,
+    `runtimes_speculators.RUNTIMES["vllm"]`): its title, hints and rules go with the result.
+    """
+    result = RuntimeVerdicts(runtime=runtime)
+    for name, t in executed.tensors.items():
+        result.tensors[name] = (t["verdict"], f"{t['status']}: {t['detail']}")
+        result.decided_by[name] = "executed"
+    for name, p in executed.parameters.items():
+        if p["status"] == "never written":
+            result.unfilled[name] = (p["verdict"], f"never written ({p['vllm']}): {p['detail']}")
+            result.unfilled_by[name] = "executed"
+    where = f"vLLM {executed.vllm_version}"
+    if executed.refusal is not None:
+        site = executed.refusal.get("site") or ""
+        result.refusal = {"stage": executed.refusal["stage"], "message": executed.refusal["message"],
+                          "rule": "executed", "source": f"{where} {site}".strip() + "; executed"}
+    elif executed.outcome == "fails after loading":
+        result.refusal = {"stage": "after loading", "message": executed.strict_check.get("error", ""),
+                          "rule": "executed",
+                          "source": f"{where} {executed.strict_check.get('site', '')}".strip() + "; executed"}
+    result.executed = {"measured_by": f"vLLM {executed.vllm_version}'s own loader, executed on CPU",
+                       "vllm_version": executed.vllm_version, "model_class": executed.model_class,
+                       "outcome": executed.outcome, "rounds": executed.rounds,
+                       "replaced_after_load": executed.replaced, "stubs": executed.stubs, "shims": executed.shims,
+                       "worker_setup": list(WORKER_SETUP), "warnings": executed.warnings,
+                       "seconds": executed.seconds}
+    return result
+
+
 def run_isolated(folder: str | os.PathLike[str], *, timeout: float = 900.0) -> ExecutedLoad:
     """`execute(folder)` in a child process of this interpreter; the same result.
 
@@ -817,8 +851,8 @@ def run_isolated(folder: str | os.PathLike[str], *, timeout: float = 900.0) -> E
     proc = subprocess.run([sys.executable, "-m", "dspark_hub.verify.execute_vllm", os.fspath(folder)],
                           capture_output=True, text=True, env=env, timeout=timeout, check=False)
     try:
-        doc = json.loads(proc.stdout)
-    except json.JSONDecodeError:
+        doc = loads_strict(proc.stdout, path="the vLLM child process's output")
+    except DsparkError:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise ExecutionFailed(f"the vLLM child process (exit {proc.returncode}) printed no result; its last "
                               f"lines:\n{tail}") from None
