@@ -137,3 +137,8 @@ def test_execute_needs_vllm_among_the_runtimes_and_a_local_folder(tmp_path):
         verify(folder, runtime="tokenspeed", execute=True)
     with pytest.raises(UsageError, match="local folder"):
         verify("hf://org/name", runtime="vllm", execute=True)
+
+
+def test_the_engines_error_codes_are_registered():
+    classes = (execute_vllm.VllmNotAvailable, execute_vllm.VllmInternalsMoved, execute_vllm.ExecutionFailed)
+    assert {cls.error_code for cls in classes} == set(execute_vllm.ERROR_CODES)

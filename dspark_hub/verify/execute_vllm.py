@@ -113,6 +113,14 @@ _INT_SENTINEL = -(2 ** 62)
 _ARCH = {"k3_dspark": "K3DSparkForCausalLM", "speculators_dspark": "Qwen3DSparkForCausalLM"}
 
 
+#: The `error_code`s of the engine's exceptions (the README's error-code table lists them).
+ERROR_CODES: dict[str, str] = {
+    "VLLM_NOT_AVAILABLE": "vLLM cannot be imported in this Python",
+    "VLLM_INTERNALS_MOVED": "the installed vLLM lacks an internal the engine hooks",
+    "EXECUTION_FAILED": "the engine failed (a child process died without a result), not vLLM's verdict",
+}
+
+
 class VllmNotAvailable(UsageError):
     """vLLM is not importable in this Python."""
 
