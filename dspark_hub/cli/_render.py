@@ -185,7 +185,8 @@ def _render_sections(report: Report) -> None:
             stdout.print(f"{data['title']}: executed vLLM {execution['vllm_version']} ({execution['model_class']}, "
                          f"{plural(execution['rounds'], 'load')}; stubs {', '.join(execution['stubs'])}; shims "
                          f"{', '.join(execution['shims']) or 'none'}); dspark-hub's rules {agree} "
-                         f"({plural(data.get('rows_compared', 0), 'row')} compared)")
+                         f"({plural(data.get('rows_compared', 0), 'row')} compared)"
+                         + "".join(f"; {w}" for w in execution.get("warnings", [])))
         serving = data["serving"]
         stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
                      f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "
