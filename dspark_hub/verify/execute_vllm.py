@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import DsparkError, UsageError
-from dspark_hub.format.jsonio import load_json_object, loads_strict
+from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.verify.verdicts import RuntimeVerdicts
 
 #: The vLLM release the engine's hooks and the static rules were built against.
@@ -491,8 +491,8 @@ def _snapshot(model: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- stubs
 
-def _stub_target_config(config: Mapping[str, Any], fmt: str, workdir: Path) -> Path:
-    """STUB_TARGET_CONFIG: a config.json-only Qwen3 target whose numbers match the draft's."""
+def _stub_target_config(config: Mapping[str, Any], fmt: str, workdir: Path) -> tuple[Path, dict[str, Any]]:
+    """STUB_TARGET_CONFIG: a config.json-only Qwen3 target whose numbers match the draft's (folder, config)."""
     if fmt == "k3_dspark":
         layers = int(config.get("target_num_hidden_layers") or 6)
         hidden = int(config.get("target_hidden_size") or config.get("hidden_size") or 64)
@@ -512,7 +512,7 @@ def _stub_target_config(config: Mapping[str, Any], fmt: str, workdir: Path) -> P
     folder = workdir / f"stub-target-{layers}-{hidden}-{vocab}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(target))
-    return folder
+    return folder, target
 
 
 def _stub_target_model(vocab: int, hidden: int) -> Any:
@@ -579,8 +579,7 @@ def _one_round(folder: Path, fmt: str, config: Mapping[str, Any], excluded: set[
     t = _Trace(excluded)
     _STATE["trace"] = t
     outcome: dict[str, Any] = {}
-    target_dir = _stub_target_config(config, fmt, workdir)
-    target_cfg = load_json_object(target_dir / "config.json")
+    target_dir, target_cfg = _stub_target_config(config, fmt, workdir)
     try:
         target = ModelConfig(model=str(target_dir), skip_tokenizer_init=True, dtype="bfloat16",
                              trust_remote_code=False)
