@@ -4,6 +4,8 @@ tests/test_vllm_conformance.py checks the same rows against vLLM's real loader).
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -115,6 +117,16 @@ def test_every_vllm_rule_cites_a_file_and_line_and_was_executed():
     for rule in RULES.values():
         assert rule.evidence == "executed" and rule.source.startswith("vLLM 0.32.0 vllm/")
         assert any(ch.isdigit() for ch in rule.source.split(":", 1)[-1]), rule.id
+
+
+def test_the_readme_table_cites_every_rule_and_names_every_stub_and_shim():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## What vLLM does with a defective draft"):readme.index("## Two DSpark formats")]
+    for rule in RULES.values():
+        file, lines = re.search(r"(\w+\.py):(\d+(?:-\d+)?)", rule.source).groups()
+        assert f"{file}:{lines}" in section, rule.id
+    named = set(re.findall(r"^\| `((?:STUB|SHIM)_[A-Z0-9_]+)` \|", section, flags=re.M))
+    assert named == set(execute_vllm.STUBS) | set(execute_vllm.SHIMS)
 
 
 # ---------------------------------------------------------------- --execute where vLLM is not importable
