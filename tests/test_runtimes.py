@@ -40,16 +40,26 @@ def trainer_named(tmp_path):
     return write_checkpoint(tmp_path / "trainer", mutate=renamed(TRAINER))
 
 
-@pytest.mark.parametrize("runtime,expected", [("vllm", "fatal"), ("tokenspeed", "fatal"),
-                                              ("atom", "ignored"), ("sglang", "ignored")])
-def test_trainer_names_are_fatal_in_some_runtimes_and_silently_ignored_in_others(trainer_named, runtime, expected):
+#: Trainer-named export: what each runtime does with the three wrong names and the three contract parameters
+#: they leave unfilled. vLLM: the names raise; the norms fail its strict check, context_proj is exempt from it.
+TRAINER_EXPECTED = {
+    "vllm": ("fatal", {"context_proj.weight": "ignored", "context_norm.weight": "fatal",
+                       "final_norm.weight": "fatal"}),
+    "tokenspeed": ("fatal", dict.fromkeys(TRAINER.values(), "fatal")),
+    "atom": ("ignored", dict.fromkeys(TRAINER.values(), "ignored")),
+    "sglang": ("ignored", dict.fromkeys(TRAINER.values(), "ignored")),
+}
+
+
+@pytest.mark.parametrize("runtime", list(TRAINER_EXPECTED))
+def test_trainer_names_are_fatal_in_some_runtimes_and_silently_ignored_in_others(trainer_named, runtime):
+    expected, unfilled_expected = TRAINER_EXPECTED[runtime]
     report, tensors, unfilled = verdicts(trainer_named, runtime)
-    for wrong, right in TRAINER.items():
-        assert tensors[wrong] == expected, wrong
-        assert unfilled[right] == expected, right
+    assert {wrong: tensors[wrong] for wrong in TRAINER} == dict.fromkeys(TRAINER, expected)
+    assert unfilled == unfilled_expected
     assert tensors["layers.0.self_attn.q_a_proj.weight"] == "loaded"
     assert tensors["embed_tokens.weight"] == "skipped"
-    assert tensors["confidence_head.proj.weight"] == "skipped"
+    assert tensors["confidence_head.proj.weight"] == ("loaded" if runtime == "vllm" else "skipped")
     codes = {f.code for f in report.findings if f.where == f"runtime:{runtime}"}
     assert codes == ({"RUNTIME_LOAD_FAILS"} if expected == "fatal" else {"RUNTIME_SILENT_DROP"})
 
@@ -58,8 +68,9 @@ def test_atom_silent_drop_spells_out_the_consequence(trainer_named):
     report = verify(trainer_named, runtime="atom")
     (finding,) = [f for f in report.findings if f.code == "RUNTIME_SILENT_DROP"]
     assert finding.severity == "error"
-    assert finding.message.startswith("ATOM would ignore fc.weight, hidden_norm.weight, norm.weight: "
-                                      "the context path is dropped")
+    assert finding.message.startswith("ATOM would ignore fc.weight, hidden_norm.weight, norm.weight and starts and "
+                                      "serves with context_norm.weight, context_proj.weight, final_norm.weight at "
+                                      "their init values: the context path is dropped")
     assert "acceptance collapses" in finding.message
 
 
@@ -98,17 +109,26 @@ def test_fused_parameters_are_named(tmp_path):
 
 def test_missing_tensor_is_fatal_or_silent_by_runtime(tmp_path):
     folder = write_checkpoint(tmp_path / "m", mutate=lambda t: t.pop("markov_head.markov_w2.weight"))
-    assert verdicts(folder, "vllm")[2] == {"markov_head.markov_w2.weight": "fatal"}
-    report, _, unfilled = verdicts(folder, "atom")
-    assert unfilled == {"markov_head.markov_w2.weight": "ignored"}
-    (drop,) = [f for f in report.findings if f.code == "RUNTIME_SILENT_DROP"]
-    assert "the Markov head is random" in drop.message
+    assert verdicts(folder, "tokenspeed")[2] == {"markov_head.markov_w2.weight": "fatal"}
+    for runtime, state in (("vllm", "uninitialised"), ("atom", "at its init value")):
+        report, _, unfilled = verdicts(folder, runtime)
+        assert unfilled == {"markov_head.markov_w2.weight": "ignored"}
+        (drop,) = [f for f in report.findings if f.code == "RUNTIME_SILENT_DROP"]
+        assert f"starts and serves with markov_head.markov_w2.weight {state}: the Markov head is random" \
+            in drop.message
 
 
-def test_every_rule_cites_a_source():
+def test_every_rule_cites_a_source_and_says_whether_it_was_executed_or_read():
     for spec in RUNTIMES.values():
         assert spec.rules and all(rule.source.strip() and rule.rule.strip() for rule in spec.rules)
         assert spec.serving.source.strip()
+        assert all(rule.evidence in ("executed", "read") and rule.id for rule in spec.rules), spec.name
+        assert len({rule.id for rule in spec.rules}) == len(spec.rules), spec.name
+    assert {rule.evidence for rule in RUNTIMES["vllm"].rules} == {"executed"}
+    for name in ("tokenspeed", "atom", "sglang"):
+        assert {rule.evidence for rule in RUNTIMES[name].rules} == {"read"}
+        assert all("@" in rule.source or "searched" in rule.source or "Lumen" in rule.source
+                   or "plugin" in rule.source for rule in RUNTIMES[name].rules), name
 
 
 def test_serving_fragments_follow_the_config_and_block_size():

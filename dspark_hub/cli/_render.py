@@ -164,16 +164,29 @@ def _render_sections(report: Report) -> None:
         if not data.get("supported", True):
             stdout.print(f"{data['title']}: {'; '.join(data['notes'])}")
             continue
-        rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
-        rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
-        loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
-        shown = [[tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail]   # --json lists every tensor
-                 for tensor, verdict, detail in rows if verdict != "loaded"]
-        if shown:
-            print_table(f"{data['title']}: per-tensor verdicts",
-                        (Column("tensor"), Column("verdict"), Column("detail", prose=True)), shown)
-        stdout.print(f"{data['title']}: {loaded} of {plural(len(data['verdicts']), 'tensor')} loaded"
-                     + ("" if shown else "; nothing skipped, ignored or fatal"))
+        execution = data.get("execution")
+        how = f" (executed: {data['measured_by']})" if execution else ""
+        refusal = data.get("refusal")
+        if refusal:
+            stdout.print(f"{data['title']}{how}: refuses to start ({refusal['stage']}): {refusal['message']}")
+        else:
+            rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
+            rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
+            loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
+            shown = [[tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail]   # --json lists every tensor
+                     for tensor, verdict, detail in rows if verdict != "loaded"]
+            if shown:
+                print_table(f"{data['title']}: per-tensor verdicts{how}",
+                            (Column("tensor"), Column("verdict"), Column("detail", prose=True)), shown)
+            stdout.print(f"{data['title']}: {loaded} of {plural(len(data['verdicts']), 'tensor')} loaded"
+                         + ("" if shown else "; nothing skipped, ignored or fatal"))
+        if execution:
+            agree = "agree" if data.get("rules_agree") else f"DIFFER on {len(data.get('disagreements', []))}"
+            stdout.print(f"{data['title']}: executed vLLM {execution['vllm_version']} ({execution['model_class']}, "
+                         f"{plural(execution['rounds'], 'load')}; stubs {', '.join(execution['stubs'])}; shims "
+                         f"{', '.join(execution['shims']) or 'none'}); dspark-hub's rules {agree} "
+                         f"({plural(data.get('rows_compared', 0), 'row')} compared)"
+                         + "".join(f"; {w}" for w in execution.get("warnings", [])))
         serving = data["serving"]
         stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
                      f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "

@@ -33,6 +33,9 @@ def runtime_choices() -> list[str]:
 @click.option("--runtime", "runtime", multiple=True, type=click.Choice(runtime_choices()),
               help="Judge every tensor through this runtime's loader (repeatable, or 'all') and print its "
                    "serving command.")
+@click.option("--execute", "execute", is_flag=True,
+              help="With --runtime vllm: run vLLM's own draft loader on the folder (CPU, in a child process; needs "
+                   "vLLM importable in this Python) and report what it did instead of the rules' verdicts.")
 @click.option("--target", "target", metavar="TARGET",
               help="Check the pairing with this target model (folder or hf://ORG/NAME[@REV]).")
 @click.option("--block-size", "block_size", type=click.IntRange(min=1), default=None,
@@ -44,8 +47,8 @@ def runtime_choices() -> list[str]:
 @quiet_option
 @json_option
 def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None, runtime: tuple[str, ...],
-           target: str | None, block_size: int | None, against_hub: str | None, endpoint: str | None,
-           quiet: bool, as_json: bool) -> None:
+           execute: bool, target: str | None, block_size: int | None, against_hub: str | None,
+           endpoint: str | None, quiet: bool, as_json: bool) -> None:
     """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
 
     A Hub path is verified from config.json, the index and the safetensors headers only
@@ -58,7 +61,7 @@ def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
     with progress("verify --deep" if deep else "verify", quiet=quiet or as_json or not reads_bytes) as bar:
         report = checks.verify(path, drop_in=drop_in, deep=deep, frozen_embed=frozen_embed,
                                runtime=list(runtime) or None, target=target, block_size=block_size,
-                               against_hub=against_hub, endpoint=endpoint, progress=bar)
+                               against_hub=against_hub, endpoint=endpoint, execute=execute, progress=bar)
     emit(report, as_json=as_json, renderer=render_verify)
 
 

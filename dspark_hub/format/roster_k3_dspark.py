@@ -22,9 +22,10 @@ from typing import Any
 #: What `enable_confidence_head` and `confidence_head_with_markov` mean when the key is absent:
 #: True, the published reference's value and `K3DSparkConfig`'s default (transformers fills an
 #: absent key with the constructor default, so the model and the roster agree). Runtimes differ
-#: on the default (vLLM's is False), which is harmless for serving because every runtime skips
-#: `confidence_head.*`; `verify` warns about a missing key. A present key counts by truthiness,
-#: as runtimes read it (`if config.enable_confidence_head:`), so `null` means no head.
+#: on the default: vLLM's is False for both, so without the first it drops the head, and without
+#: the second it builds a [1, H] head the reference's [1, H+R] tensor does not fit (`verify --runtime
+#: vllm` says so); `verify` warns about a missing key. A present key counts by truthiness, as
+#: runtimes read it (`if config.enable_confidence_head:`), so `null` means no head.
 HEAD_FLAG_DEFAULT = True
 
 

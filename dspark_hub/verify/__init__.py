@@ -5,8 +5,12 @@
 - `formats`: the registry of draft formats verify checks end to end (k3_dspark, speculators DSpark).
 - `family`: which draft family a folder is (k3_dspark, every speculators type, DFlash, EAGLE-3, MTP).
 - `speculators`: the config rules of a speculators DSpark (speculators 0.9.0, vLLM 0.32.0; sourced).
-- `runtimes`: what each serving runtime's loader does with every tensor.
+- `runtimes`: what each serving runtime's loader does with every tensor (tokenspeed, SGLang, ATOM: read).
+- `runtimes_vllm`: vLLM's loader for a k3_dspark draft, as rules executed against vLLM 0.32.0, and the
+  module-tree lookup both vLLM loaders share.
 - `runtimes_speculators`: vLLM's loader for a speculators DSpark, as sourced rules, and its serving command.
+- `verdicts`: the verdict vocabulary every loader spec shares, and the row-by-row comparison.
+- `execute_vllm`: the engine that runs vLLM's own draft loader on CPU (`verify --execute`, the harness).
 - `pairing`: a draft against its target model.
 - `deep`: every byte streamed once (digests, NaN/inf, all-zero matrices).
 - `against_hub`: local files against a Hub revision.

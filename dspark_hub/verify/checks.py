@@ -368,10 +368,26 @@ def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: s
                                      "re-download the file, or publish the local folder if it is the intended one"))
 
 
+def _execute_runtimes(runtime: str | list[str] | None, *, local: bool) -> str | list[str]:
+    """The runtimes to judge when vLLM's loader is to be executed (vllm unless named); refuse what cannot run."""
+    from dspark_hub.verify.execute_vllm import HOW_TO_GET_VLLM, VllmNotAvailable, vllm_available
+
+    if not local:
+        raise UsageError("runs vLLM's loader over the tensors of a local folder; pass a local folder", param="execute")
+    names = ["vllm"] if runtime is None else runtime
+    if "vllm" not in names and "all" not in names and names != "all":
+        raise UsageError("runs vLLM's loader; add vllm to `runtime`", param="execute")
+    if not vllm_available():
+        import sys
+
+        raise VllmNotAvailable(f"vLLM is not importable in {sys.executable}; {HOW_TO_GET_VLLM}", param="execute")
+    return names
+
+
 def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None, deep: bool = False,
            frozen_embed: str | os.PathLike[str] | None = None, runtime: str | list[str] | None = None,
            target: str | os.PathLike[str] | Source | None = None, block_size: int | None = None,
-           against_hub: str | None = None, endpoint: str | None = None,
+           against_hub: str | None = None, endpoint: str | None = None, execute: bool = False,
            progress: Callable[[int], None] | None = None) -> Report:
     """Verify a checkpoint folder (or `hf://` repo) at header level, and optionally its bytes.
 
@@ -387,6 +403,9 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         block_size: draft tokens per block for the serving commands (default: the reference's 7).
         against_hub: `ORG/NAME[@REV]`: also compare every local file with the Hub's digests and sizes.
         endpoint: the Hub endpoint for `hf://` paths and `against_hub` (default: HF_ENDPOINT).
+        execute: run vLLM's own draft loader on the folder (CPU, a child process of this Python;
+            `verify.execute_vllm`) and report what it did for `vllm` instead of the rules' verdicts;
+            implies `runtime="vllm"` when no runtime is given. Needs vLLM importable here.
         progress: called with bytes read by the deep and frozen-embed passes.
 
     Returns:
@@ -394,8 +413,10 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
 
     Raises:
         CheckpointNotFoundError: the path does not exist or cannot be listed.
-        UsageError: `drop_in` names neither a bundled reference nor a folder; `deep`, `frozen_embed` or
-            `against_hub` on an `hf://` path; the teacher holds no embedding.
+        UsageError: `drop_in` names neither a bundled reference nor a folder; `deep`, `frozen_embed`,
+            `against_hub` or `execute` on an `hf://` path; the teacher holds no embedding; `execute`
+            without vLLM importable (`execute_vllm.VllmNotAvailable`) or with `runtime` not naming vllm.
+        VllmInternalsMoved: `execute` with a vLLM whose internals the engine cannot hook.
         HubError: the Hub cannot be read.
 
     Example:
@@ -406,6 +427,8 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
     source = path if hasattr(path, "list_files") else source_for(path, endpoint=endpoint)  # type: ignore[arg-type]
     if against_hub is not None and not isinstance(source, LocalSource):
         raise UsageError("compares a local folder with the Hub; pass a local folder", param="against_hub")
+    if execute:
+        runtime = _execute_runtimes(runtime, local=isinstance(source, LocalSource))
     view = open_checkpoint(source)
     report = verify_view(view, drop_in=ref)
     if deep or frozen_embed is not None:
@@ -413,7 +436,7 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         byte_level.extend_report(report, view, deep=deep, frozen_embed=frozen_embed, progress=progress)
     if runtime is not None:
         from dspark_hub.verify import runtimes
-        runtimes.extend_report(report, view, runtime, block_size=block_size)
+        runtimes.extend_report(report, view, runtime, block_size=block_size, execute=execute)
     if target is not None:
         from dspark_hub.verify import pairing
         pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)

@@ -50,9 +50,11 @@ FINDING_CODES: dict[str, str] = {
     "DROPIN_METADATA": "the safetensors metadata differs from the reference",
     "DROPIN_FILE_SIZE": "the header or file size differs from the reference",
     # --runtime (runtimes)
-    "RUNTIME_SILENT_DROP": "the runtime would drop tensors (or leave parameters at init) without an error",
-    "RUNTIME_LOAD_FAILS": "the runtime raises at load on unknown or missing names",
+    "RUNTIME_SILENT_DROP": "the runtime would drop tensors, or start with parameters never written, without an error",
+    "RUNTIME_LOAD_FAILS": "the runtime raises at load (a tensor, a start-up check, or load_weights refuses the names)",
+    "RUNTIME_CONFIG_REFUSED": "the runtime refuses the config at parse time, before reading any tensor",
     "RUNTIME_LOADS": "the runtime loads every tensor it needs",
+    "RUNTIME_RULES_DIFFER": "the runtime's loader, executed, did otherwise than dspark-hub's rules on some rows",
     # --target (pairing, rules)
     "PAIRING_HIDDEN_SIZE": "hidden size differs from the target's",
     "PAIRING_LAYER_COUNT": "layer count differs from the target's",

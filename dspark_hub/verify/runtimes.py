@@ -1,28 +1,24 @@
 """How each serving runtime loads a `k3_dspark` draft, as data, and what it would do with a checkpoint.
 
-Every rule below carries the public source it was read from (repository + path, or the
-note that records the observed behaviour). Where a source could not be found the
-rule says so instead of guessing.
+The vLLM rules (`runtimes_vllm`) were executed against vLLM 0.32.0's own loader; the tokenspeed,
+SGLang and ATOM rules below were read in their public sources (each `Cited` names the file, the
+commit read and `evidence="read"`). Where a source could not be found the rule says so instead of
+guessing.
 
-`runtime_verdicts(view, runtime)` walks the checkpoint's tensor names through one
-runtime's loader rules and gives each tensor a verdict:
-
-- ``loaded``: the runtime claims it (possibly fused into a stacked parameter);
-- ``skipped``: the runtime drops it by design (it uses the target's embedding and
-  ``lm_head``; the confidence head is training-only);
-- ``ignored``: the runtime does not know the name and drops it without failing;
-- ``fatal``: the runtime refuses to start (an unknown or missing name raises).
-
-Parameters the runtime builds but no tensor fills get a verdict too (``ignored``:
-they stay at their init values; ``fatal``: start-up fails).
+`runtime_verdicts(names, config, spec)` walks the checkpoint's tensor names through one runtime's
+loader rules and gives each tensor a verdict (`verify.verdicts`: ``loaded``, ``skipped``,
+``ignored``, ``fatal``), and each parameter the runtime builds that no tensor fills an
+``unfilled`` verdict (``fatal``: start-up fails; ``ignored``: the server starts with it
+uninitialised or at its init value).
 
 `sections["runtimes"]` (JSON)::
 
-    {runtime: {"title", "verdicts": [{"tensor", "verdict", "detail"}],
-               "unfilled": [{"parameter", "verdict", "detail"}],
-               "counts": {verdict: int}, "serving": {...}, "rules": [{"rule", "source"}]}}
+    {runtime: {"title", "verdicts": [{"tensor", "verdict", "detail", "rule"}],
+               "unfilled": [{"parameter", "verdict", "detail", "rule"}], "refusal": {...} | null,
+               "counts": {verdict: int}, "executed": bool, "measured_by": "rules" | "...",
+               "serving": {...}, "rules": [{"id", "rule", "source", "evidence"}], "notes": [...]}}
 
-Header level only: no tensor data, no torch.
+Header level only: no tensor data, no torch (`verify --execute` runs vLLM in a child process).
 """
 
 from __future__ import annotations
@@ -30,18 +26,25 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from dspark_hub._text import plural
 from dspark_hub.errors import ContractError
 from dspark_hub.format import contract
 from dspark_hub.report import Finding, error, info, warning
 from dspark_hub.verify.family import methods_text
-
-Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
-Policy = Literal["raise", "ignore"]
-VERDICTS: tuple[Verdict, ...] = ("loaded", "skipped", "ignored", "fatal")
+from dspark_hub.verify.runtimes_vllm import VLLM
+from dspark_hub.verify.verdicts import (  # noqa: F401 (Cited, ServingRecipe, VERDICTS: re-exported)
+    VERDICTS,
+    Cited,
+    Policy,
+    RuntimeVerdicts,
+    ServingRecipe,
+    Verdict,
+    compare,
+    draft_id,
+)
 
 #: Draft tokens per block of the reference draft. Not a config key: serving engines take it
 #: from the command line (k3-dspark-contract.md, "block_size is not a config key";
@@ -51,40 +54,9 @@ REFERENCE_BLOCK_SIZE = 7
 LUMEN_NOTES = "ZhangDanyang-AMD/Lumen-RL examples/Kimi_K3_SDDD_MI350_ATOM/TRAIN_FROM_SCRATCH.md"
 
 
-Evidence = Literal["executed", "read"]
-
-
-@dataclass(frozen=True)
-class Cited:
-    """One loader rule and where it was read.
-
-    `id` names the rule so a verdict can say which rule decided it; `evidence` says whether the
-    behaviour was run against that runtime (`executed`) or only read in its code (`read`); None
-    for rules read from public sources without a pinned version.
-    """
-
-    rule: str
-    source: str
-    evidence: Evidence | None = None
-    id: str | None = None
-
-    def to_dict(self) -> dict[str, str | None]:
-        return {"id": self.id, "rule": self.rule, "source": self.source, "evidence": self.evidence}
-
-
-@dataclass(frozen=True)
-class ServingRecipe:
-    """How to start the runtime with the draft: a command template and where its flags come from."""
-
-    method: str
-    template: str          # {target} {draft} {n} placeholders
-    source: str
-    note: str = ""
-
-
 @dataclass(frozen=True)
 class RuntimeSpec:
-    """One runtime's load behaviour for a `k3_dspark` draft."""
+    """One runtime's load behaviour for a `k3_dspark` draft, read in its source."""
 
     name: str
     title: str
@@ -99,6 +71,9 @@ class RuntimeSpec:
     notes: tuple[str, ...] = ()
     drop_hint: str = "rename the tensors to the contract names ('dspark-hub convert') and verify again"
     fatal_hint: str = "export exactly the contract names"
+    unfilled_state: str = "at its init value"
+    #: The coverage check records the stacked parameter once any shard loads, so a missing half is not seen.
+    stacked_counted_once: bool = False
 
     def verdicts(self, tensors: Mapping[str, tuple[tuple[int, ...], str]],
                  config: Mapping[str, Any]) -> RuntimeVerdicts:
@@ -123,48 +98,23 @@ class RuntimeSpec:
         return name
 
 
-_VLLM_MODEL = "vllm-project/vllm vllm/models/kimi_k3/nvidia/dspark_mla.py"
-_TS_MODEL = "lightseekorg/tokenspeed python/tokenspeed/runtime/models/kimi_k3_dspark.py"
-_TS_CFG = "lightseekorg/tokenspeed python/tokenspeed/runtime/configs/kimi_k3_dspark_config.py"
+#: The commits read for the rules below (the public code index's stored versions).
+_TS = "lightseekorg/tokenspeed@08b221df"
+_TS_MODEL = f"{_TS} python/tokenspeed/runtime/models/kimi_k3_dspark.py"
+_TS_CFG = f"{_TS} python/tokenspeed/runtime/configs/kimi_k3_dspark_config.py"
 _TS_ARGS = "lightseekorg/tokenspeed python/tokenspeed/runtime/utils/server_args.py"
-_ATOM_MODEL = "ROCm/ATOM atom/models/kimi_k3_dspark.py"
-_ATOM_CORE = "ROCm/ATOM atom/model_loader/loading_core.py"
+_ATOM_MODEL = "ROCm/ATOM@0ac8d193 atom/models/kimi_k3_dspark.py"
+_ATOM_CORE = "ROCm/ATOM@48d0f4e5 atom/model_loader/loading_core.py"
+_ATOM_DISPATCH = "ROCm/ATOM@dbafcffe atom/model_loader/weight_dispatch.py"
 _ATOM_NAMES = "ROCm/ATOM atom/model_loader/weight_names.py"
 _ATOM_SGL = "ROCm/ATOM atom/plugin/sglang/models/kimi_k3_dspark_draft.py"
 _FUSED_MLA = {"q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_proj",
               "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
 
-VLLM = RuntimeSpec(
-    name="vllm", title="vLLM",
-    strip_prefixes=(),
-    skip_prefixes=(),
-    skip_substrings=("confidence_head", "embed_tokens", "lm_head"),
-    fused=_FUSED_MLA,
-    unknown="raise", missing="raise",
-    rules=(
-        Cited("names are looked up bare and prefixed with 'model.' internally (a 'model.' already in the file "
-              "becomes 'model.model.' and matches nothing)",
-              f"{_VLLM_MODEL}: K3DSparkForCausalLM.hf_to_vllm_mapper orig_to_new_prefix {{'': 'model.'}}"),
-        Cited("any name containing confidence_head, embed_tokens or lm_head is dropped (training-only head; the "
-              "target's embedding and lm_head are shared)",
-              f"{_VLLM_MODEL}: hf_to_vllm_mapper orig_to_new_substr {{...: None}}"),
-        Cited("gate_proj/up_proj stack into gate_up_proj; q_a_proj/kv_a_proj_with_mqa into fused_qkv_a_proj "
-              "(kv_a_proj_with_mqa is also copied into the cross-layer context_kv_proj)",
-              f"{_VLLM_MODEL}: orig_to_new_stacked, _duplicate_context_kv_weights"),
-        Cited("an unknown name raises ValueError 'There is no module or parameter named ...'",
-              "vllm-project/vllm vllm/model_executor/models/utils.py AutoWeightsLoader (K3DSparkForCausalLM."
-              "load_weights uses it)"),
-        Cited("a parameter no tensor fills raises ValueError 'Following weights were not initialized from "
-              "checkpoint' (unquantized models)",
-              "vllm-project/vllm vllm/model_executor/model_loader/default_loader.py (strict loaded-weights check)"),
-    ),
-    serving=ServingRecipe(
-        method="dspark",
-        template="vllm serve {target} --speculative-config {vllm_spec}",
-        source="vllm-project/vllm vllm/config/speculative.py (method 'dspark'); public K3 DSpark launch configs "
-               "use num_speculative_tokens 7",
-    ),
-)
+
+def _read(rule_id: str, text: str, source: str) -> Cited:
+    return Cited(rule=text, source=source, evidence="read", id=rule_id)
+
 
 TOKENSPEED = RuntimeSpec(
     name="tokenspeed", title="tokenspeed",
@@ -172,18 +122,26 @@ TOKENSPEED = RuntimeSpec(
     skip_prefixes=("embed_tokens.", "lm_head.", "confidence_head."),
     skip_substrings=("rotary_emb.inv_freq",),
     fused=_FUSED_MLA,
-    unknown="raise", missing="raise",
+    unknown="raise", missing="raise", unfilled_state="uninitialised", stacked_counted_once=True,
     rules=(
-        Cited("a leading 'model.' is stripped once (name.removeprefix('model.'))",
+        _read("model_prefix", "a leading 'model.' is stripped once (name.removeprefix('model.'))",
               f"{_TS_MODEL}: K3DSparkModel.load_weights"),
-        Cited("names starting with embed_tokens., lm_head., confidence_head. are skipped",
-              f"{_TS_CFG}: K3_DSPARK_SKIPPED_WEIGHT_PREFIXES"),
-        Cited("gate_proj/up_proj stack into gate_up_proj; q_a_proj/kv_a_proj_with_mqa into "
+        _read("skipped_prefixes", "names starting with embed_tokens., lm_head., confidence_head. are skipped, "
+              "whatever enable_confidence_head says (no confidence head is built)",
+              f"{_TS_CFG}: K3_DSPARK_SKIPPED_WEIGHT_PREFIXES; {_TS_MODEL}: K3DSparkModel.__init__"),
+        _read("rotary", "only names containing rotary_emb.inv_freq are skipped; rotary_pos_emb.inv_freq, "
+              "cos_cached and sin_cached are unexpected names", f"{_TS_MODEL}: load_weights"),
+        _read("stacked", "gate_proj/up_proj stack into gate_up_proj; q_a_proj/kv_a_proj_with_mqa into "
               "fused_qkv_a_proj_with_mqa at offsets 0 and q_lora_rank", f"{_TS_MODEL}: load_weights"),
-        Cited("unknown names raise ValueError 'K3 DSpark checkpoint has N unexpected weights'",
+        _read("unknown_raises", "unknown names, a .bias included (no bias tolerance), raise ValueError 'K3 DSpark "
+              "checkpoint has N unexpected weights'", f"{_TS_MODEL}: load_weights"),
+        _read("missing_raises", "unfilled parameters raise ValueError 'K3 DSpark checkpoint is missing N weights'",
               f"{_TS_MODEL}: load_weights"),
-        Cited("unfilled parameters raise ValueError 'K3 DSpark checkpoint is missing N weights'",
-              f"{_TS_MODEL}: load_weights"),
+        _read("stacked_counted_once", "the missing check sees a stacked parameter as loaded once either half "
+              "loads (loaded.add(target)), so a missing gate_proj, up_proj, q_a_proj or kv_a_proj_with_mqa next to "
+              "its present partner starts with those rows uninitialised", f"{_TS_MODEL}: load_weights"),
+        _read("config_checked", "validate_k3_dspark_config refuses the config at start-up (verify's CONFIG_RULE "
+              "findings)", f"{_TS_CFG}: validate_k3_dspark_config"),
     ),
     serving=ServingRecipe(
         method="DSPARK",
@@ -199,29 +157,38 @@ TOKENSPEED = RuntimeSpec(
            "stage); otherwise it is skipped",),
 )
 
+_ATOM_RULES = (
+    _read("names_one_to_one", "names map 1:1 onto the module tree; no prefix is stripped or added",
+          f"{_ATOM_MODEL}: KimiK3DSpark docstring ('no WeightsMapper is needed')"),
+    _read("skipped_prefixes", "confidence_head., embed_tokens., lm_head. are skipped, whatever "
+          "enable_confidence_head says (the head is training-only there)", f"{_ATOM_MODEL}: skip_weight_prefixes"),
+    _read("stacked", "q_a_proj/kv_a_proj_with_mqa -> fused_qkv_a_proj, gate_proj/up_proj -> gate_up_proj",
+          f"{_ATOM_MODEL}: packed_modules_mapping"),
+    _read("unknown_dropped", "a name with no matching parameter (a .bias, rotary cos/sin caches included) is "
+          "dropped and loading goes on (a rank-0 log warning in newer builds; nothing in the build the public log "
+          "used)", f"{_ATOM_CORE}: dropped_ckpt_keys -> logger.warning; {_ATOM_DISPATCH}: _parameter; "
+          f"{LUMEN_NOTES} §10.1 (observed: 65 of 68 names matched, loaded without error, 0.00% acceptance over "
+          "3,060 steps)"),
+    _read("inv_freq_benign", "names containing inv_freq are dropped as benign (not even warned about)",
+          f"{_ATOM_CORE}: benign_substrings"),
+    _read("missing_warned", "a parameter no tensor fills keeps its init value (warning only)",
+          f"{_ATOM_CORE}: 'model parameters were NOT loaded ... remain at their init values' (logger.warning)"),
+    _read("stacked_counted_once", "the packed path records the stacked parameter as soon as one shard loads, so "
+          "a missing half of a stacked pair is not even warned about", f"{_ATOM_DISPATCH}: _dispatch_packed "
+          "-> _record(param_name)"),
+    _read("rope_interleave", "a config key rope_interleave is read as is_neox_style (half-split rotation)",
+          f"{_ATOM_MODEL}: get_rope(..., is_neox_style=bool(getattr(config, 'rope_interleave', False))); "
+          f"{LUMEN_NOTES} §3.1"),
+)
+
 ATOM = RuntimeSpec(
     name="atom", title="ATOM",
     strip_prefixes=(),
     skip_prefixes=("confidence_head.", "embed_tokens.", "lm_head."),
     skip_substrings=("inv_freq",),
     fused=_FUSED_MLA,
-    unknown="ignore", missing="ignore",
-    rules=(
-        Cited("names map 1:1 onto the module tree; no prefix is stripped or added",
-              f"{_ATOM_MODEL}: KimiK3DSpark docstring ('no WeightsMapper is needed')"),
-        Cited("confidence_head., embed_tokens., lm_head. are skipped", f"{_ATOM_MODEL}: skip_weight_prefixes"),
-        Cited("q_a_proj/kv_a_proj_with_mqa -> fused_qkv_a_proj, gate_proj/up_proj -> gate_up_proj",
-              f"{_ATOM_MODEL}: packed_modules_mapping"),
-        Cited("a name with no matching parameter is dropped and loading goes on (a rank-0 log warning in newer "
-              "builds; nothing in the build the public log used)",
-              f"{_ATOM_CORE}: dropped_ckpt_keys -> logger.warning; {LUMEN_NOTES} §10.1 (observed: 65 of 68 names "
-              "matched, loaded without error, 0.00% acceptance over 3,060 steps)"),
-        Cited("a parameter no tensor fills keeps its init value (warning only)",
-              f"{_ATOM_CORE}: 'model parameters were NOT loaded ... remain at their init values' (logger.warning)"),
-        Cited("a config key rope_interleave is read as is_neox_style (half-split rotation)",
-              f"{_ATOM_MODEL}: get_rope(..., is_neox_style=bool(getattr(config, 'rope_interleave', False))); "
-              f"{LUMEN_NOTES} §3.1"),
-    ),
+    unknown="ignore", missing="ignore", stacked_counted_once=True,
+    rules=_ATOM_RULES,
     serving=ServingRecipe(
         method="dspark",
         template="python -m atom.entrypoints.openai_server --model {target} --method dspark --draft-model {draft} "
@@ -238,15 +205,16 @@ SGLANG = RuntimeSpec(
     skip_prefixes=ATOM.skip_prefixes,
     skip_substrings=ATOM.skip_substrings,
     fused=_FUSED_MLA,
-    unknown=ATOM.unknown, missing=ATOM.missing,
+    unknown=ATOM.unknown, missing=ATOM.missing, stacked_counted_once=True,
     rules=(
-        Cited("the K3 DSpark draft class SGLang serves (K3DSparkModel) wraps ATOM's KimiK3DSpark and loads "
-              "through ATOM's loader, so ATOM's name rules apply unchanged",
+        _read("atom_plugin", "the K3 DSpark draft class SGLang serves (K3DSparkModel) wraps ATOM's KimiK3DSpark and "
+              "loads through ATOM's loader, so ATOM's name rules apply unchanged",
               f"{_ATOM_SGL}: K3DSparkModel.load_weights -> atom.model_loader.loader.load_model_in_plugin_mode"),
-        Cited("no native MLA k3_dspark loader was found in sgl-project/sglang; its own DSpark draft is the GQA "
-              "Qwen3DSparkModel, which refuses speculators-format checkpoints",
+        _read("no_native_loader", "no native MLA k3_dspark loader was found in sgl-project/sglang; its own DSpark "
+              "draft is the GQA Qwen3DSparkModel, which refuses speculators-format checkpoints (and, unlike vLLM, "
+              "treats an absent enable_confidence_head as true)",
               "sgl-project/sglang python/sglang/srt/models/dspark.py (searched; not found: a native K3 loader)"),
-        *ATOM.rules[1:5],
+        *_ATOM_RULES[1:7],
     ),
     serving=ServingRecipe(
         method="DSPARK",
@@ -258,10 +226,10 @@ SGLANG = RuntimeSpec(
 )
 
 #: The registry the CLI derives `--runtime` choices from.
-RUNTIMES: dict[str, RuntimeSpec] = {spec.name: spec for spec in (VLLM, TOKENSPEED, SGLANG, ATOM)}
+RUNTIMES: dict[str, Any] = {spec.name: spec for spec in (VLLM, TOKENSPEED, SGLANG, ATOM)}
 
 
-def resolve(names: str | list[str]) -> list[RuntimeSpec]:
+def resolve(names: str | list[str]) -> list[Any]:
     """`all`, one name or a list of names -> specs, in registry order."""
     wanted = list(RUNTIMES) if names == "all" or names == ["all"] else ([names] if isinstance(names, str)
                                                                        else names)
@@ -269,45 +237,6 @@ def resolve(names: str | list[str]) -> list[RuntimeSpec]:
 
 
 # ---------------------------------------------------------------- verdicts
-
-@dataclass
-class RuntimeVerdicts:
-    """What one runtime would do with every tensor of a checkpoint.
-
-    `runtime` is any loader spec with `name`, `title`, `rules`, `notes`, `drop_hint`, `fatal_hint`
-    (`RuntimeSpec` here, `runtimes_speculators.SpeculatorsLoader` for the speculators format);
-    `decided_by` names the rule id behind a verdict, where the loader's rules have ids.
-    """
-
-    runtime: Any
-    tensors: dict[str, tuple[Verdict, str]] = field(default_factory=dict)     # name -> (verdict, detail)
-    unfilled: dict[str, tuple[Verdict, str]] = field(default_factory=dict)    # parameter -> (verdict, detail)
-    harmless: set[str] = field(default_factory=set)    # ignored names whose bare form is skipped by design
-    decided_by: dict[str, str] = field(default_factory=dict)   # tensor or parameter -> rule id
-
-    def names(self, verdict: Verdict) -> list[str]:
-        return [n for n, (v, _) in self.tensors.items() if v == verdict]
-
-    @property
-    def loads(self) -> bool:
-        return not self.names("fatal") and not any(v == "fatal" for v, _ in self.unfilled.values())
-
-    def counts(self) -> dict[str, int]:
-        out = {v: 0 for v in VERDICTS}
-        for v, _ in self.tensors.values():
-            out[v] += 1
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"title": self.runtime.title,
-                "verdicts": [{"tensor": n, "verdict": v, "detail": d, "rule": self.decided_by.get(n)}
-                             for n, (v, d) in self.tensors.items()],
-                "unfilled": [{"parameter": n, "verdict": v, "detail": d, "rule": self.decided_by.get(n)}
-                             for n, (v, d) in self.unfilled.items()],
-                "counts": self.counts(),
-                "rules": [r.to_dict() for r in self.runtime.rules],
-                "notes": list(self.runtime.notes)}
-
 
 def _fused_target(spec: RuntimeSpec, name: str) -> str | None:
     for module, stacked in spec.fused.items():
@@ -327,6 +256,14 @@ def _bare(name: str) -> str:
 def expected_parameters(spec: RuntimeSpec, config: Mapping[str, Any]) -> list[str]:
     """Contract names the runtime builds a parameter for (everything it does not skip by design)."""
     return [n for n in contract.roster(config) if not spec.skips(n)]
+
+
+def _stacked_name(spec: RuntimeSpec, name: str) -> str | None:
+    """The stacked parameter a contract name feeds (`layers.0.mlp.gate_up_proj.weight`), if any."""
+    for module, stacked in spec.fused.items():
+        if f".{module}." in name:
+            return name.replace(f".{module}.", f".{stacked}.")
+    return None
 
 
 def runtime_verdicts(tensor_names: list[str], config: Mapping[str, Any], spec: RuntimeSpec) -> RuntimeVerdicts:
@@ -361,10 +298,17 @@ def runtime_verdicts(tensor_names: list[str], config: Mapping[str, Any], spec: R
             result.tensors[name] = (unknown_verdict, f"no parameter of that name: {how}")
             if spec.skips(_bare(name)):
                 result.harmless.add(name)
-    missing_verdict: Verdict = "fatal" if spec.missing == "raise" else "ignored"
+    loaded_stacks = {_stacked_name(spec, p) for p in filled} - {None}
     for param in sorted(params - filled):
-        how = "start-up fails" if spec.missing == "raise" else "stays at its init value"
-        result.unfilled[param] = (missing_verdict, f"no tensor fills it: {how}")
+        stack = _stacked_name(spec, param)
+        if spec.stacked_counted_once and stack in loaded_stacks:
+            result.unfilled[param] = ("ignored", f"no tensor fills it, and the load check counts {stack} as loaded "
+                                      f"once its other half loads: {spec.title} starts with these rows "
+                                      f"{spec.unfilled_state}")
+        elif spec.missing == "raise":
+            result.unfilled[param] = ("fatal", "no tensor fills it: start-up fails")
+        else:
+            result.unfilled[param] = ("ignored", f"no tensor fills it: it stays {spec.unfilled_state}")
     return result
 
 
@@ -372,16 +316,22 @@ def runtime_verdicts(tensor_names: list[str], config: Mapping[str, Any], spec: R
 
 _CONSEQUENCES = (
     (("context_proj.", "context_norm."), "the context path is dropped"),
-    (("final_norm.",), "the final norm is left at its init value"),
+    (("context_kv_proj.",), "the context rows of the draft's KV cache are garbage"),
+    (("final_norm.",), "the final norm is wrong"),
     (("markov_head.",), "the Markov head is random"),
-    (("layers.",), "draft layers keep their init values"),
+    (("layers.",), "draft layers run on unset weights"),
+    (("confidence_head.",), "the confidence head scores garbage (adaptive verification reads it)"),
 )
 
 
-def consequence(parameters: list[str]) -> str:
-    """What serving loses when these contract parameters are never filled."""
-    parts = [text for prefixes, text in _CONSEQUENCES if any(p.startswith(prefixes) for p in parameters)]
-    return (", ".join(parts) or "weights keep their init values") + " and acceptance collapses"
+def consequence(names: list[str]) -> str:
+    """What serving loses when these contract parameters are never filled (or these tensors are dropped)."""
+    biases = [n for n in names if n.endswith(".bias") and not n.startswith("confidence_head.")]
+    weights = [n for n in names if n not in biases]
+    parts = [text for prefixes, text in _CONSEQUENCES if any(p.startswith(prefixes) for p in weights)]
+    if biases:
+        parts.append("trained biases are dropped, so the draft computes something other than what was trained")
+    return (", ".join(parts) or "weights are never set") + " and acceptance collapses"
 
 
 def _listing(names: list[str], limit: int = 6) -> str:
@@ -389,26 +339,42 @@ def _listing(names: list[str], limit: int = 6) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def _state(spec: Any, count: int) -> str:
+    state = getattr(spec, "unfilled_state", "at its init value")
+    return "at their init values" if state == "at its init value" and count > 1 else state
+
+
 def findings(result: RuntimeVerdicts) -> list[Finding]:
-    """Errors for what this runtime would silently drop or refuse; an info line when it loads cleanly."""
+    """Errors for what this runtime would silently drop or refuse; an info line when it loads cleanly.
+
+    The same codes whether the verdicts come from rules or from running the runtime's loader.
+    """
     spec = result.runtime
     where = f"runtime:{spec.name}"
+    if result.refusal is not None:
+        refusal = result.refusal
+        if refusal["stage"] == "config":
+            return [error("RUNTIME_CONFIG_REFUSED", where, f"{spec.title} refuses the config at parse time, before "
+                          f"reading any tensor: {refusal['message']} [{refusal['source']}]", spec.fatal_hint)]
+        return [error("RUNTIME_LOAD_FAILS", where, f"{spec.title} refuses to load the checkpoint: "
+                      f"{refusal['message']} [{refusal['source']}]", spec.fatal_hint)]
     ignored = [n for n in result.names("ignored") if n not in result.harmless]
-    unfilled_ignored = [p for p, (v, _) in result.unfilled.items() if v == "ignored"]
-    fatal = not result.loads
+    unfilled = result.unfilled_names("ignored")
     out: list[Finding] = []
-    if (ignored or unfilled_ignored) and not fatal:    # a load that fails drops nothing silently
-        head = f"{spec.title} would ignore {_listing(ignored)}" if ignored else \
-            f"{spec.title} would load without {_listing(unfilled_ignored)}"
-        out.append(error("RUNTIME_SILENT_DROP", where, f"{head}: {consequence(unfilled_ignored or ignored)}; "
-                         "the server log stays healthy", spec.drop_hint))
-    if fatal:
-        unknown = result.names("fatal")
-        missing = [p for p, (v, _) in result.unfilled.items() if v == "fatal"]
-        parts = ([f"unknown {_listing(unknown)}"] if unknown else []) + \
-            ([f"missing {_listing(missing)}"] if missing else [])
-        out.append(error("RUNTIME_LOAD_FAILS", where, f"{spec.title} refuses to start ({'; '.join(parts)}): its "
-                         "loader raises on unknown and missing names", spec.fatal_hint))
+    if result.loads and (ignored or unfilled):    # a load that fails drops nothing silently
+        head = f"{spec.title} would ignore {_listing(ignored)}" if ignored else spec.title
+        if unfilled:
+            head += (" and" if ignored else "") + f" starts and serves with {_listing(unfilled)} " \
+                f"{_state(spec, len(unfilled))}"
+        out.append(error("RUNTIME_SILENT_DROP", where, f"{head}: {consequence(unfilled + ignored)}; the server log "
+                         "stays healthy", spec.drop_hint))
+    if not result.loads:
+        raising = result.names("fatal")
+        checked = result.unfilled_names("fatal")
+        parts = ([f"its loader raises on {_listing(raising)}"] if raising else []) + \
+            ([f"{_listing(checked)} never written, which its start-up check refuses"] if checked else [])
+        out.append(error("RUNTIME_LOAD_FAILS", where, f"{spec.title} refuses to start: {'; '.join(parts)}",
+                         spec.fatal_hint))
     if not out:
         c = result.counts()
         out.append(info("RUNTIME_LOADS", where, f"{spec.title} loads {plural(c['loaded'], 'tensor')} and skips "
@@ -431,9 +397,9 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: s
     """
     n = block_size if block_size is not None else REFERENCE_BLOCK_SIZE
     recipe = spec.serving
-    draft_id = _draft_id(draft)
-    draft = shlex.quote(draft_id)
-    vllm_spec = shlex.quote(json.dumps({"method": recipe.method, "model": draft_id, "num_speculative_tokens": n}))
+    model_id = draft_id(draft)
+    draft = shlex.quote(model_id)
+    vllm_spec = shlex.quote(json.dumps({"method": recipe.method, "model": model_id, "num_speculative_tokens": n}))
     return {
         "method": recipe.method,
         "num_speculative_tokens": n,
@@ -449,39 +415,51 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: s
     }
 
 
-def _draft_id(draft: str) -> str:
-    """What a runtime accepts for the draft: a Hub repo id (runtimes do not know our hf:// URLs) or a path."""
-    if draft.startswith("hf://"):
-        return draft[len("hf://"):].split("@", 1)[0]
-    return draft
-
-
 def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[str], config: Mapping[str, Any],
-                     specs: list[Any], *, draft: str = "DRAFT",
-                     block_size: int | None = None) -> tuple[dict[str, Any], list[Finding]]:
+                     specs: list[Any], *, draft: str = "DRAFT", block_size: int | None = None,
+                     measured: Mapping[str, RuntimeVerdicts] | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """`sections["runtimes"]` and the findings for the named runtimes' loaders.
 
     `tensors` maps name -> (shape, dtype) (a list of names is read as names of unknown shape).
+    `measured` holds verdicts observed by running a runtime's loader (`execute_vllm.as_verdicts`): those
+    runtimes are reported as measured, with the same codes, and compared row by row with the rules
+    (`rules_agree`, `disagreements`; a `RUNTIME_RULES_DIFFER` warning when they differ).
     """
     present = tensors if isinstance(tensors, Mapping) else {name: ((), "") for name in tensors}
     section: dict[str, Any] = {}
     out: list[Finding] = []
     for spec in specs:
         result = spec.verdicts(present, config)
-        section[spec.name] = {**result.to_dict(), "supported": True,
+        entry: dict[str, Any] = {}
+        if measured and spec.name in measured:
+            rows = compare(result, measured[spec.name])
+            differ = [row.to_dict() for row in rows if not row.agree]
+            entry = {"rules_agree": not differ, "rows_compared": len(rows), "disagreements": differ}
+            if differ:
+                measured_by = (measured[spec.name].executed or {}).get("measured_by", "the runtime")
+                shown = "; ".join(f"{d['name']}: rules {d['rules']}, executed {d['executed']}" for d in differ[:4])
+                out.append(warning("RUNTIME_RULES_DIFFER", f"runtime:{spec.name}",
+                                   f"{measured_by} did otherwise than dspark-hub's rules on "
+                                   f"{plural(len(differ), 'row')}: {shown}" + ("; ..." if len(differ) > 4 else ""),
+                                   "the executed verdicts are what this vLLM does; report the difference to "
+                                   "dspark-hub"))
+            result = measured[spec.name]
+        section[spec.name] = {**result.to_dict(), "supported": True, **entry,
                               "serving": spec.serving_parameters(config, draft=draft, block_size=block_size)}
         out.extend(findings(result))
         out.extend(spec.serving_findings(config, block_size))
     return section, out
 
 
-def extend_report(report: Any, view: Any, names: str | list[str], *, block_size: int | None = None) -> Any:
+def extend_report(report: Any, view: Any, names: str | list[str], *, block_size: int | None = None,
+                  execute: bool = False) -> Any:
     """Add `sections["runtimes"]` (and `sections["family"]`) plus the runtime findings to a verify report.
 
     The loaders are those of the checkpoint's draft format (`verify.formats`); a runtime with no
     loader rules for that format gets a `RUNTIME_NO_RULES` warning instead of verdicts. A folder of
     another draft family, or a config without a roster, gets no runtime verdicts: the family
-    finding already says what it is.
+    finding already says what it is. With `execute`, vLLM's own loader is run on the folder in a
+    child process (`execute_vllm.run_isolated`) and its verdicts replace the rules' for vLLM.
     """
     from dspark_hub.verify.formats import detect
 
@@ -492,9 +470,14 @@ def extend_report(report: Any, view: Any, names: str | list[str], *, block_size:
     loaders = fmt.runtimes()
     wanted = list(RUNTIMES) if names == "all" or names == ["all"] else ([names] if isinstance(names, str) else names)
     present = {n: (tuple(info.shape), info.dtype) for n, (_, info) in view.tensors.items()}
+    measured = None
+    if execute and "vllm" in loaders and "vllm" in wanted:
+        from dspark_hub.verify.execute_vllm import as_verdicts, run_isolated
+
+        measured = {"vllm": as_verdicts(run_isolated(view.location), loaders["vllm"])}
     try:
         section, out = runtimes_section(present, view.config, [loaders[n] for n in loaders if n in wanted],
-                                        draft=view.location, block_size=block_size)
+                                        draft=view.location, block_size=block_size, measured=measured)
     except ContractError:
         return report     # ROSTER_UNDECIDABLE is already reported
     explicit = names not in ("all", ["all"])

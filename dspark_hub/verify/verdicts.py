@@ -1,0 +1,163 @@
+"""The vocabulary every runtime loader spec shares: cited rules, serving recipes, per-tensor verdicts.
+
+A runtime's loader, walked over a checkpoint, gives every tensor one verdict and every parameter it
+builds that no tensor fills an "unfilled" verdict. The words are the same whether the verdict comes
+from rules (`verify.runtimes`, `verify.runtimes_vllm`, `verify.runtimes_speculators`) or from running
+vLLM's loader (`verify.execute_vllm`), which observes the four outcomes on the left:
+
+=====================  ===========  ==================================================================
+executed (per tensor)  verdict      meaning
+=====================  ===========  ==================================================================
+consumed               ``loaded``   it reached a parameter's weight loader (possibly one shard of a
+                                    stacked parameter)
+dropped by design      ``skipped``  a name rule of the runtime drops it (the target's embedding and
+                                    ``lm_head`` are shared; a training-only head; rotary buffers)
+silently dropped       ``ignored``  nothing is written and nothing raised
+raised                 ``fatal``    the load raises on it: the server does not start
+=====================  ===========  ==================================================================
+
+Per parameter the runtime builds: ``written``, or ``never written``, listed in ``unfilled`` as
+``fatal`` (a check raises for it: start-up fails) or ``ignored`` (the server starts with it
+uninitialised or at its init value). A ``refusal`` is a start-up failure that names no tensor: the
+runtime refuses the config at parse time, or its ``load_weights`` refuses the set of names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
+Policy = Literal["raise", "ignore"]
+Evidence = Literal["executed", "read"]
+VERDICTS: tuple[Verdict, ...] = ("loaded", "skipped", "ignored", "fatal")
+
+
+@dataclass(frozen=True)
+class Cited:
+    """One loader rule and where it comes from.
+
+    `id` names the rule so a verdict can say which rule decided it; `evidence` says whether the
+    behaviour was run against that runtime (`executed`) or only read in its code (`read`); None
+    for rules read from public sources without a pinned version.
+    """
+
+    rule: str
+    source: str
+    evidence: Evidence | None = None
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"id": self.id, "rule": self.rule, "source": self.source, "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
+class ServingRecipe:
+    """How to start the runtime with the draft: a command template and where its flags come from."""
+
+    method: str
+    template: str          # {target} {draft} {n} placeholders
+    source: str
+    note: str = ""
+
+
+@dataclass
+class RuntimeVerdicts:
+    """What one runtime does with every tensor of a checkpoint.
+
+    `runtime` is any loader spec with `name`, `title`, `rules`, `notes`, `drop_hint`, `fatal_hint`
+    and `unfilled_state` (how a never-written parameter is left: "uninitialised", "at its init
+    value"); `decided_by` / `unfilled_by` name the rule id behind a tensor's / a parameter's verdict,
+    where the loader's rules have ids.
+    `refusal` (``{"stage": "config" | "load", "message", "rule", "source"}``) is a start-up failure
+    that names no tensor; with one, no tensor is judged. `executed` holds what an executed run adds
+    (`execute_vllm.ExecutedLoad`: version, stubs, rounds); None for rules.
+    """
+
+    runtime: Any
+    tensors: dict[str, tuple[Verdict, str]] = field(default_factory=dict)     # name -> (verdict, detail)
+    unfilled: dict[str, tuple[Verdict, str]] = field(default_factory=dict)    # parameter -> (verdict, detail)
+    harmless: set[str] = field(default_factory=set)    # ignored names whose bare form is skipped by design
+    decided_by: dict[str, str] = field(default_factory=dict)   # tensor -> rule id
+    unfilled_by: dict[str, str] = field(default_factory=dict)  # unfilled parameter -> rule id
+    refusal: dict[str, str] | None = None
+    executed: dict[str, Any] | None = None
+
+    def names(self, verdict: Verdict) -> list[str]:
+        return [n for n, (v, _) in self.tensors.items() if v == verdict]
+
+    def unfilled_names(self, verdict: Verdict) -> list[str]:
+        return [n for n, (v, _) in self.unfilled.items() if v == verdict]
+
+    @property
+    def loads(self) -> bool:
+        return self.refusal is None and not self.names("fatal") and not self.unfilled_names("fatal")
+
+    def counts(self) -> dict[str, int]:
+        out = {v: 0 for v in VERDICTS}
+        for v, _ in self.tensors.values():
+            out[v] += 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = {"title": self.runtime.title,
+               "verdicts": [{"tensor": n, "verdict": v, "detail": d, "rule": self.decided_by.get(n)}
+                            for n, (v, d) in self.tensors.items()],
+               "unfilled": [{"parameter": n, "verdict": v, "detail": d, "rule": self.unfilled_by.get(n)}
+                            for n, (v, d) in self.unfilled.items()],
+               "refusal": self.refusal,
+               "counts": self.counts(),
+               "executed": self.executed is not None,
+               "measured_by": (self.executed or {}).get("measured_by") or "rules",
+               "rules": [r.to_dict() for r in self.runtime.rules],
+               "notes": list(self.runtime.notes)}
+        if self.executed is not None:
+            doc["execution"] = {k: v for k, v in self.executed.items() if k != "measured_by"}
+        return doc
+
+
+def draft_id(draft: str) -> str:
+    """What a runtime accepts for the draft: a Hub repo id (runtimes do not know our hf:// URLs) or a path."""
+    if draft.startswith("hf://"):
+        return draft[len("hf://"):].split("@", 1)[0]
+    return draft
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compared row: a tensor's verdict, a parameter's fate (`written` or its unfilled verdict), or a refusal."""
+
+    kind: Literal["tensor", "parameter", "refusal"]
+    name: str
+    rules: str
+    executed: str
+
+    @property
+    def agree(self) -> bool:
+        return self.rules == self.executed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "rules": self.rules, "executed": self.executed,
+                "agree": self.agree}
+
+
+def _refusal_text(refusal: dict[str, str] | None) -> str:
+    return "none" if refusal is None else f"refused at {refusal['stage']}: {refusal['message']}"
+
+
+def compare(rules: RuntimeVerdicts, executed: RuntimeVerdicts) -> list[Row]:
+    """Every row of two verdict sets for the same checkpoint: the refusal, each tensor, each parameter.
+
+    A parameter neither side lists as unfilled is `written` on both and is not a row. With a refusal on
+    either side only the refusal row is compared (no tensor was judged).
+    """
+    rows = [Row("refusal", "start-up", _refusal_text(rules.refusal), _refusal_text(executed.refusal))]
+    if rules.refusal is not None or executed.refusal is not None:
+        return rows
+    for name in sorted(set(rules.tensors) | set(executed.tensors)):
+        rows.append(Row("tensor", name, rules.tensors.get(name, ("absent", ""))[0],
+                        executed.tensors.get(name, ("absent", ""))[0]))
+    for name in sorted(set(rules.unfilled) | set(executed.unfilled)):
+        rows.append(Row("parameter", name, rules.unfilled.get(name, ("written", ""))[0],
+                        executed.unfilled.get(name, ("written", ""))[0]))
+    return rows

