@@ -283,7 +283,8 @@ def main() -> None:
           f"median of {args.runs} fresh processes")
     for name, row in report["rollouts"].items():
         engine_rss = f", engine process {mib(row['engine_peak_rss_bytes_median'])}" if name == "vllm" else ""
-        print(f"  {name:12s} {row['tokens_per_second_median']:9,.0f} tokens/s  start {row['start_seconds_median']:5.1f} s"
+        print(f"  {name:12s} {row['tokens_per_second_median']:9,.0f} tokens/s  "
+              f"start {row['start_seconds_median']:5.1f} s"
               f", first call {row['warmup_seconds_median']:4.2f} s"
               f"  peak RSS {mib(row['peak_rss_bytes_median'])}{engine_rss}  greedy agreement "
               f"{row['greedy_agreement']:.4f}")
@@ -294,15 +295,17 @@ def main() -> None:
         print(f"  ratio vllm / transformers: {ratio:.2f}x tokens/s")
     print(f"\ntraining step: {STEP_SEQUENCES} sequences x {PROMPT_LEN + NEW_TOKENS} tokens, {STEP_ANCHORS} anchors "
           f"per sequence, block 7, median of {STEP_RUNS} steps after 2 warm-up")
-    for name, row in report["step"].items():
+    for row in report["step"].values():
         print(f"  {row['trainer']:40s} {row['step_seconds'] * 1000:7.1f} ms/step  "
               f"{row['seconds_per_token'] * 1e6:6.1f} us/token  trainable {row['trainable_parameters']:,} "
               f"of {row['total_parameters']:,} params  peak RSS {mib(row['peak_rss_bytes'])}")
     if "speculators" in report["step"]:
         ours, theirs = report["step"]["dspark-hub"], report["step"]["speculators"]
-        report["step"]["ratio_ours_over_speculators_per_token"] = ours["seconds_per_token"] / theirs["seconds_per_token"]
-        print(f"  ratio ours / speculators per token: {report['step']['ratio_ours_over_speculators_per_token']:.2f} "
-              f"(< 1 = ours faster); trainable parameters {ours['trainable_parameters'] / theirs['trainable_parameters']:.2f}x")
+        ratio = ours["seconds_per_token"] / theirs["seconds_per_token"]
+        report["step"]["ratio_ours_over_speculators_per_token"] = ratio
+        params = ours["trainable_parameters"] / theirs["trainable_parameters"]
+        print(f"  ratio ours / speculators per token: {ratio:.2f} (< 1 = ours faster); "
+              f"trainable parameters {params:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

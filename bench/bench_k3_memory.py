@@ -107,11 +107,14 @@ def measured(context: int) -> dict:
             samples[f"L{layers}_T{rows}_A{anchors}"] = got[(rows, anchors)]
             print(f"  {layers} layer(s), T={rows} A={anchors}: {got[(rows, anchors)] / 2**20:,.1f} MiB saved "
                   f"({time.perf_counter() - started:.1f} s)", flush=True)
-        slopes[layers] = ((got[(context, 16)] - got[(context, 8)]) / 8, (got[(2 * context, 8)] - got[(context, 8)]) / context)
+        per_anchor = (got[(context, 16)] - got[(context, 8)]) / 8
+        per_row = (got[(2 * context, 8)] - got[(context, 8)]) / context
+        slopes[layers] = (per_anchor, per_row)
         del model
-    per_layer = tuple(b - a for a, b in zip(slopes[1], slopes[2]))
-    shared = tuple(a - p for a, p in zip(slopes[1], per_layer))
-    return {"samples": samples, "per_anchor_block_per_layer_bytes": per_layer[0], "per_anchor_block_shared_bytes": shared[0],
+    per_layer = tuple(b - a for a, b in zip(slopes[1], slopes[2], strict=True))
+    shared = tuple(a - p for a, p in zip(slopes[1], per_layer, strict=True))
+    return {"samples": samples, "per_anchor_block_per_layer_bytes": per_layer[0],
+            "per_anchor_block_shared_bytes": shared[0],
             "per_context_row_per_layer_bytes": per_layer[1], "per_context_row_shared_bytes": shared[1],
             "dtype": "bf16 autocast over fp32 weights", "context_rows": context}
 
@@ -128,7 +131,8 @@ def main() -> None:
           f"{c['states_total_bytes'] / GIB:.1f} GiB -> {c['states_per_rank_bytes'] / GIB:.2f} GiB per rank at "
           f"{c['ranks']} ranks (FSDP2)")
     print(f"  all-gather (transient): a decoder layer {c['layer_gather_bytes'] / GIB:.2f} GiB, the root unit "
-          f"{c['root_gather_bytes'] / GIB:.2f} GiB; teacher lm_head fp32 {c['teacher_lm_head_fp32_bytes'] / GIB:.2f} GiB "
+          f"{c['root_gather_bytes'] / GIB:.2f} GiB; teacher lm_head fp32 "
+          f"{c['teacher_lm_head_fp32_bytes'] / GIB:.2f} GiB "
           f"per rank; loss chunk {c['loss_chunk_rows']} rows: {c['loss_chunk_tensor_bytes'] / GIB:.2f} GiB per tensor")
     print(f"measured (one K3-width layer, context T={args.context}, CPU):")
     m = measured(args.context)

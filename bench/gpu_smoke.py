@@ -123,7 +123,7 @@ def main() -> int:
             + ["--device", args.device],
             f"FSDP2 x{nproc} on {args.device}": torchrun + finetune_args(world, root / "fsdp", args.steps, batch)
             + ["--device", args.device, "--fsdp"]}
-    outs = dict(zip(runs, ("cpu", "ddp", "fsdp")))
+    outs = dict(zip(runs, ("cpu", "ddp", "fsdp"), strict=True))
     reference_log, reference_model = None, None
     failures = 0
     for label, command in runs.items():
@@ -137,7 +137,7 @@ def main() -> int:
         if reference_log is None:
             reference_log, reference_model = log, model
             continue
-        losses = [(a["loss"], b["loss"]) for a, b in zip(reference_log, log)]
+        losses = [(a["loss"], b["loss"]) for a, b in zip(reference_log, log, strict=False)]
         loss_ok = len(log) == len(reference_log) and all(abs(a - b) <= 1e-3 * abs(a) + 1e-6 for a, b in losses)
         worst = max((reference_model[n].float() - model[n].float()).abs().max().item() for n in reference_model)
         weights_ok = reference_model.keys() == model.keys() and worst <= 1e-3

@@ -105,7 +105,8 @@ class RefusedOverwriteError(DsparkError, FileExistsError):
 class EngineError(DsparkError, RuntimeError):
     """A teacher engine failed or refused a request (its process died, or it rejected the teacher).
 
-    Example: ``vllm engine: ValueError: max_model_len 4096 exceeds the teacher's 512 (log: /tmp/dspark-vllm-x/engine.log)``
+    Example: ``vllm engine: ValueError: max_model_len 4096 exceeds the teacher's 512
+    (log: /tmp/dspark-vllm-x/engine.log)``
     """
 
 

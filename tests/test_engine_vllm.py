@@ -68,7 +68,7 @@ def mixed_sequences(lengths: list[int], seed: int) -> list[list[int]]:
 def test_vllm_states_equal_transformers_on_the_same_token_ids_at_the_converted_taps(vworld):
     engine, model = vworld["engine"], vworld["model"]
     sequences = mixed_sequences([1, 3, 17, 64, 130, 200, 5, 33], seed=1)
-    for sequence, got in zip(sequences, engine.capture(sequences)):                 # prefill, chunked
+    for sequence, got in zip(sequences, engine.capture(sequences), strict=True):                 # prefill, chunked
         ids = torch.tensor([sequence])
         want = capture_states(model, ids, TAPS)                  # forward hooks on layers 1, 3, 4
         assert got["tokens"].tolist() == sequence and got["prompt_length"] == len(sequence)
@@ -92,10 +92,11 @@ def test_greedy_continuations_equal_transformers_generate_including_a_stop_token
         ids = torch.tensor([prompt])
         config = GenerationConfig(do_sample=False, max_new_tokens=24, eos_token_id=eos, pad_token_id=0)
         with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)[0].tolist()
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        return out[0].tolist()
 
     captured = engine.capture(prompts, max_new_tokens=24)                 # decodes mixed with prefill chunks
-    for prompt, got in zip(prompts, captured):
+    for prompt, got in zip(prompts, captured, strict=True):
         assert got["tokens"].tolist() == generate(prompt, None) and got["finish_reason"] == "length"
         want = capture_states(model, got["tokens"][None], TAPS)
         torch.testing.assert_close(got["aux"], want.aux_hidden_states[0], **TOLERANCE)
@@ -103,7 +104,7 @@ def test_greedy_continuations_equal_transformers_generate_including_a_stop_token
     # Stop at a token the first continuation emits mid-way: the stop token keeps its row (prefilled again).
     stop = captured[0]["tokens"][len(prompts[0]) + 6].item()
     stopped = engine.capture(prompts[:2], max_new_tokens=24, stop_token_ids=[stop])
-    for prompt, got in zip(prompts, stopped):
+    for prompt, got in zip(prompts[:2], stopped, strict=True):
         expected = generate(prompt, [stop])
         assert got["tokens"].tolist() == expected
         if len(expected) < len(prompt) + 24:
@@ -131,7 +132,8 @@ def test_a_rollouts_folder_from_vllm_matches_transformers_and_trains_a_draft_tha
     for oracle in RolloutData(tmp_path / "hdata"):
         got = ours[oracle.prompt_index]
         assert torch.equal(got.input_ids, oracle.input_ids) and torch.equal(got.loss_mask, oracle.loss_mask)
-        torch.testing.assert_close(got.aux_hidden_states.float(), oracle.aux_hidden_states.float(), atol=2e-2, rtol=1e-2)
+        torch.testing.assert_close(got.aux_hidden_states.float(), oracle.aux_hidden_states.float(), atol=2e-2,
+                                   rtol=1e-2)
         torch.testing.assert_close(got.final_hidden_states.float(), oracle.final_hidden_states.float(), atol=4e-2,
                                    rtol=1e-2)
         differing += int((got.aux_hidden_states != oracle.aux_hidden_states).sum())

@@ -46,7 +46,7 @@ def test_the_registry_names_the_engines_and_refuses_options_an_engine_does_not_t
                     EngineOptions(tensor_parallel_size=2, max_num_seqs=4))
     with pytest.raises(UsageError, match="'vllm' does not take device"):
         open_engine("vllm", str(small["teacher"]), [1, 3, 4], EngineOptions(device="cpu"))
-    with pytest.raises(UsageError, match="gpu_memory_utilization: 1.5"):
+    with pytest.raises(UsageError, match=r"gpu_memory_utilization: 1\.5"):
         open_engine("vllm", str(small["teacher"]), [1, 3, 4], EngineOptions(gpu_memory_utilization=1.5))
 
 
@@ -173,7 +173,8 @@ def test_rollouts_passes_the_engine_and_its_options_through(small, tmp_path, mon
                                       "--max-model-len", "4096", "--max-num-seqs", "64",
                                       "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.85",
                                       "--engine-python", "/opt/vllm/bin/python",
-                                      "--engine-arg", "enable_chunked_prefill=false", "--engine-arg", "quantization=fp8",
+                                      "--engine-arg", "enable_chunked_prefill=false",
+                                      "--engine-arg", "quantization=fp8",
                                       "--json"])
     assert result.exit_code == 0, result.output
     (name, taps, options), = opened

@@ -107,7 +107,7 @@ def test_a_hidden_size_or_layout_other_than_the_drafts_is_refused_in_one_line(pa
         open_training_data(tmp_path / "narrow", draft_config=CONFIG, teacher=pair["teacher"])
     (tmp_path / "odd").mkdir()
     save_file({"hidden_states": torch.zeros(5, 64)}, str(tmp_path / "odd" / "b.safetensors"))
-    with pytest.raises(UsageError, match="b.safetensors: has hidden_states; a hidden-state file holds"):
+    with pytest.raises(UsageError, match=r"b\.safetensors: has hidden_states; a hidden-state file holds"):
         open_training_data(tmp_path / "odd", draft_config=CONFIG, teacher=pair["teacher"])
     with pytest.raises(UsageError, match="need the teacher folder"):
         open_training_data(SAMPLE, draft_config=CONFIG, teacher=None)
@@ -119,9 +119,10 @@ def test_a_hidden_size_or_layout_other_than_the_drafts_is_refused_in_one_line(pa
 
 def test_files_and_rows_from_different_runs_are_refused_when_read(pair, tmp_path):
     shutil.copytree(SAMPLE, tmp_path / "s")
-    shutil.copy(tmp_path / "s" / "hidden_states" / "hs_0.safetensors", tmp_path / "s" / "hidden_states" / "hs_1.safetensors")
+    hidden = tmp_path / "s" / "hidden_states"
+    shutil.copy(hidden / "hs_0.safetensors", hidden / "hs_1.safetensors")
     data = open_training_data(tmp_path / "s", draft_config=CONFIG, teacher=pair["teacher"])
-    with pytest.raises(UsageError, match="hs_1.safetensors: token_ids differ from row 1's input_ids"):
+    with pytest.raises(UsageError, match=r"hs_1\.safetensors: token_ids differ from row 1's input_ids"):
         data[1]
     (tmp_path / "s" / "hidden_states" / "hs_3.safetensors").unlink()
     assert open_training_data(tmp_path / "s", draft_config=CONFIG, teacher=pair["teacher"]).missing == 1
@@ -157,7 +158,8 @@ def test_finetune_trains_on_speculators_data_and_refuses_ids_that_miss_a_tap(pai
     result = CliRunner().invoke(cli, [*common, "--out", str(tmp_path / "a"), "--data-layer-ids", "2,4,5,6"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["steps"] == 3
-    tuned, base = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(pair["draft"] / "model.safetensors"))
+    tuned = load_file(str(tmp_path / "a" / "model.safetensors"))
+    base = load_file(str(pair["draft"] / "model.safetensors"))
     assert not torch.equal(tuned["context_proj.weight"], base["context_proj.weight"])
     refused = CliRunner().invoke(cli, [*common, "--out", str(tmp_path / "b"), "--data-layer-ids", "3,4,5"])
     assert_one_line_error(refused, "hs_0.safetensors: captured at vLLM/speculators ids [3, 4, 5]", "[1] missing")

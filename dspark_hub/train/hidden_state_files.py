@@ -27,7 +27,6 @@ read from its weights, applied to the last column, as speculators' own trainer d
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -153,8 +152,8 @@ def _arrow_rows(folder: Path) -> list[dict[str, Any]]:
         if missing:
             raise UsageError(f"{folder / name}: no {', '.join(sorted(missing))} column; speculators data rows "
                              "carry input_ids and loss_mask")
-        for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
-            rows.append({"input_ids": ids, "loss_mask": mask})
+        columns = table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()
+        rows += [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(*columns, strict=True)]
     return rows
 
 

@@ -25,6 +25,7 @@ platform has it (CUDA, ROCm, XPU), and otherwise stops the process; either way i
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import json
@@ -149,7 +150,7 @@ class VllmEngine:
                "PYTHONPATH": os.pathsep.join([str(self._path_dir), *filter(None, [os.environ.get("PYTHONPATH")])])}
         if self.options.python is not None:
             env.pop("PYTHONHOME", None)
-        log = open(self.log_path, "a", encoding="utf-8")
+        log = open(self.log_path, "a", encoding="utf-8")   # noqa: SIM115 - the child writes to it; closed in finally
         try:
             self.process = subprocess.Popen([self.python, "-m", "dspark_hub.train.vllm_worker"], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=self.workdir)
@@ -210,10 +211,8 @@ class VllmEngine:
         if process is None:
             return
         if process.poll() is None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 self._request_on(process, {"op": "exit"})
-            except (OSError, ValueError):
-                pass
             try:
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -230,7 +229,8 @@ class VllmEngine:
         process.stdin.flush()
         line = process.stdout.readline()
         if line:
-            self.peak_rss_bytes = max(self.peak_rss_bytes, int(loads_strict(line, path="engine reply").get("peak_rss_bytes", 0)))
+            reply = loads_strict(line, path="engine reply")
+            self.peak_rss_bytes = max(self.peak_rss_bytes, int(reply.get("peak_rss_bytes", 0)))
 
     # -- the engine protocol -----------------------------------------------------------------
 
@@ -294,7 +294,7 @@ class VllmEngine:
             group = prompts[start:start + REQUEST_SIZE]
             captures = self.capture([p.input_ids for p in group], max_new_tokens=max_new_tokens if mode == "generate"
                                     else 0, ignore_eos=ignore_eos)
-            for prompt, capture in zip(group, captures):
+            for prompt, capture in zip(group, captures, strict=True):
                 if mode == "prefill":
                     yield prefill_rollout(prompt, capture["tokens"], capture["aux"], capture["final"], self.lm_head)
                     continue
@@ -337,10 +337,8 @@ class VllmEngine:
         self.workdir = self._path_dir = None
 
     def __del__(self) -> None:   # a process left running would hold its memory
-        try:
+        with contextlib.suppress(Exception):
             self.stop()
-        except Exception:
-            pass
 
 
 def require_vllm_options(options: EngineOptions) -> None:

@@ -24,6 +24,7 @@ stdlib-only) until `start`; then vLLM, and our connector, which vLLM itself load
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -153,7 +154,7 @@ class Worker:
         outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
         self._drain()
         results = []
-        for sequence, output in zip(sequences, outputs):
+        for sequence, output in zip(sequences, outputs, strict=True):
             path = (output.kv_transfer_params or {}).get("hidden_states_path")
             if path is None:
                 raise WorkerError("engine", f"request {output.request_id}: no hidden_states_path in its "
@@ -183,7 +184,7 @@ class Worker:
         if redo:
             # Prefill prompt + continuation (stop token included) so the stop token's row is
             # present, as in the transformers engine's rollouts.
-            for i, again in zip(redo, self._run([results[i]["tokens"] for i in redo], 0, [])):
+            for i, again in zip(redo, self._run([results[i]["tokens"] for i in redo], 0, []), strict=True):
                 _remove(results[i]["path"])
                 results[i]["path"] = again["path"]
                 results[i]["recaptured"] = True
@@ -205,10 +206,8 @@ class Worker:
 
 def _remove(path: str) -> None:
     for name in (path, path + ".lock"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(name)
-        except FileNotFoundError:
-            pass
 
 
 def _torch_version() -> str:
