@@ -102,6 +102,13 @@ class RefusedOverwriteError(DsparkError, FileExistsError):
         self.detail = detail
 
 
+class EngineError(DsparkError, RuntimeError):
+    """A teacher engine failed or refused a request (its process died, or it rejected the teacher).
+
+    Example: ``vllm engine: ValueError: max_model_len 4096 exceeds the teacher's 512 (log: /tmp/dspark-vllm-x/engine.log)``
+    """  # noqa: E501 (the example is one line, as the message is)
+
+
 class HubError(DsparkError, OSError):
     """A Hub operation failed (not found, unauthorized, network).
 

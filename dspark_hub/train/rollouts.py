@@ -195,9 +195,12 @@ def _batches(prompts: list[Prompt], batch_size: int) -> Iterator[list[Prompt]]:
 
 
 def generate_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int,
-                      batch_size: int = 8, ignore_eos: bool = False,
-                      progress: Progress | None = None) -> Iterator[Rollout]:
-    """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length)."""
+                      batch_size: int = 8, ignore_eos: bool = False, progress: Progress | None = None,
+                      states_dtype: Any = None) -> Iterator[Rollout]:
+    """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length).
+
+    The states are kept in `states_dtype` (default bfloat16, what a rollouts folder stores).
+    """
     import torch
     from transformers import GenerationConfig
 
@@ -216,9 +219,10 @@ def generate_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *
             final = states.final_hidden_states[row, :length]
             tokens = sequences[row, :length]
             agree = (final[start - 1:length - 1].to(lm_head.dtype) @ lm_head.T).argmax(-1) == tokens[start:]
+            dtype = states_dtype or torch.bfloat16
             yield Rollout(prompt.index, prompt.dataset, tokens.clone(), start,
-                          states.aux_hidden_states[row, :length].to(torch.bfloat16).clone(),
-                          final.to(torch.bfloat16).clone(), (int(agree.sum()), int(agree.numel())))
+                          states.aux_hidden_states[row, :length].to(dtype).clone(),
+                          final.to(dtype).clone(), (int(agree.sum()), int(agree.numel())))
         if progress:
             progress(len(group))
 
