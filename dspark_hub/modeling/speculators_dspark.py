@@ -36,7 +36,6 @@ Without it (the bonus-anchor, DFlash-style layout) slots `1..k` are sampled, slo
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -125,8 +124,7 @@ class SpeculatorsDSpark:
     @classmethod
     def from_folder(cls, folder: str | os.PathLike[str], embed: torch.Tensor, lm_head: torch.Tensor,
                     **options: Any) -> SpeculatorsDSpark:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-        return cls(config, read_tensors(folder), embed, lm_head, **options)
+        return cls(load_json_object(Path(folder) / "config.json"), read_tensors(folder), embed, lm_head, **options)
 
     # -- config facts -------------------------------------------------------------------------
 

@@ -42,9 +42,8 @@ DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that ca
               "accepted_per_position[i] = drafts whose first i+1 tokens were all accepted; per_position[i] = "
               "accepted_per_position[i] / drafts; acceptance_length = 1 + sum(per_position) = 1 + accepted / drafts "
               "(mean tokens per verification step, the 1 being the target's own token)")
-SIMULATION = ("simulated: vLLM's greedy verify loop replayed on the target's float32 greedy path (k drafts per step "
-              "from the taps of earlier positions and the anchor, longest matching prefix accepted, every step "
-              "counted in full until the request has max_new_tokens tokens or a stop token)")
+#: What the simulated numbers are, in a card's label: `simulated (<this>, k=K, float32, prompts F)`.
+SIMULATION = "vLLM's greedy verify loop replayed on the target's float32 greedy path"
 BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K tokens that followed the earliest "
             "earlier occurrence of the last n = 3, 2, 1 tokens")
 ENGINES = ("simulated", "vllm")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import EngineError, MissingDependencyError
+from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.train.vllm_eval_worker import VLLM_VERSION
 
 WORKER = Path(__file__).with_name("vllm_eval_worker.py")
@@ -80,7 +81,7 @@ def run_engine(python: str, job: dict[str, Any], *, what: str) -> EngineRun:
         except OSError as exc:
             raise MissingDependencyError(f"{python}: cannot start the vllm engine process ({exc.strerror}); "
                                          f"{INSTALL_HINT}", param="vllm_python") from None
-    report = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else None
+    report = load_json_object(out_path) if out_path.is_file() else None
     if not report or not report.get("ok"):
         if report and report.get("kind") == "missing":
             shutil.rmtree(workdir, ignore_errors=True)

@@ -162,10 +162,18 @@ def _platform() -> str:
     return str(current_platform.device_type)
 
 
+def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise WorkerError("job", f"the job repeats a key: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
+    return dict(pairs)
+
+
 def main(argv: list[str]) -> int:
     job_path, out_path = Path(argv[1]), Path(argv[2])
     try:
-        result = run(json.loads(job_path.read_text(encoding="utf-8")))
+        decoder = json.JSONDecoder(object_pairs_hook=_strict_object)   # stdlib only: dspark_hub is not imported here
+        result = run(decoder.decode(job_path.read_text(encoding="utf-8")))
         code = 0
     except WorkerError as exc:
         result, code = {"ok": False, "kind": exc.kind, "error": str(exc)}, 1
