@@ -101,6 +101,8 @@ def finetune(loss: str, quiet: bool, as_json: bool, **options: Any) -> None:
               help="simulated: vLLM's verify loop replayed in PyTorch; vllm: served and measured by vLLM itself.")
 @click.option("--vllm-python", "vllm_python", metavar="PY",
               help="Python of a vLLM 0.32.0 virtualenv for --engine vllm (default: this one).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+              help="The vllm engine's dtype (the simulation is float32: only float32 can match it exactly).")
 @click.option("--block-size", "block_size", type=POSITIVE, metavar="K",
               help="Drafted tokens per step (default: the speculators speculative_tokens; 7 for k3_dspark).")
 @click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
@@ -110,8 +112,8 @@ def finetune(loss: str, quiet: bool, as_json: bool, **options: Any) -> None:
 @quiet_option
 @json_option
 def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str | None, reference: str | None,
-                 engine: str, vllm_python: str | None, block_size: int | None, max_new_tokens: int, ignore_eos: bool,
-                 batch_size: int, plot: Path | None, quiet: bool, as_json: bool) -> None:
+                 engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
+                 ignore_eos: bool, batch_size: int, plot: Path | None, quiet: bool, as_json: bool) -> None:
     """Acceptance of a draft with vLLM's definitions: simulated, or measured by vLLM serving it.
 
     Exit 1 when a vLLM measurement's outputs differ from plain greedy decoding's (not lossless).
@@ -122,5 +124,6 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                          plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, progress=bar)
+                          plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
+                          progress=bar)
     emit(result, as_json=as_json, renderer=render_eval)

@@ -47,6 +47,7 @@ SIMULATION = "vLLM's greedy verify loop replayed on the target's float32 greedy 
 BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K tokens that followed the earliest "
             "earlier occurrence of the last n = 3, 2, 1 tokens")
 ENGINES = ("simulated", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -305,7 +306,6 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None) -> D
     Raises:
         UsageError: another draft family, taps eval cannot capture, or no k.
     """
-    from dspark_hub.format.speculators import AUX_IDS_KEY
     from dspark_hub.train.teacher import read_json
     from dspark_hub.verify.formats import K3, detect
 
@@ -327,8 +327,8 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None) -> D
                          "its anchor while vLLM 0.32.0 serves it with a bonus-anchor block; write the key")
     k = block_size if block_size is not None else fmt.serving(config).num_speculative_tokens
     if not isinstance(k, int) or k <= 0:
-        raise UsageError(f"{path}/config.json: no number of speculative tokens ({AUX_IDS_KEY} config without "
-                         "speculators_config.proposal_methods); pass `block_size`")
+        raise UsageError(f"{path}/config.json: no number of speculative tokens "
+                         "(speculators_config.proposal_methods[0].speculative_tokens); pass `block_size`")
     return DraftUnderTest(str(path), config, fmt, list(taps), k)
 
 
@@ -446,8 +446,8 @@ def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: s
     return rollouts, teacher, facts
 
 
-def _make_proposer(draft: DraftUnderTest, teacher: str, *, markov: bool) -> tuple[Callable[[Any], Any], Any]:
-    """(rollout -> propose(p), the model), for either format."""
+def _make_proposer(draft: DraftUnderTest, teacher: str, *, markov: bool) -> Callable[[Any], Callable[[int], list[int]]]:
+    """rollout -> propose(p), for either format."""
     import torch
 
     from dspark_hub.train.teacher import read_lm_head
@@ -458,19 +458,19 @@ def _make_proposer(draft: DraftUnderTest, teacher: str, *, markov: bool) -> tupl
 
         model = SpeculatorsDSpark.from_folder(draft.path, read_embedding(teacher), lm_head, dtype=torch.float32,
                                               markov=markov)
-        return (lambda r: speculators_proposer(model, r, draft.k)), model
+        return lambda r: speculators_proposer(model, r, draft.k)
     if not markov:
         raise UsageError("a k3_dspark draft always drafts with its Markov head; `markov` False is for speculators "
                          "drafts")
-    model = _load_draft(draft.path)
-    return (lambda r: draft_proposer(model, lm_head, r, draft.k)), model
+    k3 = _load_draft(draft.path)
+    return lambda r: draft_proposer(k3, lm_head, r, draft.k)
 
 
 def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, prompts: str | None = None,
              data: str | None = None, reference: str | None = None, block_size: int | None = None,
              max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
              ignore_eos: bool = False, engine: str = "simulated", vllm_python: str | os.PathLike[str] | None = None,
-             markov: bool = True, progress: Progress | None = None) -> EvalResult:
+             dtype: str = "float32", markov: bool = True, progress: Progress | None = None) -> EvalResult:
     """Acceptance of a draft with vLLM's definitions: simulated (next to a prompt-lookup drafter) or measured by vLLM.
 
     Args:
@@ -488,6 +488,8 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         ignore_eos: never stop a request at the teacher's EOS.
         engine: `simulated` or `vllm` (`dspark_hub.train.vllm_eval`).
         vllm_python: the interpreter of a vLLM virtualenv (default: this one, when it has vllm).
+        dtype: the vllm engine's dtype (`float32`, `bfloat16`, `float16`); the simulation runs in
+            float32, so only a float32 measurement can equal it exactly.
         markov: False drafts without the Markov head (a control; speculators drafts only).
         progress: called per simulated prompt / generated prompt / engine run.
 
@@ -499,28 +501,33 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
     """
     if engine not in ENGINES:
         raise UsageError(f"engine {engine!r}; use one of {', '.join(ENGINES)}", param="engine")
+    if dtype not in DTYPES:
+        raise UsageError(f"dtype {dtype!r}; use one of {', '.join(DTYPES)}", param="dtype")
+    if dtype != "float32" and engine != "vllm":
+        raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
     if plot is not None:
         require_matplotlib()   # fail before the long run, not after it
     under_test = read_draft(draft, block_size)
     if engine == "vllm":
         return _evaluate_vllm(under_test, teacher=teacher, prompts=prompts, data=data, reference=reference,
                               max_new_tokens=max_new_tokens, plot=plot, ignore_eos=ignore_eos,
-                              vllm_python=vllm_python, progress=progress)
+                              vllm_python=vllm_python, dtype=dtype, progress=progress)
+    ref_draft = read_draft(reference, under_test.k) if reference else None
+    if ref_draft is not None and ref_draft.taps != under_test.taps:
+        raise UsageError(f"{reference}: taps layers {ref_draft.taps}, the draft {under_test.taps}; a reference is "
+                         "measured on the same rollouts, so it needs the same taps", param="reference")
     rollouts, teacher, facts = load_eval_rollouts(under_test, teacher=teacher, prompts=prompts, data=data,
                                                   max_new_tokens=max_new_tokens, batch_size=batch_size,
                                                   progress=progress)
     bounds: dict[str, Any] = {} if data is not None else {"max_tokens": max_new_tokens,
                                                            "stop_ids": stop_token_ids(teacher, ignore_eos)}
-    make, _ = _make_proposer(under_test, teacher, markov=markov)
     import torch
 
     with torch.no_grad():
-        result = measure(rollouts, make, under_test.k, progress, **bounds)
-        ref = None
-        if reference:
-            ref_draft = read_draft(reference, under_test.k)
-            ref_make, _ = _make_proposer(ref_draft, teacher, markov=True)
-            ref = measure(rollouts, ref_make, under_test.k, **bounds)
+        result = measure(rollouts, _make_proposer(under_test, teacher, markov=markov), under_test.k, progress,
+                         **bounds)
+        ref = None if ref_draft is None else measure(rollouts, _make_proposer(ref_draft, teacher, markov=True),
+                                                     under_test.k, **bounds)
     harness = {"definition": DEFINITION, "mode": "simulated", "simulation": SIMULATION, "decoding": "greedy",
                "temperature": 0.0, "block_size": under_test.k, "dtype": "float32", "format": under_test.format.name,
                "draft": str(draft), "ignore_eos": ignore_eos, **facts}
@@ -533,7 +540,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
 
 def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,
                    reference: str | None, max_new_tokens: int, plot: str | os.PathLike[str] | None, ignore_eos: bool,
-                   vllm_python: str | os.PathLike[str] | None, progress: Progress | None) -> EvalResult:
+                   vllm_python: str | os.PathLike[str] | None, dtype: str, progress: Progress | None) -> EvalResult:
     from dspark_hub.train import vllm_eval
     from dspark_hub.train.rollouts import read_prompts
     from dspark_hub.train.teacher import chat_template_digest, read_json, sha256_file, teacher_identity
@@ -557,7 +564,7 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
     stops = stop_token_ids(teacher, ignore_eos)
     plain, speculative, python = vllm_eval.measure(teacher, draft.path, [item.input_ids for item in items], groups,
                                                    k=draft.k, max_tokens=max_new_tokens, stop_token_ids=stops,
-                                                   python=python)
+                                                   python=python, dtype=dtype)
     if progress:
         progress(2)
     overall, by_dataset = AcceptanceStats(draft.k), {}

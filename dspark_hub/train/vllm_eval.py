@@ -99,7 +99,8 @@ def _last_line(path: Path) -> str:
 
 def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], prompts: list[list[int]],
             groups: list[list[int]], *, k: int, max_tokens: int, stop_token_ids: list[int], python: str | None,
-            interpreter: bool | None = None, allow_untested: bool = False) -> tuple[EngineRun, EngineRun, str]:
+            dtype: str = "float32", interpreter: bool | None = None, allow_untested: bool = False
+            ) -> tuple[EngineRun, EngineRun, str]:
     """The plain greedy run and the speculative run on the same prompts (one engine at a time).
 
     Returns:
@@ -107,7 +108,7 @@ def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], promp
     """
     interpreter_path = engine_python(python)
     job = {"target": str(Path(target).resolve()), "prompts": prompts, "groups": groups, "max_tokens": max_tokens,
-           "stop_token_ids": list(stop_token_ids), "dtype": "float32",
+           "stop_token_ids": list(stop_token_ids), "dtype": dtype,
            "max_model_len": max(len(p) for p in prompts) + max_tokens + k + 1, "interpreter": interpreter,
            "allow_untested": allow_untested, "speculative_config": None}
     plain = run_engine(interpreter_path, job, what="plain greedy")
