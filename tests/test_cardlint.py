@@ -218,6 +218,7 @@ def test_a_card_rendered_from_a_vllm_measurement_is_labelled_with_it(tmp_path):
     card.write_text(render_card(tmp_path / "card.yaml"))
     text = card.read_text()
     assert "Acceptance numbers: measured (vLLM 0.32.0, k=4, float32, prompts c98977eaff7b)" in text
+    assert "drafts: 93 · accepted per position: 17, 4, 3, 3" in text       # vLLM's counts, in the harness line
     assert lint_card(card, eval_json=SPECDEC / "vllm_eval.json").ok
 
 

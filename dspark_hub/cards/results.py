@@ -28,6 +28,8 @@ HARNESS_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hardware", ("hardware",)),
     ("prompts", ("prompts", "num_prompts")),
     ("tokens", ("tokens", "num_tokens")),
+    ("drafts", ("drafts", "num_drafts")),
+    ("accepted per position", ("accepted_per_position",)),
     ("prompt fingerprint", ("prompts_fingerprint", "prompt_fingerprint", "prompts_sha256", "prompt_file_sha256")),
     ("chat template digest", ("chat_template_digest", "chat_template_sha256")),
     ("reference", ("reference",)),
@@ -217,6 +219,8 @@ def _text(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, list):
+        return ", ".join(_text(v) for v in value)
     return str(value)
 
 
