@@ -4,7 +4,8 @@
 - `rollouts`: teacher greedy continuations with their states, in resumable shards.
 - `objective`: anchors, the per-slot losses and the confidence target.
 - `trainer`: `finetune()` on one process or under torchrun (DDP / FSDP2).
-- `evaluate`: simulated acceptance, next to a prompt-lookup drafter.
+- `evaluate`: acceptance with vLLM's definitions, simulated (next to a prompt-lookup drafter) or
+  measured by vLLM itself (`vllm_eval`, which runs `vllm_eval_worker.py` in vLLM's interpreter).
 
 Imports `verify`, `modeling` and the format core; never `cards`, `hub` or `cli`.
 """
