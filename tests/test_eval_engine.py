@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -71,9 +72,11 @@ def test_an_engine_failure_names_what_failed_and_keeps_the_log(tmp_path):
         vllm_eval.run_engine(python, {"prompts": []}, what="speculative decoding")
     log = Path(str(info.value).rsplit("log: ", 1)[1].rstrip(")"))
     assert "engine says hello" in log.read_text()
+    shutil.rmtree(log.parent)
     crashed = _fake_python(tmp_path, None, exit_code=3)
-    with pytest.raises(EngineError, match="exit status 3: engine says hello"):
+    with pytest.raises(EngineError, match="exit status 3: engine says hello") as info:
         vllm_eval.run_engine(crashed, {}, what="plain greedy")
+    shutil.rmtree(Path(str(info.value).rsplit("log: ", 1)[1].rstrip(")")).parent)
 
 
 def test_a_missing_interpreter_is_a_missing_dependency(tmp_path):
