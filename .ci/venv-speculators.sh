@@ -6,6 +6,8 @@
 #   bash .ci/venv-speculators.sh            # create (or reuse) the venv, print its python
 #   bash .ci/venv-speculators.sh --check    # ... then rebuild every fixture and compare bytes
 #   bash .ci/venv-speculators.sh --write    # ... then regenerate the fixtures in place
+#   bash .ci/venv-speculators.sh --check-specdec / --write-specdec   # the same for tests/fixtures/specdec/
+#                                           # (the acceptance-parity target and trained DSpark, make_specdec_fixtures.py)
 #
 # It lives outside the clone (speculators pins its own torch, so it is never a dependency of
 # dspark-hub): ${DSPARK_VENV_CACHE:-$HOME/.cache/dspark-hub}/speculators-0.9.0.
@@ -32,6 +34,8 @@ echo "$VENV/bin/python"
 case "${1:-}" in
     --check) OMP_NUM_THREADS=1 "$VENV/bin/python" tests/fixtures/speculators/make_fixtures.py --check ;;
     --write) OMP_NUM_THREADS=1 "$VENV/bin/python" tests/fixtures/speculators/make_fixtures.py ;;
+    --check-specdec) OMP_NUM_THREADS=1 "$VENV/bin/python" tests/fixtures/specdec/make_specdec_fixtures.py --check ;;
+    --write-specdec) OMP_NUM_THREADS=1 "$VENV/bin/python" tests/fixtures/specdec/make_specdec_fixtures.py ;;
     "") ;;
-    *) echo "usage: $0 [--check|--write]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--check|--write|--check-specdec|--write-specdec]" >&2; exit 2 ;;
 esac

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 #: `--json` output of each command.
 COMMANDS: dict[str, str] = {name: f"dspark-hub/{name}/1" for name in (
-    "verify", "diff", "convert", "init", "rollouts", "finetune", "eval", "golden-write", "golden-check",
+    "verify", "diff", "convert", "init", "rollouts", "finetune", "golden-write", "golden-check",
     "export-code", "checksums", "checksums-check", "package", "card", "card-lint", "publish", "error",
-)}
+)} | {
+    # 2: vLLM's definitions and counts (`drafts` replaces `steps`; the last step counts in full), `engine`,
+    # `measured_by`, `lossless`.
+    "eval": "dspark-hub/eval/2",
+}
 
 #: `checksums.json`, the digest manifest beside the weights.
 CHECKSUMS = "dspark-hub/checksums-manifest/1"

@@ -15,6 +15,8 @@ from dspark_hub.cli.main import cli
 from dspark_hub.format import contract
 from tests.card_fixtures import SDDD, SPECULATOR, write_sparse_reference
 
+SPECDEC = Path(__file__).parent / "fixtures" / "specdec"
+
 FRONT = "---\nlicense: apache-2.0\nbase_model: org/teacher\ntags:\n  - dspark\npipeline_tag: text-generation\n---\n"
 
 
@@ -43,9 +45,13 @@ def _only_errors(report) -> list[tuple[str, str]]:
     return [(f.code, f.where) for f in report.sorted_findings() if f.severity == "error"]
 
 
-def _acceptance_card(*rows: str) -> str:
+LABEL = "Acceptance numbers: measured (vLLM 0.32.0, k=3, float32, prompts c98977eaff7b)"
+
+
+def _acceptance_card(*rows: str, label: str | None = LABEL) -> str:
     head = "| Dataset | Pos 0 | Pos 1 | Pos 2 | Acceptance length |\n| --- | --- | --- | --- | --- |\n"
-    return FRONT + "\n# Card\n\n## Results\n\n" + head + "\n".join(rows) + "\n"
+    tail = f"\n{label}\n" if label else ""
+    return FRONT + "\n# Card\n\n## Results\n\n" + head + "\n".join(rows) + "\n" + tail
 
 
 # ------------------------------------------------------------------ weight facts (tiny checkpoint)
@@ -149,6 +155,71 @@ def test_duplicated_row(tmp_path):
     first, second = _line_of(bad, "| code", 1), _line_of(bad, "| code", 2)
     assert _only_errors(report) == [("DUPLICATE_ROW", f"README.md:{second}")]
     assert f"repeats line {first} with different values" in report.errors[0].message
+
+
+def test_an_acceptance_table_must_say_which_numbers_it_shows(tmp_path):
+    row = "| code | 60.0% | 30.0% | 10.0% | 2.00 |"
+    bad = _acceptance_card(row, label=None)
+    assert _only_errors(_lint(tmp_path, bad)) == [("ACCEPTANCE_UNLABELLED", f"README.md:{_line_of(bad, '| Dataset')}")]
+    prose = _acceptance_card(row, label="These numbers were measured.")
+    assert [c for c, _ in _only_errors(_lint(tmp_path, prose))] == ["ACCEPTANCE_UNLABELLED"]
+    simulated = _acceptance_card(row, label="Acceptance numbers: simulated (vLLM's greedy verify loop replayed, k=3)")
+    assert _lint(tmp_path, simulated).ok
+    by_step = FRONT + "\n| Step | Acceptance length |\n| --- | --- |\n| 100 | 1.50 |\n"
+    assert [c for c, _ in _only_errors(_lint(tmp_path, by_step))] == ["ACCEPTANCE_UNLABELLED"]
+
+
+def test_a_label_whose_k_is_not_the_tables(tmp_path):
+    bad = _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", label=LABEL.replace("k=3", "k=4"))
+    assert _only_errors(_lint(tmp_path, bad)) == [("ACCEPTANCE_LABEL_MISMATCH", f"README.md:{_line_of(bad, 'k=4')}")]
+
+
+def _eval_doc(tmp_path: Path, **changes) -> Path:
+    doc = json.loads((SPECDEC / "vllm_eval.json").read_text())
+    doc["k"] = 3
+    for key, value in changes.items():
+        doc["measured_by"][key] = value
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"vllm_version": "0.33.0"}, "version 0.32.0, the eval file 0.33.0"),
+    ({"dtype": "bfloat16"}, "dtype float32, the eval file bfloat16"),
+    ({"prompts_sha256": "0" * 64}, "prompts c98977eaff7b, the eval file 000000000000"),
+])
+def test_a_label_that_contradicts_its_eval_file(tmp_path, change, said):
+    card = tmp_path / "README.md"
+    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |"))
+    assert lint_card(card, eval_json=_eval_doc(tmp_path)).ok
+    report = lint_card(card, eval_json=_eval_doc(tmp_path, **change))
+    assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"] and said in report.errors[0].message
+
+
+def test_a_measured_label_over_a_simulated_eval_file(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |"))
+    simulated = tmp_path / "simulated.json"
+    simulated.write_text(json.dumps({"per_position": [0.6, 0.3, 0.1], "k": 3,
+                                     "harness": {"mode": "simulated", "prompts_sha256": "c98977eaff7b" + "0" * 52}}))
+    report = lint_card(card, eval_json=simulated)
+    assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"]
+    assert "measured, the eval file simulated" in report.errors[0].message
+    result = CliRunner().invoke(cli, ["card", "lint", str(card), "--eval", str(simulated)])
+    assert result.exit_code == 1 and "ACCEPTANCE_LABEL_MISMATCH" in result.output
+
+
+def test_a_card_rendered_from_a_vllm_measurement_is_labelled_with_it(tmp_path):
+    meta = {"name": "Measured", "front_matter": yaml.safe_load(FRONT.strip("-\n")),
+            "architecture": {"facts": {"block_size": 4}}, "results": {"eval": str(SPECDEC / "vllm_eval.json")}}
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(meta))
+    card = tmp_path / "README.md"
+    card.write_text(render_card(tmp_path / "card.yaml"))
+    text = card.read_text()
+    assert "Acceptance numbers: measured (vLLM 0.32.0, k=4, float32, prompts c98977eaff7b)" in text
+    assert "drafts: 93 · accepted per position: 17, 4, 3, 3" in text       # vLLM's counts, in the harness line
+    assert lint_card(card, eval_json=SPECDEC / "vllm_eval.json").ok
 
 
 def test_speculator_mirror_duplicate_is_flagged_on_its_line():

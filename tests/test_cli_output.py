@@ -118,9 +118,11 @@ def test_narrow_blocks_put_the_key_cells_on_one_line(tmp_path):
 @pytest.mark.parametrize("columns", ["40", "200"])
 def test_eval_numbers_and_drafter_names_are_never_cut(monkeypatch, capsys, columns):
     monkeypatch.setenv("COLUMNS", columns)
-    stats = {"acceptance_length": 1.0, "per_position": [0.0] * 7, "prompts": 3, "tokens": 12, "steps": 9}
+    stats = {"acceptance_length": 1.0, "per_position": [0.0] * 7, "accepted_per_position": [0] * 7, "prompts": 3,
+             "tokens": 12, "drafts": 9, "k": 7}
     doc = {**stats, "by_dataset": {"a-rather-long-dataset-name": {**stats, "baseline": stats}}, "baseline": stats,
-           "reference": None, "harness": {"block_size": 7, "teacher": "t"}, "definition": "d", "plot": None}
+           "reference": None, "harness": {"block_size": 7, "teacher": "t"}, "definition": "d", "plot": None,
+           "measured_by": None, "lossless": None}
     render_eval(SimpleNamespace(to_dict=lambda: doc))
     out = capsys.readouterr().out
     assert "1.0000" in out and "draft" in out and "prompt lookup" in out and "a-rather-long-dataset-name" in out

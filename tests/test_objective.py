@@ -70,20 +70,47 @@ def test_acceptance_length_is_one_plus_the_sum_of_position_rates():
     stats = AcceptanceStats(4)
     for accepted in (0, 4, 2, 1):
         stats.record(accepted)
+    assert stats.accepted_per_position == [3, 2, 1, 1] and stats.drafts == 4 and stats.accepted == 7
     assert stats.per_position == [0.75, 0.5, 0.25, 0.25]
     assert stats.acceptance_length == pytest.approx(1 + sum(stats.per_position)) == 2.75
+    doc = stats.to_dict()
+    assert (doc["drafts"], doc["draft_tokens"], doc["accepted"], doc["k"]) == (4, 16, 7, 4)
 
 
 def test_simulation_counts_a_perfect_drafter_at_k_plus_one_and_a_wrong_one_at_one():
-    tokens = torch.arange(40)
+    tokens = torch.arange(60)
     rollout = SimpleNamespace(input_ids=tokens, prompt_length=5, dataset=None)
-    perfect = simulate(rollout, lambda p: tokens[p + 1:p + 8].tolist(), 7)
-    wrong = simulate(rollout, lambda p: [-1] * 7, 7)
+    perfect = simulate(rollout, lambda p: tokens[p + 1:p + 8].tolist(), 7, max_tokens=33)
+    wrong = simulate(rollout, lambda p: [-1] * 7, 7, max_tokens=33)
     assert perfect.acceptance_length == 8.0 and wrong.acceptance_length == 1.0
+    assert (perfect.drafts, perfect.tokens, wrong.drafts, wrong.tokens) == (4, 33, 32, 33)
     looping = SimpleNamespace(input_ids=torch.tensor([1, 2, 3] * 20), prompt_length=15, dataset=None)
-    copy = simulate(looping, ngram_proposer(looping, 7), 7)
+    copy = simulate(looping, ngram_proposer(looping, 7), 7, max_tokens=33)
     assert copy.acceptance_length == pytest.approx(8.0)      # a loop is trivially drafted by copying
     assert math.isnan(AcceptanceStats(7).acceptance_length)
+
+
+def test_the_step_that_crosses_the_budget_counts_in_full_as_vllm_counts_it():
+    """vLLM drafts k tokens until the request has max_tokens and counts every accepted one, even past it."""
+    tokens = torch.arange(60)
+    rollout = SimpleNamespace(input_ids=tokens, prompt_length=5, dataset=None)
+    stats = simulate(rollout, lambda p: tokens[p + 1:p + 5].tolist(), 4, max_tokens=7)
+    # x_5 at prefill (1 token), a step of 4 + 1 (6 tokens), then one more full step for the 7th token.
+    assert (stats.drafts, stats.accepted_per_position, stats.tokens) == (2, [2, 2, 2, 2], 7)
+    # A rollout folder holds no tokens past its end: the last step compares with what there is.
+    short = SimpleNamespace(input_ids=tokens[:13], prompt_length=5, dataset=None)
+    assert simulate(short, lambda p: tokens[p + 1:p + 5].tolist(), 4).accepted_per_position == [2, 2, 1, 1]
+
+
+def test_a_stop_token_ends_the_request_after_its_step_is_counted():
+    tokens = torch.tensor([7] * 5 + [10, 11, 12, 99, 13, 14, 15, 16, 17, 18, 19, 20])
+    rollout = SimpleNamespace(input_ids=tokens, prompt_length=5, dataset=None)
+    perfect = lambda p: tokens[p + 1:p + 5].tolist()      # noqa: E731
+    stopped = simulate(rollout, perfect, 4, max_tokens=10, stop_ids=[99])
+    assert (stopped.drafts, stopped.accepted_per_position, stopped.tokens) == (1, [1, 1, 1, 1], 4)
+    assert simulate(rollout, perfect, 4, max_tokens=10).tokens == 10
+    assert simulate(SimpleNamespace(input_ids=tokens, prompt_length=8, dataset=None), perfect, 4, max_tokens=5,
+                    stop_ids=[99]).drafts == 0               # the prefill token itself stops it
 
 
 def _draft_case(seed: int = 0):

@@ -9,6 +9,11 @@ Checks, each finding naming the line (`where` = "README.md:LINE"):
   not increase along a row;
 - no table repeats a row key (acceptance tables: the cells before `Pos 0`; others: the first cell);
 - all statements of the block size agree;
+- every acceptance table (a column `Acceptance length`) says which number it shows: the first
+  non-blank line after it is `Acceptance numbers: measured (vLLM x.y, k=K, dtype, prompts F)` or
+  `Acceptance numbers: simulated (definition, k=K, ...)` (`cards.results.AcceptanceLabel`); its k
+  equals the table's `Pos` columns, and with `eval_json` the label agrees with that file (measured
+  or simulated, vLLM version, k, dtype, prompts fingerprint);
 - with a checkpoint: parameter counts (total, trained, frozen), tensor counts, decoder-layer
   count, tensor shapes in any table with a `Shape` column (brace patterns such as
   `layers.{0..4}.x` and `w{1,2}` are expanded), target layer ids, block size (when the weights'
@@ -28,7 +33,8 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.cards import render as cards
-from dspark_hub.errors import UsageError
+from dspark_hub.cards.results import AcceptanceLabel, acceptance_label, parse_label
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
@@ -58,6 +64,8 @@ LINT_CODES: dict[str, str] = {
     "CHECKSUM_SIZE_MISMATCH": "a size in the checksum table differs from the file's",
     "CHECKSUM_MISMATCH": "a stated SHA-256 differs from the file's",
     "WEIGHTS_NOT_CHECKED": "no checkpoint given: weight facts were not compared",
+    "ACCEPTANCE_UNLABELLED": "an acceptance table does not say whether it shows measured or simulated numbers",
+    "ACCEPTANCE_LABEL_MISMATCH": "an acceptance table's label contradicts its eval file or its own columns",
 }
 _POSITION = re.compile(r"^pos(?:ition)?\s*(\d+)$", re.IGNORECASE)
 _NUMBER = re.compile(r"^[+-]?\d+(?:\.(\d+))?$")
@@ -288,6 +296,42 @@ def _duplicate_findings(card: Card, table: Table) -> list[Finding]:
     return out
 
 
+def _label_after(card: Card, table: Table) -> tuple[int, str] | None:
+    """The first non-blank body line after the table (None at the end of the card)."""
+    last = table.rows[-1][0] if table.rows else table.line + 1
+    return next(((line, text) for line, text in card.body if line > last and text.strip()), None)
+
+
+def _label_findings(card: Card, table: Table, expected: AcceptanceLabel | None) -> list[Finding]:
+    if table.column(r"acceptance\s+length") is None:
+        return []
+    after = _label_after(card, table)
+    label = parse_label(after[1]) if after else None
+    if label is None:
+        return [error("ACCEPTANCE_UNLABELLED", card.where(table.line), "the acceptance table does not say which "
+                      "numbers it shows (no 'Acceptance numbers: measured (...)' or 'simulated (...)' line after it)",
+                      "add the label line under the table ('dspark-hub card' writes it from the eval file)")]
+    where = card.where(after[0])  # type: ignore[index]
+    out = []
+    positions = sum(1 for h in table.headers if _POSITION.match(_plain(h)))
+    if positions and label.k is not None and label.k != positions:
+        out.append(error("ACCEPTANCE_LABEL_MISMATCH", where, f"the label says k={label.k} but the table has "
+                         f"{positions} position columns", "state the k the numbers were measured with"))
+    if expected is None or not positions:
+        return out
+    differences = [f"{label.kind}, the eval file {expected.kind}"] if label.kind != expected.kind else []
+    for name in ("version", "k", "dtype"):
+        mine, theirs = getattr(label, name), getattr(expected, name)
+        if mine is not None and theirs is not None and str(mine) != str(theirs):
+            differences.append(f"{name} {mine}, the eval file {theirs}")
+    if label.prompts and expected.prompts and not (label.prompts.startswith(expected.prompts)
+                                                   or expected.prompts.startswith(label.prompts)):
+        differences.append(f"prompts {label.prompts}, the eval file {expected.prompts}")
+    out += [error("ACCEPTANCE_LABEL_MISMATCH", where, f"the label says {d}",
+                  f"label the table '{expected.text}' or lint it against its own eval file") for d in differences]
+    return out
+
+
 # ------------------------------------------------------------------ statements
 
 @dataclass(frozen=True)
@@ -435,14 +479,15 @@ def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
 # ------------------------------------------------------------------ entry point
 
 def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
-              hasher: Callable[[Path], str] = sha256_file) -> CardLintReport:
+              hasher: Callable[[Path], str] = sha256_file, eval_json: str | Path | None = None) -> CardLintReport:
     """Lint a model card; with `checkpoint`, also check every weight fact it states.
 
     `hasher(path) -> sha256` checks the card's checksum table; pass digests already computed
-    (as `publish` does) so large weights are not read twice.
+    (as `publish` does) so large weights are not read twice. With `eval_json` (the `eval --json`
+    file the card's per-position tables come from), each table's label must agree with it.
 
     Raises:
-        UsageError: the card cannot be read.
+        UsageError: the card or the eval file cannot be read.
         CheckpointNotFoundError: the checkpoint folder does not exist.
     """
     path = Path(readme_path)
@@ -453,10 +498,12 @@ def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not UTF-8 text; a model card is a UTF-8 markdown file") from None
     card = parse_card(text, path.name)
+    expected = _expected_label(eval_json) if eval_json is not None else None
     report = CardLintReport(path=str(path), checkpoint=str(checkpoint) if checkpoint is not None else None)
     report.findings += _front_matter_findings(card)
     for table in card.tables:
         report.findings += _acceptance_findings(card, table)
+        report.findings += _label_findings(card, table, expected)
         report.findings += _duplicate_findings(card, table)
     said = statements(card)
     report.findings += _consistency_findings(card, said)
@@ -469,3 +516,18 @@ def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
     else:
         report.findings += _weight_findings(card, said, open_checkpoint(LocalSource(checkpoint)), hasher)
     return report
+
+
+def _expected_label(eval_json: str | Path) -> AcceptanceLabel:
+    from dspark_hub.format.jsonio import load_json_object
+
+    path = Path(eval_json)
+    try:
+        doc = load_json_object(path)
+    except (CheckpointFormatError, CheckpointNotFoundError) as e:
+        raise UsageError(f"{e}; pass the eval file ('dspark-hub eval --json' output)", param="eval_json") from None
+    label = acceptance_label(doc)
+    if label is None:
+        raise UsageError(f"{path}: says neither measured_by nor a simulated mode; it cannot confirm a label",
+                         param="eval_json")
+    return label

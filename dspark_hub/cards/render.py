@@ -25,7 +25,8 @@ outside `front_matter` is itself a jinja template rendered with `facts` (CardFac
       intro: markdown
       eval: eval.json                    # default for --eval
       train_log: train_log.jsonl         # default for --train-log
-      harness: {...}                     # harness metadata the files do not carry (files win)
+      harness: {...}                     # harness metadata the files do not carry (files win); `mode`
+                                         # (simulated / measured / serving) and `simulation` feed the labels
       by_step: {intro, notes}
       by_dataset: {intro, notes, rate_decimals: 1, length_decimals: 2}
       long_context: {intro, notes, rate_decimals: 1, length_decimals: 2}
@@ -48,7 +49,11 @@ Evaluation JSON (`--eval`), as `dspark-hub eval --json` prints it; extra keys ar
      "mode": "teacher-forced" | "served" (or "teacher_forced": bool),
      "decoding": "greedy" (or "greedy": bool, "temperature": 0.0), "block_size": 7,
      "teacher": "org/name@rev" | {"repo", "revision"}, "prompts_sha256": "...",
-     "chat_template_sha256": "...", "engine": "...", "hardware": "..."}
+     "chat_template_sha256": "...", "engine": "...", "hardware": "...",
+     # what the numbers are (the label under each acceptance table; `cards.results.acceptance_label`):
+     "measured_by": {"engine": "vllm", "vllm_version": "0.32.0", "dtype": "float32",
+                     "prompts_sha256": "...", "speculative_config": {...}},   # a measurement, or
+     "mode": "simulated", "simulation": "what was simulated", "k": 4}          # a simulation
 
 Rates are fractions (percentages above 1 are accepted); a missing `acceptance_length` is
 computed as 1 + the sum of the rates.
@@ -619,7 +624,7 @@ def collect_results(meta: Mapping[str, Any], base: Path, eval_json: str | os.Pat
     results = load_eval(eval_path, defaults=defaults) if eval_path else Results()
     log_path = _resolve(base, train_log, section.get("train_log"))
     if log_path:
-        results.by_step, results.by_step_harness = load_train_log(log_path, defaults=defaults)
+        results.by_step, results.by_step_harness, results.by_step_label = load_train_log(log_path, defaults=defaults)
     return results
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +28,119 @@ HARNESS_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hardware", ("hardware",)),
     ("prompts", ("prompts", "num_prompts")),
     ("tokens", ("tokens", "num_tokens")),
+    ("drafts", ("drafts", "num_drafts")),
+    ("accepted per position", ("accepted_per_position",)),
     ("prompt fingerprint", ("prompts_fingerprint", "prompt_fingerprint", "prompts_sha256", "prompt_file_sha256")),
     ("chat template digest", ("chat_template_digest", "chat_template_sha256")),
     ("reference", ("reference",)),
 )
+
+
+#: The line that says which number an acceptance table shows: the first non-blank line after the table.
+LABEL_PREFIX = "Acceptance numbers:"
+LABEL_KINDS = ("measured", "simulated")
+_LABEL = re.compile(r"^\*?Acceptance numbers:\s*(measured|simulated)\s*\((.*)\)\s*\*?$")
+_DTYPES = ("float32", "bfloat16", "float16", "fp8", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class AcceptanceLabel:
+    """Which number an acceptance table shows: `measured (vLLM x.y, k=K, dtype, prompts F)` or
+    `simulated (definition, k=K, dtype, prompts F)`.
+
+    `what` is the engine for a measurement (`vLLM 0.32.0`; a published serving number says what
+    its source says) and the simulation's definition for a simulated number; `prompts` is a
+    prefix of the prompts file's SHA-256. Unknown parts are written as "not stated".
+    """
+
+    kind: str                        # measured | simulated
+    what: str | None = None
+    version: str | None = None       # the engine's version, for a vLLM measurement
+    k: int | None = None
+    dtype: str | None = None
+    prompts: str | None = None       # 12 hex digits of the prompts' SHA-256
+
+    @property
+    def text(self) -> str:
+        if self.kind == "measured":
+            what = self.what or "engine not stated"
+            if self.version and self.version not in what:
+                what = f"{what} {self.version}"
+        else:
+            what = self.what or "definition not stated"
+        parts = [what, f"k={self.k}" if self.k is not None else "k not stated", self.dtype or "dtype not stated",
+                 f"prompts {self.prompts}" if self.prompts else "prompts not published"]
+        return f"{self.kind} ({', '.join(parts)})"
+
+    @property
+    def line(self) -> str:
+        return f"{LABEL_PREFIX} {self.text}"
+
+
+def parse_label(line: str) -> AcceptanceLabel | None:
+    """An `Acceptance numbers: ...` line read back (None when the line is not one)."""
+    m = _LABEL.match(line.strip())
+    if not m:
+        return None
+    inside = m.group(2)
+    version = re.search(r"\bvLLM (\d+(?:\.\d+)+)", inside)
+    k = re.search(r"\bk=(\d+)", inside)
+    dtype = next((d for d in _DTYPES if re.search(rf"\b{d}\b", inside)), None)
+    prompts = re.search(r"\bprompts ([0-9a-f]{8,64})\b", inside)
+    return AcceptanceLabel(kind=m.group(1), what=inside.split(",")[0].strip() or None,
+                           version=version.group(1) if version else None, k=int(k.group(1)) if k else None,
+                           dtype=dtype, prompts=prompts.group(1) if prompts else None)
+
+
+def _scopes(sources: tuple[Mapping[str, Any] | None, ...]) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    for source in sources:
+        if isinstance(source, Mapping):
+            out.append(source)
+            if isinstance(source.get("harness"), Mapping):
+                out.append(source["harness"])
+    return out
+
+
+def acceptance_label(*sources: Mapping[str, Any] | None) -> AcceptanceLabel | None:
+    """The label an eval document (or a card's harness defaults) implies; earlier sources win.
+
+    A document with `measured_by` is a measurement (`dspark-hub eval --engine vllm`, or a published
+    serving number described the same way); one whose mode is `simulated` (or `teacher-forced`)
+    is a simulation; anything else says neither, and gets no label.
+    """
+    scopes = _scopes(sources)
+
+    def first(*names: str) -> Any:
+        return next((scope[n] for scope in scopes for n in names if scope.get(n) is not None), None)
+
+    measured = first("measured_by")
+    measured = measured if isinstance(measured, Mapping) else None
+    mode = str(first("mode", "measurement") or "").lower()
+    if measured is not None or mode in ("measured", "served", "serving"):
+        kind = "measured"
+    elif mode in ("simulated", "teacher-forced") or isinstance(first("teacher_forced"), bool):
+        kind = "simulated"
+    else:
+        return None
+    measured = measured or {}
+    spec = measured.get("speculative_config") if isinstance(measured.get("speculative_config"), Mapping) else {}
+    k = first("k", "block_size", "num_speculative_tokens") or spec.get("num_speculative_tokens") or \
+        measured.get("num_speculative_tokens")
+    digest = measured.get("prompts_sha256") or first("prompts_fingerprint", "prompts_sha256")
+    if kind == "measured":
+        engine = measured.get("engine") or first("engine")
+        version = measured.get("vllm_version") or measured.get("version")
+        what = "vLLM" if str(engine).lower() == "vllm" else (str(engine) if engine else None)
+        if what == "vLLM" and not version:
+            what = "vLLM, version not stated"
+    else:
+        version, what = None, first("simulation", "simulated_by", "definition")
+    dtype = measured.get("dtype") or first("dtype")
+    return AcceptanceLabel(kind=kind, what=str(what) if what else None, version=str(version) if version else None,
+                           k=int(k) if isinstance(k, int) and not isinstance(k, bool) else None,
+                           dtype=str(dtype) if dtype else None,
+                           prompts=str(digest)[:12] if isinstance(digest, str) and digest else None)
 
 
 @dataclass(frozen=True)
@@ -50,6 +160,7 @@ class AcceptanceTable:
     rows: list[AcceptanceRow]
     harness: list[tuple[str, str]] = field(default_factory=list)
     title: str | None = None
+    label: AcceptanceLabel | None = None
 
     @property
     def positions(self) -> int:
@@ -71,6 +182,7 @@ class Results:
 
     by_step: list[StepRow] = field(default_factory=list)
     by_step_harness: list[tuple[str, str]] = field(default_factory=list)
+    by_step_label: AcceptanceLabel | None = None
     by_dataset: AcceptanceTable | None = None
     long_context: AcceptanceTable | None = None
 
@@ -107,6 +219,8 @@ def _text(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, list):
+        return ", ".join(_text(v) for v in value)
     return str(value)
 
 
@@ -167,7 +281,8 @@ def _context(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
-def _by_dataset(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]]) -> AcceptanceTable | None:
+def _by_dataset(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]],
+                table_label: AcceptanceLabel | None) -> AcceptanceTable | None:
     rows = [_row((name,), entry, f"{where}:by_dataset.{name}")
             for name, entry in _entries(doc.get("by_dataset"), ("dataset", "name"))
             if entry.get("per_position") is not None]
@@ -177,10 +292,11 @@ def _by_dataset(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str
     if isinstance(baseline, Mapping) and baseline.get("per_position") is not None:
         label = str(baseline.get("name") or "prompt-lookup baseline")
         rows.append(_row((label,), baseline, f"{where}:baseline"))
-    return AcceptanceTable(key_headers=("Dataset",), rows=rows, harness=harness) if rows else None
+    return AcceptanceTable(key_headers=("Dataset",), rows=rows, harness=harness, label=table_label) if rows else None
 
 
-def _long_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]]) -> AcceptanceTable | None:
+def _long_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]],
+                  label: AcceptanceLabel | None) -> AcceptanceTable | None:
     block = doc.get("long_context")
     if block is None:
         return None
@@ -192,7 +308,7 @@ def _long_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, s
         rows.append(_row((str(domain), _context(context)), entry, f"{where}:long_context.rows[{i}]"))
     title = block.get("benchmark") if isinstance(block, Mapping) else None
     return AcceptanceTable(key_headers=("Sub-domain", "Context"), rows=rows, harness=harness,
-                           title=str(title) if title else None) if rows else None
+                           title=str(title) if title else None, label=label) if rows else None
 
 
 def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | None = None) -> Results:
@@ -210,10 +326,10 @@ def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | Non
     if not isinstance(doc, Mapping):
         raise UsageError(f"{p}: is a JSON {type(doc).__name__}, not an object; pass 'dspark-hub eval --json' output")
     harness = harness_pairs(doc, defaults)
-    long_harness = harness_pairs(doc.get("long_context") if isinstance(doc.get("long_context"), Mapping) else None,
-                                 doc, defaults)
-    return Results(by_dataset=_by_dataset(doc, p.name, harness),
-                   long_context=_long_context(doc, p.name, long_harness))
+    long_block = doc.get("long_context") if isinstance(doc.get("long_context"), Mapping) else None
+    long_harness = harness_pairs(long_block, doc, defaults)
+    return Results(by_dataset=_by_dataset(doc, p.name, harness, acceptance_label(doc, defaults)),
+                   long_context=_long_context(doc, p.name, long_harness, acceptance_label(long_block, doc, defaults)))
 
 
 def _number(value: Any) -> float | None:
@@ -232,9 +348,9 @@ def _step_row(line: Mapping[str, Any]) -> StepRow | None:
     return StepRow(step=step, acceptance_length=length, eval_loss=loss)
 
 
-def load_train_log(path: str | os.PathLike[str], *,
-                   defaults: Mapping[str, Any] | None = None) -> tuple[list[StepRow], list[tuple[str, str]]]:
-    """Evaluation rows of a JSON-lines training log, by step, plus the eval harness it records.
+def load_train_log(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | None = None
+                   ) -> tuple[list[StepRow], list[tuple[str, str]], AcceptanceLabel | None]:
+    """Evaluation rows of a JSON-lines training log, by step, plus the eval harness it records and its label.
 
     Lines without evaluation results (plain training steps) are skipped; a later line for
     the same step replaces an earlier one (a resumed run logs it again).
@@ -261,4 +377,5 @@ def load_train_log(path: str | os.PathLike[str], *,
             rows[row.step] = row
             if isinstance(line.get("eval"), Mapping):
                 harness_source = line["eval"]
-    return [rows[s] for s in sorted(rows)], harness_pairs(harness_source, defaults)
+    return ([rows[s] for s in sorted(rows)], harness_pairs(harness_source, defaults),
+            acceptance_label(harness_source, defaults))

@@ -303,25 +303,38 @@ def render_training(result: Any) -> None:
 
 
 def render_eval(result: Any) -> None:
-    """Acceptance table: draft, reference and prompt lookup, overall and per dataset."""
+    """Acceptance table (draft, reference, prompt lookup; overall and per dataset), then the counts."""
     data = result.to_dict()
     block = len(data["per_position"])
     columns = [Column("data"), Column("drafter"), Column("AL", label=True, justify="right"),
-               *[Column(f"a{k}", label=True, justify="right") for k in range(1, block + 1)]]
+               *[Column(f"a{k}", label=True, justify="right") for k in range(1, block + 1)],
+               Column("drafts", label=True, justify="right")]
     rows: list[list[Cell]] = []
 
     def row(scope: str, name: str, stats: dict[str, Any]) -> None:
-        rows.append([scope, name, f"{stats['acceptance_length']:.4f}", *[f"{a:.3f}" for a in stats["per_position"]]])
+        rows.append([scope, name, f"{stats['acceptance_length']:.4f}", *[f"{a:.3f}" for a in stats["per_position"]],
+                     f"{stats['drafts']:,}"])
 
     for scope, stats in [("all", data), *data["by_dataset"].items()]:
         row(scope, "draft", stats)
         if stats.get("reference") or (scope == "all" and data["reference"]):
             row(scope, "reference", stats.get("reference") or data["reference"])
-        row(scope, "prompt lookup", stats["baseline"])
-    print_table("simulated acceptance (greedy, teacher-forced)", columns, rows)
-    harness = data["harness"]
-    stdout.print(f"{plural(data['prompts'], 'prompt')}, {plural(data['tokens'], 'continuation token')}, "
-                 f"{plural(data['steps'], 'step')}; block size {harness['block_size']}; teacher {harness['teacher']}")
+        if stats.get("baseline"):
+            row(scope, "prompt lookup", stats["baseline"])
+    harness, measured = data["harness"], data["measured_by"]
+    title = (f"measured by vLLM {measured['vllm_version']} (greedy)" if measured
+             else "simulated acceptance (vLLM's verify loop, greedy)")
+    print_table(title, columns, rows)
+    stdout.print(f"accepted per position {data['accepted_per_position']} of {plural(data['drafts'], 'draft')} "
+                 f"(k {data['k']}); {plural(data['prompts'], 'prompt')}, {plural(data['tokens'], 'output token')}; "
+                 f"teacher {harness['teacher']}")
+    if measured:
+        spec = measured["speculative_config"]
+        stdout.print(f"vLLM {measured['vllm_version']}, {measured['model_runner']} runner"
+                     f"{', Triton interpreter' if measured['triton_interpret'] else ''}, {measured['dtype']}; "
+                     f"speculative config {spec}")
+        stdout.print("lossless: the outputs equal plain greedy decoding's" if data["lossless"] else
+                     "NOT lossless: the outputs differ from plain greedy decoding's")
     if data["reference"]:
         stdout.print(f"ratio to reference: {data['reference']['ratio']:.4f}")
     if data["plot"]:

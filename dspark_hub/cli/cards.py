@@ -45,9 +45,11 @@ def card_render(ckpt: Path | None, meta: Path, eval_json: Path | None, train_log
 @card.command("lint")
 @click.argument("readme", type=click.Path(path_type=Path))
 @click.option("--checkpoint", type=click.Path(path_type=Path), help="Also check the card's weight facts against it.")
+@click.option("--eval", "eval_json", type=click.Path(path_type=Path), metavar="EVAL.json",
+              help="Also check the acceptance labels against this eval file ('eval --json').")
 @json_option
-def card_lint(readme: Path, checkpoint: Path | None, as_json: bool) -> None:
-    """Check a model card: front matter, acceptance arithmetic, duplicate rows, and weight facts."""
+def card_lint(readme: Path, checkpoint: Path | None, eval_json: Path | None, as_json: bool) -> None:
+    """Check a model card: front matter, acceptance arithmetic and labels, duplicate rows, and weight facts."""
     from dspark_hub.cards.lint import lint_card
 
-    emit(lint_card(readme, checkpoint), as_json=as_json, renderer=render_card_lint)
+    emit(lint_card(readme, checkpoint, eval_json=eval_json), as_json=as_json, renderer=render_card_lint)

@@ -165,26 +165,38 @@ def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, 
 
 
 @command(name="eval")
-@click.option("--draft", required=True, metavar="CKPT", help="The k3_dspark checkpoint to measure.")
-@click.option("--teacher", metavar="DIR", help="Teacher folder (rollouts and lm_head).")
+@click.option("--draft", required=True, metavar="CKPT", help="The draft to measure (k3_dspark or speculators DSpark).")
+@click.option("--teacher", metavar="DIR", help="Teacher (target) folder: continuations, taps, lm_head.")
 @click.option("--prompts", metavar="JSONL", help="Held-out prompts, continued greedily by the teacher.")
-@click.option("--data", metavar="DIR", help="A rollouts folder instead of --prompts.")
+@click.option("--data", metavar="DIR", help="A rollouts folder instead of --prompts (simulated engine).")
 @click.option("--reference", metavar="CKPT", help="Also measure this draft on the same data; report the ratio.")
-@click.option("--block-size", "block_size", type=POSITIVE, default=7, show_default=True)
+@click.option("--engine", type=click.Choice(["simulated", "vllm"]), default="simulated", show_default=True,
+              help="simulated: vLLM's verify loop replayed in PyTorch; vllm: served and measured by vLLM itself.")
+@click.option("--vllm-python", "vllm_python", metavar="PY",
+              help="Python of a vLLM 0.32.0 virtualenv for --engine vllm (default: this one).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+              help="The vllm engine's dtype (the simulation is float32: only float32 can match it exactly).")
+@click.option("--block-size", "block_size", type=POSITIVE, metavar="K",
+              help="Drafted tokens per step (default: the speculators speculative_tokens; 7 for k3_dspark).")
 @click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
+@click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Never stop a request at the teacher's EOS.")
 @click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
 @quiet_option
 @json_option
 def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str | None, reference: str | None,
-                 block_size: int, max_new_tokens: int, batch_size: int, plot: Path | None, quiet: bool,
-                 as_json: bool) -> None:
-    """Simulated acceptance of a draft on held-out prompts, next to a prompt-lookup drafter."""
+                 engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
+                 ignore_eos: bool, batch_size: int, plot: Path | None, quiet: bool, as_json: bool) -> None:
+    """Acceptance of a draft with vLLM's definitions: simulated, or measured by vLLM serving it.
+
+    Exit 1 when a vLLM measurement's outputs differ from plain greedy decoding's (not lossless).
+    """
     from dspark_hub.train.evaluate import evaluate
 
     quiet_transformers(quiet or as_json)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                          plot=plot, progress=bar)
+                          plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
+                          progress=bar)
     emit(result, as_json=as_json, renderer=render_eval)

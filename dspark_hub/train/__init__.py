@@ -7,7 +7,8 @@
 - `hidden_state_files`: vLLM-extraction and speculators hidden-state files read as rollouts.
 - `objective`: anchors, the per-slot losses and the confidence target.
 - `trainer`: `finetune()` on one process or under torchrun (DDP / FSDP2), on the rank's device.
-- `evaluate`: simulated acceptance, next to a prompt-lookup drafter.
+- `evaluate`: acceptance with vLLM's definitions, simulated (next to a prompt-lookup drafter) or
+  measured by vLLM itself (`vllm_eval`, which runs `vllm_eval_worker.py` in vLLM's interpreter).
 
 Imports `verify`, `modeling` and the format core; never `cards`, `hub` or `cli`.
 """

@@ -220,9 +220,12 @@ def _batches(prompts: list[Prompt], batch_size: int) -> Iterator[list[Prompt]]:
 
 
 def generate_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int,
-                      batch_size: int = 8, ignore_eos: bool = False,
-                      progress: Progress | None = None) -> Iterator[Rollout]:
-    """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length)."""
+                      batch_size: int = 8, ignore_eos: bool = False, progress: Progress | None = None,
+                      states_dtype: Any = None) -> Iterator[Rollout]:
+    """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length).
+
+    The states are kept in `states_dtype` (default bfloat16, what a rollouts folder stores).
+    """
     import torch
     from transformers import GenerationConfig
 
@@ -239,9 +242,10 @@ def generate_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *
         start = ids.shape[1]
         for row, prompt in enumerate(group):
             length = _trimmed_length(sequences[row].tolist(), start, eos)
+            dtype = states_dtype or torch.bfloat16
             rollout = Rollout(prompt.index, prompt.dataset, sequences[row, :length].cpu().clone(), start,
-                              states.aux_hidden_states[row, :length].to(torch.bfloat16).cpu().clone(),
-                              states.final_hidden_states[row, :length].to(torch.bfloat16).cpu().clone())
+                              states.aux_hidden_states[row, :length].to(dtype).cpu().clone(),
+                              states.final_hidden_states[row, :length].to(dtype).cpu().clone())
             rollout.greedy_agreement = greedy_agreement(states.final_hidden_states[row, :length],
                                                         sequences[row, :length], rollout.loss_mask, lm_head)
             yield rollout

@@ -1,0 +1,84 @@
+"""eval's reading of a draft (format, taps, k) and the vLLM engine's process boundary, without vLLM."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
+from dspark_hub.ops.init import init_checkpoint
+from dspark_hub.train import vllm_eval
+from dspark_hub.train.evaluate import evaluate, read_draft, stop_token_ids
+from tests.spec_fixtures import VERIFIER, copy_fixture, fixture, read_config
+
+SPECDEC = Path(__file__).parent / "fixtures" / "specdec"
+
+
+def test_k_defaults_per_format_and_the_block_size_overrides(tmp_path):
+    assert read_draft(fixture("dspark")).k == 4                  # speculative_tokens = block_size
+    assert read_draft(fixture("dspark-bonus-anchor")).k == 3     # block_size - 1: drafts after a bonus anchor
+    assert read_draft(fixture("dspark"), block_size=2).k == 2
+    k3 = init_checkpoint(tmp_path / "k3", profile="tiny").path
+    draft = read_draft(k3)
+    assert (draft.k, draft.taps, draft.is_speculators) == (7, [1, 3, 4], False)
+    assert read_draft(fixture("dspark")).taps == [0, 2, 4]       # aux ids 1, 3, 5 = outputs of layers 0, 2, 4
+
+
+def test_eval_refuses_what_it_cannot_measure(tmp_path):
+    with pytest.raises(UsageError, match="speculators_dflash"):
+        read_draft(fixture("dflash"))
+    folder = copy_fixture(tmp_path, "dspark")
+    config = read_config(folder)
+    del config["sample_from_anchor"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match="sample_from_anchor"):
+        read_draft(folder)
+    with pytest.raises(UsageError, match="float32"):
+        evaluate(fixture("dspark"), teacher=str(VERIFIER), prompts=str(SPECDEC / "prompts.jsonl"), dtype="bfloat16")
+
+
+@pytest.mark.slow
+def test_a_bonus_anchor_draft_runs_its_one_plus_k_block(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": [i, i + 1, i + 2, 7, 9]}) + "\n" for i in range(3)))
+    doc = evaluate(fixture("dspark-bonus-anchor"), teacher=str(VERIFIER), prompts=str(prompts), max_new_tokens=6,
+                   ignore_eos=True).to_dict()
+    assert doc["k"] == 3 and len(doc["accepted_per_position"]) == 3 and doc["tokens"] == 18
+    assert doc["drafts"] >= 6 and doc["harness"]["format"] == "speculators_dspark"
+
+
+def test_stop_tokens_come_from_the_generation_config(tmp_path):
+    assert stop_token_ids(SPECDEC / "target", ignore_eos=False) == [254]
+    assert stop_token_ids(SPECDEC / "target", ignore_eos=True) == []
+
+
+def _fake_python(tmp_path: Path, report: dict | None, exit_code: int = 1) -> str:
+    """An 'interpreter' that writes `report` where the worker would and exits."""
+    script = tmp_path / "fake-python"
+    body = "" if report is None else f"open(sys.argv[-1], 'w').write({json.dumps(json.dumps(report))})\n"
+    script.write_text(f"#!{sys.executable}\nimport sys\nprint('engine says hello')\n{body}sys.exit({exit_code})\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_an_engine_failure_names_what_failed_and_keeps_the_log(tmp_path):
+    python = _fake_python(tmp_path, {"ok": False, "kind": "engine", "error": "ValueError: no MLA backend on CPU"})
+    with pytest.raises(EngineError, match=r"speculative decoding.*no MLA backend on CPU.*log: ") as info:
+        vllm_eval.run_engine(python, {"prompts": []}, what="speculative decoding")
+    log = Path(str(info.value).rsplit("log: ", 1)[1].rstrip(")"))
+    assert "engine says hello" in log.read_text()
+    shutil.rmtree(log.parent)
+    crashed = _fake_python(tmp_path, None, exit_code=3)
+    with pytest.raises(EngineError, match="exit status 3: engine says hello") as info:
+        vllm_eval.run_engine(crashed, {}, what="plain greedy")
+    shutil.rmtree(Path(str(info.value).rsplit("log: ", 1)[1].rstrip(")")).parent)
+
+
+def test_a_missing_interpreter_is_a_missing_dependency(tmp_path):
+    with pytest.raises(MissingDependencyError, match="cannot start the vllm engine process"):
+        vllm_eval.run_engine(str(tmp_path / "no-such-python"), {}, what="plain greedy")
