@@ -279,9 +279,11 @@ def render_rollouts(summary: Any) -> None:
 def render_training(result: Any) -> None:
     """Human view of a `TrainResult`."""
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
+    log = f"{result.path}/training_log.jsonl"
     stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.tokens, 'token')}, "
-                 f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} "
-                 f"(log: {result.state_dir})")
+                 f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} (log: {log})")
+    if result.states:
+        stdout.print(f"states in {result.state_dir}: {', '.join(result.states)}")
     for action in result.engine_releases:
         stdout.print(f"between rounds: {action}")
     if result.eval:

@@ -131,9 +131,14 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="bf16 = bf16 autocast over fp32 master weights.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--save-every", "save_every", type=int, default=0, show_default=True, help="Steps between states.")
+@click.option("--save-every", "save_every", type=int, default=0, show_default=True,
+              help="Steps between full training states (0 = none, and no state folder).")
+@click.option("--keep-states", "keep_states", type=click.IntRange(min=0), default=2, show_default=True, metavar="N",
+              help="Keep the newest N states, deleting older ones once a new one is complete (0 = keep all).")
 @click.option("--resume", is_flag=True, help="Continue from the latest state in --state-dir.")
-@click.option("--state-dir", "state_dir", metavar="DIR", help="Training states and log (default OUT.state).")
+@click.option("--state-dir", "state_dir", metavar="DIR",
+              help="Training states and their log [default: OUT.state, made only with --save-every, --resume "
+                   "or --on-policy].")
 @click.option("--teacher", metavar="DIR", help="Teacher folder (lm_head; rollouts with --on-policy).")
 @click.option("--on-policy", "on_policy", is_flag=True, help="Alternate teacher rollouts and draft updates.")
 @click.option("--rounds", type=int, default=1, show_default=True, help="On-policy rounds.")
