@@ -276,6 +276,14 @@ def render_rollouts(summary: Any) -> None:
                  f"({summary.engine} engine, {summary.mode})")
 
 
+def render_init_teacher(result: Any) -> None:
+    """Human view of a `TeacherInitResult`."""
+    source = f"shapes and embedding of {result.draft}" if result.draft else f"profile {result.profile}"
+    stdout.print(f"wrote {result.path}: a random Llama teacher ({source}; hidden {result.hidden_size}, "
+                 f"{plural(result.num_hidden_layers, 'layer')}, vocabulary {result.vocab_size:,}, "
+                 f"{plural(result.parameters, 'parameter')}) with an offline byte-level tokenizer")
+
+
 def render_training(result: Any) -> None:
     """Human view of a `TrainResult`."""
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"

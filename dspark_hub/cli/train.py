@@ -10,7 +10,7 @@ import click
 
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
-from dspark_hub.cli._render import render_eval, render_rollouts, render_training
+from dspark_hub.cli._render import render_eval, render_init_teacher, render_rollouts, render_training
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
@@ -167,6 +167,28 @@ def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, 
         result = run(config, progress=bar)
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer=render_training)
+
+
+@command(name="init-teacher")
+@click.argument("dst", metavar="DIR", type=click.Path(path_type=Path))
+@click.option("--profile", type=click.Choice(["tiny"]), default="tiny", show_default=True,
+              help="Size of the teacher: the target of 'dspark-hub init --profile tiny'.")
+@click.option("--draft", metavar="CKPT",
+              help="Pair with this k3_dspark draft: its config's target shapes and special ids, its embed_tokens "
+                   "copied bit for bit (instead of --profile).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@force_option
+@quiet_option
+@json_option
+def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, force: bool, quiet: bool,
+                 as_json: bool) -> None:
+    """Write a tiny random transformers teacher with an offline tokenizer (for toy training runs)."""
+    from dspark_hub.train.toy import init_teacher as write
+
+    quiet_transformers(quiet or as_json)
+    with progress("init-teacher", unit="teachers", quiet=quiet or as_json) as bar:
+        result = write(dst, profile=profile, draft=draft, seed=seed, force=force, progress=bar)
+    emit(result, as_json=as_json, renderer=render_init_teacher)
 
 
 @command(name="eval")
