@@ -28,13 +28,7 @@ def run(*args: object):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matrices: a second thread only adds contention on a shared 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import click
 
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
-from dspark_hub.cli._render import render_eval, render_init_teacher, render_rollouts, render_training
+from dspark_hub.cli._render import render_eval, render_init_teacher, render_plan, render_rollouts, render_training
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
@@ -164,9 +164,26 @@ def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, 
     config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar:
-        result = run(config, progress=bar)
+        result = run(config, progress=_Planned(bar, show=not (quiet or as_json)))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer=render_training)
+
+
+class _Planned:
+    """The progress bar, plus the trainer's plan shown (on stderr) before step 1."""
+
+    def __init__(self, bar: Any, *, show: bool) -> None:
+        self.bar, self.show = bar, show
+
+    def __call__(self, n: int) -> None:
+        self.bar(n)
+
+    def set_total(self, total: int) -> None:
+        self.bar.set_total(total)
+
+    def plan(self, plan: Any) -> None:
+        if self.show:
+            render_plan(plan)
 
 
 @command(name="init-teacher")

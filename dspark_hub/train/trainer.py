@@ -20,8 +20,10 @@ and reproduces the uninterrupted run. The state folder exists only when states a
 (`save_every`, `resume`, an explicit `state_dir`) or on-policy rounds need it for their rollouts.
 A JSON-lines log (`training_log.jsonl`: step, loss terms, lr, grad norm, tokens, step seconds,
 tokens/s, peak device memory, and eval results) is kept in the state folder (else in memory) and
-written into the output. States and the output are gathered once into full state dicts and written
-by rank 0;
+written into the output. Before step 1 the trainer hands its `progress` callback a `TrainPlan`
+(`plan.step_plan`: what the step costs and the memory it needs, estimated from the config and step
+1's batch; `announce_plan`), and returns it in the result. States and the output are gathered once
+into full state dicts and written by rank 0;
 the output is written atomically with `modeling.save_checkpoint` in the base's layout (names,
 config key order, safetensors metadata, dtype), so it passes `verify --drop-in BASE`.
 
@@ -59,10 +61,11 @@ from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
-from dspark_hub.progress import Progress, announce_total
+from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train import objective
 from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions, TeacherEngine, open_engine, peak_rss_bytes
 from dspark_hub.train.hidden_state_files import open_training_data
+from dspark_hub.train.plan import TrainPlan, step_plan
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.teacher import read_lm_head
 
@@ -143,6 +146,7 @@ class TrainResult:
     device: str = "cpu"
     peak_memory_bytes: int = 0
     engine_releases: tuple[str, ...] = ()
+    plan: TrainPlan | None = None
     states: tuple[str, ...] = ()      # the state files kept, oldest first
 
     @property
@@ -154,7 +158,7 @@ class TrainResult:
                 "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "final_loss": self.final_loss,
                 "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval, "device": self.device,
                 "peak_memory_bytes": self.peak_memory_bytes, "engine_releases": list(self.engine_releases),
-                "states": list(self.states)}
+                "plan": self.plan.to_dict() if self.plan else None, "states": list(self.states)}
 
 
 def chunkable_draft_logits(model: nn.Module, lm_head_weight: torch.Tensor, hidden: torch.Tensor,
@@ -307,6 +311,8 @@ class Trainer:
         self.model = loaded.model.to(self.device)
         self.model.embed_tokens.weight.requires_grad_(False)
         self.model.train()
+        self.parameter_counts = (sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                                 sum(p.numel() for p in self.model.parameters() if not p.requires_grad))
         self.save_dtype = getattr(torch, self.base_config.get("torch_dtype") or "bfloat16")
         self.data = None if config.on_policy else self._open_data(config.data)
         self.lm_head = read_lm_head(self._teacher_path()).float().to(self.device)
@@ -328,6 +334,7 @@ class Trainer:
         self.last_eval: dict[str, Any] | None = None
         self.peak_memory = 0
         self.releases: list[str] = []
+        self.plan: TrainPlan | None = None
         self.state_dir: Path | None = config.state_path if config.uses_state_dir else None
         self._log_lines: list[str] = []          # the log, when there is no state folder to keep it in
         if self.rank == 0 and self.state_dir is not None:
@@ -385,7 +392,12 @@ class Trainer:
         anchors = [objective.sample_anchors(r.loss_mask, config.max_anchors,
                                             objective.anchor_seed(config.seed, self.step, r.prompt_index))
                    for r in rollouts]
-        batch = objective.collate(rollouts, anchors).to(self.device)
+        batch = objective.collate(rollouts, anchors)
+        if self.plan is None:
+            self.plan = self.plan_for(batch)
+            if self.rank == 0:
+                announce_plan(self.progress, self.plan)
+        batch = batch.to(self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.dtype == "bf16"):
             sums = objective.LossSums(*self.module(batch.context_states, batch.input_ids, batch.anchors,
                                                    batch.anchor_valid, batch.doc_ids, batch.final_hidden,
@@ -406,6 +418,19 @@ class Trainer:
         entry.update(step_seconds=seconds, tokens_per_second=entry["tokens"] / seconds if seconds else 0.0,
                      peak_memory_bytes=peak, device=str(self.device))
         return entry
+
+    def plan_for(self, batch: objective.Batch) -> TrainPlan:
+        """What a step on `batch` (this rank's) costs and needs (`plan.step_plan`)."""
+        config = self.config
+        sequences, positions = batch.input_ids.shape
+        trained, frozen = self.parameter_counts
+        return step_plan(self.base_config, sequences=sequences, positions=positions,
+                         tokens=int((batch.doc_ids >= 0).sum()), supervised_tokens=batch.tokens,
+                         anchors=int(batch.anchors.shape[1]), valid_anchors=int(batch.anchor_valid.sum()),
+                         block_size=config.block_size, vocabulary=int(self.lm_head.shape[0]),
+                         target_hidden_size=int(self.lm_head.shape[1]), trained_parameters=trained,
+                         frozen_parameters=frozen, loss_chunk=config.loss_chunk, bf16=config.dtype == "bf16",
+                         world_size=self.world, sharded_states=config.fsdp and self.world > 1)
 
     def _log_entry(self, sums: objective.LossSums, global_weight: torch.Tensor, grad_norm: float, lr: float,
                    tokens: int) -> dict[str, Any]:
@@ -549,7 +574,7 @@ class Trainer:
         states = tuple(p.name for p in state_files(self.state_dir)) if self.state_dir is not None else ()
         return TrainResult(self.config.out, self.step, self.tokens, time.perf_counter() - started, self.last_loss,
                            None if self.state_dir is None else str(self.state_dir), self.world, self.last_eval,
-                           str(self.device), self.peak_memory, tuple(self.releases), states)
+                           str(self.device), self.peak_memory, tuple(self.releases), self.plan, states)
 
     def _fit_on_policy(self) -> None:
         config = self.config
