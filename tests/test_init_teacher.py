@@ -39,6 +39,8 @@ def test_init_teacher_pairs_with_the_draft_and_tokenizes_offline(tmp_path, monke
                                          tokenize=True, return_dict=False)
     assert tokenizer.convert_ids_to_tokens(chat[0]) == "<|user|>" and chat[-1] == tokenizer.convert_tokens_to_ids(
         "<|assistant|>")
+    # Byte b is the b-th id after the special ones (<unk> 0, <s> 1, </s> 2): the same map in every process.
+    assert [tokenizer.convert_tokens_to_ids(t) for t in ("A", "Ġ", "Ā")] == [3 + 65, 3 + 32, 3 + 0]
     tiny = contract.TINY_CONFIG
     assert tokenizer.convert_ids_to_tokens(tiny["mask_token_id"]) == "<|mask|>"
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (

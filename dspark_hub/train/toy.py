@@ -6,7 +6,9 @@ vocabulary match the draft's `target_hidden_size`, `target_num_hidden_layers` an
 64, 6 layers, vocabulary 512), or at the size a given draft names, with an offline tokenizer:
 
 - a Llama (`LlamaForCausalLM`, random N(0, 0.02) weights from `seed`), stored in BF16 like the
-  draft, untied `lm_head`, `bos`/`eos`/`pad` ids from the draft's config;
+  draft, untied `lm_head`, `bos`/`eos`/`pad` ids from the draft's config; the `lm_head` rows of
+  every special and reserved id are zero, so greedy decoding always picks a byte (a random row
+  wins with probability 1 - 2^-256): the teacher writes text and never stops early;
 - a byte-level BPE tokenizer without merges (`tokenizer.json`, one token per UTF-8 byte, so any
   text encodes) plus special tokens: `<unk>`, `<s>`, `</s>`, role markers for a small chat
   template (so `messages` prompts work), the draft's `mask_token_id` as `<|mask|>`, `<pad>`, and
@@ -116,6 +118,18 @@ def special_tokens(vocab_size: int, config: Mapping[str, Any]) -> dict[int, str]
     return specials
 
 
+def byte_level_alphabet() -> list[str]:
+    """The 256 characters byte-level BPE writes for bytes 0..255, in byte order (GPT-2's `bytes_to_unicode`).
+
+    `tokenizers`' `ByteLevel.alphabet()` holds the same characters in no fixed order, which would give
+    every run another byte -> id map.
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
 def build_tokenizer(vocab_size: int, config: Mapping[str, Any]) -> Any:
     """A `PreTrainedTokenizerFast`: byte-level BPE without merges plus `special_tokens` (offline)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -123,7 +137,7 @@ def build_tokenizer(vocab_size: int, config: Mapping[str, Any]) -> Any:
 
     specials = special_tokens(vocab_size, config)
     byte_ids = [i for i in range(vocab_size) if i not in specials][:256]
-    vocab = {char: i for char, i in zip(pre_tokenizers.ByteLevel.alphabet(), byte_ids, strict=True)}
+    vocab = {char: i for char, i in zip(byte_level_alphabet(), byte_ids, strict=True)}
     vocab.update({token: i for i, token in specials.items()})
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=specials.get(0, "<unk>")))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -182,6 +196,8 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
         _copy_embedding(model, Path(draft))
     model.generation_config.do_sample = False
     tokenizer = build_tokenizer(shapes["vocab_size"], draft_config)
+    with torch.no_grad():     # only bytes win the argmax: text, full-length continuations
+        model.get_output_embeddings().weight[sorted(special_tokens(shapes["vocab_size"], draft_config))] = 0
     with atomic_dir(dst, force=force) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
