@@ -46,6 +46,11 @@ def test_init_teacher_pairs_with_the_draft_and_tokenizes_offline(tmp_path, monke
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (
         tiny["bos_token_id"], tiny["eos_token_id"], tiny["pad_token_id"])
 
+    from safetensors.torch import load_file
+
+    lm_head = load_file(str(tmp_path / "teacher" / "model.safetensors"))["lm_head.weight"]
+    special = sorted(tokenizer.all_special_ids + [i for i in range(512) if i > 3 + 255])
+    assert not lm_head[special].any() and lm_head[3:259].abs().sum(-1).min() > 0    # greedy picks bytes only
     again = run("init-teacher", tmp_path / "teacher")
     assert again.exit_code == 2 and "already exists" in again.output
     alone = run("init-teacher", tmp_path / "alone", "--profile", "tiny", "--seed", 3, "--json")
