@@ -6,6 +6,8 @@ progress is the caller's business (the CLI draws a bar on a terminal, a line per
 
 A callback may also have a `set_total(n)` method. Work that learns its total once it has
 opened its inputs calls `announce_total(progress, n)`, which does nothing for a plain function.
+Likewise a `plan(p)` method hears, through `announce_plan(progress, p)`, what the work will cost
+before it starts (`finetune`'s `TrainPlan`).
 """
 
 from __future__ import annotations
@@ -20,3 +22,13 @@ def announce_total(progress: Progress | None, total: int | None) -> None:
     set_total = getattr(progress, "set_total", None)
     if set_total is not None and total is not None:
         set_total(total)
+
+
+def announce_plan(progress: Progress | None, plan: object) -> None:
+    """Tell `progress` what the work will cost before it starts, if it wants to know (it has `plan`).
+
+    `finetune` hands its `TrainPlan` over before step 1; the CLI shows it before the first step.
+    """
+    show = getattr(progress, "plan", None)
+    if show is not None and callable(show):
+        show(plan)

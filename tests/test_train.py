@@ -28,13 +28,7 @@ def run(*args: object):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny matrices: a second thread only adds contention on a shared 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +287,77 @@ def test_resume_from_a_mid_run_state_reproduces_the_uninterrupted_run(world, tmp
     assert log_a == log_b and len(log_a) == 6
 
 
+def _state_names(state_dir: Path) -> list[str]:
+    return sorted(p.name for p in state_dir.iterdir() if p.suffix == ".pt")
+
+
+def test_states_rotate_to_the_newest_n_and_resume_after_rotation_reproduces_the_run(world, tmp_path):
+    whole = finetune(small_config(world, tmp_path / "whole", save_every=1, keep_states=2))
+    state_dir = Path(whole.state_dir)
+    assert _state_names(state_dir) == ["step-000005.pt", "step-000006.pt"]
+    assert whole.states == ("step-000005.pt", "step-000006.pt")
+    assert json.loads((state_dir / "latest.json").read_text()) == {"step": 6, "file": "step-000006.pt"}
+
+    class Interrupt(Exception):
+        pass
+
+    calls = 0
+
+    def stop_after_four(_n):
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        finetune(small_config(world, tmp_path / "broken", save_every=1, keep_states=2), progress=stop_after_four)
+    broken_states = Path(f"{tmp_path}/broken.state")
+    assert _state_names(broken_states) == ["step-000003.pt", "step-000004.pt"]      # stopped before step 5's state
+    (broken_states / ".step-000006.pt.tmp-dead").write_bytes(b"half a state")        # a crash mid-write
+    resumed = finetune(small_config(world, tmp_path / "broken", save_every=1, keep_states=2, resume=True))
+    assert resumed.steps == 6 and _state_names(broken_states) == ["step-000005.pt", "step-000006.pt"]
+    assert not list(broken_states.glob(".step-*"))
+    a, b = _fp32_state(state_dir), _fp32_state(broken_states)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    everything = finetune(small_config(world, tmp_path / "all", save_every=2, keep_states=0))
+    assert everything.states == ("step-000002.pt", "step-000004.pt", "step-000006.pt")
+    assert run("finetune", "--base", world["base"], "--out", tmp_path / "x", "--keep-states", -1).exit_code == 2
+
+
+def test_rotation_never_leaves_zero_complete_states(tmp_path):
+    from dspark_hub.train.trainer import rotate_states, state_files
+
+    for step in (2, 4, 6):
+        (tmp_path / f"step-{step:06d}.pt").write_bytes(b"state")
+    (tmp_path / "step-000008.pt.partial").write_bytes(b"")         # not a state name: left alone
+    removed = rotate_states(tmp_path, 1, latest="step-000006.pt")
+    assert [p.name for p in removed] == ["step-000002.pt", "step-000004.pt"]
+    assert [p.name for p in state_files(tmp_path)] == ["step-000006.pt"]
+    assert rotate_states(tmp_path, 1, latest="step-000006.pt") == []
+    assert [p.name for p in state_files(tmp_path)] == ["step-000006.pt"]
+
+
+def test_no_state_folder_unless_states_are_asked_for_and_the_log_still_lands_in_the_output(world, tmp_path):
+    plain = run("finetune", "--base", world["base"], "--data", world["data"], "--out", tmp_path / "plain",
+                "--steps", 2, "--batch-size", 4, "--anchors", 4, "--json")
+    assert plain.exit_code == 0, plain.output
+    doc = json.loads(plain.stdout)
+    assert doc["state_dir"] is None and doc["states"] == []
+    assert not (tmp_path / "plain.state").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+    out = tmp_path / "plain"
+    assert [json.loads(line)["step"] for line in (out / "training_log.jsonl").read_text().splitlines()] == [1, 2]
+    assert json.loads((out / "training_args.json").read_text())["keep_states"] == 2
+    chosen = run("finetune", "--base", world["base"], "--data", world["data"], "--out", tmp_path / "chosen",
+                 "--steps", 2, "--batch-size", 4, "--anchors", 4, "--state-dir", tmp_path / "states", "--json")
+    assert chosen.exit_code == 0, chosen.output
+    assert json.loads(chosen.stdout)["state_dir"] == str(tmp_path / "states")
+    assert sorted(p.name for p in (tmp_path / "states").iterdir()) == ["training_log.jsonl"]    # asked for: kept
+    assert (tmp_path / "chosen" / "training_log.jsonl").read_text() == (tmp_path / "states" / "training_log.jsonl"
+                                                                        ).read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_two_process_torchrun_equals_one_process_on_the_same_global_batch(world, tmp_path, sharding):
@@ -394,7 +459,7 @@ def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(wor
         trainer = Trainer(small_config(world, tmp_path / f"chunk-{chunk}", loss_chunk=chunk, steps=2,
                                        loss={"ce": 0.1, "kl": 0.2, "tv": 0.9}))
         trainer.run_steps(data, 0, 2)
-        log = (trainer.state_dir / "training_log.jsonl").read_text().splitlines()
+        log = trainer.log_text().splitlines()
         trained[chunk] = ({n: p.detach().clone() for n, p in trainer.model.named_parameters()},
                           [json.loads(line) for line in log])
     whole, whole_log = trained[0]

@@ -100,11 +100,13 @@ class _RichBar:
         self._progress.update(self._task, description=description, completed=done, total=total)
 
 
-def _size(n: float) -> str:
-    for unit in ("bytes", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
+def size_text(n: float, *, binary: bool = False) -> str:
+    """`1.2 GB` (decimal: files, rates) or, `binary`, `8.1 GiB` (memory); `96 bytes` either way."""
+    step, units = (1024, ("bytes", "KiB", "MiB", "GiB", "TiB")) if binary else (1000, ("bytes", "kB", "MB", "GB", "TB"))
+    for unit in units:
+        if n < step or unit == units[-1]:
             return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1000
+        n /= step
     raise AssertionError("unreachable")
 
 
@@ -150,11 +152,11 @@ class LogProgress:
             self._tick()
 
     def _amount(self, n: float) -> str:
-        return _size(n) if self.unit == "bytes" else f"{n:,.0f}"
+        return size_text(n) if self.unit == "bytes" else f"{n:,.0f}"
 
     def _rate(self, elapsed: float) -> str:
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        return f"{_size(rate)}/s" if self.unit == "bytes" else f"{rate:,.2f} {self.unit}/s"
+        return f"{size_text(rate)}/s" if self.unit == "bytes" else f"{rate:,.2f} {self.unit}/s"
 
     def line(self, now: float) -> str:
         """The progress line at time `now`."""

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from dspark_hub._text import plural
 from dspark_hub.cli._errors import in_cli_terms
-from dspark_hub.cli._output import stderr, stdout
+from dspark_hub.cli._output import size_text, stderr, stdout
 from dspark_hub.report import Finding, Report
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -289,12 +289,74 @@ def render_rollouts(summary: Any) -> None:
                  f"({summary.engine} engine, {summary.mode})")
 
 
+def render_init_teacher(result: Any) -> None:
+    """Human view of a `TeacherInitResult`."""
+    source = f"shapes and embedding of {result.draft}" if result.draft else f"profile {result.profile}"
+    stdout.print(f"wrote {result.path}: a random Llama teacher ({source}; hidden {result.hidden_size}, "
+                 f"{plural(result.num_hidden_layers, 'layer')}, vocabulary {result.vocab_size:,}, "
+                 f"{plural(result.parameters, 'parameter')}) with an offline byte-level tokenizer")
+
+
+def binary_size(n: float) -> str:
+    """`8.1 GiB`, `512.0 KiB`, `96 bytes` (memory reads in binary units)."""
+    return size_text(n, binary=True)
+
+
+def _flops(n: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:,.0f} FLOP"
+
+
+#: How `plan.memory_bytes` parts read.
+MEMORY_PARTS = {"attention": "attention", "activations": "activations", "loss": "loss chunks",
+                "states": "weights+grads+AdamW", "teacher_lm_head": "teacher lm_head"}
+
+
+def plan_lines(plan: dict[str, Any]) -> list[str]:
+    """A `TrainPlan.to_dict()` as the lines `finetune` prints before step 1 (flags named, estimates marked)."""
+    ranks = f" per rank ({plan['world_size']} ranks)" if plan["world_size"] > 1 else ""
+    flops, total = plan["flops"], plan["total_flops"] or 1.0
+    memory = plan["memory_bytes"]
+    split = ", ".join(f"{part} {100 * flops[part] / total:.0f}%" for part in sorted(flops, key=flops.get, reverse=True))
+    parts = ", ".join(f"{MEMORY_PARTS.get(part, part)} {binary_size(memory[part])}"
+                      for part in sorted(memory, key=memory.get, reverse=True))
+    lines = [
+        f"finetune plan{ranks}, from step 1's batch: {plural(plan['sequences'], 'sequence')} x "
+        f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
+        f"  {plan['sequences']} x {plan['anchors']:,} anchors x block {plan['block_size']} = "
+        f"{plan['block_rows']:,} block rows, each attending over {plan['keys_per_row']:,} keys "
+        f"({plan['positions']:,} positions + {plan['anchors'] * plan['block_size']:,} block rows); "
+        f"{plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        f"  compute ~{_flops(total)} a step: {split}",
+        f"  memory ~{binary_size(plan['memory_total_bytes'])} (estimate, besides the runtime): {parts}",
+    ]
+    if plan["dominant"] == "attention":
+        lines.append("  attention grows with (--anchors x --block-size)^2 per sequence: halving --anchors cuts it "
+                     "about 4x")
+    return lines
+
+
+def render_plan(plan: Any) -> None:
+    """`finetune`'s plan on stderr, before step 1 (above the progress bar on a terminal)."""
+    for line in plan_lines(plan.to_dict()):
+        stderr.print(line, soft_wrap=True)
+
+
 def render_training(result: Any) -> None:
     """Human view of a `TrainResult`."""
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
+    log = f"{result.path}/training_log.jsonl"
     stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.tokens, 'token')}, "
-                 f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} "
-                 f"(log: {result.state_dir})")
+                 f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} (log: {log})")
+    if result.plan is not None:
+        measured = "CUDA allocated" if result.device.startswith("cuda") else "process RSS"
+        stdout.print(f"memory: estimated ~{binary_size(result.plan.memory_bytes)} for training plus the runtime, "
+                     f"measured peak "
+                     f"{binary_size(result.peak_memory_bytes)} ({measured})")
+    if result.states:
+        stdout.print(f"states in {result.state_dir}: {', '.join(result.states)}")
     for action in result.engine_releases:
         stdout.print(f"between rounds: {action}")
     if result.eval:

@@ -25,9 +25,9 @@ def cli(debug: bool) -> None:
     """Verify, train, card and publish k3_dspark speculative-decoding drafts."""
 
 
-for _command in (verify.verify, verify.diff, verify.convert, verify.init_command, train.rollouts, train.finetune,
-                 train.eval_command, golden.golden, hub.export_code, hub.checksums, hub.package, cards.card,
-                 hub.publish):
+for _command in (verify.verify, verify.diff, verify.convert, verify.init_command, train.init_teacher, train.rollouts,
+                 train.finetune, train.eval_command, golden.golden, hub.export_code, hub.checksums, hub.package,
+                 cards.card, hub.publish):
     cli.add_command(_command)
 
 

@@ -10,7 +10,7 @@ import click
 
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
-from dspark_hub.cli._render import render_eval, render_rollouts, render_training
+from dspark_hub.cli._render import render_eval, render_init_teacher, render_plan, render_rollouts, render_training
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
@@ -131,9 +131,14 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
               help="bf16 = bf16 autocast over fp32 master weights.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--save-every", "save_every", type=int, default=0, show_default=True, help="Steps between states.")
+@click.option("--save-every", "save_every", type=int, default=0, show_default=True,
+              help="Steps between full training states (0 = none, and no state folder).")
+@click.option("--keep-states", "keep_states", type=click.IntRange(min=0), default=2, show_default=True, metavar="N",
+              help="Keep the newest N states, deleting older ones once a new one is complete (0 = keep all).")
 @click.option("--resume", is_flag=True, help="Continue from the latest state in --state-dir.")
-@click.option("--state-dir", "state_dir", metavar="DIR", help="Training states and log (default OUT.state).")
+@click.option("--state-dir", "state_dir", metavar="DIR",
+              help="Training states and their log [default: OUT.state, made only with --save-every, --resume "
+                   "or --on-policy].")
 @click.option("--teacher", metavar="DIR", help="Teacher folder (lm_head; rollouts with --on-policy).")
 @click.option("--on-policy", "on_policy", is_flag=True, help="Alternate teacher rollouts and draft updates.")
 @click.option("--rounds", type=int, default=1, show_default=True, help="On-policy rounds.")
@@ -159,9 +164,48 @@ def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, 
     config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar:
-        result = run(config, progress=bar)
+        result = run(config, progress=_Planned(bar, show=not (quiet or as_json)))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer=render_training)
+
+
+class _Planned:
+    """The progress bar, plus the trainer's plan shown (on stderr) before step 1."""
+
+    def __init__(self, bar: Any, *, show: bool) -> None:
+        self.bar, self.show = bar, show
+
+    def __call__(self, n: int) -> None:
+        self.bar(n)
+
+    def set_total(self, total: int) -> None:
+        self.bar.set_total(total)
+
+    def plan(self, plan: Any) -> None:
+        if self.show:
+            render_plan(plan)
+
+
+@command(name="init-teacher")
+@click.argument("dst", metavar="DIR", type=click.Path(path_type=Path))
+@click.option("--profile", type=click.Choice(["tiny"]), default="tiny", show_default=True,
+              help="Size of the teacher: the target of 'dspark-hub init --profile tiny'.")
+@click.option("--draft", metavar="CKPT",
+              help="Pair with this k3_dspark draft: its config's target shapes and special ids, its embed_tokens "
+                   "copied bit for bit (instead of --profile).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@force_option
+@quiet_option
+@json_option
+def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, force: bool, quiet: bool,
+                 as_json: bool) -> None:
+    """Write a tiny random transformers teacher with an offline tokenizer (for toy training runs)."""
+    from dspark_hub.train.toy import init_teacher as write
+
+    quiet_transformers(quiet or as_json)
+    with progress("init-teacher", unit="teachers", quiet=quiet or as_json) as bar:
+        result = write(dst, profile=profile, draft=draft, seed=seed, force=force, progress=bar)
+    emit(result, as_json=as_json, renderer=render_init_teacher)
 
 
 @command(name="eval")

@@ -13,10 +13,17 @@ cosine decay to `min_lr_ratio * lr`, gradient-norm clipping, fp32 master weights
 runs the forward under bf16 autocast of the device's type). The loss is computed `loss_chunk` (anchor, position) rows at
 a time (`objective.chunked_loss_sums`; 0 = the whole `[B, A, K, V]` at once). Every `save_every`
 steps the full training state (weights, optimizer, scheduler, step, RNG) goes to
-`state_dir/step-NNNNNN.pt`; `resume=True` continues from the latest one and reproduces the
-uninterrupted run. A JSON-lines log (`training_log.jsonl`: step, loss terms, lr, grad norm, tokens,
-step seconds, tokens/s, peak device memory, and eval results) is kept in `state_dir` and copied into
-the output. States and the output are gathered once into full state dicts and written by rank 0;
+`state_dir/step-NNNNNN.pt`, and once it is complete (written to a temporary sibling, renamed, and
+`latest.json` pointing at it) the states beyond the newest `keep_states` are deleted (0 keeps them
+all), so there is always at least one complete state; `resume=True` continues from the latest one
+and reproduces the uninterrupted run. The state folder exists only when states are asked for
+(`save_every`, `resume`, an explicit `state_dir`) or on-policy rounds need it for their rollouts.
+A JSON-lines log (`training_log.jsonl`: step, loss terms, lr, grad norm, tokens, step seconds,
+tokens/s, peak device memory, and eval results) is kept in the state folder (else in memory) and
+written into the output. Before step 1 the trainer hands its `progress` callback a `TrainPlan`
+(`plan.step_plan`: what the step costs and the memory it needs, estimated from the config and step
+1's batch; `announce_plan`), and returns it in the result. States and the output are gathered once
+into full state dicts and written by rank 0;
 the output is written atomically with `modeling.save_checkpoint` in the base's layout (names,
 config key order, safetensors metadata, dtype), so it passes `verify --drop-in BASE`.
 
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -53,14 +61,17 @@ from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
-from dspark_hub.progress import Progress, announce_total
+from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train import objective
 from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions, TeacherEngine, open_engine, peak_rss_bytes
 from dspark_hub.train.hidden_state_files import open_training_data
+from dspark_hub.train.plan import TrainPlan, step_plan
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.teacher import read_lm_head
 
 LOG_NAME = "training_log.jsonl"
+#: State file names: `step-NNNNNN.pt` (NNNNNN the optimizer steps taken).
+STATE_PATTERN = re.compile(r"^step-(\d+)\.pt$")
 #: Log keys that measure the machine (time, memory): they differ between runs that train identically.
 MEASURED = ("step_seconds", "tokens_per_second", "peak_memory_bytes")
 
@@ -89,6 +100,7 @@ class TrainConfig:
     dtype: str = "fp32"
     seed: int = 0
     save_every: int = 0
+    keep_states: int = 2
     resume: bool = False
     state_dir: str | None = None
     teacher: str | None = None
@@ -112,6 +124,12 @@ class TrainConfig:
     def state_path(self) -> Path:
         return Path(self.state_dir) if self.state_dir else Path(f"{self.out}.state")
 
+    @property
+    def uses_state_dir(self) -> bool:
+        """States are asked for (`save_every`, `resume`, an explicit `state_dir`), or on-policy rounds keep
+        their rollouts there."""
+        return bool(self.save_every or self.resume or self.state_dir or self.on_policy)
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -122,12 +140,14 @@ class TrainResult:
     tokens: int
     seconds: float
     final_loss: float | None
-    state_dir: str
+    state_dir: str | None             # None: no state folder was used
     world_size: int
     eval: dict[str, Any] | None
     device: str = "cpu"
     peak_memory_bytes: int = 0
     engine_releases: tuple[str, ...] = ()
+    plan: TrainPlan | None = None
+    states: tuple[str, ...] = ()      # the state files kept, oldest first
 
     @property
     def tokens_per_second(self) -> float:
@@ -137,7 +157,8 @@ class TrainResult:
         return {"schema": schemas.command("finetune"), "path": self.path, "steps": self.steps, "tokens": self.tokens,
                 "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "final_loss": self.final_loss,
                 "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval, "device": self.device,
-                "peak_memory_bytes": self.peak_memory_bytes, "engine_releases": list(self.engine_releases)}
+                "peak_memory_bytes": self.peak_memory_bytes, "engine_releases": list(self.engine_releases),
+                "plan": self.plan.to_dict() if self.plan else None, "states": list(self.states)}
 
 
 def chunkable_draft_logits(model: nn.Module, lm_head_weight: torch.Tensor, hidden: torch.Tensor,
@@ -281,12 +302,17 @@ class Trainer:
             raise UsageError(f"{config.batch_size} is smaller than the {self.world} ranks; "
                              "each rank needs at least one sequence", param="batch_size")
         check_writable(Path(config.out), force=config.force)
+        if config.keep_states < 0:
+            raise UsageError(f"{config.keep_states}; keep the newest N states (N >= 1), or 0 to keep them all",
+                             param="keep_states")
         torch.manual_seed(config.seed)
         loaded = load_checkpoint(config.base, dtype=torch.float32)
         self.base_config = loaded.config
         self.model = loaded.model.to(self.device)
         self.model.embed_tokens.weight.requires_grad_(False)
         self.model.train()
+        self.parameter_counts = (sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                                 sum(p.numel() for p in self.model.parameters() if not p.requires_grad))
         self.save_dtype = getattr(torch, self.base_config.get("torch_dtype") or "bfloat16")
         self.data = None if config.on_policy else self._open_data(config.data)
         self.lm_head = read_lm_head(self._teacher_path()).float().to(self.device)
@@ -308,8 +334,10 @@ class Trainer:
         self.last_eval: dict[str, Any] | None = None
         self.peak_memory = 0
         self.releases: list[str] = []
-        self.state_dir = config.state_path
-        if self.rank == 0:
+        self.plan: TrainPlan | None = None
+        self.state_dir: Path | None = config.state_path if config.uses_state_dir else None
+        self._log_lines: list[str] = []          # the log, when there is no state folder to keep it in
+        if self.rank == 0 and self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
 
     # -- setup -----------------------------------------------------------------------------
@@ -364,7 +392,12 @@ class Trainer:
         anchors = [objective.sample_anchors(r.loss_mask, config.max_anchors,
                                             objective.anchor_seed(config.seed, self.step, r.prompt_index))
                    for r in rollouts]
-        batch = objective.collate(rollouts, anchors).to(self.device)
+        batch = objective.collate(rollouts, anchors)
+        if self.plan is None:
+            self.plan = self.plan_for(batch)
+            if self.rank == 0:
+                announce_plan(self.progress, self.plan)
+        batch = batch.to(self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.dtype == "bf16"):
             sums = objective.LossSums(*self.module(batch.context_states, batch.input_ids, batch.anchors,
                                                    batch.anchor_valid, batch.doc_ids, batch.final_hidden,
@@ -385,6 +418,19 @@ class Trainer:
         entry.update(step_seconds=seconds, tokens_per_second=entry["tokens"] / seconds if seconds else 0.0,
                      peak_memory_bytes=peak, device=str(self.device))
         return entry
+
+    def plan_for(self, batch: objective.Batch) -> TrainPlan:
+        """What a step on `batch` (this rank's) costs and needs (`plan.step_plan`)."""
+        config = self.config
+        sequences, positions = batch.input_ids.shape
+        trained, frozen = self.parameter_counts
+        return step_plan(self.base_config, sequences=sequences, positions=positions,
+                         tokens=int((batch.doc_ids >= 0).sum()), supervised_tokens=batch.tokens,
+                         anchors=int(batch.anchors.shape[1]), valid_anchors=int(batch.anchor_valid.sum()),
+                         block_size=config.block_size, vocabulary=int(self.lm_head.shape[0]),
+                         target_hidden_size=int(self.lm_head.shape[1]), trained_parameters=trained,
+                         frozen_parameters=frozen, loss_chunk=config.loss_chunk, bf16=config.dtype == "bf16",
+                         world_size=self.world, sharded_states=config.fsdp and self.world > 1)
 
     def _log_entry(self, sums: objective.LossSums, global_weight: torch.Tensor, grad_norm: float, lr: float,
                    tokens: int) -> dict[str, Any]:
@@ -412,29 +458,42 @@ class Trainer:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_state_dict(self.module, self.optimizer, options=options)
 
+    def _require_state_dir(self) -> Path:
+        if self.state_dir is None:
+            raise UsageError("no state folder: pass `save_every`, `resume` or `state_dir`", param="state_dir")
+        return self.state_dir
+
     def save_state(self) -> Path:
-        """Write `state_dir/step-NNNNNN.pt` (rank 0) and point `latest.json` at it."""
+        """Write `state_dir/step-NNNNNN.pt` (rank 0), point `latest.json` at it, then rotate (`rotate_states`)."""
+        state_dir = self._require_state_dir()
         model_state, optim_state = self._state_dicts()
-        path = self.state_dir / f"step-{self.step:06d}.pt"
+        path = state_dir / f"step-{self.step:06d}.pt"
         if self.rank == 0:
             state = {"model": model_state, "optimizer": optim_state, "scheduler": self.scheduler.state_dict(),
                      "step": self.step, "tokens": self.tokens, "rng": torch.get_rng_state(),
                      "config": self.config.to_dict()}
             with atomic_file(path, force=True) as handle:
                 torch.save(state, handle)
-            with atomic_file(self.state_dir / "latest.json", force=True, mode="w") as handle:
+            with atomic_file(state_dir / "latest.json", force=True, mode="w") as handle:
                 json.dump({"step": self.step, "file": path.name}, handle)
+            rotate_states(state_dir, self.config.keep_states, latest=path.name)
         _barrier()
         return path
 
     def load_state(self) -> bool:
-        """Restore the latest saved state; False when there is none."""
+        """Restore the latest saved state (`latest.json`, else the highest-numbered file); False when there is none."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        pointer = self.state_dir / "latest.json"
-        if not pointer.is_file():
-            return False
-        state = torch.load(self.state_dir / load_json_object(pointer)["file"], weights_only=False)
+        state_dir = self._require_state_dir()
+        pointer = state_dir / "latest.json"
+        if pointer.is_file():
+            file = state_dir / load_json_object(pointer)["file"]
+        else:
+            found = state_files(state_dir)
+            if not found:
+                return False
+            file = found[-1]
+        state = torch.load(file, weights_only=False)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
@@ -445,16 +504,29 @@ class Trainer:
         return True
 
     def _truncate_log(self, step: int) -> None:
-        log = self.state_dir / LOG_NAME
+        log = self._require_state_dir() / LOG_NAME
         if log.is_file():
             kept = [line for line in log.read_text().splitlines()
                     if loads_strict(line, path=str(log))["step"] <= step]
             log.write_text("".join(line + "\n" for line in kept))
 
     def log(self, entry: dict[str, Any]) -> None:
-        if self.rank == 0:
-            with open(self.state_dir / LOG_NAME, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(entry) + "\n")
+        """Append a line to the log (the state folder's `training_log.jsonl`, else memory); rank 0 only."""
+        if self.rank != 0:
+            return
+        line = json.dumps(entry) + "\n"
+        if self.state_dir is None:
+            self._log_lines.append(line)
+            return
+        with open(self.state_dir / LOG_NAME, "a", encoding="utf-8") as handle:
+            handle.write(line)
+
+    def log_text(self) -> str:
+        """The log so far (what the output's `training_log.jsonl` will hold)."""
+        if self.state_dir is None:
+            return "".join(self._log_lines)
+        log = self.state_dir / LOG_NAME
+        return log.read_text(encoding="utf-8") if log.is_file() else ""
 
     # -- loop --------------------------------------------------------------------------------
 
@@ -492,16 +564,17 @@ class Trainer:
         started = time.perf_counter()
         if self.config.resume:
             self.load_state()
-        elif self.rank == 0:
+        elif self.rank == 0 and self.state_dir is not None:
             (self.state_dir / LOG_NAME).unlink(missing_ok=True)
         if self.config.on_policy:
             self._fit_on_policy()
         else:
             self.run_steps(self.data, 0, self.total_steps)
         self.write_output()
+        states = tuple(p.name for p in state_files(self.state_dir)) if self.state_dir is not None else ()
         return TrainResult(self.config.out, self.step, self.tokens, time.perf_counter() - started, self.last_loss,
-                           str(self.state_dir), self.world, self.last_eval, str(self.device), self.peak_memory,
-                           tuple(self.releases))
+                           None if self.state_dir is None else str(self.state_dir), self.world, self.last_eval,
+                           str(self.device), self.peak_memory, tuple(self.releases), self.plan, states)
 
     def _fit_on_policy(self) -> None:
         config = self.config
@@ -518,7 +591,7 @@ class Trainer:
                 start, stop = self.total_steps * r // rounds, self.total_steps * (r + 1) // rounds
                 if self.step >= stop:
                     continue
-                folder = self.state_dir / f"round-{r:03d}"
+                folder = self._require_state_dir() / f"round-{r:03d}"
                 if engine is not None:
                     folder.mkdir(parents=True, exist_ok=True)
                     chunk = lines[len(lines) * r // rounds:len(lines) * (r + 1) // rounds]
@@ -556,11 +629,38 @@ class Trainer:
             model.load_state_dict(state)
             with atomic_dir(self.config.out, force=self.config.force) as tmp:
                 save_checkpoint(model, tmp, dtype=self.save_dtype, force=True)
-                log = self.state_dir / LOG_NAME
-                if log.is_file():
+                log = None if self.state_dir is None else self.state_dir / LOG_NAME
+                if log is not None and log.is_file():
                     shutil.copyfile(log, tmp / LOG_NAME)
+                elif self._log_lines:
+                    (tmp / LOG_NAME).write_text("".join(self._log_lines), encoding="utf-8")
                 (tmp / "training_args.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
         _barrier()
+
+
+def state_files(state_dir: Path) -> list[Path]:
+    """The complete states in `state_dir` (`step-NNNNNN.pt`), oldest first."""
+    if not state_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in state_dir.iterdir() if (m := STATE_PATTERN.match(p.name)) and p.is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def rotate_states(state_dir: Path, keep: int, *, latest: str) -> list[Path]:
+    """Delete all but the newest `keep` complete states (0 keeps all), never `latest`; returns what went.
+
+    Runs after `latest` is complete and `latest.json` names it, so at least one complete state is
+    always on disk. Leftover temporary files of states an earlier process did not finish
+    (`.step-NNNNNN.pt.tmp-*`) go too: only rank 0 writes states, and its own write is done.
+    """
+    removed: list[Path] = []
+    files = state_files(state_dir)
+    if keep:
+        removed += [p for p in files[:-keep] if p.name != latest]
+    removed += [p for p in state_dir.glob(".step-*.pt.tmp-*") if p.is_file()]
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
 
 
 def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:

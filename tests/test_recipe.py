@@ -1,0 +1,138 @@
+"""The README's toy training recipe, as written, and the plan `finetune` shows before step 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dspark_hub.cli.main import cli
+from dspark_hub.format import contract
+from dspark_hub.train.plan import step_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+#: What the README promises for the toy recipe, on two shared cores.
+TOY_SECONDS = 120
+
+
+def run(*args: object):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def toy_block() -> str:
+    """The first ```bash block of the README's "### Toy run" section."""
+    section = re.search(r"^### Toy run[^\n]*\n(.*?)(?=^## |^### )", README, flags=re.M | re.S)
+    assert section, "the README has no '### Toy run' section"
+    block = re.search(r"^```bash\n(.*?)^```", section.group(1), flags=re.M | re.S)
+    assert block, "the toy run section has no ```bash block"
+    return block.group(1)
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.mark.slow
+def test_the_readme_toy_recipe_runs_as_written_in_under_two_minutes(tmp_path):
+    bin_dir = Path(sys.executable).parent
+    if shutil.which("dspark-hub", path=str(bin_dir)) is None:
+        pytest.skip(f"no dspark-hub script beside {sys.executable} (install the package: pip install -e .)")
+    block = toy_block()
+    commands = [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert any(line.startswith("dspark-hub init-teacher") for line in commands)
+    assert any(line.startswith("dspark-hub finetune") for line in commands)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
+    env.pop("OMP_NUM_THREADS", None)          # the block sets what it needs
+    started = time.perf_counter()
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    seconds = time.perf_counter() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert seconds < TOY_SECONDS, f"the toy recipe took {seconds:.0f} s"
+    toy = tmp_path / "toy"
+    assert (toy / "tuned" / "model.safetensors").is_file()
+    assert {"training_log.jsonl", "training_args.json"} <= {p.name for p in (toy / "tuned").iterdir()}
+    assert not (toy / "tuned.state").exists()                   # no states asked for, no state folder
+    assert "finetune plan" in done.stderr                       # the cost, before step 1
+    assert "64 sequences, 4,096 supervised tokens" in done.stdout   # the teacher never stops early
+    assert "OK  toy/tuned" in done.stdout and "embedding identical: True" in done.stdout
+    # eval's table (or, when narrow, its blocks): the tuned draft beats the base it started from
+    rows = dict(re.findall(r"^\W*all\W+(draft|reference)\W+(?:AL\s+)?(\d+\.\d+)", done.stdout, re.M))
+    assert set(rows) == {"draft", "reference"} and float(rows["draft"]) > float(rows["reference"]), done.stdout
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def _plan(anchors: int, positions: int = 538, **changes):
+    values = dict(sequences=8, positions=positions, tokens=8 * positions, supervised_tokens=8 * 512, anchors=anchors,
+                  valid_anchors=8 * anchors, block_size=7, vocabulary=512, target_hidden_size=64,
+                  trained_parameters=103_985, frozen_parameters=32_768, loss_chunk=409)
+    values.update(changes)
+    return step_plan(contract.TINY_CONFIG, **values)
+
+
+def test_the_plan_says_attention_dominates_at_512_anchors_of_the_tiny_profile():
+    wide, narrow = _plan(512), _plan(16, positions=90)     # the toy recipe's step
+    assert wide.dominant == "attention" and wide.flops["attention"] > 0.85 * wide.total_flops
+    assert narrow.dominant != "attention"
+    assert wide.block_rows == 8 * 512 * 7 and wide.keys_per_row == 538 + 512 * 7
+    # Measured on this machine (8 sequences x 538 positions, one step): peak RSS 8.1 GiB at 512 anchors,
+    # 2.7 GiB at 256, 1.1 GiB at 128, of which ~0.4 GiB is the runtime. The estimate stays within 10%.
+    for anchors, measured in ((512, 8.1), (256, 2.7), (128, 1.1)):
+        estimate = _plan(anchors).memory_bytes / 2**30 + 0.4
+        assert estimate == pytest.approx(measured, rel=0.1), anchors
+    assert max(wide.memory, key=wide.memory.get) == "attention"
+    unchunked = _plan(512, loss_chunk=0)
+    assert unchunked.memory["loss"] == 6 * 8 * 512 * 7 * 512 * 4 > wide.memory["loss"]
+    sharded = _plan(16, world_size=4, sharded_states=True)
+    assert sharded.memory["states"] == _plan(16).memory["states"] // 4
+    doc = wide.to_dict()
+    assert doc["dominant"] == "attention" and doc["memory_total_bytes"] == sum(doc["memory_bytes"].values())
+
+
+def test_the_plan_reaches_the_progress_callback_before_step_1_and_the_result(tmp_path):
+    from dspark_hub.train.trainer import TrainConfig, finetune
+
+    assert run("init", tmp_path / "base").exit_code == 0
+    assert run("init-teacher", tmp_path / "teacher", "--draft", tmp_path / "base").exit_code == 0
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"text": f"prompt {i:02d}"}) + "\n" for i in range(8)))
+    made = run("rollouts", "--teacher", tmp_path / "teacher", "--prompts", tmp_path / "p.jsonl", "--draft-config",
+               tmp_path / "base" / "config.json", "--out", tmp_path / "data", "--max-new-tokens", 12, "--ignore-eos")
+    assert made.exit_code == 0, made.output
+    seen: list[tuple[str, object]] = []
+
+    class Bar:
+        def __call__(self, n):
+            seen.append(("step", n))
+
+        def set_total(self, total):
+            seen.append(("total", total))
+
+        def plan(self, plan):
+            seen.append(("plan", plan))
+
+    config = TrainConfig(base=str(tmp_path / "base"), out=str(tmp_path / "out"), data=str(tmp_path / "data"),
+                         steps=2, batch_size=4, max_anchors=4)
+    result = finetune(config, progress=Bar())
+    assert [kind for kind, _ in seen] == ["total", "plan", "step", "step"]
+    plan = seen[1][1]
+    assert result.plan is plan and (plan.sequences, plan.anchors, plan.block_size) == (4, 4, 7)
+    assert result.to_dict()["plan"]["block_rows"] == 4 * 4 * 7
+    shown = run("finetune", "--base", tmp_path / "base", "--data", tmp_path / "data", "--out", tmp_path / "cli",
+                "--steps", 1, "--batch-size", 4, "--anchors", 4)
+    assert shown.exit_code == 0, shown.output
+    assert shown.stderr.index("finetune plan") < shown.stderr.index("memory ~")
+    assert "4 x 4 anchors x block 7 = 112 block rows" in shown.stderr
+    assert "measured peak" in shown.stdout
+    quiet = run("finetune", "--base", tmp_path / "base", "--data", tmp_path / "data", "--out", tmp_path / "q",
+                "--steps", 1, "--batch-size", 4, "--anchors", 4, "--quiet")
+    assert quiet.exit_code == 0 and "finetune plan" not in quiet.stderr
