@@ -234,3 +234,21 @@ def test_cli_frozen_embed_mismatch_exits_1(tmp_path):
     result = CliRunner().invoke(cli, ["verify", str(draft), "--frozen-embed", str(teacher), "--json"])
     assert result.exit_code == 1
     assert json.loads(result.stdout)["sections"]["frozen_embed"]["identical"] is False
+
+
+@pytest.mark.parametrize("code", ["<u2", "<u4", "<u8"])
+def test_max_magnitude_is_the_largest_absolute_bit_pattern(code):
+    import numpy as np
+
+    from dspark_hub.verify.deep import max_magnitude
+
+    width = np.dtype(code).itemsize * 8
+    sign, mask = 1 << (width - 1), (1 << (width - 1)) - 1
+    rng = np.random.default_rng(0)
+    cases = [rng.integers(0, 1 << min(width, 63), 1000, dtype=np.uint64).astype(code),
+             np.array([sign, sign + 1, 5], dtype=code),        # -0, the smallest negative, a positive
+             np.array([sign + 7, sign + 3], dtype=code),       # negatives only
+             np.array([0, sign], dtype=code),                  # +0 and -0
+             np.array([mask, 1], dtype=code)]                  # the largest positive pattern (a NaN)
+    for bits in cases:
+        assert max_magnitude(bits) == int((bits & np.array(mask, dtype=code)).max())
