@@ -206,6 +206,9 @@ def render_diff(result: Any) -> None:
              for key, pair in cfg["changed"].items()]
     if rows:
         print_table("config.json", (Column("key"), Column("A", prose=True), Column("B", prose=True)), rows)
+    for name, e in roster["renamed"].items():
+        stdout.print(Text.assemble((f"> {name} -> {e['to']}", "cyan"),
+                                   f" {e['shape']} {e['dtype']} (renamed; the same bytes)"))
     for name, e in roster["removed"].items():
         stdout.print(Text.assemble((f"- {name}", "red"), f" {e['shape']} {e['dtype']} (only in A)"))
     for name, e in roster["added"].items():
@@ -223,15 +226,33 @@ def render_diff(result: Any) -> None:
     for p in d["problems"]:
         stdout.print(Text(f"{p['side'].upper()}: {p['where']}: {p['message']}", style="red"))
     if not d["layout"]["same"]:
-        la, lb = d["layout"]["a"], d["layout"]["b"]
-        stdout.print(Text.assemble(("~ layout", "yellow"), f" A: {', '.join(la['files'])} {la['metadata']}; "
-                                   f"B: {', '.join(lb['files'])} {lb['metadata']}"))
-    s = d["summary"]
-    verdict = (Text("identical", style="bold green") if d["identical"] else
-               Text("only the weights differ", style="yellow") if d["weights_only"] else
-               Text("different", style="bold red"))
-    stdout.print(Text.assemble(verdict, f": {s['identical']} of {plural(s['compared'], 'common tensor')} "
-                               f"byte-identical, {s['changed']} changed  ({d['a']} -> {d['b']})"))
+        sides = [f"{side.upper()}: {', '.join(lay['files'])} {json.dumps(lay['metadata'])}"
+                 for side, lay in ((s, d["layout"][s]) for s in ("a", "b"))]
+        stdout.print(Text.assemble(("~ layout", "yellow"), f" {'; '.join(sides)}"))
+    stdout.print(Text.assemble(*diff_verdict(d), f"  ({d['a']} -> {d['b']})"))
+
+
+#: How `diff_verdict` names each part of `differs` (the weights are said separately).
+_DIFFERS_WORDS = {"config": "config.json", "layout": "weight file layout", "metadata": "safetensors metadata"}
+
+
+def diff_verdict(d: dict[str, Any]) -> tuple[Text, str]:
+    """The verdict line of `diff`: what differs, then what the common tensors' bytes say."""
+    s, roster = d["summary"], d["roster"]
+    tensors = f"{s['identical']} of {plural(s['compared'], 'common tensor')} byte-identical"
+    if d["identical"]:
+        return Text("identical", style="bold green"), f": {tensors}"
+    if d["weights_only"]:
+        return Text("only the weights differ", style="yellow"), f": {tensors}, {s['changed']} changed"
+    counts = [(len(roster[key]), what) for key, what in (("renamed", "renamed"), ("added", "only in B"),
+                                                         ("removed", "only in A"), ("shape", "reshaped"),
+                                                         ("dtype", "recast"))]
+    words = [f"tensor roster ({', '.join(f'{n} {what}' for n, what in counts if n)})" if part == "roster"
+             else _DIFFERS_WORDS[part] for part in d["differs"] if part != "weights"]
+    parts = ", ".join(words) or "the files could not be read whole"
+    if s["changed"]:
+        return Text("different", style="bold red"), f": {parts}; weights: {tensors}, {s['changed']} changed"
+    return Text("different", style="bold red"), f": {parts}; the weights are the same ({tensors})"
 
 
 def render_convert(result: Any) -> None:
