@@ -1,8 +1,11 @@
 """Publishing a draft: the preflight gate (verify + card lint), then `hub.publish`.
 
-The gate runs before anything is hashed or sent: a checkpoint that fails `verify`
-(with `--drop-in` when given) or whose card fails `card lint` against the weights is
-refused with every reason named, and the Hub sees no request at all.
+The gate runs before anything is sent: a checkpoint that fails `verify` (with `--drop-in`
+when given), whose card fails `card lint` against the weights, or whose checksum sidecars
+(`SHA256SUMS`, `checksums.json`) no longer match its files is refused with every reason named,
+and the Hub sees no request at all. The folder is hashed once; the card lint, the sidecar check
+and the upload share that manifest. Stale sidecars are refused, not rewritten: they are the
+user's file, and a card may quote them.
 """
 
 from __future__ import annotations
@@ -70,7 +73,22 @@ def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
     lint = lint_card(card, checkpoint=folder,
                      hasher=lambda path: digests.get(Path(path)) or sha256_file(path))
     refusals += [f"card lint: {f.where}: {f.message}" for f in lint.sorted_findings() if f.severity == "error"]
+    refusals += sidecar_refusals(folder, manifest)
     return Gate(verify=report, lint=lint, refusals=refusals), manifest
+
+
+def sidecar_refusals(folder: Path, manifest: Any) -> list[str]:
+    """Every file the folder's `SHA256SUMS` / `checksums.json` get wrong, checked against `manifest` (no rehash)."""
+    from dspark_hub.hub.checksums import check_checksums, has_sidecars
+
+    if not has_sidecars(folder):
+        return []
+    problems = check_checksums(folder, manifest=manifest).problems
+    if not problems:
+        return []
+    return [f"checksums: {p.message}" for p in problems] + [
+        f"checksums: the sidecars describe other files than the ones to publish; regenerate them with "
+        f"'dspark-hub checksums {folder} --force' (or delete them), then publish"]
 
 
 def commit_text(report: Report, *, name: str, drop_in: str | None) -> tuple[str, str]:
