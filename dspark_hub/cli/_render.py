@@ -150,10 +150,15 @@ def _render_deep(report: Report) -> None:
         stdout.print(f"scanned {plural(len(deep['tensors']), 'tensor')}: {flagged} with NaN/inf")
     frozen = report.sections.get("frozen_embed")
     if frozen:
-        verdict = {True: Text("bit-identical", style="green"), False: Text("DIFFERENT", style="bold red"),
-                   None: Text("not checked")}
         stdout.print(Text.assemble(f"frozen embed vs {frozen['teacher_tensor']['location']}: ",
-                                   verdict[frozen["identical"]]))
+                                   _embedding_verdict(frozen)))
+
+
+def _embedding_verdict(section: dict[str, Any]) -> Text:
+    """`bit-identical`, `identical after BF16 rounding (nearest even) of the F32 target`, `DIFFERENT`, ..."""
+    if section["identical"] is None:
+        return Text("not checked")
+    return Text(section["verdict"], style="green") if section["identical"] else Text("DIFFERENT", style="bold red")
 
 
 def _render_sections(report: Report) -> None:
@@ -183,9 +188,9 @@ def _render_sections(report: Report) -> None:
     pairing = report.sections.get("pairing")
     if pairing:
         embedding = pairing["embedding"]
-        identical = "not compared (the draft saves none)" if embedding is None else embedding["identical"]
-        stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
-                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: {identical})")
+        same = Text("not compared (the draft saves none)") if embedding is None else _embedding_verdict(embedding)
+        stdout.print(Text.assemble(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
+                                   f"config sha256 {pairing['config']['sha256'][:16]}; embedding: ", same, ")"))
 
 
 # ----------------------------------------------------------------------------- diff, convert, init

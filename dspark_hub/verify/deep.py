@@ -30,10 +30,13 @@ alone; when other processes keep every core busy, the wall time tends to the CPU
 
     {
       "teacher": str,                    # the TEACHER argument as given
-      "identical": bool|null,            # null when the draft has no embed_tokens.weight
       "draft": {"location", "dtype", "shape", "bytes", "sha256"}|null,
-      "teacher_tensor": {"location", "dtype", "shape", "bytes", "sha256"}
-    }
+      "teacher_tensor": {"location", "dtype", "shape", "bytes", "sha256"},   # as stored
+      "target_cast": {...}|null,         # the teacher's values cast to the draft's dtype (when they differ)
+      "compared_as": "bytes"|"cast"|null,  # bytes: same dtype; cast: exact round-to-nearest-even of the teacher
+      "identical": bool|null,            # null when the draft has no embed_tokens.weight
+      "verdict": str|null                # "bit-identical", "identical after BF16 rounding (nearest even) of
+    }                                    # the F32 teacher", or "different"
 
 Findings: `TENSOR_NAN`, `TENSOR_INF`, `TENSOR_ALL_ZERO` (a weight matrix, ndim >= 2; a zero bias
 or norm is not an error) and `FROZEN_EMBED_MISMATCH`, all errors naming the tensor.
@@ -63,14 +66,18 @@ from dspark_hub.format.checkpoint import CheckpointView, LocalSource
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo
 from dspark_hub.format.tensorio import (
     FLOAT_BITS,
+    CastDigest,
+    TensorDigest,
     TensorLocation,
     decode_float,
     locate_tensor,
+    location_digest,
     tensor_digest,
     view_location,
 )
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.report import Finding, Report, error
+from dspark_hub.verify.embedding import EmbeddingComparison, compare_embeddings
 
 RING_DEPTH = 4
 #: Bytes mapped at a time: the window the hash has just read is still in the shared cache when the
@@ -441,32 +448,34 @@ def deep_section(scans: list[FileScan]) -> dict[str, Any]:
 
 @dataclass
 class FrozenEmbedResult:
-    """Bit-identity of the draft's `embed_tokens.weight` and the teacher's embedding."""
+    """The draft's `embed_tokens.weight` against the teacher's embedding, compared in the draft's dtype."""
 
     teacher: str
-    draft: Any        # TensorDigest | None
-    teacher_tensor: Any   # TensorDigest
+    draft: TensorDigest | None
+    teacher_tensor: CastDigest
+
+    @property
+    def comparison(self) -> EmbeddingComparison:
+        return compare_embeddings(self.draft, self.teacher_tensor, who="teacher")
 
     @property
     def identical(self) -> bool | None:
-        if self.draft is None:
-            return None
-        d, t = self.draft, self.teacher_tensor
-        return (d.dtype, d.shape, d.sha256) == (t.dtype, t.shape, t.sha256)
+        return self.comparison.identical
 
     def to_dict(self) -> dict[str, Any]:
-        return {"teacher": self.teacher, "identical": self.identical,
-                "draft": self.draft.to_dict() if self.draft else None,
-                "teacher_tensor": self.teacher_tensor.to_dict()}
+        return {"teacher": self.teacher, "draft": self.draft.to_dict() if self.draft else None,
+                "teacher_tensor": self.teacher_tensor.stored.to_dict(), **self.comparison.to_dict()}
 
     def findings(self) -> list[Finding]:
-        if self.identical is not False:
+        comparison = self.comparison
+        if comparison.identical is not False:
             return []
-        d, t = self.draft, self.teacher_tensor
+        assert self.draft is not None
         return [error("FROZEN_EMBED_MISMATCH", contract.FROZEN_TENSORS[0],
-                      f"{d.location} ({d.dtype} {list(d.shape)}, sha256 {d.sha256[:16]}) is not bit-identical to "
-                      f"the teacher's {t.location} ({t.dtype} {list(t.shape)}, sha256 {t.sha256[:16]})",
-                      "copy the teacher's embedding unchanged; the draft must share it frozen")]
+                      f"{self.draft.location} is not {comparison.sameness} the teacher's "
+                      f"{self.teacher_tensor.stored.location} ({comparison.evidence})",
+                      "copy the teacher's embedding unchanged (a new draft: 'dspark-hub init DIR --embed-from "
+                      "TEACHER'); the draft must share it frozen")]
 
 
 def draft_location(view: CheckpointView, name: str) -> TensorLocation | None:
@@ -477,7 +486,10 @@ def draft_location(view: CheckpointView, name: str) -> TensorLocation | None:
 
 def check_frozen_embed(view: CheckpointView, teacher: str | os.PathLike[str], *,
                        progress: Progress | None = None) -> FrozenEmbedResult:
-    """Hash the draft's and the teacher's embedding in place (in parallel) and compare.
+    """Hash the draft's and the teacher's embedding in place (in parallel) and compare them in the draft's dtype.
+
+    A teacher stored in F32 or F16 is also hashed as its exact BF16 rounding, in the same read
+    (`verify.embedding`).
 
     Raises:
         CheckpointNotFoundError: the teacher path does not exist.
@@ -485,8 +497,9 @@ def check_frozen_embed(view: CheckpointView, teacher: str | os.PathLike[str], *,
     """
     teacher_loc = locate_tensor(teacher, contract.TEACHER_EMBED_NAMES)
     draft_loc = draft_location(view, contract.FROZEN_TENSORS[0])
+    as_dtype = draft_loc.info.dtype if draft_loc else None
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="deep-embed") as pool:
-        teacher_job = pool.submit(tensor_digest, teacher_loc, progress=progress)
+        teacher_job = pool.submit(location_digest, teacher_loc, as_dtype=as_dtype, progress=progress)
         draft_job = pool.submit(tensor_digest, draft_loc, progress=progress) if draft_loc else None
         return FrozenEmbedResult(teacher=os.fspath(teacher), teacher_tensor=teacher_job.result(),
                                  draft=draft_job.result() if draft_job else None)
