@@ -285,9 +285,17 @@ def render_convert(result: Any) -> None:
 
 
 def render_init(result: Any) -> None:
-    """Human view of an `InitResult`."""
-    stdout.print(f"wrote {result.path} ({result.profile}, {result.init}, {plural(result.weights_bytes, 'byte')}); "
-                 f"check it with: dspark-hub verify {result.path}")
+    """Human view of an `InitResult`; a random frozen embedding is a warning on stderr."""
+    embedding = result.embedding
+    source = (f"; embed_tokens from {embedding.teacher}" + (f" ({embedding.cast})" if embedding.cast else "")
+              if embedding.kind == "teacher" else "")
+    stdout.print(f"wrote {result.path} ({result.profile}, {result.init}, {plural(result.weights_bytes, 'byte')}"
+                 f"{source}); check it with: dspark-hub verify {result.path}")
+    if embedding.kind != "teacher":
+        stderr.print(Text.assemble(("warning", "yellow"), f": the frozen embed_tokens.weight is {embedding.kind}, "
+                                   "not the target's embedding; 'dspark-hub verify --target TARGET' fails until it "
+                                   f"is copied: write the draft with 'dspark-hub init {result.path} --embed-from "
+                                   "TARGET --force'"))
 
 
 # ----------------------------------------------------------------------------- training
