@@ -174,3 +174,19 @@ def test_stale_sidecars_are_refused_naming_the_file_and_the_weights_are_hashed_o
     assert reads.count("model.safetensors") == 1          # the sidecar check reuses the gate's manifest
     human = run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run")
     assert human.exit_code == 1 and "README.md" in human.stdout and "nothing sent" not in human.stdout
+
+
+def test_a_training_args_json_with_local_paths_is_refused(hub, hub_repo_id, carded, tmp_path):
+    meta = tmp_path / "card.yaml"
+    (carded / "training_args.json").write_text(json.dumps({"base": "./base", "teacher": "teacher", "lr": 3e-4,
+                                                           "data": {"sha256": {"manifest.json": "ab" * 32}}}))
+    (carded / "README.md").write_text(render_card(meta, carded))
+    result = run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run", "--json")
+    assert result.exit_code == 1
+    refusals = json.loads(result.stdout)["gate"]["refusals"]
+    named = [r for r in refusals if r.startswith("training_args.json:")]
+    assert len(named) == 2 and "base is the local path './base'" in named[0] and "teacher" in named[1]
+    (carded / "training_args.json").write_text(json.dumps({"base": {"sha256": {"config.json": "cd" * 32}},
+                                                           "teacher": {"hub": "org/teacher@main"}, "lr": 3e-4}))
+    (carded / "README.md").write_text(render_card(meta, carded))
+    assert run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run").exit_code == 0

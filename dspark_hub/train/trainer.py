@@ -43,6 +43,7 @@ from torch import nn
 from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format.jsonio import load_json_object, loads_strict
+from dspark_hub.format.provenance import TRAINING_ARGS_NAME, TRAINING_ARGS_PATHS, public_args
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train import objective
@@ -90,6 +91,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def public_dict(self) -> dict[str, Any]:
+        """`to_dict()` as published in `training_args.json`: Hub ids or digests instead of local paths."""
+        return public_args(self.to_dict(), TRAINING_ARGS_PATHS, drop=("out", "state_dir"), weights=("base",))
 
     @property
     def state_path(self) -> Path:
@@ -459,7 +464,7 @@ class Trainer:
                 log = self.state_dir / LOG_NAME
                 if log.is_file():
                     shutil.copyfile(log, tmp / LOG_NAME)
-                (tmp / "training_args.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+                (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(self.config.public_dict(), indent=2) + "\n")
         _barrier()
 
 
