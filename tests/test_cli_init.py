@@ -156,7 +156,7 @@ def test_embed_from_an_f32_teacher_is_its_exact_bf16_rounding_and_pairs(tmp_path
 
     teacher, embed = _llama_teacher(tmp_path / "teacher")       # save_pretrained of a small model: F32
     assert read_header(teacher / "model.safetensors").tensors["model.embed_tokens.weight"].dtype == "F32"
-    monkeypatch.setattr(init_module, "_CHUNK_BYTES", 1000)        # streamed in pieces that split elements
+    monkeypatch.setattr(init_module, "_EMBED_CHUNK_BYTES", 1002)  # streamed in pieces that split elements
     result = run("init", tmp_path / "d", "--embed-from", teacher, "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

@@ -27,6 +27,8 @@ from dspark_hub.progress import Progress, announce_total
 INIT_STD = 0.02
 INIT_KINDS = ("random", "zeros")
 _CHUNK_BYTES = 64 << 20
+#: Bytes of the teacher's embedding read at a time (an F32 piece and its BF16 cast stay under ~100 MB).
+_EMBED_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def _with_embedding(chunks: Callable[[TensorSpec], Iterator[bytes | memoryview]]
         if spec.name != contract.FROZEN_TENSORS[0]:
             yield from chunks(spec)
             return
-        pieces = iter_range(source.path, *source.byte_range, chunk_bytes=_CHUNK_BYTES)
+        pieces = iter_range(source.path, *source.byte_range, chunk_bytes=_EMBED_CHUNK_BYTES)
         yield from pieces if source.info.dtype == spec.dtype else cast_chunks(pieces, source.info.dtype, spec.dtype)
 
     return produce
