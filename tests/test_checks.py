@@ -229,6 +229,42 @@ def test_no_weights(good):
     assert errors_of(verify(good)) == {"NO_WEIGHTS"}
 
 
+def test_only_a_pickle_is_named_and_not_read(good):
+    (good / "model.safetensors").unlink()
+    (good / "pytorch_model.bin").write_bytes(b"\x80\x04 not a pickle anyone may load")
+    [finding] = [f for f in verify(good).findings if f.code == "NO_WEIGHTS"]
+    assert finding.where == "pytorch_model.bin"
+    assert "pytorch_model.bin" in finding.message and "pickle" in finding.message
+    assert "safetensors" in finding.hint
+
+
+@pytest.mark.parametrize("config, where", [
+    ('{"num_hidden_layers": NaN}', "config.json:num_hidden_layers"),
+    ('{"rope_parameters": {"factor": Infinity}}', "config.json:rope_parameters.factor"),
+])
+def test_a_nan_in_config_json_names_its_key(tmp_path, config, where):
+    folder = write_checkpoint(tmp_path / "n", config=config, tensors=tensors_for(contract.TINY_CONFIG))
+    [finding] = verify(folder).errors
+    assert (finding.code, finding.where) == ("CONFIG_INVALID_JSON", where)
+
+
+@pytest.mark.parametrize("fixture, key", [
+    (None, "num_hidden_layers"),
+    ("dspark", "transformer_layer_config.num_hidden_layers"),
+])
+def test_a_layer_count_written_as_a_string_is_said_once(tmp_path, fixture, key):
+    from .spec_fixtures import copy_fixture, edit_config, set_key
+
+    if fixture is None:
+        folder = write_checkpoint(tmp_path / "s", config=tiny_config(num_hidden_layers="2"),
+                                  tensors=tensors_for(contract.TINY_CONFIG))
+    else:
+        folder = edit_config(copy_fixture(tmp_path, fixture), set_key(key, "2"))
+    at_key = [f for f in verify(folder).findings if f.where == f"config.json:{key}"]
+    assert len(at_key) == 1, [f.to_dict() for f in at_key]
+    assert '"2"' in at_key[0].message and "integer" in at_key[0].message
+
+
 def test_empty_metadata_warns(tmp_path):
     report = verify(write_checkpoint(tmp_path / "e", metadata={}))
     assert report.ok and ("EMPTY_METADATA", "model.safetensors") in codes_at(report)

@@ -124,3 +124,80 @@ def test_atomic_path_gives_umask_permissions_even_after_save_file(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+# ---------------------------------------------------------------- --embed-from
+
+def _llama_teacher(folder, *, dtype=None, shard=None, **overrides):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from .teacher_factory import teacher_config
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(teacher_config(**overrides))
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(str(folder), **({"max_shard_size": shard} if shard else {}))
+    return folder, model.model.embed_tokens.weight.detach()
+
+
+def _embedding_bytes(folder):
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return f.get_tensor("embed_tokens.weight")
+
+
+def test_embed_from_an_f32_teacher_is_its_exact_bf16_rounding_and_pairs(tmp_path, monkeypatch):
+    import torch
+
+    from dspark_hub.ops import init as init_module
+
+    teacher, embed = _llama_teacher(tmp_path / "teacher")       # save_pretrained of a small model: F32
+    assert read_header(teacher / "model.safetensors").tensors["model.embed_tokens.weight"].dtype == "F32"
+    monkeypatch.setattr(init_module, "_EMBED_CHUNK_BYTES", 1002)  # streamed in pieces that split elements
+    result = run("init", tmp_path / "d", "--embed-from", teacher, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    where = f"{teacher / 'model.safetensors'}:model.embed_tokens.weight"
+    assert doc["embedding"] == {"source": "teacher", "teacher": where, "teacher_dtype": "F32",
+                                "cast": "BF16 rounding (nearest even) of the F32"}
+    assert doc["warnings"] == []
+    assert torch.equal(_embedding_bytes(tmp_path / "d").view(torch.int16), embed.to(torch.bfloat16).view(torch.int16))
+    report = verify(tmp_path / "d", target=teacher, frozen_embed=teacher)
+    assert report.ok, [f.to_dict() for f in report.findings]
+    assert report.sections["pairing"]["embedding"]["verdict"] == \
+        "identical after BF16 rounding (nearest even) of the F32 target"
+    assert report.sections["frozen_embed"]["compared_as"] == "cast"
+
+
+def test_embed_from_a_sharded_bf16_teacher_copies_the_bytes(tmp_path):
+    import torch
+
+    teacher, embed = _llama_teacher(tmp_path / "teacher", dtype=torch.bfloat16, shard="60KB")
+    assert (teacher / contract.INDEX_NAME).is_file()
+    result = run("init", tmp_path / "d", "--embed-from", teacher)
+    assert result.exit_code == 0, result.output
+    assert "embed_tokens from" in result.stdout and "warning" not in result.stderr
+    assert torch.equal(_embedding_bytes(tmp_path / "d").view(torch.int16), embed.view(torch.int16))
+    section = verify(tmp_path / "d", frozen_embed=teacher).sections["frozen_embed"]
+    assert (section["compared_as"], section["verdict"]) == ("bytes", "bit-identical")
+
+
+def test_embed_from_a_teacher_of_another_shape_is_refused_in_one_line(tmp_path):
+    teacher, _ = _llama_teacher(tmp_path / "teacher", vocab_size=256)
+    result = run("init", tmp_path / "d", "--embed-from", teacher)
+    assert_one_line_error(result, "--embed-from", "[256, 64]", "[512, 64]", "vocab_size x hidden_size")
+    assert not (tmp_path / "d").exists()
+    missing = run("init", tmp_path / "d", "--embed-from", tmp_path / "nope")
+    assert missing.exit_code == 2 and not (tmp_path / "d").exists()
+
+
+def test_init_without_embed_from_warns_that_the_frozen_embedding_is_random(tmp_path):
+    human = run("init", tmp_path / "c")
+    assert human.exit_code == 0
+    assert "random" in human.stderr and "--embed-from" in human.stderr and "verify --target" in human.stderr
+    doc = json.loads(run("init", tmp_path / "j", "--json").stdout)
+    assert doc["embedding"]["source"] == "random" and len(doc["warnings"]) == 1
+    assert "--" not in doc["warnings"][0]                # library words: no CLI flag

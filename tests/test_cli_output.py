@@ -78,7 +78,7 @@ def slow_clock(monkeypatch):
     lambda ckpt, out: ["verify", ckpt, "--deep"],
     lambda ckpt, out: ["convert", ckpt, out],
     lambda ckpt, out: ["diff", ckpt, ckpt],
-    lambda ckpt, out: ["init", out],
+    lambda ckpt, out: ["init", out, "--embed-from", ckpt],   # a random embedding would add a warning
 ])
 def test_long_commands_log_progress_when_stderr_is_not_a_terminal(tmp_path, slow_clock, command):
     result = run(*command(write_checkpoint(tmp_path / "ckpt"), tmp_path / "out"))

@@ -23,7 +23,8 @@ from dspark_hub.errors import RefusedOverwriteError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.contract import TensorSpec
-from dspark_hub.ops.convert import convert, f32_bits_to_bf16, plan_tensors, repair_config
+from dspark_hub.format.tensorio import f32_bits_to_bf16
+from dspark_hub.ops.convert import convert, plan_tensors, repair_config
 from dspark_hub.ops.init import init_checkpoint
 from dspark_hub.verify.checks import verify
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -234,3 +235,64 @@ def test_cli_frozen_embed_mismatch_exits_1(tmp_path):
     result = CliRunner().invoke(cli, ["verify", str(draft), "--frozen-embed", str(teacher), "--json"])
     assert result.exit_code == 1
     assert json.loads(result.stdout)["sections"]["frozen_embed"]["identical"] is False
+
+
+@pytest.mark.parametrize("code", ["<u2", "<u4", "<u8"])
+def test_max_magnitude_is_the_largest_absolute_bit_pattern(code):
+    import numpy as np
+
+    from dspark_hub.verify.deep import max_magnitude
+
+    width = np.dtype(code).itemsize * 8
+    sign, mask = 1 << (width - 1), (1 << (width - 1)) - 1
+    rng = np.random.default_rng(0)
+    cases = [rng.integers(0, 1 << min(width, 63), 1000, dtype=np.uint64).astype(code),
+             np.array([sign, sign + 1, 5], dtype=code),        # -0, the smallest negative, a positive
+             np.array([sign + 7, sign + 3], dtype=code),       # negatives only
+             np.array([0, sign], dtype=code),                  # +0 and -0
+             np.array([mask, 1], dtype=code)]                  # the largest positive pattern (a NaN)
+    for bits in cases:
+        assert max_magnitude(bits) == int((bits & np.array(mask, dtype=code)).max())
+
+
+def test_an_f32_teacher_and_its_exact_bf16_rounding_are_identical_after_rounding(tmp_path):
+    teacher_values = torch.randn(contract.roster(contract.TINY_CONFIG)[EMBED].shape) * 0.02   # F32
+    state = tensors_for(contract.TINY_CONFIG)
+    state[EMBED] = teacher_values.to(torch.bfloat16)             # round to nearest even
+    draft = write_checkpoint(tmp_path / "d", tensors=state)
+    report = verify(draft, frozen_embed=_teacher(tmp_path / "t", teacher_values.clone()))
+    assert report.ok, report.errors
+    section = report.to_dict()["sections"]["frozen_embed"]
+    assert section["identical"] is True and section["compared_as"] == "cast"
+    assert section["verdict"] == "identical after BF16 rounding (nearest even) of the F32 teacher"
+    assert section["teacher_tensor"]["dtype"] == "F32" and section["target_cast"]["dtype"] == "BF16"
+    assert section["target_cast"]["sha256"] == section["draft"]["sha256"]
+    human = CliRunner().invoke(cli, ["verify", str(draft), "--frozen-embed", str(tmp_path / "t")])
+    assert human.exit_code == 0 and "identical after BF16 rounding (nearest even) of the F32 teacher" in human.stdout
+    nudged = state[EMBED].clone()
+    nudged.view(torch.int16)[3, 4] += 1          # one BF16 ulp off the rounding
+    state[EMBED] = nudged
+    other = write_checkpoint(tmp_path / "d2", tensors=state)
+    report = verify(other, frozen_embed=tmp_path / "t")
+    (finding,) = [f for f in report.findings if f.code == "FROZEN_EMBED_MISMATCH"]
+    assert "identical to the BF16 rounding (nearest even) of the teacher's" in finding.message
+    assert report.sections["frozen_embed"]["verdict"] == "different"
+
+
+def test_same_dtype_is_still_compared_as_raw_bytes(tmp_path):
+    state = tensors_for(contract.TINY_CONFIG)
+    draft = write_checkpoint(tmp_path / "d", tensors=state)
+    section = verify(draft, frozen_embed=_teacher(tmp_path / "t", state[EMBED].clone())).sections["frozen_embed"]
+    assert (section["compared_as"], section["target_cast"], section["verdict"]) == ("bytes", None, "bit-identical")
+
+
+def test_the_cast_digest_does_not_depend_on_where_the_stream_is_cut():
+    from dspark_hub.format.tensorio import TensorDigest, digest_as
+
+    values = torch.randn(1000) * 3
+    raw = values.numpy().tobytes()
+    stored = TensorDigest(location="x", dtype="F32", shape=(1000,), nbytes=len(raw), sha256="")
+    whole = digest_as([raw], stored, "BF16")
+    cut = digest_as([raw[i:i + 7] for i in range(0, len(raw), 7)], stored, "BF16")
+    expected = hashlib.sha256(values.to(torch.bfloat16).view(torch.int16).numpy().tobytes()).hexdigest()
+    assert whole == cut and whole.cast.sha256 == expected and whole.stored.sha256 == hashlib.sha256(raw).hexdigest()

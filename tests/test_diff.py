@@ -30,7 +30,8 @@ def test_identical_checkpoints(tmp_path, state):
     doc = result.to_dict()
     assert doc["schema"] == "dspark-hub/diff/1" and doc["ok"] is True
     assert doc["identical"] and doc["weights_only"] and doc["layout"]["same"]
-    assert doc["summary"] == {"compared": len(state), "identical": len(state), "changed": 0}
+    assert doc["summary"] == {"compared": len(state), "identical": len(state), "changed": 0, "renamed": 0}
+    assert doc["differs"] == []
     assert all(t == {"identical": True, "rel_l2": 0.0} for t in doc["tensors"].values())
 
 
@@ -128,3 +129,42 @@ def test_single_file_and_sharded_copies_are_not_a_drop_in(tmp_path):
     doc = report.to_dict()["layout"]
     assert doc["a"]["files"] == ["model.safetensors"] and len(doc["b"]["files"]) == 2
     assert diff(single, write_checkpoint(tmp_path / "again")).identical
+
+
+def test_a_renamed_tensor_is_a_rename_in_json_and_human_output(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    moved = {("fc.weight" if k == "context_proj.weight" else k): v for k, v in state.items()}
+    b = write_checkpoint(tmp_path / "b", tensors=moved)
+    doc = diff(a, b).to_dict()
+    shape = list(state["context_proj.weight"].shape)
+    assert doc["roster"]["renamed"] == {"context_proj.weight": {
+        "to": "fc.weight", "shape": shape, "dtype": "BF16",
+        "sha256": doc["roster"]["renamed"]["context_proj.weight"]["sha256"]}}
+    assert doc["roster"]["added"] == {} and doc["roster"]["removed"] == {}
+    assert doc["differs"] == ["roster"] and doc["summary"]["renamed"] == 1
+    human = CliRunner().invoke(cli, ["diff", str(a), str(b)]).stdout
+    assert "context_proj.weight -> fc.weight" in human and "renamed" in human
+    assert "only in" not in human.replace("(1 renamed)", "")
+
+
+def test_a_removed_and_added_tensor_with_other_bytes_is_no_rename(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    moved = {("fc.weight" if k == "context_proj.weight" else k): v for k, v in state.items()}
+    moved["fc.weight"] = moved["fc.weight"] * 2
+    doc = diff(a, write_checkpoint(tmp_path / "b", tensors=moved)).to_dict()
+    assert doc["roster"]["renamed"] == {}
+    assert list(doc["roster"]["removed"]) == ["context_proj.weight"] and list(doc["roster"]["added"]) == ["fc.weight"]
+
+
+def test_the_verdict_says_what_differs_when_the_weights_do_not(tmp_path, state):
+    a = write_checkpoint(tmp_path / "a", tensors=state)
+    b = write_checkpoint(tmp_path / "b", tensors=state, metadata={"format": "pt"})
+    doc = diff(a, b).to_dict()
+    assert doc["differs"] == ["metadata"] and not doc["weights_only"]
+    verdict = CliRunner().invoke(cli, ["diff", str(a), str(b)]).stdout.splitlines()[-1]
+    assert verdict.startswith("different: safetensors metadata; the weights are the same")
+    assert f"{len(state)} of {len(state)} common tensors byte-identical" in verdict
+    changed = write_checkpoint(tmp_path / "c", tensors=dict(state, **{MATRIX: state[MATRIX] * 2}),
+                               metadata={"format": "pt"})
+    verdict = CliRunner().invoke(cli, ["diff", str(a), str(changed)]).stdout.splitlines()[-1]
+    assert verdict.startswith("different: safetensors metadata; weights: ") and "1 changed" in verdict

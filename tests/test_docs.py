@@ -120,3 +120,11 @@ def test_every_command_schema_id_is_in_the_readme_table():
 
     rows = [line for line in README.splitlines() if line.startswith("| `dspark-hub/")]
     assert sorted(line.split("`")[1] for line in rows) == sorted(schemas.COMMANDS.values())
+
+
+def test_the_card_source_table_is_the_schema():
+    from dspark_hub.cards.source import CARD_KEYS
+
+    section = README.split("### Card source (`card.yaml`)")[1].split("\n### ")[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
+    assert {row[0].strip("| `"): (row[1], row[2].rstrip(" |")) for row in rows} == CARD_KEYS

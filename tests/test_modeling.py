@@ -304,3 +304,16 @@ def test_teacher_forced_pass_trains_with_gradient_checkpointing():
         assert grads[name].abs().sum() > 0, name
     for name, grad in grads.items():             # recomputation changes nothing
         assert torch.allclose(grad, plain[name], rtol=1e-5, atol=1e-6), name
+
+
+@pytest.mark.parametrize("width_change, rows_dim", [(-1, True), (1, True), (0, False)])
+def test_a_wrong_context_width_names_layers_times_width(width_change, rows_dim):
+    model = tiny_model()
+    cfg = model.config
+    width = cfg.num_target_layers * cfg.target_hidden_size + width_change
+    context = torch.zeros(1, 3, width) if rows_dim else torch.zeros(3, width)
+    expected = f"num_target_layers x target_hidden_size = {cfg.num_target_layers} x {cfg.target_hidden_size}"
+    with pytest.raises(ValueError, match=expected):
+        model(input_ids=torch.zeros(1, 4, dtype=torch.long), context_states=context)
+    with pytest.raises(ValueError, match=expected):
+        model.encode_context(context)

@@ -98,6 +98,26 @@ def test_save_keeps_the_input_key_set_when_the_input_omits_contract_keys(tmp_pat
     assert {dtype for dtype, _ in header(tmp_path / "out" / "model.safetensors")[0].values()} == {"F32"}
 
 
+def test_save_pretrained_output_fails_drop_in_and_the_hint_names_convert(tmp_path):
+    from dspark_hub.ops.convert import convert
+    from dspark_hub.ops.diff import diff
+
+    base = write_tiny_checkpoint(tmp_path / "base")
+    register()
+    AutoModel.from_pretrained(base, dtype=torch.bfloat16).save_pretrained(tmp_path / "hf")
+    assert verify(tmp_path / "hf").ok
+    report = verify(tmp_path / "hf", drop_in=str(base))
+    codes = {f.code: f for f in report.errors}
+    assert set(codes) == {"DROPIN_METADATA", "DROPIN_FILE_SIZE"}
+    hint = codes["DROPIN_METADATA"].hint
+    assert "'dspark-hub convert'" in hint and "save_pretrained" in hint
+    assert "other metadata" in codes["DROPIN_FILE_SIZE"].message
+    different = diff(base, tmp_path / "hf")
+    assert different.differs == ["metadata"] and not different.changed
+    convert(tmp_path / "hf", tmp_path / "fixed")
+    assert verify(tmp_path / "fixed", drop_in=str(base)).ok
+
+
 def test_save_of_a_fresh_model_uses_the_published_layout_and_refuses_to_overwrite(tmp_path):
     model = K3DSparkModel(K3DSparkConfig.from_dict(dict(contract.TINY_CONFIG))).to(torch.bfloat16)
     save_checkpoint(model, tmp_path / "out", metadata=contract.TORCHSPEC_METADATA)

@@ -150,7 +150,7 @@ def test_revision_from_hf_download_metadata_and_cli(tmp_path, draft, draft_tenso
     pairing = json.loads(result.stdout)["sections"]["pairing"]
     assert (pairing["revision"], pairing["revision_source"]) == ("a" * 40, "hf download --local-dir metadata")
     human = CliRunner().invoke(cli, ["verify", str(draft), "--target", str(teacher)])
-    assert "embedding identical: True" in human.stdout
+    assert "embedding: bit-identical)" in human.stdout
 
 
 def test_target_without_config_is_a_usage_error(tmp_path, draft):
@@ -174,3 +174,25 @@ def test_remote_target_through_the_hub_source(tmp_path, draft, draft_tensors, hu
     assert pairing["embedding"]["identical"] is True
     assert pairing["files"]["model.safetensors"]["sha256"] == hashlib.sha256(
         (teacher / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_an_f32_target_pairs_with_the_exact_bf16_rounding_of_its_embedding(tmp_path, draft_tensors):
+    values = torch.randn(draft_tensors["embed_tokens.weight"].shape) * 0.02     # F32, as save_pretrained writes
+    draft = write_checkpoint(tmp_path / "draft", tensors=dict(draft_tensors,
+                                                                **{"embed_tokens.weight": values.to(torch.bfloat16)}))
+    target = make_teacher(tmp_path / "teacher", values)
+    report = verify(draft, target=target)
+    assert report.ok, [f.to_dict() for f in report.findings]
+    embedding = report.sections["pairing"]["embedding"]
+    assert embedding["compared_as"] == "cast" and embedding["identical"] is True
+    assert embedding["verdict"] == "identical after BF16 rounding (nearest even) of the F32 target"
+    assert embedding["target"]["dtype"] == "F32" and embedding["target_cast"]["sha256"] == embedding["draft"]["sha256"]
+    (ok,) = [f for f in report.findings if f.code == "PAIRING_OK"]
+    assert "identical after BF16 rounding (nearest even) of the F32 target" in ok.message
+    human = CliRunner().invoke(cli, ["verify", str(draft), "--target", str(target)])
+    assert human.exit_code == 0 and "embedding: identical after BF16 rounding" in human.stdout
+    truncated = values.view(torch.int32).bitwise_and(-65536).view(torch.float32).to(torch.bfloat16)   # not RNE
+    assert not torch.equal(truncated, values.to(torch.bfloat16))
+    wrong = write_checkpoint(tmp_path / "wrong", tensors=dict(draft_tensors, **{"embed_tokens.weight": truncated}))
+    (finding,) = [f for f in verify(wrong, target=target).errors if f.code == "PAIRING_EMBEDDING"]
+    assert "identical to the BF16 rounding (nearest even) of the target's" in finding.message

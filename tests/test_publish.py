@@ -133,16 +133,60 @@ def test_wrong_token_is_exit_2_without_the_token(hub, hub_repo_id, carded):
     assert secret not in result.output and "token" in result.stderr
 
 
-def test_the_weights_are_hashed_once(hub, hub_repo_id, hub_token, carded, monkeypatch):
+@pytest.fixture
+def reads(monkeypatch):
+    """The name of every file hashed from here on, once per read."""
     from dspark_hub.format import digests
 
-    reads = []
+    names = []
     real = digests.hash_file
 
     def counting(path, *args, **kwargs):
-        reads.append(path.name)
+        names.append(path.name)
         return real(path, *args, **kwargs)
     monkeypatch.setattr(digests, "hash_file", counting)
+    return names
+
+
+def test_the_weights_are_hashed_once(hub, hub_repo_id, hub_token, carded, reads):
     result = run(*publish_args(carded, hub_repo_id, hub), env={"HF_TOKEN": hub_token})
     assert result.exit_code == 0, result.output
     assert reads.count("model.safetensors") == 1   # the gate's lint and the upload share one pass
+
+
+def test_stale_sidecars_are_refused_naming_the_file_and_the_weights_are_hashed_once(hub, hub_repo_id, carded,
+                                                                                   reads):
+    assert run("checksums", carded).exit_code == 0
+    fresh = run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run", "--json")
+    assert fresh.exit_code == 0, fresh.output
+    plan = {f["path"] for f in json.loads(fresh.stdout)["publish"]["plan"]["files"]}
+    assert {"SHA256SUMS", "checksums.json"} <= plan
+    with open(carded / "README.md", "a") as card:
+        card.write("\nOne more sentence, written after the checksums.\n")
+    assert run("checksums", carded, "--check").exit_code == 1
+    reads.clear()
+    requests = len(hub.requests)
+    stale = run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run", "--json")
+    assert stale.exit_code == 1 and len(hub.requests) == requests
+    refusals = json.loads(stale.stdout)["gate"]["refusals"]
+    assert any(r.startswith("checksums: README.md:") for r in refusals), refusals
+    assert any("'dspark-hub checksums" in r for r in refusals)
+    assert reads.count("model.safetensors") == 1          # the sidecar check reuses the gate's manifest
+    human = run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run")
+    assert human.exit_code == 1 and "README.md" in human.stdout and "nothing sent" not in human.stdout
+
+
+def test_a_training_args_json_with_local_paths_is_refused(hub, hub_repo_id, carded, tmp_path):
+    meta = tmp_path / "card.yaml"
+    (carded / "training_args.json").write_text(json.dumps({"base": "./base", "teacher": "teacher", "lr": 3e-4,
+                                                           "data": {"sha256": {"manifest.json": "ab" * 32}}}))
+    (carded / "README.md").write_text(render_card(meta, carded))
+    result = run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run", "--json")
+    assert result.exit_code == 1
+    refusals = json.loads(result.stdout)["gate"]["refusals"]
+    named = [r for r in refusals if r.startswith("training_args.json:")]
+    assert len(named) == 2 and "base is the local path './base'" in named[0] and "teacher" in named[1]
+    (carded / "training_args.json").write_text(json.dumps({"base": {"sha256": {"config.json": "cd" * 32}},
+                                                           "teacher": {"hub": "org/teacher@main"}, "lr": 3e-4}))
+    (carded / "README.md").write_text(render_card(meta, carded))
+    assert run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run").exit_code == 0

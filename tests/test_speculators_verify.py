@@ -327,5 +327,5 @@ def test_cli_human_output_with_target_and_runtime():
     result = CliRunner().invoke(cli, ["verify", str(fixture("dspark-pruned-vocab")), "--target", str(VERIFIER),
                                       "--runtime", "vllm"])
     assert result.exit_code == 0, result.output
-    assert "embedding identical: not compared (the draft saves none)" in result.stdout
+    assert "embedding: not compared (the draft saves none)" in result.stdout
     assert "4,096 frozen (lm_head); 320 vocabulary-map elements (not parameters)" in result.stdout

@@ -185,7 +185,9 @@ def test_finetune_improves_held_out_acceptance_and_stays_a_drop_in(world, tmp_pa
     (tmp_path / "eval.json").write_text(evaluation.stdout)
     card = dict(load_eval(tmp_path / "eval.json").by_dataset.harness)
     assert (card["measurement"], card["decoding"], card["block size"]) == ("simulated", "greedy", "7")
-    assert card["teacher"] == harness["teacher"] and card["reference"] == harness["reference"]
+    # ... and names the teacher and the reference by digest, never by their local paths
+    assert card["teacher"] == harness["teacher"].removeprefix("teacher (").removesuffix(")")
+    assert card["reference"] == "a local draft " + harness["reference"][harness["reference"].index("("):]
     assert [row.step for row in load_train_log(out / "training_log.jsonl")[0]] == [50, 100]
     # The held-out rollouts folder (bfloat16 taps, no tokens past its end) gives nearly the same measurement.
     from dspark_hub.train.evaluate import evaluate

@@ -4,36 +4,11 @@
 files for the checksum table) and returns `CardFacts`. `render_card(meta, ckpt, eval_json,
 train_log)` renders `templates/model_card.md.j2`; same inputs, same bytes.
 
-Card source (`cards/<name>/card.yaml`; relative paths resolve against its folder). Every string
-outside `front_matter` is itself a jinja template rendered with `facts` (CardFacts.to_dict()),
-`config` (the draft config) and `results`, so numbers in prose are computed, not typed::
-
-    name: Kimi-K3-DSpark-SDDD            # H1 title
-    summary: markdown                    # paragraphs under the title
-    front_matter: {license, base_model, base_model_relation, tags, pipeline_tag, ...}
-    architecture:
-      block_size: 7                      # not a config key; a checkpoint's __metadata__ block_size wins
-      intro: markdown                    # optional, before the facts
-      component_notes: {"embed_tokens.weight": "...", "decoder layers": "..."}
-      specs: [[label, value], ...]       # a two-column table of facts only a person knows
-      notes: markdown                    # after the facts
-      config: path/to/config.json | {...}   # without CKPT: derive the roster from this config
-      facts: {parameters, tensors, dtype, target_layer_ids, target_num_hidden_layers,
-              num_hidden_layers, block_size, markov_rank, vocab_size, model_type}  # without CKPT
-    training: {intro, setup: [[label, value], ...], notes}
-    results:
-      intro: markdown
-      eval: eval.json                    # default for --eval
-      train_log: train_log.jsonl         # default for --train-log
-      harness: {...}                     # harness metadata the files do not carry (files win); `mode`
-                                         # (simulated / measured / serving) and `simulation` feed the labels
-      by_step: {intro, notes}
-      by_dataset: {intro, notes, rate_decimals: 1, length_decimals: 2}
-      long_context: {intro, notes, rate_decimals: 1, length_decimals: 2}
-      notes: markdown
-    usage: markdown
-    checksums: {intro, files: [{file, size, sha256}]}   # files: only used without CKPT
-    license: markdown
+Card source (`cards/<name>/card.yaml`; relative paths resolve against its folder): the keys are
+`dspark_hub.cards.source.CARD_KEYS`, listed in the README (Card source) and checked key by key when
+the file is read. Every string outside `front_matter` is itself a jinja template rendered with
+`facts` (CardFacts.to_dict()), `config` (the draft config) and `results`, so numbers in prose are
+computed, not typed.
 
 Evaluation JSON (`--eval`), as `dspark-hub eval --json` prints it; extra keys are ignored::
 
@@ -58,7 +33,10 @@ Evaluation JSON (`--eval`), as `dspark-hub eval --json` prints it; extra keys ar
 Rates are fractions (percentages above 1 are accepted); a missing `acceptance_length` is
 computed as 1 + the sum of the rates.
 
-Training log (`--train-log`): JSON lines; lines carrying evaluation results become the
+Training log (`--train-log`): JSON lines, as `finetune` writes them. Plain step lines (`step`,
+`loss`, the loss terms, `lr`, `accuracy`, `tokens`) become a paragraph in the training section,
+with a setup table from the `training_args.json` beside the log (inputs by Hub id or digest;
+a local path an older `finetune` recorded is left out). Lines carrying evaluation results become the
 "acceptance length by step" table: `{"step": 5400, "loss": ..., "lr": ..., "eval":
 {"acceptance_length": 1.887, "loss": 2.379, ...harness keys...}}` (or top-level
 `eval_acceptance_length` / `eval_loss`).
@@ -76,7 +54,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dspark_hub.cards import hub_vocab
-from dspark_hub.cards.results import Results, load_eval, load_train_log
+from dspark_hub.cards.results import Results, load_eval, load_train_log, load_training_run
+from dspark_hub.cards.source import SECTION_DEFAULTS, load_card_source  # noqa: F401  (re-exported)
 from dspark_hub.errors import CheckpointFormatError, DsparkError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
@@ -425,35 +404,6 @@ def _load_config(ref: Any, base: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ card source and front matter
 
-SECTION_DEFAULTS: dict[str, Any] = {
-    "summary": None, "architecture": {}, "training": {}, "results": {}, "usage": None, "checksums": {},
-    "license": None,
-}
-
-
-def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read `card.yaml` and fill every optional section with an empty default.
-
-    Raises:
-        UsageError: the file is missing, not YAML, or lacks `name` / `front_matter`.
-    """
-    import yaml
-
-    p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such file; pass the card source, cards/<name>/card.yaml", param="meta") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"{p}: not valid YAML ({str(e).splitlines()[0]}); fix the syntax") from None
-    if not (isinstance(doc, dict) and isinstance(doc.get("name"), str) and isinstance(doc.get("front_matter"), dict)):
-        raise UsageError(f"{p}: needs at least 'name' (a string) and 'front_matter' (a mapping); see dspark_hub.cards")
-    meta = {**SECTION_DEFAULTS, **doc}
-    for key in ("architecture", "training", "results", "checksums"):
-        meta[key] = dict(meta[key] or {})
-    return meta
-
-
 #: Codes of `front_matter_problems`. Append-only: tools match on them.
 FRONT_MATTER_CODES: dict[str, str] = {
     "FRONT_MATTER_NOT_MAPPING": "the front matter is not a mapping",
@@ -625,6 +575,7 @@ def collect_results(meta: Mapping[str, Any], base: Path, eval_json: str | os.Pat
     log_path = _resolve(base, train_log, section.get("train_log"))
     if log_path:
         results.by_step, results.by_step_harness, results.by_step_label = load_train_log(log_path, defaults=defaults)
+        results.training = load_training_run(log_path)
     return results
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise
+from dspark_hub.format.provenance import TRAINING_ARGS_NAME, describe, is_hub_id
 
 #: Harness keys in render order: (label, accepted aliases).
 HARNESS_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -23,7 +24,7 @@ HARNESS_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("measurement", ("mode", "measurement")),
     ("decoding", ("decoding", "sampling")),
     ("block size", ("block_size", "num_speculative_tokens", "spec_tokens")),
-    ("teacher", ("teacher", "teacher_id", "target")),
+    ("teacher", ("teacher_identity", "teacher", "teacher_id", "target")),
     ("engine", ("engine", "runtime")),
     ("hardware", ("hardware",)),
     ("prompts", ("prompts", "num_prompts")),
@@ -176,6 +177,51 @@ class StepRow:
     eval_loss: float | None
 
 
+#: `training_args.json` fields a card shows, in order, with their labels.
+ARG_LABELS: tuple[tuple[str, str], ...] = (
+    ("base", "Base draft"), ("teacher", "Teacher"), ("data", "Training data"), ("prompts", "Prompts"),
+    ("eval_data", "Evaluation data"), ("steps", "Steps"), ("epochs", "Epochs"), ("batch_size", "Batch size"),
+    ("lr", "Learning rate"), ("min_lr_ratio", "Final learning rate / peak"), ("warmup", "Warmup steps"),
+    ("block_size", "Block size"), ("max_anchors", "Anchors per sequence"), ("loss", "Loss weights"),
+    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"), ("clip", "Gradient clipping"),
+    ("weight_decay", "Weight decay"), ("dtype", "Precision"), ("seed", "Seed"), ("on_policy", "On-policy"),
+    ("rounds", "Rounds"), ("fsdp", "FSDP"),
+)
+_INPUT_ARGS = ("base", "teacher", "data", "prompts", "eval_data")
+
+
+@dataclass
+class TrainingRun:
+    """What a `finetune` log records about the run, and the `training_args.json` beside it."""
+
+    steps: int
+    first_step: int
+    last_step: int
+    tokens: int | None
+    first_loss: float | None
+    final_loss: float | None
+    final_lr: float | None
+    final_accuracy: float | None
+    terms: list[str]
+    setup: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        """One paragraph: steps, tokens, the loss from first to last step, the final learning rate and accuracy."""
+        parts = [f"The training log records {self.steps:,} optimizer step{'s' if self.steps != 1 else ''} "
+                 f"({self.first_step:,} to {self.last_step:,})"
+                 + (f" over {self.tokens:,} tokens" if self.tokens is not None else "")]
+        if self.first_loss is not None and self.final_loss is not None:
+            terms = f" ({', '.join(self.terms)})" if self.terms else ""
+            parts.append(f"loss{terms} {self.first_loss:.4f} at step {self.first_step:,}, "
+                         f"{self.final_loss:.4f} at step {self.last_step:,}")
+        if self.final_lr is not None:
+            parts.append(f"final learning rate {self.final_lr:.3g}")
+        if self.final_accuracy is not None:
+            parts.append(f"final draft accuracy {self.final_accuracy:.4f}")
+        return "; ".join(parts) + "."
+
+
 @dataclass
 class Results:
     """Everything the results section renders; every part is optional."""
@@ -185,6 +231,7 @@ class Results:
     by_step_label: AcceptanceLabel | None = None
     by_dataset: AcceptanceTable | None = None
     long_context: AcceptanceTable | None = None
+    training: TrainingRun | None = None
 
     @property
     def best_step(self) -> int | None:
@@ -225,7 +272,11 @@ def _text(value: Any) -> str:
 
 
 def harness_pairs(*sources: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    """Harness metadata as (label, text) pairs; earlier sources win, each may nest it under `harness`."""
+    """Harness metadata as (label, text) pairs; earlier sources win, each may nest it under `harness`.
+
+    A teacher or reference named by a local path (`./base`, `teacher`) is shown by its Hub id or
+    digests when the file records them, and never by the path (`public_text`).
+    """
     merged: dict[str, Any] = {}
     for source in reversed([s for s in sources if s]):
         for scope in (source, source.get("harness") if isinstance(source.get("harness"), Mapping) else {}):
@@ -234,7 +285,37 @@ def harness_pairs(*sources: Mapping[str, Any] | None) -> list[tuple[str, str]]:
                 if value is not None:
                     merged[label] = value
             merged.update(_implied_harness(scope))
-    return [(label, _text(merged[label])) for label, _ in HARNESS_FIELDS if label in merged]
+    return [(label, public_text(label, merged[label])) for label, _ in HARNESS_FIELDS if label in merged]
+
+
+#: Harness labels whose values may be local paths.
+_PATH_LABELS = {"teacher": "a local folder", "reference": "a local draft"}
+#: `teacher_identity.label` of a folder without a Hub id: `name (sha256 config.json 1a2b..., ...)`.
+_DIGEST_LABEL = re.compile(r"^.*?\((sha256 .+)\)$")
+#: `eval`'s reference: `path (acceptance length 1.2345; ratio 1.0123)`.
+_REFERENCE = re.compile(r"^(?P<what>.*?) \((?P<how>acceptance length .*)\)$")
+
+
+def public_text(label: str, value: Any) -> str:
+    """A harness value as a card may show it: a teacher or reference path becomes its Hub id or digests."""
+    if label not in _PATH_LABELS:
+        return _text(value)
+    if isinstance(value, Mapping):       # a TeacherIdentity: repo@revision, else its file digests
+        repo = value.get("repo")
+        if repo:
+            return f"{repo}@{value['revision']}" if value.get("revision") else str(repo)
+        named = describe({"sha256": value.get("digests")}) if isinstance(value.get("digests"), Mapping) else None
+        return named or _PATH_LABELS[label]
+    text = str(value)
+    reference = _REFERENCE.match(text) if label == "reference" else None
+    if reference:
+        what = reference["what"]
+        return (f"{what} ({reference['how']})" if is_hub_id(what) else f"{_PATH_LABELS[label]} "
+                f"({reference['how']})")
+    if is_hub_id(text):
+        return text
+    digests = _DIGEST_LABEL.match(text)
+    return digests.group(1) if digests else _PATH_LABELS[label]
 
 
 def _implied_harness(scope: Mapping[str, Any]) -> dict[str, Any]:
@@ -348,6 +429,28 @@ def _step_row(line: Mapping[str, Any]) -> StepRow | None:
     return StepRow(step=step, acceptance_length=length, eval_loss=loss)
 
 
+def _log_lines(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:
+    """The JSON objects of a JSON-lines training log (blank lines skipped).
+
+    Raises:
+        UsageError: the file is missing or a line is not a JSON object.
+    """
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such file; pass the training log (JSON lines)") from None
+    out = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            out.append(object_or_raise(loads_strict(raw, path=f"{p}:{number}"), path=f"{p}:{number}"))
+        except CheckpointFormatError as e:
+            raise UsageError(f"{e.message}; each line must be one JSON object") from None
+    return out
+
+
 def load_train_log(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | None = None
                    ) -> tuple[list[StepRow], list[tuple[str, str]], AcceptanceLabel | None]:
     """Evaluation rows of a JSON-lines training log, by step, plus the eval harness it records and its label.
@@ -358,20 +461,9 @@ def load_train_log(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] 
     Raises:
         UsageError: the file is missing or a line is not a JSON object.
     """
-    p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such file; pass the training log (JSON lines)") from None
     rows: dict[int, StepRow] = {}
     harness_source: Mapping[str, Any] | None = None
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            line = object_or_raise(loads_strict(raw, path=f"{p}:{number}"), path=f"{p}:{number}")
-        except CheckpointFormatError as e:
-            raise UsageError(f"{e.message}; each line must be one JSON object") from None
+    for line in _log_lines(path):
         row = _step_row(line)
         if row is not None:
             rows[row.step] = row
@@ -379,3 +471,53 @@ def load_train_log(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] 
                 harness_source = line["eval"]
     return ([rows[s] for s in sorted(rows)], harness_pairs(harness_source, defaults),
             acceptance_label(harness_source, defaults))
+
+
+def load_training_run(path: str | os.PathLike[str]) -> TrainingRun | None:
+    """The run a `finetune` log records (its plain step lines), with the `training_args.json` beside it.
+
+    None when the log holds no training step (only evaluation lines, say). Inputs recorded as
+    local paths by an older `finetune` are left out of the setup: a card never shows a path.
+
+    Raises:
+        UsageError: the log is missing or malformed, or `training_args.json` is not a JSON object.
+    """
+    by_step: dict[int, Mapping[str, Any]] = {}
+    for line in _log_lines(path):
+        step = line.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and _number(line.get("loss")) is not None:
+            by_step[step] = line          # a resumed run logs a step again; the later line wins
+    if not by_step:
+        return None
+    first, last = by_step[min(by_step)], by_step[max(by_step)]
+    tokens = [line.get("tokens") for line in by_step.values()]
+    terms = sorted(k for k in last if k in _LOSS_TERMS)
+    return TrainingRun(steps=len(by_step), first_step=min(by_step), last_step=max(by_step),
+                       tokens=sum(tokens) if all(isinstance(t, int) for t in tokens) else None,
+                       first_loss=_number(first.get("loss")), final_loss=_number(last.get("loss")),
+                       final_lr=_number(last.get("lr")), final_accuracy=_number(last.get("accuracy")),
+                       terms=terms, setup=_training_setup(Path(path).parent / TRAINING_ARGS_NAME))
+
+
+#: Loss terms `finetune` logs per step (`train.objective`).
+_LOSS_TERMS = ("ce", "kl", "tv", "confidence")
+
+
+def _training_setup(path: Path) -> list[tuple[str, str]]:
+    """Setup rows from `training_args.json` (none when absent): inputs by Hub id or digest, never a path."""
+    if not path.is_file():
+        return []
+    try:
+        args = object_or_raise(load_json_file(path), path=str(path))
+    except CheckpointFormatError as e:
+        raise UsageError(f"{e.message}; pass the training log that finetune wrote beside it") from None
+    rows = []
+    for key, label in ARG_LABELS:
+        value = args.get(key)
+        if value is None or value is False or (key == "rounds" and not args.get("on_policy")):
+            continue          # unset, a switch left off, or rounds without on-policy training
+        text = describe(value) if key in _INPUT_ARGS else (json.dumps(value) if isinstance(value, dict)
+                                                           else _text(value))
+        if text is not None:
+            rows.append((label, text))
+    return rows

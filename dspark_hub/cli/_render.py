@@ -150,10 +150,15 @@ def _render_deep(report: Report) -> None:
         stdout.print(f"scanned {plural(len(deep['tensors']), 'tensor')}: {flagged} with NaN/inf")
     frozen = report.sections.get("frozen_embed")
     if frozen:
-        verdict = {True: Text("bit-identical", style="green"), False: Text("DIFFERENT", style="bold red"),
-                   None: Text("not checked")}
         stdout.print(Text.assemble(f"frozen embed vs {frozen['teacher_tensor']['location']}: ",
-                                   verdict[frozen["identical"]]))
+                                   _embedding_verdict(frozen)))
+
+
+def _embedding_verdict(section: dict[str, Any]) -> Text:
+    """`bit-identical`, `identical after BF16 rounding (nearest even) of the F32 target`, `DIFFERENT`, ..."""
+    if section["identical"] is None:
+        return Text("not checked")
+    return Text(section["verdict"], style="green") if section["identical"] else Text("DIFFERENT", style="bold red")
 
 
 def _render_sections(report: Report) -> None:
@@ -196,9 +201,9 @@ def _render_sections(report: Report) -> None:
     pairing = report.sections.get("pairing")
     if pairing:
         embedding = pairing["embedding"]
-        identical = "not compared (the draft saves none)" if embedding is None else embedding["identical"]
-        stdout.print(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
-                     f"config sha256 {pairing['config']['sha256'][:16]}; embedding identical: {identical})")
+        same = Text("not compared (the draft saves none)") if embedding is None else _embedding_verdict(embedding)
+        stdout.print(Text.assemble(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
+                                   f"config sha256 {pairing['config']['sha256'][:16]}; embedding: ", same, ")"))
 
 
 # ----------------------------------------------------------------------------- diff, convert, init
@@ -219,6 +224,9 @@ def render_diff(result: Any) -> None:
              for key, pair in cfg["changed"].items()]
     if rows:
         print_table("config.json", (Column("key"), Column("A", prose=True), Column("B", prose=True)), rows)
+    for name, e in roster["renamed"].items():
+        stdout.print(Text.assemble((f"> {name} -> {e['to']}", "cyan"),
+                                   f" {e['shape']} {e['dtype']} (renamed; the same bytes)"))
     for name, e in roster["removed"].items():
         stdout.print(Text.assemble((f"- {name}", "red"), f" {e['shape']} {e['dtype']} (only in A)"))
     for name, e in roster["added"].items():
@@ -236,15 +244,33 @@ def render_diff(result: Any) -> None:
     for p in d["problems"]:
         stdout.print(Text(f"{p['side'].upper()}: {p['where']}: {p['message']}", style="red"))
     if not d["layout"]["same"]:
-        la, lb = d["layout"]["a"], d["layout"]["b"]
-        stdout.print(Text.assemble(("~ layout", "yellow"), f" A: {', '.join(la['files'])} {la['metadata']}; "
-                                   f"B: {', '.join(lb['files'])} {lb['metadata']}"))
-    s = d["summary"]
-    verdict = (Text("identical", style="bold green") if d["identical"] else
-               Text("only the weights differ", style="yellow") if d["weights_only"] else
-               Text("different", style="bold red"))
-    stdout.print(Text.assemble(verdict, f": {s['identical']} of {plural(s['compared'], 'common tensor')} "
-                               f"byte-identical, {s['changed']} changed  ({d['a']} -> {d['b']})"))
+        sides = [f"{side.upper()}: {', '.join(lay['files'])} {json.dumps(lay['metadata'])}"
+                 for side, lay in ((s, d["layout"][s]) for s in ("a", "b"))]
+        stdout.print(Text.assemble(("~ layout", "yellow"), f" {'; '.join(sides)}"))
+    stdout.print(Text.assemble(*diff_verdict(d), f"  ({d['a']} -> {d['b']})"))
+
+
+#: How `diff_verdict` names each part of `differs` (the weights are said separately).
+_DIFFERS_WORDS = {"config": "config.json", "layout": "weight file layout", "metadata": "safetensors metadata"}
+
+
+def diff_verdict(d: dict[str, Any]) -> tuple[Text, str]:
+    """The verdict line of `diff`: what differs, then what the common tensors' bytes say."""
+    s, roster = d["summary"], d["roster"]
+    tensors = f"{s['identical']} of {plural(s['compared'], 'common tensor')} byte-identical"
+    if d["identical"]:
+        return Text("identical", style="bold green"), f": {tensors}"
+    if d["weights_only"]:
+        return Text("only the weights differ", style="yellow"), f": {tensors}, {s['changed']} changed"
+    counts = [(len(roster[key]), what) for key, what in (("renamed", "renamed"), ("added", "only in B"),
+                                                         ("removed", "only in A"), ("shape", "reshaped"),
+                                                         ("dtype", "recast"))]
+    words = [f"tensor roster ({', '.join(f'{n} {what}' for n, what in counts if n)})" if part == "roster"
+             else _DIFFERS_WORDS[part] for part in d["differs"] if part != "weights"]
+    parts = ", ".join(words) or "the files could not be read whole"
+    if s["changed"]:
+        return Text("different", style="bold red"), f": {parts}; weights: {tensors}, {s['changed']} changed"
+    return Text("different", style="bold red"), f": {parts}; the weights are the same ({tensors})"
 
 
 def render_convert(result: Any) -> None:
@@ -272,9 +298,17 @@ def render_convert(result: Any) -> None:
 
 
 def render_init(result: Any) -> None:
-    """Human view of an `InitResult`."""
-    stdout.print(f"wrote {result.path} ({result.profile}, {result.init}, {plural(result.weights_bytes, 'byte')}); "
-                 f"check it with: dspark-hub verify {result.path}")
+    """Human view of an `InitResult`; a random frozen embedding is a warning on stderr."""
+    embedding = result.embedding
+    source = (f"; embed_tokens from {embedding.teacher}" + (f" ({embedding.cast})" if embedding.cast else "")
+              if embedding.kind == "teacher" else "")
+    stdout.print(f"wrote {result.path} ({result.profile}, {result.init}, {plural(result.weights_bytes, 'byte')}"
+                 f"{source}); check it with: dspark-hub verify {result.path}")
+    if embedding.kind != "teacher":
+        stderr.print(Text.assemble(("warning", "yellow"), f": the frozen embed_tokens.weight is {embedding.kind}, "
+                                   "not the target's embedding; 'dspark-hub verify --target TARGET' fails until it "
+                                   f"is copied: write the draft with 'dspark-hub init {result.path} --embed-from "
+                                   "TARGET --force'"))
 
 
 # ----------------------------------------------------------------------------- training

@@ -122,13 +122,19 @@ def convert(src: Path, dst: Path, to: str | None, from_: str | None, force: bool
               help="kimi-k3 writes the full reference shape (7.12 GB).")
 @click.option("--init", "init", type=click.Choice(INIT_KINDS), default="random", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--embed-from", "embed_from", metavar="TEACHER",
+              help="Copy embed_tokens.weight from the TEACHER's embedding (folder, sharded or not, or a "
+                   ".safetensors file), bit for bit; F32/F16 is rounded to nearest even BF16. Without it the "
+                   "frozen embedding is random and 'verify --target' fails until it is copied.")
 @force_option
 @quiet_option
 @json_option
-def init_command(dst: Path, profile: str, init: str, seed: int, force: bool, quiet: bool, as_json: bool) -> None:
+def init_command(dst: Path, profile: str, init: str, seed: int, embed_from: str | None, force: bool, quiet: bool,
+                 as_json: bool) -> None:
     """Write a conforming k3_dspark checkpoint (config.json + model.safetensors) to DST."""
     from dspark_hub.ops.init import init_checkpoint
 
     with progress(f"init {profile}", quiet=quiet or as_json) as bar:
-        result = init_checkpoint(dst, profile=profile, init=init, seed=seed, force=force, progress=bar)
+        result = init_checkpoint(dst, profile=profile, init=init, seed=seed, force=force, embed_from=embed_from,
+                                 progress=bar)
     emit(result, as_json=as_json, renderer=render_init)

@@ -273,6 +273,22 @@ def open_checkpoint(source: Source) -> CheckpointView:
                 for tname, info in header.tensors.items():
                     view.tensors.setdefault(tname, (file, info))
     else:
-        view.findings.append(error("NO_WEIGHTS", view.location, "no *.safetensors file in the checkpoint folder",
-                                   "export the weights as model.safetensors (pickled .bin files are not read)"))
+        view.findings.append(_no_weights(view))
     return view
+
+
+#: Weight files saved with Python's pickle (torch.save): never read, since unpickling runs code.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _no_weights(view: CheckpointView) -> Finding:
+    """NO_WEIGHTS, naming the pickled weight files (`pytorch_model.bin`, ...) when that is what the folder holds."""
+    pickles = sorted(f for f in view.files if "/" not in f and f.endswith(PICKLE_SUFFIXES))
+    if not pickles:
+        return error("NO_WEIGHTS", view.location, "no *.safetensors file in the checkpoint folder",
+                     "export the weights as model.safetensors")
+    named = ", ".join(pickles)
+    return error("NO_WEIGHTS", pickles[0], f"no *.safetensors file; the weights are in {named}, a Python pickle "
+                 "(torch.save), which is not read: unpickling can run arbitrary code",
+                 "save the weights as safetensors (save_pretrained(..., safe_serialization=True) or "
+                 "safetensors.torch.save_file), then verify again")

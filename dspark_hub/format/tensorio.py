@@ -1,4 +1,4 @@
-"""Tensor bytes on disk: stream byte ranges, hash them, decode float dtypes, find tensors by name.
+"""Tensor bytes on disk: stream byte ranges, hash them, decode and cast float dtypes, find tensors by name.
 
 The byte-level counterpart of `reader.py` (which never reads tensor data). Everything
 streams through fixed-size reusable buffers, so memory stays bounded however large
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -172,3 +172,118 @@ def iter_elements(location: TensorLocation, elements_per_chunk: int) -> Iterator
     """A tensor's bytes in pieces of whole elements (`elements_per_chunk` each, the last shorter)."""
     start, end = location.byte_range
     return iter_range(location.path, start, end, chunk_bytes=elements_per_chunk * DTYPE_SIZES[location.info.dtype])
+
+
+# ---------------------------------------------------------------- exact casts
+
+#: Casts that are exact functions of the bytes: F32 or F16 to BF16, rounding to nearest, ties to even
+#: (what torch's `.to(torch.bfloat16)` does; F16 widens to F32 exactly first). NaN stays a quiet NaN.
+EXACT_CASTS: frozenset[tuple[str, str]] = frozenset({("F32", "BF16"), ("F16", "BF16")})
+
+
+def f32_bits_to_bf16(bits: Any) -> Any:
+    """uint32 F32 bit patterns -> uint16 BF16 bit patterns, round to nearest even; NaN stays (quiet) NaN."""
+    import numpy as np
+
+    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000
+    if nan.any():
+        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
+    return rounded
+
+
+def cast_bytes(raw: Any, src: str, dst: str) -> Any:
+    """Little-endian `src` float bytes (whole elements) as `dst` bytes: `raw` itself when the dtypes agree.
+
+    Raises:
+        UsageError: the cast is not one of `EXACT_CASTS`.
+    """
+    import numpy as np
+
+    if src == dst:
+        return raw
+    if (src, dst) not in EXACT_CASTS:
+        raise UsageError(f"dtype {src} -> {dst}: not an exact cast this tool makes "
+                         f"({', '.join(f'{a} -> {b}' for a, b in sorted(EXACT_CASTS))})")
+    bits = (np.frombuffer(raw, dtype="<u4") if src == "F32"
+            else np.frombuffer(raw, dtype="<f2").astype(np.float32).view(np.uint32))
+    return f32_bits_to_bf16(bits).astype("<u2", copy=False).data
+
+
+def cast_text(src: str, dst: str) -> str:
+    """How a cast is said in messages: `BF16 rounding (nearest even) of the F32`."""
+    return f"{dst} rounding (nearest even) of the {src}"
+
+
+def cast_chunks(pieces: Iterable[Any], src: str, dst: str) -> Iterator[Any]:
+    """Cast a stream of `src` bytes cut anywhere into `dst` bytes, carrying partial elements over."""
+    size = DTYPE_SIZES[src]
+    carry = b""
+    for piece in pieces:
+        data = bytes(carry) + bytes(piece) if carry else piece
+        whole = len(data) - len(data) % size
+        carry = bytes(data[whole:])
+        if whole:
+            yield cast_bytes(memoryview(data)[:whole], src, dst)
+    if carry:
+        raise UsageError(f"a {src} stream ended inside an element ({len(carry)} stray bytes)")
+
+
+@dataclass(frozen=True)
+class CastDigest:
+    """SHA-256 of a tensor's bytes as stored, and of the same values cast to another dtype (one read)."""
+
+    stored: TensorDigest
+    cast: TensorDigest | None      # None when no cast was asked for
+
+    def as_dtype(self, dtype: str) -> TensorDigest | None:
+        """The digest of the tensor in `dtype`: the stored one, or the cast one (None when neither is)."""
+        if self.stored.dtype == dtype:
+            return self.stored
+        return self.cast if self.cast is not None and self.cast.dtype == dtype else None
+
+
+def digest_as(pieces: Iterable[Any], stored: TensorDigest, dst: str | None) -> CastDigest:
+    """Hash `pieces` (a tensor's bytes, in order) as stored and, when `dst` is an exact cast away, as `dst`.
+
+    `stored` carries the location, dtype and shape; its `sha256` is filled in here. Memory: one
+    piece and its cast.
+    """
+    raw_hash = hashlib.sha256()
+    cast_hash = hashlib.sha256() if dst is not None and (stored.dtype, dst) in EXACT_CASTS else None
+    cast_bytes_total = 0
+
+    def tee() -> Iterator[Any]:
+        for piece in pieces:
+            raw_hash.update(piece)
+            yield piece
+
+    if cast_hash is not None:
+        for out in cast_chunks(tee(), stored.dtype, dst):   # type: ignore[arg-type]
+            cast_hash.update(out)
+            cast_bytes_total += memoryview(out).nbytes
+    else:
+        for _ in tee():
+            pass
+    done = TensorDigest(location=stored.location, dtype=stored.dtype, shape=stored.shape, nbytes=stored.nbytes,
+                        sha256=raw_hash.hexdigest())
+    cast = None if cast_hash is None else TensorDigest(
+        location=f"{stored.location} ({cast_text(stored.dtype, dst)})", dtype=dst, shape=stored.shape,  # type: ignore[arg-type]
+        nbytes=cast_bytes_total, sha256=cast_hash.hexdigest())
+    return CastDigest(stored=done, cast=cast)
+
+
+def location_digest(location: TensorLocation, *, as_dtype: str | None = None,
+                    progress: Progress | None = None) -> CastDigest:
+    """`digest_as` of a local tensor, streamed from its byte range."""
+    start, end = location.byte_range
+
+    def pieces() -> Iterator[memoryview]:
+        for piece in iter_range(location.path, start, end):
+            if progress:
+                progress(len(piece))
+            yield piece
+
+    stored = TensorDigest(location=location.describe(), dtype=location.info.dtype, shape=location.info.shape,
+                          nbytes=end - start, sha256="")
+    return digest_as(pieces(), stored, as_dtype)

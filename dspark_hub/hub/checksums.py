@@ -161,12 +161,20 @@ def _listing_problems(rel: str, claims: list[FileDigest], sources: set[str], act
     return problems
 
 
-def check_checksums(folder: Path | str, *, progress: Progress | None = None) -> ChecksumCheck:
+def has_sidecars(folder: Path | str) -> bool:
+    """Whether the folder carries `SHA256SUMS` or `checksums.json`."""
+    return any((Path(folder) / name).is_file() for name in (SUMS_NAME, MANIFEST_NAME))
+
+
+def check_checksums(folder: Path | str, *, progress: Progress | None = None,
+                    manifest: Manifest | None = None) -> ChecksumCheck:
     """Compare a folder with `checksums.json` and `SHA256SUMS` (each that exists); name every bad, missing
     and extra file.
 
     Sizes are compared before hashing, so a truncated file is reported without reading it. A file
     listed twice with different digests (as `sha256sum -c` would) fails on the digest it does not have.
+    `manifest`: the folder's digests, when already computed (`publish` hashes once); files it does
+    not list are hashed here.
 
     Returns:
         A `ChecksumCheck` whose `problems` are sorted by path and kind.
@@ -194,7 +202,9 @@ def check_checksums(folder: Path | str, *, progress: Progress | None = None) -> 
     for rel in sorted(present - expected.keys()):
         problems.append(FileProblem(rel, "extra", f"{rel}: in the folder but not in the checksums; "
                                     "remove it or regenerate the checksums"))
-    for digest in compute_manifest(folder, paths=to_hash, progress=progress).files:
+    known = manifest.by_path() if manifest is not None else {}
+    computed = compute_manifest(folder, paths=[rel for rel in to_hash if rel not in known], progress=progress)
+    for digest in [known[rel] for rel in to_hash if rel in known] + list(computed.files):
         claims = expected[digest.path]
         actual = str(digest.sha256)
         for sha in sorted({str(c.sha256) for c in claims} - {actual}):

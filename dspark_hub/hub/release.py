@@ -1,8 +1,12 @@
 """Publishing a draft: the preflight gate (verify + card lint), then `hub.publish`.
 
-The gate runs before anything is hashed or sent: a checkpoint that fails `verify`
-(with `--drop-in` when given) or whose card fails `card lint` against the weights is
-refused with every reason named, and the Hub sees no request at all.
+The gate runs before anything is sent: a checkpoint that fails `verify` (with `--drop-in`
+when given), whose card fails `card lint` against the weights, or whose checksum sidecars
+(`SHA256SUMS`, `checksums.json`) no longer match its files, or whose `training_args.json` names
+inputs by local path (written before finetune recorded Hub ids and digests), is refused with every reason named,
+and the Hub sees no request at all. The folder is hashed once; the card lint, the sidecar check
+and the upload share that manifest. Stale sidecars are refused, not rewritten: they are the
+user's file, and a card may quote them.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
-from dspark_hub.errors import CheckpointNotFoundError
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.digests import checkpoint_files, sha256_file
 from dspark_hub.format.remote import validate_repo_id
 from dspark_hub.report import Report
@@ -65,12 +69,46 @@ def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
         refusals.append(f"{CARD_NAME}: no model card in the folder; write one with 'dspark-hub card' "
                         "(a draft without a card is not published)")
         return Gate(verify=report, lint=None, refusals=refusals), None
+    refusals += training_args_refusals(folder)
     manifest = local_digests(folder, progress=progress)
     digests = {folder / d.path: d.sha256 for d in manifest.files}
     lint = lint_card(card, checkpoint=folder,
                      hasher=lambda path: digests.get(Path(path)) or sha256_file(path))
     refusals += [f"card lint: {f.where}: {f.message}" for f in lint.sorted_findings() if f.severity == "error"]
+    refusals += sidecar_refusals(folder, manifest)
     return Gate(verify=report, lint=lint, refusals=refusals), manifest
+
+
+def training_args_refusals(folder: Path) -> list[str]:
+    """A `training_args.json` from an older finetune names its inputs by local path; publishing would show them."""
+    from dspark_hub.format.jsonio import load_json_file
+    from dspark_hub.format.provenance import TRAINING_ARGS_NAME, local_paths
+
+    path = folder / TRAINING_ARGS_NAME
+    if not path.is_file():
+        return []
+    try:
+        doc = load_json_file(path)
+    except CheckpointFormatError as e:
+        return [f"{TRAINING_ARGS_NAME}: {e.detail}; fix or delete it"]
+    found = local_paths(doc) if isinstance(doc, dict) else {}
+    return [f"{TRAINING_ARGS_NAME}: {key} is the local path {value!r}, which means nothing on the Hub and shows "
+            "the author's folders; replace it with a Hub id or its digests ({\"sha256\": ...}, what finetune "
+            "writes now) or delete the key, then render the card again" for key, value in found.items()]
+
+
+def sidecar_refusals(folder: Path, manifest: Any) -> list[str]:
+    """Every file the folder's `SHA256SUMS` / `checksums.json` get wrong, checked against `manifest` (no rehash)."""
+    from dspark_hub.hub.checksums import check_checksums, has_sidecars
+
+    if not has_sidecars(folder):
+        return []
+    problems = check_checksums(folder, manifest=manifest).problems
+    if not problems:
+        return []
+    return [f"checksums: {p.message}" for p in problems] + [
+        f"checksums: the sidecars describe other files than the ones to publish; regenerate them with "
+        f"'dspark-hub checksums {folder} --force' (or delete them), then publish"]
 
 
 def commit_text(report: Report, *, name: str, drop_in: str | None) -> tuple[str, str]:

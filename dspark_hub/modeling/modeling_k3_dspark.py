@@ -531,8 +531,28 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
     # -- context ----------------------------------------------------------------------------
 
     def project_context(self, context_states: torch.Tensor) -> torch.Tensor:
-        """`context_norm(context_proj(C))`: `[B, C, T*Ht]` -> `[B, C, D]`."""
+        """`context_norm(context_proj(C))`: `[B, C, T*Ht]` -> `[B, C, D]`.
+
+        Raises:
+            ValueError: `context_states` is not `[B, C, num_target_layers x target_hidden_size]`.
+        """
+        self.check_context(context_states)
         return self.context_norm(self.context_proj(context_states.to(self.context_proj.weight.dtype)))
+
+    def check_context(self, context_states: torch.Tensor) -> None:
+        """Refuse context states whose width is not `num_target_layers x target_hidden_size`.
+
+        Raises:
+            ValueError: naming both widths, before any shape error deep inside a matmul.
+        """
+        config = self.config
+        width = config.num_target_layers * config.target_hidden_size
+        if context_states.dim() != 3 or context_states.shape[-1] != width:
+            raise ValueError(
+                f"context_states has shape {list(context_states.shape)}; expected [batch, rows, {width}]: "
+                f"num_target_layers x target_hidden_size = {config.num_target_layers} x {config.target_hidden_size}, "
+                f"the {config.num_target_layers} tapped target layers (target_layer_ids "
+                f"{list(config.target_layer_ids)}) concatenated in ascending order")
 
     def encode_context(self, context_states: torch.Tensor,
                        position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -589,6 +609,8 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if context_states is not None and context_latents is not None:
             raise ValueError("pass at most one of context_states and context_latents")
+        if context_states is not None:
+            self.check_context(context_states)
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         batch, seq = hidden.shape[:2]
         if context_states is not None:

@@ -49,7 +49,7 @@ from dspark_hub.errors import ConversionRefusedError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.contract import TensorSpec
-from dspark_hub.format.tensorio import TensorLocation, iter_elements, view_location
+from dspark_hub.format.tensorio import TensorLocation, cast_bytes, iter_elements, view_location
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
 from dspark_hub.ops.crosswalk import crosswalk
 from dspark_hub.progress import Progress, announce_total
@@ -57,6 +57,7 @@ from dspark_hub.verify.family import methods_text
 from dspark_hub.verify.formats import K3, by_cli_name, detect
 
 SCHEMA = schemas.command("convert")
+#: Float dtypes convert casts to BF16 (`tensorio.EXACT_CASTS`).
 CAST_TO_BF16 = ("F32", "F16")
 CHUNK_ELEMENTS = 4 << 20
 #: Reader findings convert can repair (it merges shards without an index).
@@ -157,30 +158,6 @@ def plan_tensors(view: CheckpointView) -> tuple[list[TensorPlan], list[Change]]:
 
 # ---------------------------------------------------------------- bytes
 
-def f32_bits_to_bf16(bits: Any) -> Any:
-    """uint32 F32 bit patterns -> uint16 BF16 bit patterns, round to nearest even; NaN stays (quiet) NaN."""
-    import numpy as np
-
-    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
-    nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000
-    if nan.any():
-        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
-    return rounded
-
-
-def cast_to_bf16(raw: Any, dtype: str) -> Any:
-    """F32 or F16 little-endian bytes -> BF16 bytes (a uint16 array)."""
-    import numpy as np
-
-    if dtype == "F32":
-        bits = np.frombuffer(raw, dtype="<u4")
-    elif dtype == "F16":
-        bits = np.frombuffer(raw, dtype="<f2").astype(np.float32).view(np.uint32)
-    else:
-        raise UsageError(f"dtype {dtype}: convert casts only {', '.join(CAST_TO_BF16)} to BF16")
-    return f32_bits_to_bf16(bits).astype("<u2", copy=False)
-
-
 def tensor_chunks(plans: list[TensorPlan]) -> Callable[[TensorSpec], Iterator[bytes | memoryview]]:
     """Chunk producer for `writer.write_safetensors`: reads each tensor's source byte range."""
     by_name = {p.spec.name: p for p in plans}
@@ -188,7 +165,7 @@ def tensor_chunks(plans: list[TensorPlan]) -> Callable[[TensorSpec], Iterator[by
     def produce(spec: TensorSpec) -> Iterator[bytes | memoryview]:
         plan = by_name[spec.name]
         for piece in iter_elements(plan.source, CHUNK_ELEMENTS):
-            yield cast_to_bf16(piece, plan.source.info.dtype).data if plan.cast else piece
+            yield cast_bytes(piece, plan.source.info.dtype, plan.spec.dtype) if plan.cast else piece
 
     return produce
 

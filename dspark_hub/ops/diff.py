@@ -1,12 +1,14 @@
 """`diff A B`: what differs between two checkpoint folders, down to the tensor bytes.
 
 Config keys added, removed and changed; roster differences (tensors added, removed,
-reshaped, recast); and, per tensor present in both with the same shape, whether the
+renamed, reshaped, recast); and, per tensor present in both with the same shape, whether the
 bytes are identical and otherwise the relative L2 change ``||b - a|| / ||a||``. Both
 files are read in lockstep in fixed-size chunks, so memory stays bounded; comparing the
 chunks directly answers "identical bytes?" exactly as comparing two SHA-256 digests would,
 without hashing either side. This is how a
-user proves "only the weights differ" and "embed_tokens stayed frozen".
+user proves "only the weights differ" and "embed_tokens stayed frozen". A tensor only in A and
+one only in B with the same shape, dtype and SHA-256 are one tensor renamed, not a removal and an
+addition (only such candidates are hashed).
 
 JSON (schema `dspark-hub/diff/1`; keys are never omitted)::
 
@@ -16,14 +18,17 @@ JSON (schema `dspark-hub/diff/1`; keys are never omitted)::
       "a": str, "b": str,
       "identical": bool,           # same config, same roster, every tensor byte-identical
       "weights_only": bool,        # same config, roster and file layout (a drop-in); tensors may differ
+      "differs": [str],            # what differs, in this order: "config", "roster", "layout", "metadata",
+                                   # "weights" (a common tensor's bytes); [] when identical
       "config": {"added": {key: value}, "removed": {key: value},
                  "changed": {key: {"a": value, "b": value}}},
       "roster": {"added": {name: {"shape", "dtype"}}, "removed": {name: {"shape", "dtype"}},
+                 "renamed": {name_in_a: {"to": name_in_b, "shape", "dtype", "sha256"}},
                  "shape": {name: {"a": [int], "b": [int]}}, "dtype": {name: {"a": str, "b": str}}},
       "layout": {"same": bool, "a": {"files": [str], "metadata": {str: str}|null},
                  "b": {"files": [str], "metadata": {str: str}|null}},   # weight files and __metadata__
       "tensors": {name: {"identical": bool, "rel_l2": float|null}},   # common tensors, equal shapes
-      "summary": {"compared": int, "identical": int, "changed": int},
+      "summary": {"compared": int, "identical": int, "changed": int, "renamed": int},
       "problems": [{"side": "a"|"b", "code", "severity", "where", "message", "hint"}]
                                    # errors met while opening A or B (tensors they hide are not compared)
     }
@@ -41,7 +46,14 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
-from dspark_hub.format.tensorio import TensorLocation, decode_float, float_dtype_supported, iter_elements, view_location
+from dspark_hub.format.tensorio import (
+    TensorLocation,
+    decode_float,
+    float_dtype_supported,
+    iter_elements,
+    tensor_digest,
+    view_location,
+)
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.report import Finding
 
@@ -72,6 +84,8 @@ class DiffReport:
     config_changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     tensors_added: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     tensors_removed: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    #: name in A -> (name in B, shape, dtype, sha256): the same bytes under another name
+    renamed: dict[str, tuple[str, tuple[int, ...], str, str]] = field(default_factory=dict)
     shape_changed: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     dtype_changed: dict[str, tuple[str, str]] = field(default_factory=dict)
     tensors: dict[str, TensorDelta] = field(default_factory=dict)
@@ -85,9 +99,25 @@ class DiffReport:
 
     @property
     def weights_only(self) -> bool:
-        return self.same_layout and not (
-            self.config_added or self.config_removed or self.config_changed or self.tensors_added
-            or self.tensors_removed or self.shape_changed or self.dtype_changed or self.problems)
+        return self.same_layout and not (self.config_differs or self.roster_differs or self.problems)
+
+    @property
+    def config_differs(self) -> bool:
+        return bool(self.config_added or self.config_removed or self.config_changed)
+
+    @property
+    def roster_differs(self) -> bool:
+        return bool(self.tensors_added or self.tensors_removed or self.renamed or self.shape_changed
+                    or self.dtype_changed)
+
+    @property
+    def differs(self) -> list[str]:
+        """What differs, coarse to fine: config, roster, layout (weight files), metadata, weights."""
+        out = ["config"] if self.config_differs else []
+        out += ["roster"] if self.roster_differs else []
+        out += ["layout"] if self.layout_a.get("files") != self.layout_b.get("files") else []
+        out += ["metadata"] if self.layout_a.get("metadata") != self.layout_b.get("metadata") else []
+        return out + (["weights"] if self.changed else [])
 
     @property
     def changed(self) -> dict[str, TensorDelta]:
@@ -108,17 +138,19 @@ class DiffReport:
 
         return {
             "schema": SCHEMA, "ok": self.ok, "a": self.a, "b": self.b,
-            "identical": self.identical, "weights_only": self.weights_only,
+            "identical": self.identical, "weights_only": self.weights_only, "differs": self.differs,
             "config": {"added": self.config_added, "removed": self.config_removed,
                        "changed": {k: {"a": va, "b": vb} for k, (va, vb) in self.config_changed.items()}},
             "roster": {"added": {n: entry(v) for n, v in self.tensors_added.items()},
                        "removed": {n: entry(v) for n, v in self.tensors_removed.items()},
+                       "renamed": {n: {"to": to, **entry((shape, dtype)), "sha256": sha}
+                                   for n, (to, shape, dtype, sha) in self.renamed.items()},
                        "shape": {n: {"a": list(sa), "b": list(sb)} for n, (sa, sb) in self.shape_changed.items()},
                        "dtype": {n: {"a": da, "b": db} for n, (da, db) in self.dtype_changed.items()}},
             "layout": {"same": self.same_layout, "a": self.layout_a, "b": self.layout_b},
             "tensors": {n: d.to_dict() for n, d in self.tensors.items()},
             "summary": {"compared": len(self.tensors), "identical": len(self.tensors) - len(self.changed),
-                        "changed": len(self.changed)},
+                        "changed": len(self.changed), "renamed": len(self.renamed)},
             "problems": [{"side": side, **f.to_dict()} for side, f in self.problems],
         }
 
@@ -186,6 +218,38 @@ def _roster(report: DiffReport, va: CheckpointView, vb: CheckpointView) -> list[
     return comparable
 
 
+def _find_renames(report: DiffReport, va: CheckpointView, vb: CheckpointView,
+                  progress: Progress | None = None) -> None:
+    """Pair tensors only in A with tensors only in B of the same shape, dtype and bytes: renames.
+
+    Only tensors whose shape and dtype have a counterpart on the other side are hashed.
+    """
+    kinds = set(report.tensors_removed.values()) & set(report.tensors_added.values())
+
+    def by_digest(names: dict[str, tuple[tuple[int, ...], str]], view: CheckpointView) -> dict[tuple, list[str]]:
+        out: dict[tuple, list[str]] = {}
+        for name in sorted(n for n, kind in names.items() if kind in kinds):
+            digest = tensor_digest(view_location(view, name), progress=progress)
+            out.setdefault((*names[name], digest.sha256), []).append(name)
+        return out
+
+    if not kinds:
+        return
+    removed, added = by_digest(report.tensors_removed, va), by_digest(report.tensors_added, vb)
+    for key, olds in removed.items():
+        for old, new in zip(olds, added.get(key, []), strict=False):
+            shape, dtype, sha = key
+            report.renamed[old] = (new, shape, dtype, sha)
+            del report.tensors_removed[old], report.tensors_added[new]
+
+
+def rename_candidate_bytes(report: DiffReport, va: CheckpointView, vb: CheckpointView) -> int:
+    """Bytes `_find_renames` will hash (a progress total)."""
+    kinds = set(report.tensors_removed.values()) & set(report.tensors_added.values())
+    return (sum(va.tensors[n][1].nbytes for n, kind in report.tensors_removed.items() if kind in kinds)
+            + sum(vb.tensors[n][1].nbytes for n, kind in report.tensors_added.items() if kind in kinds))
+
+
 def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progress | None = None,
          *, workers: int = 2) -> DiffReport:
     """Compare two local checkpoint folders: config, roster, and every common tensor's bytes.
@@ -209,7 +273,9 @@ def diff(a: str | os.PathLike[str], b: str | os.PathLike[str], progress: Progres
     added, removed, changed = diff_configs(va.config or {}, vb.config or {})
     report.config_added, report.config_removed, report.config_changed = added, removed, changed
     names = _roster(report, va, vb)
-    announce_total(progress, sum(va.tensors[n][1].nbytes + vb.tensors[n][1].nbytes for n in names))
+    announce_total(progress, sum(va.tensors[n][1].nbytes + vb.tensors[n][1].nbytes for n in names)
+                   + rename_candidate_bytes(report, va, vb))
+    _find_renames(report, va, vb, progress)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="diff") as pool:
         deltas = pool.map(lambda n: compare_tensor(view_location(va, n), view_location(vb, n), progress=progress),
                           names)

@@ -1,4 +1,12 @@
-"""`init`: write a conforming k3_dspark checkpoint from a profile or a config (streamed, atomic)."""
+"""`init`: write a conforming k3_dspark checkpoint from a profile or a config (streamed, atomic).
+
+The frozen `embed_tokens.weight` is a copy of the target's embedding in a real draft. With
+`embed_from=TEACHER` it is copied from the teacher, bit for bit, streamed (never the whole teacher
+in memory), found where the target keeps it (`contract.TEACHER_EMBED_NAMES`, single file or
+sharded, as `verify --target` finds it), and cast to the draft's BF16 with round to nearest even
+when the teacher stores F32 or F16. Without it the embedding is random (or zeros), and the result
+says so (`InitResult.embedding`): pairing checks against the target fail until it is copied.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +14,43 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
+from dspark_hub.format.tensorio import EXACT_CASTS, TensorLocation, cast_chunks, cast_text, iter_range, locate_tensor
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
 from dspark_hub.progress import Progress, announce_total
 
 INIT_STD = 0.02
 INIT_KINDS = ("random", "zeros")
 _CHUNK_BYTES = 64 << 20
+#: Bytes of the teacher's embedding read at a time (an F32 piece and its BF16 cast stay under ~100 MB).
+_EMBED_CHUNK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class EmbeddingSource:
+    """Where the written `embed_tokens.weight` came from."""
+
+    kind: Literal["teacher", "random", "zeros"]
+    teacher: str | None = None    # `path:tensor` of the teacher's embedding
+    teacher_dtype: str | None = None
+    cast: str | None = None       # e.g. "BF16 rounding (nearest even) of the F32", when the dtypes differ
+
+    @property
+    def warning(self) -> str | None:
+        """Why a draft with this embedding will not pair with its target (None for a copied one)."""
+        if self.kind == "teacher":
+            return None
+        return (f"embed_tokens.weight is {self.kind}, not the target's embedding: a draft shares its target's "
+                "embedding frozen, so a pairing check against the target fails until the target's embedding "
+                "is copied in (init_checkpoint(..., embed_from=TEACHER))")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.kind, "teacher": self.teacher, "teacher_dtype": self.teacher_dtype, "cast": self.cast}
 
 
 @dataclass(frozen=True)
@@ -29,10 +62,16 @@ class InitResult:
     init: str
     seed: int
     weights_bytes: int
+    embedding: EmbeddingSource = EmbeddingSource("random")
+
+    @property
+    def warnings(self) -> list[str]:
+        return [w for w in (self.embedding.warning,) if w]
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": schemas.command("init"), "path": str(self.path), "profile": self.profile,
-                "init": self.init, "seed": self.seed, "weights_bytes": self.weights_bytes}
+                "init": self.init, "seed": self.seed, "weights_bytes": self.weights_bytes,
+                "embedding": self.embedding.to_dict(), "warnings": self.warnings}
 
 
 def _is_norm(name: str) -> bool:
@@ -71,8 +110,45 @@ def init_chunks(kind: str, seed: int) -> Callable[[TensorSpec], Iterator[bytes |
     return produce
 
 
+def teacher_embedding(teacher: str | os.PathLike[str], spec: TensorSpec) -> TensorLocation:
+    """The teacher's embedding, checked against the draft's `embed_tokens.weight` (headers only).
+
+    Raises:
+        CheckpointNotFoundError: `teacher` does not exist.
+        UsageError: it holds no embedding, its shape is not the draft's [vocab_size, hidden_size], or
+            its dtype has no exact cast to the draft's.
+    """
+    try:
+        found = locate_tensor(teacher, contract.TEACHER_EMBED_NAMES)
+    except UsageError as e:
+        raise UsageError(e.message, param="embed_from") from None
+    shape, dtype = tuple(found.info.shape), found.info.dtype
+    if shape != spec.shape:
+        raise UsageError(f"{found.describe()} is {list(shape)}, the draft's {spec.name} is {list(spec.shape)} "
+                         "(vocab_size x hidden_size); pass the teacher the draft is built for", param="embed_from")
+    if dtype != spec.dtype and (dtype, spec.dtype) not in EXACT_CASTS:
+        raise UsageError(f"{found.describe()} is {dtype}; only {spec.dtype} or "
+                         f"{' / '.join(sorted(a for a, b in EXACT_CASTS if b == spec.dtype))} convert exactly to the "
+                         f"draft's {spec.dtype}", param="embed_from")
+    return found
+
+
+def _with_embedding(chunks: Callable[[TensorSpec], Iterator[bytes | memoryview]],
+                    source: TensorLocation) -> Callable[[TensorSpec], Iterator[bytes | memoryview]]:
+    """`chunks`, except that `embed_tokens.weight` streams from the teacher (cast when the dtypes differ)."""
+    def produce(spec: TensorSpec) -> Iterator[bytes | memoryview]:
+        if spec.name != contract.FROZEN_TENSORS[0]:
+            yield from chunks(spec)
+            return
+        pieces = iter_range(source.path, *source.byte_range, chunk_bytes=_EMBED_CHUNK_BYTES)
+        yield from pieces if source.info.dtype == spec.dtype else cast_chunks(pieces, source.info.dtype, spec.dtype)
+
+    return produce
+
+
 def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", config: Mapping[str, Any] | None = None,
                     init: str = "random", seed: int = 0, force: bool = False,
+                    embed_from: str | os.PathLike[str] | None = None,
                     progress: Progress | None = None) -> InitResult:
     """Write a conforming checkpoint: `config.json` plus one `model.safetensors`.
 
@@ -83,19 +159,33 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
         init: `random` (seeded N(0, 0.02) matrices) or `zeros`; norms are always ones.
         seed: seed for `random`.
         force: replace an existing `dst`.
+        embed_from: a teacher checkpoint (folder, sharded or not, or a .safetensors file) whose
+            embedding becomes `embed_tokens.weight`, bit for bit (F32/F16 rounded to nearest even).
         progress: called with the number of tensor bytes written (see `dspark_hub.progress`).
 
     Returns:
-        An `InitResult` (`result.path` is the output folder).
+        An `InitResult` (`result.path` is the output folder; `result.embedding` says where the
+        frozen embedding came from, and `result.warnings` why a random one will not pair).
 
     Raises:
         RefusedOverwriteError: `dst` exists and `force` is False (checked before any work).
-        UsageError: `init` is not a known kind, or `dst` is the current folder or a parent of it.
+        UsageError: `init` is not a known kind, `dst` is the current folder or a parent of it, or the
+            teacher's embedding does not fit the draft (checked before anything is written).
+        CheckpointNotFoundError: `embed_from` does not exist.
     """
     check_writable(Path(dst), force=force)
     cfg = dict(config) if config is not None else contract.profile_config(profile)
-    specs = list(contract.roster(cfg).values())
+    roster = contract.roster(cfg)
+    specs = list(roster.values())
     chunks = init_chunks(init, seed)
+    embedding = EmbeddingSource("zeros" if init == "zeros" else "random")
+    if embed_from is not None:
+        spec = roster[contract.FROZEN_TENSORS[0]]
+        source = teacher_embedding(embed_from, spec)
+        chunks = _with_embedding(chunks, source)
+        embedding = EmbeddingSource("teacher", teacher=source.describe(), teacher_dtype=source.info.dtype,
+                                    cast=None if source.info.dtype == spec.dtype
+                                    else cast_text(source.info.dtype, spec.dtype))
     announce_total(progress, sum(s.nbytes for s in specs))
     with atomic_dir(dst, force=force) as tmp:
         (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(cfg))
@@ -103,4 +193,4 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
                           progress=progress)
     out = Path(dst)
     return InitResult(path=out, profile=profile if config is None else None, init=init, seed=seed,
-                      weights_bytes=(out / contract.WEIGHTS_NAME).stat().st_size)
+                      weights_bytes=(out / contract.WEIGHTS_NAME).stat().st_size, embedding=embedding)

@@ -60,6 +60,7 @@ from torch import nn
 from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format.jsonio import load_json_object, loads_strict
+from dspark_hub.format.provenance import TRAINING_ARGS_NAME, TRAINING_ARGS_PATHS, public_args
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train import objective
@@ -119,6 +120,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def public_dict(self) -> dict[str, Any]:
+        """`to_dict()` as published in `training_args.json`: Hub ids or digests instead of local paths."""
+        return public_args(self.to_dict(), TRAINING_ARGS_PATHS, drop=("out", "state_dir"), weights=("base",))
 
     @property
     def state_path(self) -> Path:
@@ -634,7 +639,7 @@ class Trainer:
                     shutil.copyfile(log, tmp / LOG_NAME)
                 elif self._log_lines:
                     (tmp / LOG_NAME).write_text("".join(self._log_lines), encoding="utf-8")
-                (tmp / "training_args.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+                (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(self.config.public_dict(), indent=2) + "\n")
         _barrier()
 
 

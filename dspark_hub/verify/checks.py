@@ -69,7 +69,8 @@ def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     layers = config.get("num_hidden_layers")
     out += _rule(_is_int(layers) and layers > 0, "num_hidden_layers",
-                 f"num_hidden_layers is {_fmt(layers)}; it must be > 0", "set the draft's layer count")
+                 f"num_hidden_layers is {_fmt(layers)}; it must be a positive integer (a JSON number)",
+                 "set the draft's layer count")
     vocab, mask = config.get("vocab_size"), config.get("mask_token_id")
     out += _rule(_is_int(mask) and _is_int(vocab) and 0 <= mask < vocab, "mask_token_id",
                  f"mask_token_id is {_fmt(mask)}; it must be an id in [0, vocab_size={_fmt(vocab)})",

@@ -62,7 +62,8 @@ FINDING_CODES: dict[str, str] = {
     "PAIRING_LAYER_ID": "a target layer id is out of range or the target's final layer",
     "PAIRING_MASK_TOKEN": "mask_token_id outside the vocabulary, equal to pad/eos, or ordinary text",
     "PAIRING_MASK_UNNAMED": "the target's tokenizer files do not name the mask id",
-    "PAIRING_EMBEDDING": "embed_tokens.weight is not bit-identical to the target's embedding",
+    "PAIRING_EMBEDDING": "embed_tokens.weight is not the target's embedding in the draft's dtype (bytes, or the "
+                         "exact BF16 rounding of an F32/F16 target)",
     "PAIRING_NO_TARGET_EMBEDDING": "no embedding found in the target to compare",
     "PAIRING_OK": "the draft pairs with the target",
     # --against-hub (HUB_FILE_CODES)
@@ -73,7 +74,8 @@ FINDING_CODES: dict[str, str] = {
     "TENSOR_NAN": "a tensor holds NaN values",
     "TENSOR_INF": "a tensor holds infinite values",
     "TENSOR_ALL_ZERO": "a weight matrix (ndim >= 2) is all zeros",
-    "FROZEN_EMBED_MISMATCH": "embed_tokens.weight is not bit-identical to the teacher's embedding",
+    "FROZEN_EMBED_MISMATCH": "embed_tokens.weight is not the teacher's embedding in the draft's dtype (bytes, or "
+                             "the exact BF16 rounding of an F32/F16 teacher)",
 }
 
 #: `--against-hub`: the code of each kind of file problem.

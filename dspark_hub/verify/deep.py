@@ -2,11 +2,18 @@
 
 One streaming pass per weight file computes the file's SHA-256 and, per tensor, the
 count of NaN and inf values, whether it is all zeros, and its mean, std and max |x|.
-The file is mapped in windows (no copy out of the page cache); a hash thread feeds each
-window to `hashlib` (which releases the GIL on large updates) while a stats thread runs
-numpy over the same window, so the scan hides behind the hash. Several files run in
-parallel. Memory is bounded by `RING_DEPTH x CHUNK_BYTES` mapped per file plus small
-scratch arrays.
+The file is mapped in windows (no copy out of the page cache). A hash thread feeds each
+window to `hashlib` (which releases the GIL) and hands it to a stats thread, which scans it
+with numpy while the next window is hashed, reading bytes the hash has just pulled into the
+shared cache. Per L2-sized slice the scan makes two integer reductions (largest positive and
+negative magnitude: NaN, inf and all-zero follow from them), widens BF16 to F32 in place, and
+takes the sum and the sum of squares with BLAS. Non-finite values, which the reductions reveal,
+take a slower path that counts them. Several files run in parallel. Memory is bounded by
+`RING_DEPTH x WINDOW_BYTES` mapped per file plus small scratch arrays.
+
+On two idle cores the scan runs beside the hash and `--deep` takes about as long as hashing
+alone; when other processes keep every core busy, the wall time tends to the CPU-time ratio
+(the scan costs about a third of the hash). `bench/bench_deep.py` measures both.
 
 `sections["deep"]` (JSON)::
 
@@ -23,10 +30,13 @@ scratch arrays.
 
     {
       "teacher": str,                    # the TEACHER argument as given
-      "identical": bool|null,            # null when the draft has no embed_tokens.weight
       "draft": {"location", "dtype", "shape", "bytes", "sha256"}|null,
-      "teacher_tensor": {"location", "dtype", "shape", "bytes", "sha256"}
-    }
+      "teacher_tensor": {"location", "dtype", "shape", "bytes", "sha256"},   # as stored
+      "target_cast": {...}|null,         # the teacher's values cast to the draft's dtype (when they differ)
+      "compared_as": "bytes"|"cast"|null,  # bytes: same dtype; cast: exact round-to-nearest-even of the teacher
+      "identical": bool|null,            # null when the draft has no embed_tokens.weight
+      "verdict": str|null                # "bit-identical", "identical after BF16 rounding (nearest even) of
+    }                                    # the F32 teacher", or "different"
 
 Findings: `TENSOR_NAN`, `TENSOR_INF`, `TENSOR_ALL_ZERO` (a weight matrix, ndim >= 2; a zero bias
 or norm is not an error) and `FROZEN_EMBED_MISMATCH`, all errors naming the tensor.
@@ -55,52 +65,77 @@ from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo
 from dspark_hub.format.tensorio import (
-    CHUNK_BYTES,
     FLOAT_BITS,
+    CastDigest,
+    TensorDigest,
     TensorLocation,
     decode_float,
     locate_tensor,
+    location_digest,
     tensor_digest,
     view_location,
 )
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.report import Finding, Report, error
+from dspark_hub.verify.embedding import EmbeddingComparison, compare_embeddings
 
 RING_DEPTH = 4
-#: Elements per numpy call in the stats thread: small enough that the temporaries stay in L2.
-SLICE_ELEMENTS = 1 << 18
+#: Bytes mapped at a time: the window the hash has just read is still in the shared cache when the
+#: stats thread scans it (two windows fit in L3 with room to spare).
+WINDOW_BYTES = 8 << 20
+#: Elements per numpy call in the stats thread: small enough that the slice and its temporaries stay in L2.
+SLICE_ELEMENTS = 1 << 17
+#: Row length of the matrix-vector product that sums a slice.
+ROW = 512
 
 
 # ---------------------------------------------------------------- per-tensor statistics
 
 class _Scratch:
-    """Reusable arrays for one stats thread (one per file scan)."""
+    """Reusable arrays for one stats thread (one per file scan): at most `n` elements per call."""
 
     def __init__(self, n: int) -> None:
+        self.pairs = np.empty(n, dtype=np.uint32)    # BF16 element pairs widened to F32, odd ones then even
         self.wide = np.empty(n, dtype=np.uint32)
-        self.odd = np.empty(n // 2, dtype=np.uint32)
-        self.even = np.empty(n // 2, dtype=np.uint32)
         self.f32 = np.empty(n, dtype=np.float32)
         self.ones = np.ones(n, dtype=np.float32)
+        self.ones64 = np.ones(n, dtype=np.float64)
         self.abs = {code: np.empty(n, dtype=code) for code in ("<u2", "<u4", "<u8")}
 
-    def floats(self, bits: np.ndarray, dtype: str) -> list[np.ndarray]:
-        """The values of `bits` as float32 (float64 for F64), in one or more arrays (order not kept)."""
+    def floats(self, bits: np.ndarray, dtype: str) -> np.ndarray:
+        """The values of `bits` as one float32 array (float64 for F64), element order not kept."""
         m = bits.size
         if dtype == "BF16" and m % 2 == 0:
             # BF16 is the high half of an F32. Read element pairs as uint32: masking keeps the odd element
             # as an F32, shifting left makes the even one; 1.5x faster than a uint16 -> uint32 cast.
             pairs, half = bits.view("<u4"), m // 2
-            np.bitwise_and(pairs, 0xFFFF_0000, out=self.odd[:half])
-            np.left_shift(pairs, 16, out=self.even[:half])
-            return [self.odd[:half].view(np.float32), self.even[:half].view(np.float32)]
+            out = self.pairs[:m].reshape(2, half)
+            np.bitwise_and(pairs, 0xFFFF_0000, out=out[0])
+            np.left_shift(pairs, 16, out=out[1])
+            return self.pairs[:m].view(np.float32)
         if dtype == "BF16":
             np.left_shift(bits, 16, out=self.wide[:m], dtype=np.uint32)
-            return [self.wide[:m].view(np.float32)]
+            return self.wide[:m].view(np.float32)
         if dtype == "F16":
             np.copyto(self.f32[:m], bits.view("<f2"), casting="unsafe")
-            return [self.f32[:m]]
-        return [bits.view("<f4" if dtype == "F32" else "<f8")]
+            return self.f32[:m]
+        return bits.view("<f4" if dtype == "F32" else "<f8")
+
+    def ones_like(self, values: np.ndarray) -> np.ndarray:
+        return self.ones[:values.size] if values.dtype == np.float32 else self.ones64[:values.size]
+
+
+def max_magnitude(bits: np.ndarray) -> int:
+    """The largest |x| bit pattern of sign-magnitude values (floats as unsigned ints), in two reductions.
+
+    Read as signed integers, the largest non-negative value is the largest positive magnitude; read
+    as unsigned, the largest value at or above the sign bit is the largest negative one. No pass
+    writes a masked copy.
+    """
+    sign = 1 << (8 * bits.itemsize - 1)
+    positive = int(bits.view(bits.dtype.str.replace("u", "i")).max())
+    negative = int(bits.max())
+    return max(positive if positive >= 0 else 0, negative - sign if negative >= sign else 0)
 
 
 def _json_float(x: float) -> float | None:
@@ -178,33 +213,45 @@ class _Accumulator:
             self._feed_aligned(data[:whole])
 
     def _feed_aligned(self, data: memoryview) -> None:
-        if not self.stats.is_float:
-            self.stats.any_nonzero = self.stats.any_nonzero or bool(np.frombuffer(data, dtype=np.uint8).any())
+        s = self.stats
+        if not s.is_float:
+            s.any_nonzero = s.any_nonzero or bool(np.frombuffer(data, dtype=np.uint8).any())
             return
-        bits_dtype = FLOAT_BITS[self.stats.dtype][0]
-        bits = np.frombuffer(data, dtype=bits_dtype)
-        for i in range(0, bits.size, SLICE_ELEMENTS):
-            self._slice(bits[i:i + SLICE_ELEMENTS])
+        code, _, inf_bits = FLOAT_BITS[s.dtype]
+        bits = np.frombuffer(data, dtype=code)
+        for i in range(0, bits.size, SLICE_ELEMENTS):   # every pass over a slice reads it from L2
+            piece = bits[i:i + SLICE_ELEMENTS]
+            top = max_magnitude(piece)
+            if top >= inf_bits:   # rare: count the non-finite values, keep the finite ones
+                self._non_finite_slice(piece)
+                continue
+            s.max_bits = max(s.max_bits, top)
+            s.finite += piece.size
+            if top:               # a slice of zeros adds nothing
+                self._add(self.scratch.floats(piece, s.dtype))
 
-    def _slice(self, bits: np.ndarray) -> None:
+    def _add(self, values: np.ndarray) -> None:
+        # BLAS is several times faster than ufunc reductions here. The sum is a matrix-vector product
+        # with a short vector of ones, so it reads the values alone (a dot with ones reads twice the bytes).
+        rows = values.size // ROW
+        ones = self.scratch.ones_like(values)
+        total = float((values[:rows * ROW].reshape(rows, ROW) @ ones[:ROW]).sum()) if rows else 0.0
+        self.stats.total += total + float(np.dot(values[rows * ROW:], ones[:values.size - rows * ROW]))
+        self.stats.total_sq += float(np.dot(values, values))
+
+    def _non_finite_slice(self, bits: np.ndarray) -> None:
         s, scratch = self.stats, self.scratch
         code, mask, inf_bits = FLOAT_BITS[s.dtype]
         magnitude = np.bitwise_and(bits, mask, out=scratch.abs[code][:bits.size])
-        top = int(magnitude.max())
-        parts = scratch.floats(bits, s.dtype)
-        if top >= inf_bits:   # rare: count non-finite values and keep the finite ones
-            s.nan += int(np.count_nonzero(magnitude > inf_bits))
-            s.inf += int(np.count_nonzero(magnitude == inf_bits))
-            finite = magnitude < inf_bits
-            parts = scratch.floats(bits[finite], s.dtype) if finite.any() else []
-            top = int(magnitude[finite].max()) if parts else 0
-        s.max_bits = max(s.max_bits, top)
-        for values in parts:
-            s.finite += values.size
-            # BLAS dot products are several times faster than ufunc reductions here
-            ones = scratch.ones[:values.size] if values.dtype == np.float32 else np.ones(values.size)
-            s.total += float(np.dot(values, ones))
-            s.total_sq += float(np.dot(values, values))
+        s.nan += int(np.count_nonzero(magnitude > inf_bits))
+        s.inf += int(np.count_nonzero(magnitude == inf_bits))
+        finite = magnitude < inf_bits
+        if not finite.any():
+            return
+        kept = bits[finite]
+        s.max_bits = max(s.max_bits, int(magnitude[finite].max()))
+        s.finite += kept.size
+        self._add(scratch.floats(kept, s.dtype))
 
 
 class _FileScanner:
@@ -256,14 +303,15 @@ class FileScan:
 
 
 class _Job:
-    __slots__ = ("offset", "pending", "window")
+    __slots__ = ("offset", "window")
 
     def __init__(self, window: mmap.mmap, offset: int) -> None:
-        self.window, self.offset, self.pending = window, offset, 2
+        self.window, self.offset = window, offset
 
 
-def _consume(jobs: queue.Queue, work: Callable[[_Job], None], done: Callable[[_Job], None],
+def _consume(jobs: queue.Queue, work: Callable[[_Job], None], done: Callable[[_Job | None], None],
              failures: list[BaseException]) -> None:
+    """Run `work` on each job until the `None` sentinel; `done` gets every job, then the sentinel."""
     while (job := jobs.get()) is not None:
         try:
             if not failures:
@@ -272,6 +320,7 @@ def _consume(jobs: queue.Queue, work: Callable[[_Job], None], done: Callable[[_J
             failures.append(e)
         finally:
             done(job)
+    done(None)
 
 
 def _map_window(fd: int, offset: int, length: int) -> mmap.mmap:
@@ -298,12 +347,14 @@ def _scan_window(scanner: _FileScanner, job: _Job) -> None:
 
 
 def scan_file(path: str | os.PathLike[str], header: SafetensorsHeader, *, name: str | None = None,
-              progress: Progress | None = None, chunk_bytes: int = CHUNK_BYTES,
+              progress: Progress | None = None, chunk_bytes: int = WINDOW_BYTES,
               depth: int = RING_DEPTH) -> FileScan:
     """SHA-256 of a whole file and statistics of every tensor in it, in one overlapped pass.
 
     The file is mapped in windows of `chunk_bytes` (at most `depth` at a time, which bounds
-    memory); a hash thread and a stats thread consume each window while the next is mapped.
+    memory). The hash thread hashes each window and hands it to the stats thread, which scans
+    it while the next one is hashed: the scan reads bytes the hash has just pulled into the
+    shared cache, and both run GIL-free most of the time (hashlib and numpy release it).
     The file must not shrink while it is scanned.
 
     Args:
@@ -319,24 +370,20 @@ def scan_file(path: str | os.PathLike[str], header: SafetensorsHeader, *, name: 
     scanner = _FileScanner(header, shown)
     hasher = hashlib.sha256()
     slots = threading.Semaphore(depth)
-    lock = threading.Lock()
     failures: list[BaseException] = []
+    to_hash: queue.Queue = queue.Queue()
+    to_scan: queue.Queue = queue.Queue()
 
-    def done(job: _Job) -> None:
-        with lock:
-            job.pending -= 1
-            last = job.pending == 0
-        if last:
+    def scanned(job: _Job | None) -> None:
+        if job is not None:
             _unmap(job.window)
             slots.release()
 
-    to_hash: queue.Queue = queue.Queue()
-    to_scan: queue.Queue = queue.Queue()
     workers = [
         threading.Thread(target=_consume, daemon=True, name="deep-hash",
-                         args=(to_hash, lambda job: _hash_window(hasher, job), done, failures)),
+                         args=(to_hash, lambda job: _hash_window(hasher, job), to_scan.put, failures)),
         threading.Thread(target=_consume, daemon=True, name="deep-stats",
-                         args=(to_scan, lambda job: _scan_window(scanner, job), done, failures)),
+                         args=(to_scan, lambda job: _scan_window(scanner, job), scanned, failures)),
     ]
     for w in workers:
         w.start()
@@ -349,14 +396,11 @@ def scan_file(path: str | os.PathLike[str], header: SafetensorsHeader, *, name: 
                 if failures:
                     break
                 length = min(window, size - offset)
-                job = _Job(_map_window(f.fileno(), offset, length), offset)
-                to_hash.put(job)
-                to_scan.put(job)
+                to_hash.put(_Job(_map_window(f.fileno(), offset, length), offset))
                 if progress:
                     progress(length)
     finally:
-        to_hash.put(None)
-        to_scan.put(None)
+        to_hash.put(None)    # the hash thread passes it on to the stats thread
         for w in workers:
             w.join()
     if failures:
@@ -404,32 +448,34 @@ def deep_section(scans: list[FileScan]) -> dict[str, Any]:
 
 @dataclass
 class FrozenEmbedResult:
-    """Bit-identity of the draft's `embed_tokens.weight` and the teacher's embedding."""
+    """The draft's `embed_tokens.weight` against the teacher's embedding, compared in the draft's dtype."""
 
     teacher: str
-    draft: Any        # TensorDigest | None
-    teacher_tensor: Any   # TensorDigest
+    draft: TensorDigest | None
+    teacher_tensor: CastDigest
+
+    @property
+    def comparison(self) -> EmbeddingComparison:
+        return compare_embeddings(self.draft, self.teacher_tensor, who="teacher")
 
     @property
     def identical(self) -> bool | None:
-        if self.draft is None:
-            return None
-        d, t = self.draft, self.teacher_tensor
-        return (d.dtype, d.shape, d.sha256) == (t.dtype, t.shape, t.sha256)
+        return self.comparison.identical
 
     def to_dict(self) -> dict[str, Any]:
-        return {"teacher": self.teacher, "identical": self.identical,
-                "draft": self.draft.to_dict() if self.draft else None,
-                "teacher_tensor": self.teacher_tensor.to_dict()}
+        return {"teacher": self.teacher, "draft": self.draft.to_dict() if self.draft else None,
+                "teacher_tensor": self.teacher_tensor.stored.to_dict(), **self.comparison.to_dict()}
 
     def findings(self) -> list[Finding]:
-        if self.identical is not False:
+        comparison = self.comparison
+        if comparison.identical is not False:
             return []
-        d, t = self.draft, self.teacher_tensor
+        assert self.draft is not None
         return [error("FROZEN_EMBED_MISMATCH", contract.FROZEN_TENSORS[0],
-                      f"{d.location} ({d.dtype} {list(d.shape)}, sha256 {d.sha256[:16]}) is not bit-identical to "
-                      f"the teacher's {t.location} ({t.dtype} {list(t.shape)}, sha256 {t.sha256[:16]})",
-                      "copy the teacher's embedding unchanged; the draft must share it frozen")]
+                      f"{self.draft.location} is not {comparison.sameness} the teacher's "
+                      f"{self.teacher_tensor.stored.location} ({comparison.evidence})",
+                      "copy the teacher's embedding unchanged (a new draft: 'dspark-hub init DIR --embed-from "
+                      "TEACHER'); the draft must share it frozen")]
 
 
 def draft_location(view: CheckpointView, name: str) -> TensorLocation | None:
@@ -440,7 +486,10 @@ def draft_location(view: CheckpointView, name: str) -> TensorLocation | None:
 
 def check_frozen_embed(view: CheckpointView, teacher: str | os.PathLike[str], *,
                        progress: Progress | None = None) -> FrozenEmbedResult:
-    """Hash the draft's and the teacher's embedding in place (in parallel) and compare.
+    """Hash the draft's and the teacher's embedding in place (in parallel) and compare them in the draft's dtype.
+
+    A teacher stored in F32 or F16 is also hashed as its exact BF16 rounding, in the same read
+    (`verify.embedding`).
 
     Raises:
         CheckpointNotFoundError: the teacher path does not exist.
@@ -448,8 +497,9 @@ def check_frozen_embed(view: CheckpointView, teacher: str | os.PathLike[str], *,
     """
     teacher_loc = locate_tensor(teacher, contract.TEACHER_EMBED_NAMES)
     draft_loc = draft_location(view, contract.FROZEN_TENSORS[0])
+    as_dtype = draft_loc.info.dtype if draft_loc else None
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="deep-embed") as pool:
-        teacher_job = pool.submit(tensor_digest, teacher_loc, progress=progress)
+        teacher_job = pool.submit(location_digest, teacher_loc, as_dtype=as_dtype, progress=progress)
         draft_job = pool.submit(tensor_digest, draft_loc, progress=progress) if draft_loc else None
         return FrozenEmbedResult(teacher=os.fspath(teacher), teacher_tensor=teacher_job.result(),
                                  draft=draft_job.result() if draft_job else None)

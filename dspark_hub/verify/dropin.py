@@ -18,6 +18,8 @@ from dspark_hub.report import Finding, error, info
 from dspark_hub.verify.family import FAMILIES, K3_DSPARK, Fingerprint, fingerprint, methods_text
 
 #: Keys that may appear in a drop-in's config beyond the reference's (reported as info).
+#: The `__metadata__` transformers' `save_pretrained` writes.
+_TRANSFORMERS_METADATA = {"format": "pt"}
 ALLOWED_EXTRA_KEYS = {"auto_map": "added by 'dspark-hub export-code' for trust_remote_code; runtimes ignore it"}
 
 
@@ -129,11 +131,23 @@ def _drop_in_files(view: CheckpointView, ref: DropInReference, where_ref: str) -
         return out
     for name, (size, header_len, metadata) in ref.files.items():
         header = view.headers[name]
-        if header.metadata != metadata:
+        same_metadata = header.metadata == metadata
+        if not same_metadata:
             out.append(error("DROPIN_METADATA", name, f"__metadata__ is {_fmt(header.metadata)}, {where_ref} has "
-                             f"{_fmt(metadata)}", "write the same safetensors metadata"))
+                             f"{_fmt(metadata)}", _rewrite_hint(metadata)))
         if view.files[name] != size or header.header_length != header_len:
+            why = "" if same_metadata else " (the header holds the other metadata)"
             out.append(error("DROPIN_FILE_SIZE", name, f"{view.files[name]:,} bytes with a {header.header_length:,}"
-                             f"-byte header, {where_ref} has {size:,} with {header_len:,}",
-                             "re-export with the same names, shapes, dtypes and metadata"))
+                             f"-byte header, {where_ref} has {size:,} with {header_len:,}{why}",
+                             _rewrite_hint(metadata) if same_metadata else "the fix for DROPIN_METADATA fixes this"))
     return out
+
+
+def _rewrite_hint(metadata: dict[str, str] | None) -> str:
+    """How to rewrite the weights in the reference's layout: 'dspark-hub convert' when that is the contract's."""
+    if metadata == contract.TORCHSPEC_METADATA:
+        return (f"rewrite the weights with 'dspark-hub convert' (the contract's layout and metadata "
+                f"{_fmt(metadata)}; transformers' save_pretrained writes {_fmt(_TRANSFORMERS_METADATA)}), or save "
+                "the model with dspark_hub.modeling.save_checkpoint")
+    return (f"save the model with dspark_hub.modeling.save_checkpoint(model, out, metadata={_fmt(metadata)}): "
+            "the same names, shapes, dtypes and safetensors metadata as the reference")

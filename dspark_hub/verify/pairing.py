@@ -19,9 +19,12 @@ Checks (each a finding naming what differs):
   target ships a tokenizer (``tokenizer.json``, ``tokenizer_config.json``
   ``added_tokens_decoder``, ``special_tokens_map.json``, read as JSON, never run), a special
   or reserved token rather than ordinary text;
-- k3_dspark only: ``embed_tokens.weight`` bit-identical to the target's embedding (a streamed
-  SHA-256 of both byte ranges through the `Source` protocol, so it works for local folders and
-  Hub sources alike); a speculators draft saves no embedding;
+- k3_dspark only: ``embed_tokens.weight`` identical to the target's embedding, compared in the
+  draft's dtype: raw bytes when the dtypes agree; a target stored in F32 or F16 (a transformers
+  ``save_pretrained`` of a small model) is cast exactly to the draft's BF16 (round to nearest even,
+  what the runtime does when it loads the target in BF16) and compared with that. Streamed SHA-256
+  of both byte ranges through the `Source` protocol (one read of the target), so it works for local
+  folders and Hub sources alike; a speculators draft saves no embedding;
 
 and records what the draft was paired with in ``sections["pairing"]``::
 
@@ -30,7 +33,11 @@ and records what the draft was paired with in ``sections["pairing"]``::
                "native_layer_ids", "native_layer_ids_key", "verifier"},   # target_layer_ids: our convention
      "config": {"hidden_size", "num_hidden_layers", "vocab_size", "sha256"},
      "files": {name: {"size": int, "sha256": str|null}},   # config/tokenizer files hashed, weights by size
-     "embedding": {"draft": digest|null, "target": digest|null, "identical": bool|null}|null,
+     "embedding": {"draft": digest|null, "target": digest|null,      # digests of the bytes as stored
+                   "target_cast": digest|null,   # the target's values cast to the draft's dtype, when they differ
+                   "compared_as": "bytes"|"cast"|null,   # bytes: same dtype; cast: exact RNE of the target
+                   "identical": bool|null, "verdict": str|null}|null,   # verdict: e.g. "identical after BF16
+                                                 # rounding (nearest even) of the F32 target"
      "mask_token": {"id", "content", "special", "where"}|null}
 
 TARGET may be a local folder or ``hf://org/name[@rev]`` (through `checks.source_for`).
@@ -42,7 +49,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +57,10 @@ from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
 from dspark_hub.format.jsonio import loads_strict
-from dspark_hub.format.tensorio import TensorDigest
+from dspark_hub.format.tensorio import CastDigest, TensorDigest, digest_as
 from dspark_hub.progress import Progress
 from dspark_hub.report import Finding, Report, error, info, warning
+from dspark_hub.verify.embedding import compare_embeddings
 from dspark_hub.verify.formats import K3, PairingKeys, detect
 from dspark_hub.verify.rules import text_config
 
@@ -65,6 +73,24 @@ _HF_METADATA = ".cache/huggingface/download/config.json.metadata"
 _SNAPSHOT = re.compile(r"snapshots/([0-9a-f]{40})(?:/|$)")
 
 
+def source_pieces(source: Source, name: str, start: int, end: int, *, progress: Progress | None = None,
+                  chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """Bytes [start, end) of one file of a `Source`, in fixed-size reads.
+
+    Raises:
+        OSError: the file ends before `end`.
+    """
+    pos = start
+    while pos < end:
+        piece = source.read_bytes(name, pos, min(chunk_bytes, end - pos))
+        if not piece:
+            raise OSError(f"{name}: ends {end - pos:,} bytes before offset {end:,}; the file is truncated")
+        pos += len(piece)
+        if progress:
+            progress(len(piece))
+        yield piece
+
+
 def hash_source_range(source: Source, name: str, start: int, end: int, *, progress: Progress | None = None,
                       chunk_bytes: int = CHUNK_BYTES) -> str:
     """SHA-256 of bytes [start, end) of one file of a `Source`, streamed in fixed-size reads.
@@ -73,26 +99,24 @@ def hash_source_range(source: Source, name: str, start: int, end: int, *, progre
         OSError: the file ends before `end`.
     """
     hasher = hashlib.sha256()
-    pos = start
-    while pos < end:
-        piece = source.read_bytes(name, pos, min(chunk_bytes, end - pos))
-        if not piece:
-            raise OSError(f"{name}: ends {end - pos:,} bytes before offset {end:,}; the file is truncated")
+    for piece in source_pieces(source, name, start, end, progress=progress, chunk_bytes=chunk_bytes):
         hasher.update(piece)
-        pos += len(piece)
-        if progress:
-            progress(len(piece))
     return hasher.hexdigest()
 
 
-def tensor_digest(view: CheckpointView, name: str, *, progress: Progress | None = None) -> TensorDigest | None:
-    """Hash one tensor of an opened checkpoint in place (None when it is absent)."""
+def tensor_digest(view: CheckpointView, name: str, *, progress: Progress | None = None,
+                  as_dtype: str | None = None) -> CastDigest | None:
+    """Hash one tensor of an opened checkpoint in place (None when it is absent).
+
+    `as_dtype`: also hash the values cast exactly to that dtype (`tensorio.EXACT_CASTS`), in the same read.
+    """
     if name not in view.tensors:
         return None
     file, tinfo = view.tensors[name]
     start, end = view.headers[file].absolute_range(name)
-    return TensorDigest(location=f"{view.location}/{file}:{name}", dtype=tinfo.dtype, shape=tuple(tinfo.shape),
-                  nbytes=end - start, sha256=hash_source_range(view.source, file, start, end, progress=progress))
+    stored = TensorDigest(location=f"{view.location}/{file}:{name}", dtype=tinfo.dtype, shape=tuple(tinfo.shape),
+                          nbytes=end - start, sha256="")
+    return digest_as(source_pieces(view.source, file, start, end, progress=progress), stored, as_dtype)
 
 
 # ---------------------------------------------------------------- target facts
@@ -248,20 +272,20 @@ def _verifier_findings(keys: PairingKeys, target_config: Mapping[str, Any]) -> l
 def _embedding(draft_view: CheckpointView, target_view: CheckpointView, name: str | None,
                progress: Progress | None) -> tuple[list[Finding], dict[str, Any]]:
     mine = tensor_digest(draft_view, contract.FROZEN_TENSORS[0], progress=progress)
-    theirs = tensor_digest(target_view, name, progress=progress) if name else None
-    identical = None if mine is None or theirs is None else \
-        (mine.dtype, mine.shape, mine.sha256) == (theirs.dtype, theirs.shape, theirs.sha256)
-    section = {"draft": mine.to_dict() if mine else None, "target": theirs.to_dict() if theirs else None,
-               "identical": identical}
+    theirs = (tensor_digest(target_view, name, progress=progress, as_dtype=mine.stored.dtype if mine else None)
+              if name else None)
+    comparison = compare_embeddings(mine.stored if mine else None, theirs)
+    section = {"draft": mine.stored.to_dict() if mine else None,
+               "target": theirs.stored.to_dict() if theirs else None, **comparison.to_dict()}
     out: list[Finding] = []
     if theirs is None:
         out.append(warning("PAIRING_NO_TARGET_EMBEDDING", target_view.location, "the target holds none of "
                            f"{', '.join(TARGET_EMBED_NAMES)}; embed_tokens could not be compared"))
-    elif identical is False:
-        out.append(error("PAIRING_EMBEDDING", contract.FROZEN_TENSORS[0], f"is not bit-identical to the target's "
-                         f"{name} ({mine.dtype} {list(mine.shape)} sha256 {mine.sha256[:16]} vs {theirs.dtype} "
-                         f"{list(theirs.shape)} sha256 {theirs.sha256[:16]})",
-                         "copy the target's embedding unchanged; the draft shares it frozen"))
+    elif comparison.identical is False:
+        out.append(error("PAIRING_EMBEDDING", contract.FROZEN_TENSORS[0],
+                         f"is not {comparison.sameness} the target's {name} ({comparison.evidence})",
+                         "copy the target's embedding unchanged (a new draft: 'dspark-hub init DIR --embed-from "
+                         "TARGET'); the draft shares it frozen"))
     return out, section
 
 
@@ -330,10 +354,10 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
         "mask_token": token.to_dict() if token else None,
     }
     if not any(f.severity == "error" for f in out):
-        identical = bool(embedding and embedding["identical"])
+        same = f", embedding {embedding['verdict']})" if embedding and embedding["identical"] else ")"
         out.append(info("PAIRING_OK", target_view.location, f"pairs with this target (hidden "
                         f"{tcfg.get('hidden_size')}, {tcfg.get('num_hidden_layers')} layers, vocabulary "
-                        f"{vocab}" + (", embedding bit-identical)" if identical else ")")))
+                        f"{vocab}" + same))
     return out, section
 
 

@@ -1,0 +1,28 @@
+"""The benchmarks' own arithmetic: what they report is what their docstrings promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def test_bench_deep_reports_the_median_of_alternating_rounds(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_deep
+
+    # one round disturbed by another process must not decide the verdict (the best run would: 0.5)
+    deep, alone = [10.0, 5.0, 5.5, 5.2, 6.0], [5.0, 10.0, 5.0, 5.0, 5.0]
+    assert bench_deep.round_ratios(deep, alone) == pytest.approx((1.1, 0.5, 2.0))
+    assert bench_deep.MIN_REPEAT >= 5
+
+
+def test_bench_deep_refuses_fewer_than_five_rounds(tmp_path):
+    run = subprocess.run([sys.executable, str(BENCH / "bench_deep.py"), str(tmp_path), "--repeat", "3"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "at least 5" in run.stderr
+    assert not (tmp_path / "model.safetensors").exists()
