@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import MissingDependencyError, UsageError
+from dspark_hub.ops.init import init_checkpoint
 from dspark_hub.train.hidden_state_files import (
     HiddenStateData,
     detect_format,
@@ -30,7 +31,7 @@ from dspark_hub.train.hidden_state_files import (
 from dspark_hub.train.teacher import read_final_norm
 
 from .cli_errors import assert_one_line_error
-from .modeling_factory import tiny_config, write_tiny_checkpoint
+from .modeling_factory import tiny_config
 from .teacher_factory import teacher_config
 
 SAMPLE = Path(__file__).parent / "fixtures" / "speculators_sample"
@@ -46,7 +47,7 @@ def pair(tmp_path_factory):
     torch.manual_seed(0)
     LlamaForCausalLM(teacher_config(vocab_size=256, num_attention_heads=2, num_key_value_heads=2)).save_pretrained(
         str(root / "teacher"))
-    write_tiny_checkpoint(root / "draft", config=CONFIG)
+    init_checkpoint(root / "draft", config=CONFIG, embed_from=root / "teacher")   # the teacher's frozen embedding
     return {"root": root, "teacher": str(root / "teacher"), "draft": root / "draft"}
 
 

@@ -59,6 +59,7 @@ from torch import nn
 
 from dspark_hub import schemas
 from dspark_hub.errors import UsageError
+from dspark_hub.format import contract
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME, TRAINING_ARGS_PATHS, public_args
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
@@ -292,6 +293,33 @@ def batch_indices(count: int, batch_size: int, local_step: int, seed: int) -> li
     return order[position * batch_size:(position + 1) * batch_size]
 
 
+def check_base_embedding(base: str | os.PathLike[str], teacher: str | os.PathLike[str]) -> str:
+    """The base's frozen `embed_tokens.weight` must be the teacher's embedding, compared as `verify
+    --frozen-embed` compares it (streamed; in the draft's dtype, so an F32 teacher counts through its
+    exact BF16 rounding). Runtimes serve the draft with the target's embedding, and training never
+    changes the frozen copy, so a draft trained on another embedding learns inputs it never sees.
+
+    Returns:
+        The verdict (`bit-identical`, or `identical after BF16 rounding ...`).
+
+    Raises:
+        UsageError: the embeddings differ, or the base holds none.
+    """
+    from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
+    from dspark_hub.verify.deep import check_frozen_embed
+
+    result = check_frozen_embed(open_checkpoint(LocalSource(base)), teacher)
+    comparison = result.comparison
+    if result.draft is None:
+        raise UsageError(f"{base}: holds no {contract.FROZEN_TENSORS[0]} to train beside", param="base")
+    if not comparison.identical:
+        raise UsageError(f"{base}: {contract.FROZEN_TENSORS[0]} is not {comparison.sameness} the teacher's "
+                         f"{result.teacher_tensor.stored.location} ({comparison.evidence}); the runtime serves the "
+                         "draft with the target's embedding, so train from a base that carries it: "
+                         "'dspark-hub init DIR --embed-from TEACHER'", param="base")
+    return str(comparison.verdict)
+
+
 class Trainer:
     """Holds the model, optimizer and schedule of one run; `fit()` runs it."""
 
@@ -321,6 +349,7 @@ class Trainer:
         self.save_dtype = getattr(torch, self.base_config.get("torch_dtype") or "bfloat16")
         self.data = None if config.on_policy else self._open_data(config.data)
         self.lm_head = read_lm_head(self._teacher_path()).float().to(self.device)
+        self.embedding = check_base_embedding(config.base, self._teacher_path())
         if config.loss_chunk < 0:
             raise UsageError(f"{config.loss_chunk}; use rows per chunk, or 0 for no chunking", param="loss_chunk")
         self.module = self._wrap(DraftStep(self.model, config.block_size, terms=list(self.loss_weights),
