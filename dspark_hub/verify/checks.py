@@ -17,6 +17,7 @@ from dspark_hub._text import plural
 from dspark_hub.errors import ContractError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
+from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, Report, Summary, error, warning
 from dspark_hub.verify.codes import HUB_FILE_CODES
 from dspark_hub.verify.dropin import DropInReference, check_drop_in, dropin_family_finding, resolve_reference
@@ -37,9 +38,6 @@ REQUIRED_KEYS = (
 def _fmt(value: Any) -> str:
     return json.dumps(value)
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # ---------------------------------------------------------------- config rules
@@ -68,11 +66,11 @@ def _rule(ok: bool, key: str, message: str, hint: str) -> list[Finding]:
 def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     layers = config.get("num_hidden_layers")
-    out += _rule(_is_int(layers) and layers > 0, "num_hidden_layers",
+    out += _rule(is_int(layers) and layers > 0, "num_hidden_layers",
                  f"num_hidden_layers is {_fmt(layers)}; it must be a positive integer (a JSON number)",
                  "set the draft's layer count")
     vocab, mask = config.get("vocab_size"), config.get("mask_token_id")
-    out += _rule(_is_int(mask) and _is_int(vocab) and 0 <= mask < vocab, "mask_token_id",
+    out += _rule(is_int(mask) and is_int(vocab) and 0 <= mask < vocab, "mask_token_id",
                  f"mask_token_id is {_fmt(mask)}; it must be an id in [0, vocab_size={_fmt(vocab)})",
                  "use the reserved mask token the draft was trained with")
     head = config.get("markov_head_type")
@@ -83,7 +81,7 @@ def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
                                                                         else ""),
                      "train with the vanilla Markov head")
     rank = config.get("markov_rank")
-    out += _rule(_is_int(rank) and rank > 0, "markov_rank", f"markov_rank is {_fmt(rank)}; it must be > 0",
+    out += _rule(is_int(rank) and rank > 0, "markov_rank", f"markov_rank is {_fmt(rank)}; it must be > 0",
                  "set the rank of markov_head.markov_w1/w2")
     stream = config.get("aux_hidden_stream", "prefix")
     out += _rule(stream in contract.AUX_HIDDEN_STREAMS, "aux_hidden_stream",
@@ -93,7 +91,7 @@ def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
         out += _rule(config.get(key, False) is False, key, f"{key} is {_fmt(config.get(key))}; runtimes require "
                      "false", f"set {key} to false")
     q_rank = config.get("q_lora_rank")
-    out += _rule(_is_int(q_rank) and q_rank > 0, "q_lora_rank", f"q_lora_rank is {_fmt(q_rank)}; it must be > 0",
+    out += _rule(is_int(q_rank) and q_rank > 0, "q_lora_rank", f"q_lora_rank is {_fmt(q_rank)}; it must be > 0",
                  "the k3_dspark attention always uses a q low-rank projection")
     out += _rope_rules(config.get("rope_parameters"))
     return out

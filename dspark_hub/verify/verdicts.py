@@ -94,7 +94,7 @@ class RuntimeVerdicts:
         return self.refusal is None and not self.names("fatal") and not self.unfilled_names("fatal")
 
     def counts(self) -> dict[str, int]:
-        out = {v: 0 for v in VERDICTS}
+        out: dict[str, int] = {v: 0 for v in VERDICTS}
         for v, _ in self.tensors.values():
             out[v] += 1
         return out
