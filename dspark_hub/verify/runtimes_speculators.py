@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_hub.format import speculators
+from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, warning
 from dspark_hub.verify.formats import ServingFacts
 from dspark_hub.verify.rules import taps_from_aux_ids
@@ -286,6 +287,8 @@ class SpeculatorsLoader:
         facts = serving_facts(config)
         block = config.get("block_size")
         anchored = config.get("sample_from_anchor", speculators.DEFAULTS["sample_from_anchor"])
+        if not is_int(block):   # missing or not a number: the config rules report it (block_size)
+            return []
         if anchored or facts.num_speculative_tokens is None or facts.num_speculative_tokens == block:
             return []
         return [warning("SERVING_TOKEN_COUNT", "runtime:vllm", f"a bonus-anchor draft (sample_from_anchor false) "
