@@ -98,9 +98,13 @@ def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
 
 
 #: What YaRN needs in `rope_parameters`, and the type of each value.
-YARN_KEYS = {"factor": (int, float), "original_max_position_embeddings": (int,), "rope_theta": (int, float),
-             "beta_fast": (int, float), "beta_slow": (int, float), "mscale": (int, float),
-             "mscale_all_dim": (int, float)}
+YARN_KEYS: dict[str, tuple[type[int] | type[float], ...]] = {
+    "factor": (int, float), "original_max_position_embeddings": (int,), "rope_theta": (int, float),
+    "beta_fast": (int, float), "beta_slow": (int, float), "mscale": (int, float), "mscale_all_dim": (int, float)}
+
+
+def _non_negative(value: object, types: tuple[type[int] | type[float], ...]) -> bool:
+    return isinstance(value, types) and not isinstance(value, bool) and value >= 0
 
 
 def _rope_rules(rope: Any) -> list[Finding]:
@@ -114,8 +118,7 @@ def _rope_rules(rope: Any) -> list[Finding]:
     if rope.get("rope_type") != "yarn":
         return _rule(False, "rope_parameters", f"rope_parameters.rope_type is {_fmt(rope.get('rope_type'))}; "
                      "the k3_dspark attention uses YaRN", hint)
-    bad = [key for key, types in YARN_KEYS.items()
-           if not isinstance(rope.get(key), types) or isinstance(rope.get(key), bool) or rope.get(key) < 0]
+    bad = [key for key, types in YARN_KEYS.items() if not _non_negative(rope.get(key), types)]
     return _rule(not bad, "rope_parameters", f"rope_parameters has missing or non-numeric {', '.join(bad)}", hint)
 
 
@@ -292,8 +295,10 @@ def _metadata_findings(view: CheckpointView, fmt: DraftFormat | None = None) -> 
 
 # ---------------------------------------------------------------- entry point
 
-def source_for(path: str | os.PathLike[str], *, endpoint: str | None = None) -> Source:
-    """A `Source` for a local folder or an `hf://org/name[@rev]` URL."""
+def source_for(path: str | os.PathLike[str] | Source, *, endpoint: str | None = None) -> Source:
+    """A `Source` for a local folder or an `hf://org/name[@rev]` URL (a `Source` is returned as it is)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return path
     text = os.fspath(path)
     if text.startswith("hf://"):
         from dspark_hub.format.remote import HubSource  # huggingface_hub only when a Hub path is given
@@ -353,7 +358,7 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
     return report
 
 
-def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: str, *,
+def check_against_hub(report: Report, folder: str, hub_ref: str, *,
                       endpoint: str | None = None) -> None:
     """Compare local files with a Hub revision's LFS SHA-256 / blob ids and sizes (into `report`)."""
     from dspark_hub.format.remote import parse_hf_url
@@ -423,7 +428,7 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         True
     """
     ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
-    source = path if hasattr(path, "list_files") else source_for(path, endpoint=endpoint)  # type: ignore[arg-type]
+    source = source_for(path, endpoint=endpoint)
     if against_hub is not None and not isinstance(source, LocalSource):
         raise UsageError("compares a local folder with the Hub; pass a local folder", param="against_hub")
     if execute:
@@ -440,5 +445,5 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         from dspark_hub.verify import pairing
         pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)
     if against_hub is not None:
-        check_against_hub(report, os.fspath(path), against_hub, endpoint=endpoint)   # type: ignore[arg-type]
+        check_against_hub(report, source.location, against_hub, endpoint=endpoint)
     return report

@@ -336,7 +336,7 @@ def _unmap(window: mmap.mmap) -> None:
         window.close()
 
 
-def _hash_window(hasher: Any, job: _Job) -> None:
+def _hash_window(hasher: hashlib._Hash, job: _Job) -> None:
     with memoryview(job.window) as view:
         hasher.update(view)
 

@@ -39,7 +39,7 @@ from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, warning
 from dspark_hub.verify.formats import ServingFacts
 from dspark_hub.verify.rules import taps_from_aux_ids
-from dspark_hub.verify.runtimes_vllm import ROTARY_BUFFERS, VERSION, ModuleTree, stacked_module, truthy
+from dspark_hub.verify.runtimes_vllm import ROTARY_BUFFERS, VERSION, ModuleTree, ShardId, stacked_module, truthy
 from dspark_hub.verify.runtimes_vllm import rule as _rule
 from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, draft_id
 
@@ -104,8 +104,9 @@ RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
           "key given both ways is an error", f"{_ARGS}:1830-1835, 2060-2081", "executed"),
 )}
 
-_STACKED_RULES = ((".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"),
-                  (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
+_STACKED_RULES: tuple[tuple[str, str, ShardId], ...] = (
+    (".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"),
+    (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
 #: `DFlashQwen3Model.hf_to_vllm_mapper` renames (qwen3_dflash.py:416-424).
 _RENAMES = (("midlayer.", "layers.0."), ("encoder.output_norm_enc.", "hidden_norm."), ("encoder.fc.", "fc."))
 
@@ -166,7 +167,7 @@ def _plan(config: Mapping[str, Any], names: list[str]) -> _Load:
     return _Load(root=root, model=model, kept=kept, head_kept=head_kept, refusal=refusal)
 
 
-def _route(name: str, plan: _Load, confidence: bool) -> tuple[str | None, str, Any]:
+def _route(name: str, plan: _Load, confidence: bool) -> tuple[str | None, str, ShardId | None]:
     """(tree, path, shard) of a name after vLLM's renames; tree None: dropped by design (path = the rule)."""
     if "t2d" in name:
         return None, "t2d_skipped", None
@@ -188,7 +189,7 @@ def _route(name: str, plan: _Load, confidence: bool) -> tuple[str | None, str, A
     for orig, new in _RENAMES:
         if orig in path:
             path = path.replace(orig, new, 1)
-    shard = None
+    shard: ShardId | None = None
     for orig, new, s in _STACKED_RULES:
         if orig in path:
             path, shard = path.replace(orig, new, 1), s
@@ -306,6 +307,7 @@ def serving_facts(config: Mapping[str, Any]) -> ServingFacts:
     if declared is not None and written is not None and declared != written:
         notes.append(f"speculative_tokens {declared} differs from what training writes for this block layout "
                      f"({written})")
+    n: int | None
     if declared is not None:
         n, source = declared, "speculators_config.proposal_methods[0].speculative_tokens"
     else:
