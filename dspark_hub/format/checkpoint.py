@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.format.reader import SafetensorsHeader, ShardIndex, TensorInfo, parse_index, read_header_with
@@ -111,6 +111,16 @@ class CheckpointView:
     @property
     def location(self) -> str:
         return self.source.location
+
+    def local_path(self, name: str) -> Path:
+        """Where file `name` of a local checkpoint is on disk.
+
+        Raises:
+            UsageError: the checkpoint is not a local folder (a Hub checkpoint has no path to read).
+        """
+        if not isinstance(self.source, LocalSource):
+            raise UsageError(f"{self.location}: reading {name} needs a local checkpoint folder")
+        return self.source.path(name)
 
     @property
     def weight_files(self) -> list[str]:

@@ -113,12 +113,8 @@ def view_location(view: CheckpointView, name: str) -> TensorLocation:
     Raises:
         UsageError: the checkpoint is not a local folder (a Hub checkpoint has no path to read).
     """
-    from dspark_hub.format.checkpoint import LocalSource
-
-    if not isinstance(view.source, LocalSource):
-        raise UsageError(f"{view.location}: reading tensor data needs a local checkpoint folder")
     file, info = view.tensors[name]
-    return TensorLocation(path=view.source.path(file), header=view.headers[file], info=info)
+    return TensorLocation(path=view.local_path(file), header=view.headers[file], info=info)
 
 
 def tensor_digest(location: TensorLocation, *, progress: Progress | None = None) -> TensorDigest:

@@ -32,11 +32,14 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.progress import Progress, announce_total
+
+if TYPE_CHECKING:
+    from dspark_hub.train.rollouts import MemoryRollouts, RolloutData
 
 DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that carried k drafted tokens; "
               "accepted_per_position[i] = drafts whose first i+1 tokens were all accepted; per_position[i] = "
@@ -202,7 +205,8 @@ def measure(rollouts: Iterable[Any], make_proposer: Callable[[Any], Callable[[in
             stop_ids: Iterable[int] = ()) -> Measurement:
     """Simulate every rollout with the proposer `make_proposer(rollout)` builds (`simulate`)."""
     stops = list(stop_ids)
-    overall, by_dataset = AcceptanceStats(k), {}
+    overall = AcceptanceStats(k)
+    by_dataset: dict[str, AcceptanceStats] = {}
     for rollout in rollouts:
         stats = simulate(rollout, make_proposer(rollout), k, max_tokens=max_tokens, stop_ids=stops)
         overall.add(stats)
@@ -354,7 +358,7 @@ def check_pairing(draft: DraftUnderTest, teacher_config: Mapping[str, Any], teac
                                        "draft with the target it was trained against")
     layers = target.get("num_hidden_layers")
     bad = [f for f in draft.format.tap_findings(draft.config, layers) if f.severity == "error"]
-    if bad or max(draft.taps) >= layers:
+    if bad or not isinstance(layers, int) or max(draft.taps) >= layers:
         raise UsageError(f"{teacher}: {bad[0].message if bad else 'a tap is past its last layer'}; pair the draft "
                          "with the target it was trained against")
 
@@ -401,7 +405,7 @@ def _load_draft(path: str | os.PathLike[str]) -> Any:
 
 def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,
                        max_new_tokens: int, batch_size: int, progress: Progress | None = None
-                       ) -> tuple[Any, str, dict]:
+                       ) -> tuple[RolloutData | MemoryRollouts, str, dict[str, Any]]:
     """(rollouts, teacher path, harness facts about the data) from a prompts file or a rollouts folder.
 
     From prompts the teacher rolls out `max_new_tokens + k` tokens ignoring EOS (the last step may
@@ -431,19 +435,20 @@ def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: s
         return rollouts, teacher, facts
     if teacher is None:
         raise UsageError("needs `teacher`", param="prompts")
+    assert prompts is not None   # exactly one of prompts and data, checked above
     check_pairing(draft, read_json(Path(teacher) / "config.json"), teacher)
     model = load_teacher(teacher)
     items = read_prompts(prompts, teacher)
     announce_total(progress, 2 * len(items))   # generated, then measured
-    rollouts = MemoryRollouts(list(generate_rollouts(model, items, draft.taps, max_new_tokens=max_new_tokens + draft.k,
-                                                     batch_size=batch_size, ignore_eos=True, progress=progress,
-                                                     states_dtype=torch.float32)))
-    rollouts.rollouts.sort(key=lambda r: r.prompt_index)
+    memory = MemoryRollouts(list(generate_rollouts(model, items, draft.taps, max_new_tokens=max_new_tokens + draft.k,
+                                                   batch_size=batch_size, ignore_eos=True, progress=progress,
+                                                   states_dtype=torch.float32)))
+    memory.rollouts.sort(key=lambda r: r.prompt_index)
     identity = teacher_identity(teacher).to_dict()
     facts = {"prompts_sha256": sha256_file(prompts), "max_new_tokens": max_new_tokens,
              "chat_template_sha256": chat_template_digest(teacher), "teacher": identity["label"],
              "teacher_identity": identity, "data": None}
-    return rollouts, teacher, facts
+    return memory, teacher, facts
 
 
 def _make_proposer(draft: DraftUnderTest, teacher: str, *, markov: bool) -> Callable[[Any], Callable[[int], list[int]]]:

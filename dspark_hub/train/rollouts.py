@@ -147,7 +147,7 @@ class RolloutSummary:
 def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None) -> list[Prompt]:
     """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it)."""
     tokenizer = None
-    prompts = []
+    prompts: list[Prompt] = []
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -425,7 +425,8 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     check_teacher_matches(teacher_config, draft, teacher_name=str(teacher))
     out = Path(out)
     owned = isinstance(engine, str)
-    runner = open_engine(engine, str(teacher), list(draft["target_layer_ids"]), engine_options) if owned else engine
+    runner = (open_engine(engine, str(teacher), list(draft["target_layer_ids"]), engine_options)
+              if isinstance(engine, str) else engine)
     try:
         settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos, mode=mode, engine=runner.name,
                              engine_dtype=runner.dtype)
