@@ -68,7 +68,7 @@ from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions, TeacherEngin
 from dspark_hub.train.hidden_state_files import HiddenStateData, open_training_data
 from dspark_hub.train.plan import TrainPlan, step_plan
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import read_lm_head
+from dspark_hub.train.teacher import moved, read_lm_head
 
 if TYPE_CHECKING:
     from dspark_hub.modeling import K3DSparkModel
@@ -347,8 +347,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         loaded = load_checkpoint(config.base, dtype=torch.float32)
         self.base_config = loaded.config
-        # transformers wraps PreTrainedModel.to in functools.wraps, which mypy reads as a function without `self`
-        self.model = loaded.model.to(self.device)   # type: ignore[arg-type]
+        self.model = moved(loaded.model, self.device)
         self.model.embed_tokens.weight.requires_grad_(False)
         self.model.train()
         self.parameter_counts = (sum(p.numel() for p in self.model.parameters() if p.requires_grad),
