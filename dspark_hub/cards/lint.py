@@ -308,11 +308,11 @@ def _label_findings(card: Card, table: Table, expected: AcceptanceLabel | None) 
         return []
     after = _label_after(card, table)
     label = parse_label(after[1]) if after else None
-    if label is None:
+    if label is None or after is None:
         return [error("ACCEPTANCE_UNLABELLED", card.where(table.line), "the acceptance table does not say which "
                       "numbers it shows (no 'Acceptance numbers: measured (...)' or 'simulated (...)' line after it)",
                       "add the label line under the table ('dspark-hub card' writes it from the eval file)")]
-    where = card.where(after[0])  # type: ignore[index]
+    where = card.where(after[0])
     out = []
     positions = sum(1 for h in table.headers if _POSITION.match(_plain(h)))
     if positions and label.k is not None and label.k != positions:

@@ -115,11 +115,11 @@ class Geometry:
 
 def is_speculators(config: Mapping[str, Any] | None) -> bool:
     """Whether a config is a speculators-format config (any algorithm)."""
-    return bool(config) and TYPE_KEY in config  # type: ignore[operator]
+    return config is not None and TYPE_KEY in config
 
 
 def is_dspark(config: Mapping[str, Any] | None) -> bool:
-    return bool(config) and config.get(TYPE_KEY) == DSPARK  # type: ignore[union-attr]
+    return config is not None and config.get(TYPE_KEY) == DSPARK
 
 
 def layer_config(config: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -346,10 +346,10 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
     across = ref is not None and found is not None and found.family != ref.family
     if found is not None and (fmt is None or across):
         report.sections["family"] = found.to_dict()
-    if across:
-        report.findings.append(dropin_family_finding(found, ref))   # type: ignore[arg-type]
-    elif config is not None and fmt is None:
-        report.findings.extend(family_findings(found, config))     # type: ignore[arg-type]
+    if across and found is not None and ref is not None:
+        report.findings.append(dropin_family_finding(found, ref))
+    elif config is not None and fmt is None and found is not None:
+        report.findings.extend(family_findings(found, config))
     if fmt is not None:
         _check_format(report, view, fmt, drop_in=ref is not None)
     report.findings.extend(_metadata_findings(view, fmt))

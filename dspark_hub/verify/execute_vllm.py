@@ -476,7 +476,7 @@ def _wrap_loader(fn: Callable[..., Any], pname: str) -> Callable[..., Any]:
         except BaseException:
             t.failed_write = src or t.in_flight
             raise
-    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
+    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]  # what inspect.unwrap follows; functions take attributes
     return wrapped
 
 

@@ -41,7 +41,7 @@ from dspark_hub.verify.formats import ServingFacts
 from dspark_hub.verify.rules import taps_from_aux_ids
 from dspark_hub.verify.runtimes_vllm import ROTARY_BUFFERS, VERSION, ModuleTree, ShardId, stacked_module, truthy
 from dspark_hub.verify.runtimes_vllm import rule as _rule
-from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, draft_id
+from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, by_id, draft_id
 
 _DSPARK = "vllm/model_executor/models/qwen3_dspark.py"
 _DFLASH = "vllm/model_executor/models/qwen3_dflash.py"
@@ -53,7 +53,7 @@ _SPEC = "vllm/config/speculative.py"
 _LOADER = "vllm/model_executor/model_loader/default_loader.py"
 
 
-RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
+RULES: dict[str, Cited] = by_id((
     _rule("type_supported", "speculators_model_type must be eagle3, peagle, dflash, dflash2 or dspark (mtp and "
           "xpress are rejected)", f"{_BASE}:51-56", "executed"),
     _rule("config_translated", "the config is translated by update_dspark: aux ids become "
@@ -102,7 +102,7 @@ RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
           "executed"),
     _rule("spec_flags", "--spec-method/--spec-model/--spec-tokens are merged into the --speculative-config dict; a "
           "key given both ways is an error", f"{_ARGS}:1830-1835, 2060-2081", "executed"),
-)}
+))
 
 _STACKED_RULES: tuple[tuple[str, str, ShardId], ...] = (
     (".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"),

@@ -33,7 +33,7 @@ from typing import Any, TypeAlias
 
 from dspark_hub.format import contract
 from dspark_hub.report import Finding
-from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, ServingRecipe, Verdict
+from dspark_hub.verify.verdicts import Cited, Evidence, RuntimeVerdicts, ServingRecipe, Verdict, by_id
 
 VERSION = "vLLM 0.32.0"
 _MLA = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
@@ -46,12 +46,12 @@ _WUTILS = "vllm/model_executor/model_loader/weight_utils.py"
 _DSPARK = "vllm/model_executor/models/qwen3_dspark.py"
 
 
-def rule(rule_id: str, text: str, source: str, evidence: str = "executed") -> Cited:
+def rule(rule_id: str, text: str, source: str, evidence: Evidence = "executed") -> Cited:
     """A vLLM rule: `source` is file:line in vLLM 0.32.0."""
-    return Cited(rule=text, source=f"{VERSION} {source}", evidence=evidence, id=rule_id)  # type: ignore[arg-type]
+    return Cited(rule=text, source=f"{VERSION} {source}", evidence=evidence, id=rule_id)
 
 
-RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
+RULES: dict[str, Cited] = by_id((
     rule("config_refused", "K3DSparkConfig refuses, at config parse, a truthy mla_use_nope, mla_use_output_gate, "
          "mla_use_qk_norm or dspark_bonus_anchor, q_lora_rank null, a draft_vocab_size other than vocab_size, and "
          "target_layer_ids empty or not num_target_layers long; nothing starts and no tensor is read",
@@ -89,7 +89,7 @@ RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
          f"{_VOCAB}:39, 67"),
     rule("gpu_only", "serving DSpark needs Model Runner V2, which needs Triton: a CPU build refuses it",
          "vllm/config/vllm.py:723-727, 2976-2979, 3190, 3197-3202"),
-)}
+))
 
 #: Name rules of `K3DSparkForCausalLM.hf_to_vllm_mapper` and the loader's rotary mapper, in vLLM's order.
 _TARGET_SHARED = ("embed_tokens", "lm_head")

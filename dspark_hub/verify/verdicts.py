@@ -24,7 +24,7 @@ runtime refuses the config at parse time, or its ``load_weights`` refuses the se
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -62,6 +62,11 @@ class ServingRecipe:
     template: str          # {target} {draft} {n} placeholders
     source: str
     note: str = ""
+
+
+def by_id(rules: Iterable[Cited]) -> dict[str, Cited]:
+    """A loader's rules keyed by id (every rule of a loader spec has one)."""
+    return {r.id: r for r in rules if r.id is not None}
 
 
 class RuntimeLoader(Protocol):
