@@ -17,6 +17,8 @@ a reader can run, `'dspark-hub checksums --force'`: that is advice, true whoever
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DsparkError(Exception):
     """Root of every dspark-hub error. `str(e)` is one line naming the thing and the fix.
@@ -140,7 +142,7 @@ class ConversionRefusedError(UsageError):
 
     error_code = "CONVERSION_REFUSED"
 
-    def __init__(self, message: str, *, family: str, target: str, detail: dict | None = None,
+    def __init__(self, message: str, *, family: str, target: str, detail: dict[str, Any] | None = None,
                  hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.family = family

@@ -82,3 +82,15 @@ def test_an_engine_failure_names_what_failed_and_keeps_the_log(tmp_path):
 def test_a_missing_interpreter_is_a_missing_dependency(tmp_path):
     with pytest.raises(MissingDependencyError, match="cannot start the vllm engine process"):
         vllm_eval.run_engine(str(tmp_path / "no-such-python"), {}, what="plain greedy")
+
+
+def test_a_teacher_config_without_a_layer_count_is_refused_not_a_type_error():
+    # check_pairing compared the taps with num_hidden_layers unchecked: None raised TypeError out of eval.
+    from dspark_hub.errors import UsageError
+    from dspark_hub.train.evaluate import check_pairing
+
+    draft = read_draft(fixture("dspark"))
+    keys = draft.format.pairing_keys(draft.config)
+    teacher = {"hidden_size": keys.tap_width, "vocab_size": keys.vocab_size}
+    with pytest.raises(UsageError, match="no num_hidden_layers"):
+        check_pairing(draft, teacher, "teacher")

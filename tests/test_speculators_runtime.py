@@ -164,3 +164,12 @@ def test_cli_prints_both_commands_and_the_json_section(tmp_path):
                                               "--json"]).stdout)
     assert doc["sections"]["runtimes"]["vllm"]["counts"] == {"loaded": 31, "skipped": 1, "ignored": 0, "fatal": 0}
     assert doc["summary"]["parameters"]["maps"] == 320
+
+
+@pytest.mark.parametrize("block_size", [..., "4"])
+def test_a_bonus_anchor_draft_with_a_bad_block_size_is_a_finding_not_a_crash(tmp_path, block_size):
+    # serving_findings added 1 to block_size whatever it was: a missing one raised TypeError out of verify.
+    folder = edit_config(copy_fixture(tmp_path, "dspark-bonus-anchor"), set_key("block_size", block_size))
+    report = verify(folder, runtime="vllm")
+    assert not report.ok and "SERVING_TOKEN_COUNT" not in report.codes()
+    assert any("block_size" in f.message for f in report.findings if f.severity == "error")

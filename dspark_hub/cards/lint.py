@@ -252,11 +252,12 @@ def _acceptance_findings(card: Card, table: Table) -> list[Finding]:
             out.append(error("ACCEPTANCE_UNREADABLE", where, "a rate or the acceptance length is not a number",
                              "write rates as 81.3% or 0.813 and lengths as 4.96"))
             continue
-        values = [r[0] for r in rates]       # type: ignore[index]
+        read = [r for r in rates if r is not None]     # every one, checked above
+        values = [r[0] for r in read]
         out += [error("RATE_OUT_OF_RANGE", where, f"rate {v:.2%} at position {k} is outside [0, 100%]",
                       "rates are fractions of verification steps") for k, v in enumerate(values) if not 0 <= v <= 1]
         total = 1.0 + sum(values)
-        tolerance = length[1] + sum(r[1] for r in rates) + 1e-9      # type: ignore[index]
+        tolerance = length[1] + sum(r[1] for r in read) + 1e-9
         if abs(length[0] - total) > tolerance:
             out.append(error("ACCEPTANCE_LENGTH_MISMATCH", where,
                              f"acceptance length {_plain(cells[length_col])} but 1 + the sum of the per-position "
@@ -307,11 +308,11 @@ def _label_findings(card: Card, table: Table, expected: AcceptanceLabel | None) 
         return []
     after = _label_after(card, table)
     label = parse_label(after[1]) if after else None
-    if label is None:
+    if label is None or after is None:
         return [error("ACCEPTANCE_UNLABELLED", card.where(table.line), "the acceptance table does not say which "
                       "numbers it shows (no 'Acceptance numbers: measured (...)' or 'simulated (...)' line after it)",
                       "add the label line under the table ('dspark-hub card' writes it from the eval file)")]
-    where = card.where(after[0])  # type: ignore[index]
+    where = card.where(after[0])
     out = []
     positions = sum(1 for h in table.headers if _POSITION.match(_plain(h)))
     if positions and label.k is not None and label.k != positions:
@@ -369,8 +370,8 @@ def statements(card: Card) -> list[Statement]:
             if len(cells) >= 2 and re.fullmatch(r"target layer ids?", _plain(cells[0]), re.IGNORECASE):
                 ids = [int(x) for x in re.findall(r"\d+", _plain(cells[1]))]
                 out.append(Statement(line, "layer_ids", ids, cells[1]))
-            if cells and (m := _DECODER_LAYERS.match(_plain(cells[0]))):
-                out.append(Statement(line, "layers", int(m.group(1)), cells[0]))
+            if cells and (layers := _DECODER_LAYERS.match(_plain(cells[0]))):
+                out.append(Statement(line, "layers", int(layers.group(1)), cells[0]))
     return out
 
 
@@ -470,7 +471,7 @@ def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
         if size is not None and size != view.files[name]:
             out.append(error("CHECKSUM_SIZE_MISMATCH", where, f"{name}: the card says {size:,} bytes, the file has "
                              f"{view.files[name]:,}", "regenerate the checksum table from these files"))
-        elif _SHA256.match(digest) and hasher(view.source.path(name)) != digest:
+        elif _SHA256.match(digest) and hasher(view.local_path(name)) != digest:
             out.append(error("CHECKSUM_MISMATCH", where, f"{name}: SHA-256 differs from the card's {digest[:12]}...",
                              "regenerate the checksum table from these files"))
     return out

@@ -269,7 +269,7 @@ def _checksums(view: CheckpointView, manifest: Mapping[str, FileDigest], hash_fi
         if known is not None and known.sha256:
             rows.append(FileChecksum(name, size, known.sha256, "manifest"))
         elif hash_files:
-            rows.append(FileChecksum(name, size, sha256_file(view.source.path(name), progress=progress), "computed"))
+            rows.append(FileChecksum(name, size, sha256_file(view.local_path(name), progress=progress), "computed"))
         else:
             rows.append(FileChecksum(name, size, None, "none"))
     return rows
@@ -318,7 +318,7 @@ def _golden_fixtures(view: CheckpointView) -> list[dict[str, Any]]:
         if not (name.startswith(contract.GOLDEN_DIR + "/") and name.endswith(".safetensors")):
             continue
         try:
-            meta = read_header(view.source.path(name)).metadata or {}
+            meta = read_header(view.local_path(name)).metadata or {}
         except CheckpointFormatError:
             continue
         if current(meta.get("schema")) != GOLDEN_FIXTURE:
@@ -335,7 +335,7 @@ def _golden_fixtures(view: CheckpointView) -> list[dict[str, Any]]:
 def _block_size(view: CheckpointView, declared: int | None, configured: int | None = None) -> int | None:
     """The trained block size: the weights' `__metadata__` `block_size`, else the config's (a speculators
     config has one; k3_dspark's has not), else the card's; the card may not contradict either."""
-    stored = {h.metadata.get("block_size") for h in view.headers.values() if h.metadata and "block_size" in h.metadata}
+    stored = {h.metadata["block_size"] for h in view.headers.values() if h.metadata and "block_size" in h.metadata}
     if not stored:
         if declared is not None and configured is not None and declared != configured:
             raise UsageError(f"card.yaml: architecture.block_size {declared} disagrees with config.json block_size "
@@ -370,7 +370,7 @@ def facts_from_metadata(meta: Mapping[str, Any], base: Path) -> CardFacts:
     return facts
 
 
-def _apply_explicit(facts: CardFacts, explicit: Mapping[str, Any]) -> None:
+def _apply_explicit(facts: CardFacts, explicit: dict[str, Any]) -> None:
     params = explicit.pop("parameters", None)
     if isinstance(params, int):
         facts.parameters = contract.ParameterCounts(total=params, frozen=0, trained=params)

@@ -125,7 +125,9 @@ def acceptance_label(*sources: Mapping[str, Any] | None) -> AcceptanceLabel | No
     else:
         return None
     measured = measured or {}
-    spec = measured.get("speculative_config") if isinstance(measured.get("speculative_config"), Mapping) else {}
+    spec = measured.get("speculative_config")
+    if not isinstance(spec, Mapping):
+        spec = {}
     k = first("k", "block_size", "num_speculative_tokens") or spec.get("num_speculative_tokens") or \
         measured.get("num_speculative_tokens")
     digest = measured.get("prompts_sha256") or first("prompts_fingerprint", "prompts_sha256")
@@ -440,7 +442,7 @@ def _log_lines(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:
         lines = p.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise UsageError(f"{p}: no such file; pass the training log (JSON lines)") from None
-    out = []
+    out: list[Mapping[str, Any]] = []
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -490,10 +492,11 @@ def load_training_run(path: str | os.PathLike[str]) -> TrainingRun | None:
     if not by_step:
         return None
     first, last = by_step[min(by_step)], by_step[max(by_step)]
-    tokens = [line.get("tokens") for line in by_step.values()]
+    tokens = [t for t in (line.get("tokens") for line in by_step.values()) if isinstance(t, int)]
+    counted = len(tokens) == len(by_step)
     terms = sorted(k for k in last if k in _LOSS_TERMS)
     return TrainingRun(steps=len(by_step), first_step=min(by_step), last_step=max(by_step),
-                       tokens=sum(tokens) if all(isinstance(t, int) for t in tokens) else None,
+                       tokens=sum(tokens) if counted else None,
                        first_loss=_number(first.get("loss")), final_loss=_number(last.get("loss")),
                        final_lr=_number(last.get("lr")), final_accuracy=_number(last.get("accuracy")),
                        terms=terms, setup=_training_setup(Path(path).parent / TRAINING_ARGS_NAME))

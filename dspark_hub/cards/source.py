@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import UsageError
+from dspark_hub.format.jsonio import is_int
 
 #: dotted key -> (kind, meaning). Kinds: `string` (required), `markdown`, `integer`, `mapping`,
 #: `pairs` (a list of [label, value]), `names` (a mapping of name -> text), `config` (a path, a
@@ -76,9 +77,6 @@ def _is_text(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def _is_cell(value: Any) -> bool:
     return isinstance(value, (str, int, float)) and not isinstance(value, bool)
@@ -97,7 +95,7 @@ def _files_problem(value: Any) -> str | None:
     if not isinstance(value, list):
         return "must be a list of {file, size, sha256}"
     for i, row in enumerate(value):
-        if not (isinstance(row, dict) and _is_text(row.get("file")) and _is_int(row.get("size"))
+        if not (isinstance(row, dict) and _is_text(row.get("file")) and is_int(row.get("size"))
                 and (row.get("sha256") is None or _is_text(row.get("sha256")))):
             return f"[{i}] must be {{file: string, size: integer, sha256: string}}, not {row!r}"
     return None
@@ -106,7 +104,7 @@ def _files_problem(value: Any) -> str | None:
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "string": lambda v: None if _is_text(v) else "must be a string",
     "markdown": lambda v: None if _is_text(v) else "must be a string (markdown)",
-    "integer": lambda v: None if _is_int(v) else "must be an integer",
+    "integer": lambda v: None if is_int(v) else "must be an integer",
     "mapping": lambda v: None if isinstance(v, dict) else "must be a mapping",
     "names": lambda v: None if isinstance(v, dict) and all(_is_text(k) and _is_cell(x) for k, x in v.items())
     else "must map names to text",

@@ -127,7 +127,8 @@ class CliError(click.ClickException):
 
     def __init__(self, report: ErrorReport) -> None:
         super().__init__(report.line())
-        self.exit_code = report.exit_code
+        # click declares exit_code a ClassVar; this error's code depends on the report.
+        self.exit_code = report.exit_code   # type: ignore[misc]
 
 
 def _debug(ctx: click.Context) -> bool:

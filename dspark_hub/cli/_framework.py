@@ -64,7 +64,7 @@ class DefaultCommandGroup(DsparkGroup):
 
 def command(name: str | None = None, **kwargs: Any) -> Callable[[Callable[..., Any]], DsparkCommand]:
     """`click.command` with `DsparkCommand` (commands are defined here and added to the group in `main`)."""
-    return click.command(name, cls=DsparkCommand, **kwargs)   # type: ignore[return-value]
+    return click.command(name, cls=DsparkCommand, **kwargs)
 
 
 def json_option(f: Callable[..., Any]) -> Callable[..., Any]:

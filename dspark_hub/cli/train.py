@@ -14,7 +14,7 @@ from dspark_hub.cli._render import render_eval, render_init_teacher, render_plan
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
-from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, engine_names
+from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names
 
 
 def _engine_args(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
@@ -57,10 +57,8 @@ def engine_option_group(f: Any) -> Any:
     return f
 
 
-def pop_engine_options(options: dict[str, Any]) -> tuple[str, Any]:
+def pop_engine_options(options: dict[str, Any]) -> tuple[str, EngineOptions]:
     """(engine name, `EngineOptions`) taken out of a command's keyword arguments."""
-    from dspark_hub.train.engines import EngineOptions
-
     values = {name: options.pop(key) for key, name in (
         ("engine_dtype", "dtype"), ("engine_device", "device"), ("tensor_parallel_size", "tensor_parallel_size"),
         ("max_model_len", "max_model_len"), ("max_num_seqs", "max_num_seqs"),
@@ -89,7 +87,7 @@ def pop_engine_options(options: dict[str, Any]) -> tuple[str, Any]:
 @quiet_option
 @json_option
 def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
-             shard_size: int, ignore_eos: bool, mode: str, force: bool, quiet: bool, as_json: bool,
+             shard_size: int, ignore_eos: bool, mode: Mode, force: bool, quiet: bool, as_json: bool,
              **engine: Any) -> None:
     """Write teacher greedy continuations with the draft's tap states (resumable safetensors shards)."""
     from dspark_hub.train.rollouts import make_rollouts

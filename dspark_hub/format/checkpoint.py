@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.format.reader import SafetensorsHeader, ShardIndex, TensorInfo, parse_index, read_header_with
@@ -44,7 +44,9 @@ FOLDER_CODES: dict[str, str] = {
 class Source(Protocol):
     """Where a checkpoint's bytes come from."""
 
-    location: str
+    @property
+    def location(self) -> str:
+        """Where the checkpoint is, as the user named it (a folder, a Hub URL)."""
 
     def list_files(self) -> dict[str, int]:
         """Relative path -> size in bytes, for every file of the checkpoint."""
@@ -97,7 +99,7 @@ class LocalSource:
 class CheckpointView:
     """What a checkpoint holds at header level, plus the problems met while reading it."""
 
-    source: Any
+    source: Source
     files: dict[str, int]
     config: dict[str, Any] | None = None
     index: ShardIndex | None = None
@@ -109,6 +111,16 @@ class CheckpointView:
     @property
     def location(self) -> str:
         return self.source.location
+
+    def local_path(self, name: str) -> Path:
+        """Where file `name` of a local checkpoint is on disk.
+
+        Raises:
+            UsageError: the checkpoint is not a local folder (a Hub checkpoint has no path to read).
+        """
+        if not isinstance(self.source, LocalSource):
+            raise UsageError(f"{self.location}: reading {name} needs a local checkpoint folder")
+        return self.source.path(name)
 
     @property
     def weight_files(self) -> list[str]:
@@ -217,9 +229,11 @@ def _set_aside_golden(source: Source, files: dict[str, int], candidates: list[st
     weights = []
     for name in candidates:
         if "golden" in name.lower():
+            def read(start: int, length: int, name: str = name) -> bytes:
+                return source.read_bytes(name, start, length)
+
             try:
-                header = read_header_with(lambda start, length, name=name: source.read_bytes(name, start, length),
-                                          file_size=files[name], path=name)
+                header = read_header_with(read, file_size=files[name], path=name)
             except (CheckpointFormatError, OSError):
                 header = None
             if header is not None and current((header.metadata or {}).get("schema")) == GOLDEN_FIXTURE:

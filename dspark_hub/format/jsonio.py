@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 
@@ -63,6 +63,11 @@ def _find_non_finite(value: Any, where: str) -> tuple[str, str] | None:
         if found:
             return found
     return None
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """A JSON integer: an `int` that is not a `bool` (`true` decodes to `True`, an `int`)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def json_type(value: Any) -> str:

@@ -104,8 +104,9 @@ def describe(identity: Any) -> str | None:
     Returns None for anything that is not an identity (a bare local path included).
     """
     if isinstance(identity, Mapping):
-        if isinstance(identity.get("hub"), str):
-            return identity["hub"]
+        hub = identity.get("hub")
+        if isinstance(hub, str):
+            return hub
         digests = identity.get("sha256")
         if isinstance(digests, str):
             return f"sha256 {digests[:12]}"

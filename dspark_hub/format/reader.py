@@ -119,6 +119,7 @@ def header_length(first8: bytes, file_size: int, *, path: str) -> int:
     if first8.startswith(LFS_POINTER_PREFIX[:8]):
         raise CheckpointFormatError("LFS_POINTER", "is a git-lfs pointer, not the weights; run 'git lfs pull' "
                                     "or download with huggingface_hub", path=path)
+    n: int
     (n,) = struct.unpack("<Q", first8[:8])
     if n > MAX_HEADER_SIZE:
         raise CheckpointFormatError("HEADER_TOO_LARGE", f"header length {n:,} exceeds {MAX_HEADER_SIZE:,} bytes; "

@@ -14,12 +14,15 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
 
 from dspark_hub import __version__
 from dspark_hub.errors import DsparkError, HubError, MissingDependencyError, UsageError
 from dspark_hub.format.digests import FileDigest
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 HF_SCHEME = "hf://"
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
@@ -30,12 +33,12 @@ HOUSEKEEPING_FILES = (".gitattributes",)
 _READ_TIMEOUT = 30.0
 
 
-def _huggingface_hub() -> Any:
+def require_huggingface_hub() -> None:
+    """Raise `MissingDependencyError` unless huggingface_hub imports; callers then import what they use."""
     try:
-        import huggingface_hub
+        import huggingface_hub  # noqa: F401
     except ImportError:  # pragma: no cover - a declared dependency
         raise MissingDependencyError("Hub access needs huggingface_hub; pip install 'huggingface_hub>=1.0'") from None
-    return huggingface_hub
 
 
 # --- names -----------------------------------------------------------------------------------------
@@ -80,7 +83,7 @@ def resolve_endpoint(endpoint: str | None) -> str:
     """The Hub endpoint to use: the argument, else huggingface_hub's (HF_ENDPOINT at its import)."""
     if endpoint:
         return endpoint.rstrip("/")
-    _huggingface_hub()
+    require_huggingface_hub()
     from huggingface_hub import constants  # a submodule: not an attribute until imported
 
     return str(constants.ENDPOINT).rstrip("/")
@@ -110,7 +113,9 @@ def _is_transport_error(exc: BaseException) -> bool:
 
 def _describe(exc: BaseException, where: str, endpoint: str, action: str) -> str | None:
     """One line `<where>: <what is wrong>; <what to do>` for a huggingface_hub failure, or None."""
-    errors = _huggingface_hub().errors
+    require_huggingface_hub()
+    from huggingface_hub import errors
+
     if isinstance(exc, errors.OfflineModeIsEnabled):
         return f"{where}: HF_HUB_OFFLINE is set, so the Hub cannot be reached; unset it to {action}"
     if isinstance(exc, errors.RevisionNotFoundError):
@@ -201,12 +206,15 @@ class HubSource:
     def __repr__(self) -> str:  # never show the token
         return f"HubSource({self.location!r}, endpoint={self.endpoint!r})"
 
-    def _errors(self, action: str, where: str | None = None) -> Any:
+    def _errors(self, action: str, where: str | None = None) -> AbstractContextManager[None]:
         return hub_errors(where or self.location, endpoint=self.endpoint, token=self._token, action=action)
 
-    def _api(self) -> Any:
-        return _huggingface_hub().HfApi(endpoint=self.endpoint, token=self._token,
-                                        library_name="dspark-hub", library_version=__version__)
+    def _api(self) -> HfApi:
+        require_huggingface_hub()
+        from huggingface_hub import HfApi
+
+        return HfApi(endpoint=self.endpoint, token=self._token, library_name="dspark-hub",
+                     library_version=__version__)
 
     @property
     def commit(self) -> str:
@@ -221,13 +229,15 @@ class HubSource:
         """Every file at the resolved commit: size, git blob id, and for LFS files the SHA-256."""
         if self._files is None:
             commit = self.commit
+            from huggingface_hub.hf_api import RepoFile
+
             with self._errors("list the repository files"):
                 entries = list(self._api().list_repo_tree(self.repo_id, revision=commit, recursive=True))
             files = {}
             for entry in entries:
-                if not hasattr(entry, "blob_id"):  # a folder
+                if not isinstance(entry, RepoFile):  # a folder
                     continue
-                lfs = getattr(entry, "lfs", None)
+                lfs = entry.lfs
                 files[entry.path] = FileDigest(path=entry.path, size=int(entry.size), blob_id=str(entry.blob_id),
                                                sha256=str(lfs.sha256) if lfs is not None else None,
                                                lfs=lfs is not None, origin=self.location)
@@ -236,11 +246,15 @@ class HubSource:
 
     def list_files(self) -> dict[str, int]:
         """Relative path -> size, for every file of the repository at the resolved commit."""
-        return {path: f.size for path, f in self.remote_files().items()}
+        # The Hub's listing gives every file's size.
+        return {path: f.size for path, f in self.remote_files().items() if f.size is not None}
 
     def url(self, name: str) -> str:
         """The resolve URL of a file at the resolved commit."""
-        return _huggingface_hub().hf_hub_url(self.repo_id, name, revision=self.commit, endpoint=self.endpoint)
+        require_huggingface_hub()
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(self.repo_id, name, revision=self.commit, endpoint=self.endpoint)
 
     def read_bytes(self, name: str, start: int, length: int) -> bytes:
         """`length` bytes of `name` from `start` (fewer at end of file), with one HTTP range request.
@@ -250,18 +264,20 @@ class HubSource:
         """
         if length <= 0:
             return b""
-        hf = _huggingface_hub()
+        require_huggingface_hub()
+        from huggingface_hub import utils as hf_utils
+
         url = self.url(name)
-        headers = hf.utils.build_hf_headers(token=self._token, library_name="dspark-hub",
+        headers = hf_utils.build_hf_headers(token=self._token, library_name="dspark-hub",
                                             library_version=__version__)
         headers["Range"] = f"bytes={start}-{start + length - 1}"
         where = f"{self.location}/{name}"
         with (self._errors(f"read {name}", where),
-              hf.utils.get_session().stream("GET", url, headers=headers, timeout=_READ_TIMEOUT) as response):
+              hf_utils.get_session().stream("GET", url, headers=headers, timeout=_READ_TIMEOUT) as response):
                 self.requests += 1
                 if response.status_code == 416:  # the range starts at or after the end of the file
                     return b""
-                hf.utils.hf_raise_for_status(response)
+                hf_utils.hf_raise_for_status(response)
                 skip = start if response.status_code == 200 else 0
                 data = bytearray()
                 for chunk in response.iter_bytes():

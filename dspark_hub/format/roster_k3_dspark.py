@@ -17,7 +17,13 @@ used as they are. `format.contract.roster()` validates them first.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+#: A `config.json` mapping or a config object (`K3DSparkConfig`, vLLM's `hf_config`).
+Config: TypeAlias = "Mapping[str, Any] | PretrainedConfig"
 
 #: What `enable_confidence_head` and `confidence_head_with_markov` mean when the key is absent:
 #: True, the published reference's value and `K3DSparkConfig`'s default (transformers fills an
@@ -29,31 +35,31 @@ from typing import Any
 HEAD_FLAG_DEFAULT = True
 
 
-def _value(config: Any, key: str, default: Any = None) -> Any:
+def _value(config: Config, key: str, default: Any = None) -> Any:
     if isinstance(config, Mapping):
         return config.get(key, default)
     return getattr(config, key, default)
 
 
-def confidence_head_enabled(config: Any) -> bool:
+def confidence_head_enabled(config: Config) -> bool:
     """Whether the draft has a `confidence_head` (`enable_confidence_head`)."""
     return bool(_value(config, "enable_confidence_head", HEAD_FLAG_DEFAULT))
 
 
-def confidence_head_with_markov(config: Any) -> bool:
+def confidence_head_with_markov(config: Config) -> bool:
     """Whether the confidence head also reads `markov_w1[previous token]` (`confidence_head_with_markov`)."""
     return bool(_value(config, "confidence_head_with_markov", HEAD_FLAG_DEFAULT))
 
 
-def confidence_head_width(config: Any) -> int | None:
+def confidence_head_width(config: Config) -> int | None:
     """Input width of `confidence_head.proj`: H (+ `markov_rank` with Markov), or None without the head."""
     if not confidence_head_enabled(config):
         return None
-    width = _value(config, "hidden_size")
+    width: int = _value(config, "hidden_size")
     return width + _value(config, "markov_rank") if confidence_head_with_markov(config) else width
 
 
-def layer_shapes(config: Any, i: int) -> dict[str, tuple[int, ...]]:
+def layer_shapes(config: Config, i: int) -> dict[str, tuple[int, ...]]:
     """The 12 tensors of decoder layer `i`, name -> shape, in module order."""
     h, inter = _value(config, "hidden_size"), _value(config, "intermediate_size")
     n = _value(config, "num_attention_heads")
@@ -76,7 +82,7 @@ def layer_shapes(config: Any, i: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def tensor_shapes(config: Any) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of a draft with this config, name -> shape (no `model.` prefix), in module order."""
     h, v = _value(config, "hidden_size"), _value(config, "vocab_size")
     r = _value(config, "markov_rank")

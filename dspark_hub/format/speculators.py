@@ -47,6 +47,7 @@ from typing import Any, Literal
 from dspark_hub.errors import ContractError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import ParameterCounts, TensorSpec
+from dspark_hub.format.jsonio import is_int
 
 #: The config key that names a speculators checkpoint's algorithm (the pydantic discriminator).
 TYPE_KEY = "speculators_model_type"
@@ -114,11 +115,11 @@ class Geometry:
 
 def is_speculators(config: Mapping[str, Any] | None) -> bool:
     """Whether a config is a speculators-format config (any algorithm)."""
-    return bool(config) and TYPE_KEY in config  # type: ignore[operator]
+    return config is not None and TYPE_KEY in config
 
 
 def is_dspark(config: Mapping[str, Any] | None) -> bool:
-    return bool(config) and config.get(TYPE_KEY) == DSPARK  # type: ignore[union-attr]
+    return config is not None and config.get(TYPE_KEY) == DSPARK
 
 
 def layer_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -136,13 +137,10 @@ def _show(value: Any) -> str:
     return json.dumps(value)[:60]
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def _positive(mapping: Mapping[str, Any], key: str, where: str) -> int:
     value = mapping.get(key)
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ContractError(f"config.json: {where} must be a positive integer, got {_show(value)}", key=where)
     return value
 
@@ -188,7 +186,7 @@ def geometry(config: Mapping[str, Any]) -> Geometry:
     width = config.get("target_hidden_size")
     width = h if width is None else _positive(config, "target_hidden_size", "target_hidden_size")
     rank = config.get("markov_rank", DEFAULTS["markov_rank"])
-    if not _is_int(rank):
+    if not is_int(rank):
         raise ContractError(f"config.json: markov_rank must be an integer, got {_show(rank)}", key="markov_rank")
     head = config.get("markov_head_type", DEFAULTS["markov_head_type"])
     if head not in MARKOV_HEAD_TYPES:
@@ -318,14 +316,14 @@ def proposal(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def speculative_tokens(config: Mapping[str, Any]) -> int | None:
     """`speculators_config.proposal_methods[0].speculative_tokens`, when it is a positive integer."""
     n = (proposal(config) or {}).get("speculative_tokens")
-    return n if _is_int(n) and n > 0 else None
+    return n if is_int(n) and n > 0 else None
 
 
 def written_speculative_tokens(config: Mapping[str, Any]) -> int | None:
     """What training writes as `speculative_tokens`: `block_size`, or `block_size - 1` for a bonus-anchor
     (`sample_from_anchor: false`) draft (speculators models/dflash/core.py:256-259)."""
     block = config.get("block_size", DEFAULTS["block_size"])
-    if not _is_int(block) or block <= 0:
+    if not is_int(block) or block <= 0:
         return None
     return block if config.get("sample_from_anchor", DEFAULTS["sample_from_anchor"]) else block - 1
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dspark_hub.errors import CheckpointNotFoundError, UsageError
 from dspark_hub.format.contract import INDEX_NAME
@@ -21,8 +21,14 @@ from dspark_hub.progress import Progress
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
+
+    from dspark_hub.format.checkpoint import CheckpointView
 
 CHUNK_BYTES = 16 << 20
+
+#: Raw tensor bytes as the streaming functions pass them around (`iter_range` yields memoryviews).
+BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 #: Float dtypes we can decode: dtype -> (unsigned view, |x| bit mask, +inf bit pattern).
 FLOAT_BITS: dict[str, tuple[str, int, int]] = {
@@ -101,10 +107,14 @@ class TensorDigest:
                 "bytes": self.nbytes, "sha256": self.sha256}
 
 
-def view_location(view: Any, name: str) -> TensorLocation:
-    """Where tensor `name` of an opened local checkpoint (`checkpoint.CheckpointView`) lives."""
+def view_location(view: CheckpointView, name: str) -> TensorLocation:
+    """Where tensor `name` of an opened local checkpoint lives.
+
+    Raises:
+        UsageError: the checkpoint is not a local folder (a Hub checkpoint has no path to read).
+    """
     file, info = view.tensors[name]
-    return TensorLocation(path=view.source.path(file), header=view.headers[file], info=info)
+    return TensorLocation(path=view.local_path(file), header=view.headers[file], info=info)
 
 
 def tensor_digest(location: TensorLocation, *, progress: Progress | None = None) -> TensorDigest:
@@ -152,7 +162,7 @@ def float_dtype_supported(dtype: str) -> bool:
     return dtype in FLOAT_BITS
 
 
-def decode_float(raw: Any, dtype: str) -> np.ndarray:
+def decode_float(raw: BytesLike, dtype: str) -> npt.NDArray[np.floating[Any]]:
     """Little-endian float bytes -> a float32 array (float64 for F64). BF16 is widened bit-exactly."""
     import numpy as np
 
@@ -181,7 +191,7 @@ def iter_elements(location: TensorLocation, elements_per_chunk: int) -> Iterator
 EXACT_CASTS: frozenset[tuple[str, str]] = frozenset({("F32", "BF16"), ("F16", "BF16")})
 
 
-def f32_bits_to_bf16(bits: Any) -> Any:
+def f32_bits_to_bf16(bits: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint16]:
     """uint32 F32 bit patterns -> uint16 BF16 bit patterns, round to nearest even; NaN stays (quiet) NaN."""
     import numpy as np
 
@@ -192,7 +202,7 @@ def f32_bits_to_bf16(bits: Any) -> Any:
     return rounded
 
 
-def cast_bytes(raw: Any, src: str, dst: str) -> Any:
+def cast_bytes(raw: BytesLike, src: str, dst: str) -> BytesLike:
     """Little-endian `src` float bytes (whole elements) as `dst` bytes: `raw` itself when the dtypes agree.
 
     Raises:
@@ -215,7 +225,7 @@ def cast_text(src: str, dst: str) -> str:
     return f"{dst} rounding (nearest even) of the {src}"
 
 
-def cast_chunks(pieces: Iterable[Any], src: str, dst: str) -> Iterator[Any]:
+def cast_chunks(pieces: Iterable[BytesLike], src: str, dst: str) -> Iterator[BytesLike]:
     """Cast a stream of `src` bytes cut anywhere into `dst` bytes, carrying partial elements over."""
     size = DTYPE_SIZES[src]
     carry = b""
@@ -243,23 +253,24 @@ class CastDigest:
         return self.cast if self.cast is not None and self.cast.dtype == dtype else None
 
 
-def digest_as(pieces: Iterable[Any], stored: TensorDigest, dst: str | None) -> CastDigest:
+def digest_as(pieces: Iterable[BytesLike], stored: TensorDigest, dst: str | None) -> CastDigest:
     """Hash `pieces` (a tensor's bytes, in order) as stored and, when `dst` is an exact cast away, as `dst`.
 
     `stored` carries the location, dtype and shape; its `sha256` is filled in here. Memory: one
     piece and its cast.
     """
     raw_hash = hashlib.sha256()
-    cast_hash = hashlib.sha256() if dst is not None and (stored.dtype, dst) in EXACT_CASTS else None
+    cast_dst = dst if dst is not None and (stored.dtype, dst) in EXACT_CASTS else None
+    cast_hash = hashlib.sha256() if cast_dst is not None else None
     cast_bytes_total = 0
 
-    def tee() -> Iterator[Any]:
+    def tee() -> Iterator[BytesLike]:
         for piece in pieces:
             raw_hash.update(piece)
             yield piece
 
-    if cast_hash is not None:
-        for out in cast_chunks(tee(), stored.dtype, dst):   # type: ignore[arg-type]
+    if cast_hash is not None and cast_dst is not None:
+        for out in cast_chunks(tee(), stored.dtype, cast_dst):
             cast_hash.update(out)
             cast_bytes_total += memoryview(out).nbytes
     else:
@@ -267,8 +278,8 @@ def digest_as(pieces: Iterable[Any], stored: TensorDigest, dst: str | None) -> C
             pass
     done = TensorDigest(location=stored.location, dtype=stored.dtype, shape=stored.shape, nbytes=stored.nbytes,
                         sha256=raw_hash.hexdigest())
-    cast = None if cast_hash is None else TensorDigest(
-        location=f"{stored.location} ({cast_text(stored.dtype, dst)})", dtype=dst, shape=stored.shape,  # type: ignore[arg-type]
+    cast = None if cast_hash is None or cast_dst is None else TensorDigest(
+        location=f"{stored.location} ({cast_text(stored.dtype, cast_dst)})", dtype=cast_dst, shape=stored.shape,
         nbytes=cast_bytes_total, sha256=cast_hash.hexdigest())
     return CastDigest(stored=done, cast=cast)
 

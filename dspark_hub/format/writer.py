@@ -14,11 +14,12 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from dspark_hub.errors import DsparkError, RefusedOverwriteError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
+from dspark_hub.format.tensorio import BytesLike
 from dspark_hub.progress import Progress
 
 
@@ -127,14 +128,14 @@ def atomic_path(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator
 
 
 @contextmanager
-def atomic_file(dst: str | os.PathLike[str], *, force: bool = False, mode: str = "wb") -> Iterator[Any]:
+def atomic_file(dst: str | os.PathLike[str], *, force: bool = False, mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temporary sibling of `dst` for writing; rename it over `dst` on success."""
     with atomic_path(dst, force=force) as tmp, open(tmp, mode) as f:
         yield f
 
 
 def write_safetensors(path: str | os.PathLike[str], specs: Iterable[TensorSpec],
-                      chunks: Callable[[TensorSpec], Iterable[bytes | memoryview]], *,
+                      chunks: Callable[[TensorSpec], Iterable[BytesLike]], *,
                       metadata: Mapping[str, str] | None = None, progress: Progress | None = None) -> int:
     """Stream tensors into a safetensors file in the order given; returns the file size.
 

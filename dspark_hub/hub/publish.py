@@ -8,24 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dspark_hub import __version__
 from dspark_hub.errors import HubError, UsageError
 from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest
 from dspark_hub.format.remote import (
     HubSource,
-    _huggingface_hub,
     hf_location,
     hub_errors,
+    require_huggingface_hub,
     resolve_endpoint,
     validate_repo_id,
 )
 from dspark_hub.progress import Progress
 from dspark_hub.verify.against_hub import compare_files, local_digests
+
+if TYPE_CHECKING:
+    from huggingface_hub import CommitOperationAdd, HfApi
 
 #: Files uploaded last within the commit's listing order (the card and config describe the weights).
 _LAST = ("config.json", "README.md")
@@ -177,14 +180,17 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
         return PublishResult(status="refused", plan=plan, refusals=refusals)
     if dry_run:
         return PublishResult(status="dry_run", plan=plan)
-    hf = _huggingface_hub()
-    where = hf_location(repo_id, plan.revision)
-    api = hf.HfApi(endpoint=plan.endpoint, token=token, library_name="dspark-hub", library_version=__version__)
+    require_huggingface_hub()
+    from huggingface_hub import HfApi
+    from huggingface_hub import utils as hf_utils
 
-    def errors(action: str) -> Any:
+    where = hf_location(repo_id, plan.revision)
+    api = HfApi(endpoint=plan.endpoint, token=token, library_name="dspark-hub", library_version=__version__)
+
+    def errors(action: str) -> AbstractContextManager[None]:
         return hub_errors(where, endpoint=plan.endpoint, token=token, action=action)
 
-    quiet = hf.utils.disable_progress_bars() if not show_hub_progress else _nothing()
+    quiet = hf_utils.disable_progress_bars() if not show_hub_progress else _nothing()
     with quiet:
         with errors("create the repository"):
             repo_url = str(api.create_repo(repo_id, private=private, exist_ok=True))
@@ -194,7 +200,7 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
         with errors("read the branch head"):
             head_before = api.model_info(repo_id, revision=plan.revision).sha
         with errors("upload the files"):
-            info = api.create_commit(repo_id, operations=_operations(hf, plan, manifest),
+            info = api.create_commit(repo_id, operations=_operations(plan, manifest),
                                      commit_message=plan.commit_message, commit_description=commit_description,
                                      revision=plan.revision)
         commit_oid = str(info.oid)
@@ -214,18 +220,23 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def _operations(hf: Any, plan: PublishPlan, manifest: Manifest) -> list[Any]:
+def _operations(plan: PublishPlan, manifest: Manifest) -> list[CommitOperationAdd]:
+    from huggingface_hub import CommitOperationAdd
+
     digests = manifest.by_path()
     operations = []
     for planned in plan.files:
-        op = hf.CommitOperationAdd(path_in_repo=planned.path, path_or_fileobj=str(plan.sources[planned.path]))
+        op = CommitOperationAdd(path_in_repo=planned.path, path_or_fileobj=str(plan.sources[planned.path]))
         # Hand over the SHA-256 we already computed: the client would otherwise read every LFS file again.
-        op.upload_info.sha256 = bytes.fromhex(digests[planned.path].sha256)
+        sha256 = digests[planned.path].sha256
+        assert sha256 is not None, "a computed manifest knows every SHA-256"
+        op.upload_info.sha256 = bytes.fromhex(sha256)
         operations.append(op)
     return operations
 
 
-def _tag(api: Any, repo_id: str, tag: str, commit_oid: str, errors: Callable[[str], Any]) -> None:
+def _tag(api: HfApi, repo_id: str, tag: str, commit_oid: str,
+         errors: Callable[[str], AbstractContextManager[None]]) -> None:
     with errors(f"tag the commit as {tag}"):
         existing = {ref.name: ref.target_commit for ref in api.list_repo_refs(repo_id).tags}
         if tag in existing:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -108,8 +108,10 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
     path = _folder(folder)
     raw_config = _read_config(path)
     require_k3_dspark(raw_config, path)
-    model, info = K3DSparkModel.from_pretrained(str(path), dtype=dtype, output_loading_info=True,
-                                                ignore_mismatched_sizes=not strict)
+    # With output_loading_info, from_pretrained returns (model, info); its annotation names the model only.
+    model, info = cast(tuple[K3DSparkModel, dict[str, list[Any]]],
+                       K3DSparkModel.from_pretrained(str(path), dtype=dtype, output_loading_info=True,
+                                                     ignore_mismatched_sizes=not strict))
     loaded = LoadedCheckpoint(
         model=model,
         config=raw_config,

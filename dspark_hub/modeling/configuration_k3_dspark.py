@@ -147,7 +147,7 @@ class K3DSparkConfig(PretrainedConfig):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PretrainedConfig) and self.to_dict() == other.to_dict()
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as __eq__ compares contents (mypy wants a method)
 
     @property
     def qk_head_dim(self) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,7 @@ IGNORE_INDEX = -100
 # ----------------------------------------------------------------------------- RoPE / YaRN
 
 
-def _rope_parameters(config: Any) -> dict[str, Any]:
+def _rope_parameters(config: K3DSparkConfig) -> dict[str, Any]:
     params = dict(getattr(config, "rope_parameters", None) or {})
     params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
@@ -64,7 +64,7 @@ def _uses_yarn(params: dict[str, Any]) -> bool:
     return params["rope_type"] == "yarn"
 
 
-def yarn_correction_range(config: Any) -> tuple[float, float]:
+def yarn_correction_range(config: K3DSparkConfig) -> tuple[float, float]:
     """The (low, high) rotary-pair indices between which YaRN blends interpolation and extrapolation.
 
     `corr(n) = d * ln(L0 / (2 pi n)) / (2 ln theta)`; low = floor(corr(beta_fast)), high =
@@ -85,7 +85,7 @@ def yarn_correction_range(config: Any) -> tuple[float, float]:
     return max(low, 0), min(high, dim - 1)
 
 
-def rope_inv_freq(config: Any, device: torch.device | str | None = None) -> torch.Tensor:
+def rope_inv_freq(config: K3DSparkConfig, device: torch.device | str | None = None) -> torch.Tensor:
     """Per-pair angular frequencies `[qk_rope_head_dim // 2]` (float32), YaRN-blended when configured."""
     params = _rope_parameters(config)
     dim, base = config.qk_rope_head_dim, params["rope_theta"]
@@ -102,7 +102,7 @@ def rope_inv_freq(config: Any, device: torch.device | str | None = None) -> torc
     return extrapolated * (1 - ramp) + interpolated * ramp
 
 
-def rope_cos_sin_multiplier(config: Any) -> float:
+def rope_cos_sin_multiplier(config: K3DSparkConfig) -> float:
     """YaRN's cos/sin magnitude factor: `mscale(s, mscale) / mscale(s, mscale_all_dim)` (1.0 for K3)."""
     params = _rope_parameters(config)
     if not _uses_yarn(params):
@@ -115,7 +115,7 @@ def rope_cos_sin_multiplier(config: Any) -> float:
     return yarn_get_mscale(factor)
 
 
-def softmax_scale(config: Any) -> float:
+def softmax_scale(config: K3DSparkConfig) -> float:
     """MLA softmax scale: `qk_head_dim ** -0.5 * mscale(factor, mscale_all_dim) ** 2`.
 
     0.1308608 for the reference config. Dropping the mscale**2 makes logits 1.81x too cold.
@@ -148,7 +148,9 @@ def apply_interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 class K3DSparkRotary(nn.Module):
     """Holds the RoPE frequencies (non-persistent) and turns positions into cos/sin of pair angles."""
 
-    def __init__(self, config: Any) -> None:
+    inv_freq: torch.Tensor
+
+    def __init__(self, config: K3DSparkConfig) -> None:
         super().__init__()
         self.config = config
         self.multiplier = rope_cos_sin_multiplier(config)
@@ -187,7 +189,7 @@ class K3DSparkRMSNorm(nn.Module):
 class K3DSparkMLP(nn.Module):
     """SwiGLU: `down(silu(gate(x)) * up(x))`."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: K3DSparkConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -200,7 +202,7 @@ class K3DSparkMLP(nn.Module):
 class K3DSparkAttention(nn.Module):
     """DeepSeek-V3 MLA without causality: block queries attend to context rows plus all block rows."""
 
-    def __init__(self, config: Any, layer_idx: int) -> None:
+    def __init__(self, config: K3DSparkConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
@@ -269,7 +271,7 @@ class K3DSparkAttention(nn.Module):
 class K3DSparkDecoderLayer(GradientCheckpointingLayer):
     """Pre-norm residual layer: `h += attn(input_layernorm(h), context)`; `h += mlp(post_norm(h))`."""
 
-    def __init__(self, config: Any, layer_idx: int) -> None:
+    def __init__(self, config: K3DSparkConfig, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = K3DSparkRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = K3DSparkAttention(config, layer_idx)
@@ -291,6 +293,7 @@ class K3DSparkDecoderLayer(GradientCheckpointingLayer):
         (`context_hidden`, turned into this layer's latent rows here, without `input_layernorm`)
         or as precomputed `context_latent`."""
         if context_latent is None and context_hidden is not None:
+            assert context_cos is not None and context_sin is not None   # they come with context_hidden
             context_latent = self.self_attn.latent_kv(context_hidden, context_cos, context_sin)
         residual = hidden_states
         attn = self.self_attn(self.input_layernorm(hidden_states), block_cos, block_sin, context_latent,
@@ -302,7 +305,7 @@ class K3DSparkDecoderLayer(GradientCheckpointingLayer):
 class K3DSparkMarkovHead(nn.Module):
     """Vanilla Markov bias: `markov_w2(markov_w1[previous token])` -> `[..., draft_vocab_size]`."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: K3DSparkConfig) -> None:
         super().__init__()
         self.markov_w1 = nn.Embedding(config.vocab_size, config.markov_rank)
         self.markov_w2 = nn.Linear(config.markov_rank, config.draft_vocab_size, bias=False)
@@ -472,8 +475,9 @@ class K3DSparkPreTrainedModel(PreTrainedModel):
     base_model_prefix = ""
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    _no_split_modules: ClassVar[list[str]] = ["K3DSparkDecoderLayer"]
-    _tied_weights_keys: ClassVar[dict[str, str]] = {}
+    # Instance-level in PreTrainedModel's declarations (so not ClassVar); never mutated.
+    _no_split_modules: list[str] = ["K3DSparkDecoderLayer"]  # noqa: RUF012
+    _tied_weights_keys: dict[str, str] = {}  # noqa: RUF012
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -526,7 +530,8 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
         return self.embed_tokens
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.embed_tokens = value
+        # transformers' signature takes any Module; what it passes here is the resized nn.Embedding
+        self.embed_tokens = value   # type: ignore[assignment]
 
     # -- context ----------------------------------------------------------------------------
 
@@ -571,7 +576,7 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
             position_ids = torch.arange(rows, device=context_states.device).expand(batch, rows)
         cos, sin = self.rotary_emb(position_ids)
         hidden = self.project_context(context_states)
-        return tuple(layer.self_attn.latent_kv(hidden, cos, sin) for layer in self.layers)
+        return tuple(cast(K3DSparkDecoderLayer, layer).self_attn.latent_kv(hidden, cos, sin) for layer in self.layers)
 
     # -- forward ----------------------------------------------------------------------------
 
@@ -628,7 +633,7 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
             context_hidden = self.project_context(context_states)
         mask = _prepare_attention_mask(attention_mask, batch, seq, context_rows + seq, hidden.dtype)
 
-        all_hidden = [] if output_hidden_states else None
+        all_hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
         for i, layer in enumerate(self.layers):
             if all_hidden is not None:
                 all_hidden.append(hidden)

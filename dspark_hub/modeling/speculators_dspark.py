@@ -283,7 +283,8 @@ class SpeculatorsDSpark:
                 if self.markov:
                     logits[i] = logits[i] + bias
             confidence.append(self.confidence_logit(z[i], e))
-        return logits, (torch.stack(confidence) if confidence[0] is not None else None)
+        scores = [c for c in confidence if c is not None]   # all or none: the head is there or not
+        return logits, (torch.stack(scores) if confidence[0] is not None else None)
 
     @torch.no_grad()
     def propose(self, kv: list[LayerKV], anchor: int, p: int, k: int) -> list[int]:

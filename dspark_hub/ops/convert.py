@@ -49,7 +49,7 @@ from dspark_hub.errors import ConversionRefusedError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.contract import TensorSpec
-from dspark_hub.format.tensorio import TensorLocation, cast_bytes, iter_elements, view_location
+from dspark_hub.format.tensorio import BytesLike, TensorLocation, cast_bytes, iter_elements, view_location
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
 from dspark_hub.ops.crosswalk import crosswalk
 from dspark_hub.progress import Progress, announce_total
@@ -158,11 +158,11 @@ def plan_tensors(view: CheckpointView) -> tuple[list[TensorPlan], list[Change]]:
 
 # ---------------------------------------------------------------- bytes
 
-def tensor_chunks(plans: list[TensorPlan]) -> Callable[[TensorSpec], Iterator[bytes | memoryview]]:
+def tensor_chunks(plans: list[TensorPlan]) -> Callable[[TensorSpec], Iterator[BytesLike]]:
     """Chunk producer for `writer.write_safetensors`: reads each tensor's source byte range."""
     by_name = {p.spec.name: p for p in plans}
 
-    def produce(spec: TensorSpec) -> Iterator[bytes | memoryview]:
+    def produce(spec: TensorSpec) -> Iterator[BytesLike]:
         plan = by_name[spec.name]
         for piece in iter_elements(plan.source, CHUNK_ELEMENTS):
             yield cast_bytes(piece, plan.source.info.dtype, plan.spec.dtype) if plan.cast else piece

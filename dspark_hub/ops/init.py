@@ -20,7 +20,15 @@ from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
-from dspark_hub.format.tensorio import EXACT_CASTS, TensorLocation, cast_chunks, cast_text, iter_range, locate_tensor
+from dspark_hub.format.tensorio import (
+    EXACT_CASTS,
+    BytesLike,
+    TensorLocation,
+    cast_chunks,
+    cast_text,
+    iter_range,
+    locate_tensor,
+)
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
 from dspark_hub.progress import Progress, announce_total
 
@@ -89,7 +97,7 @@ def _row_chunks(spec: TensorSpec) -> Iterator[int]:
         left -= n
 
 
-def init_chunks(kind: str, seed: int) -> Callable[[TensorSpec], Iterator[bytes | memoryview]]:
+def init_chunks(kind: str, seed: int) -> Callable[[TensorSpec], Iterator[BytesLike]]:
     """Chunk producer for `init`: norms are ones, biases zeros, matrices N(0, 0.02) or zeros."""
     if kind not in INIT_KINDS:
         raise UsageError(f"{kind!r} is not one of {', '.join(INIT_KINDS)}", param="init")
@@ -97,7 +105,7 @@ def init_chunks(kind: str, seed: int) -> Callable[[TensorSpec], Iterator[bytes |
 
     generator = torch.Generator().manual_seed(seed)
 
-    def produce(spec: TensorSpec) -> Iterator[bytes | memoryview]:
+    def produce(spec: TensorSpec) -> Iterator[BytesLike]:
         for n in _row_chunks(spec):
             if _is_norm(spec.name):
                 values = torch.ones(n, dtype=torch.bfloat16)
@@ -133,10 +141,10 @@ def teacher_embedding(teacher: str | os.PathLike[str], spec: TensorSpec) -> Tens
     return found
 
 
-def _with_embedding(chunks: Callable[[TensorSpec], Iterator[bytes | memoryview]],
-                    source: TensorLocation) -> Callable[[TensorSpec], Iterator[bytes | memoryview]]:
+def _with_embedding(chunks: Callable[[TensorSpec], Iterator[BytesLike]],
+                    source: TensorLocation) -> Callable[[TensorSpec], Iterator[BytesLike]]:
     """`chunks`, except that `embed_tokens.weight` streams from the teacher (cast when the dtypes differ)."""
-    def produce(spec: TensorSpec) -> Iterator[bytes | memoryview]:
+    def produce(spec: TensorSpec) -> Iterator[BytesLike]:
         if spec.name != contract.FROZEN_TENSORS[0]:
             yield from chunks(spec)
             return

@@ -29,6 +29,7 @@ from dspark_hub.errors import UsageError
 
 if TYPE_CHECKING:
     from dspark_hub.train.rollouts import Prompt, Rollout
+    from dspark_hub.train.teacher import CausalLM
 
 #: engine name -> "module:Class" (imported when the engine is opened).
 ENGINES: dict[str, str] = {
@@ -164,13 +165,13 @@ class TransformersEngine:
         self.layer_ids = layer_ids
         self.dtype = options.dtype or "float32"
         self.device = options.device or "cpu"
-        self.model: Any = None
+        self.model: CausalLM | None = None
 
-    def _model(self) -> Any:
+    def _model(self) -> CausalLM:
         if self.model is None:
-            from dspark_hub.train.teacher import load_teacher
+            from dspark_hub.train.teacher import load_teacher, moved
 
-            self.model = load_teacher(self.teacher, dtype=self.dtype).to(self.device)
+            self.model = moved(load_teacher(self.teacher, dtype=self.dtype), self.device)
         return self.model
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,

@@ -32,11 +32,20 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
+from dspark_hub.format.jsonio import is_int
 from dspark_hub.progress import Progress, announce_total
+
+if TYPE_CHECKING:
+    import torch
+
+    from dspark_hub.modeling import K3DSparkModel
+    from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
+    from dspark_hub.train.rollouts import MemoryRollouts, Rollout, RolloutData
+    from dspark_hub.verify.formats import DraftFormat
 
 DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that carried k drafted tokens; "
               "accepted_per_position[i] = drafts whose first i+1 tokens were all accepted; per_position[i] = "
@@ -103,7 +112,7 @@ def longest_prefix(draft: list[int], truth: list[int]) -> int:
     return j
 
 
-def simulate(rollout: Any, propose: Callable[[int], list[int]], k: int, *, max_tokens: int | None = None,
+def simulate(rollout: Rollout, propose: Callable[[int], list[int]], k: int, *, max_tokens: int | None = None,
              stop_ids: Iterable[int] = ()) -> AcceptanceStats:
     """vLLM's greedy verify loop over one rollout, with `propose(p) -> drafts` (`SIMULATION`).
 
@@ -138,7 +147,8 @@ def simulate(rollout: Any, propose: Callable[[int], list[int]], k: int, *, max_t
     return stats
 
 
-def draft_proposer(model: Any, lm_head_weight: Any, rollout: Any, block_size: int) -> Callable[[int], list[int]]:
+def draft_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollout: Rollout,
+                   block_size: int) -> Callable[[int], list[int]]:
     """`propose(p)` for a k3_dspark draft: context = taps of positions < p, anchor = x_p."""
     import torch
 
@@ -151,12 +161,14 @@ def draft_proposer(model: Any, lm_head_weight: Any, rollout: Any, block_size: in
         context = tuple(latent[:, :p] for latent in latents)
         proposal = model.propose_block(None, ids[p:p + 1], lm_head_weight, block_size=block_size,
                                        context_latents=context)
-        return proposal.tokens[0].tolist()
+        assert proposal.tokens is not None   # propose_block always sets the tokens
+        tokens: list[int] = proposal.tokens[0].tolist()
+        return tokens
 
     return propose
 
 
-def speculators_proposer(draft: Any, rollout: Any, k: int) -> Callable[[int], list[int]]:
+def speculators_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], list[int]]:
     """`propose(p)` for a speculators DSpark (`modeling.speculators_dspark.SpeculatorsDSpark`)."""
     import torch
 
@@ -166,7 +178,8 @@ def speculators_proposer(draft: Any, rollout: Any, k: int) -> Callable[[int], li
     return lambda p: draft.propose(kv, ids[p], p, k)
 
 
-def ngram_proposer(rollout: Any, block_size: int, max_ngram: int = 3, min_ngram: int = 1) -> Callable[[int], list[int]]:
+def ngram_proposer(rollout: Rollout, block_size: int, max_ngram: int = 3,
+                   min_ngram: int = 1) -> Callable[[int], list[int]]:
     """Prompt-lookup drafting over the tokens up to and including the anchor.
 
     As transformers' `prompt_lookup_decoding`: longest n first, the earliest earlier occurrence of
@@ -197,12 +210,13 @@ class Measurement:
         return {**self.overall.to_dict(), "by_dataset": {k: v.to_dict() for k, v in sorted(self.by_dataset.items())}}
 
 
-def measure(rollouts: Iterable[Any], make_proposer: Callable[[Any], Callable[[int], list[int]]], k: int,
+def measure(rollouts: Iterable[Rollout], make_proposer: Callable[[Rollout], Callable[[int], list[int]]], k: int,
             progress: Progress | None = None, *, max_tokens: int | None = None,
             stop_ids: Iterable[int] = ()) -> Measurement:
     """Simulate every rollout with the proposer `make_proposer(rollout)` builds (`simulate`)."""
     stops = list(stop_ids)
-    overall, by_dataset = AcceptanceStats(k), {}
+    overall = AcceptanceStats(k)
+    by_dataset: dict[str, AcceptanceStats] = {}
     for rollout in rollouts:
         stats = simulate(rollout, make_proposer(rollout), k, max_tokens=max_tokens, stop_ids=stops)
         overall.add(stats)
@@ -213,7 +227,7 @@ def measure(rollouts: Iterable[Any], make_proposer: Callable[[Any], Callable[[in
     return Measurement(overall, by_dataset)
 
 
-def measure_draft(model: Any, lm_head_weight: Any, rollouts: Iterable[Any], block_size: int,
+def measure_draft(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: Iterable[Rollout], block_size: int,
                   progress: Progress | None = None, **bounds: Any) -> Measurement:
     """Acceptance of a k3_dspark draft (in eval mode, no gradients) on rollouts; `bounds` as `measure`'s."""
     import torch
@@ -228,7 +242,7 @@ def measure_draft(model: Any, lm_head_weight: Any, rollouts: Iterable[Any], bloc
         model.train(was_training)
 
 
-def measure_ngram(rollouts: Iterable[Any], block_size: int, **bounds: Any) -> Measurement:
+def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -> Measurement:
     return measure(rollouts, lambda r: ngram_proposer(r, block_size), block_size, **bounds)
 
 
@@ -289,7 +303,7 @@ class DraftUnderTest:
 
     path: str
     config: dict[str, Any]
-    format: Any                       # verify.formats.DraftFormat
+    format: DraftFormat
     taps: list[int]                   # target_layer_ids convention: output of layer l
     k: int
 
@@ -353,6 +367,9 @@ def check_pairing(draft: DraftUnderTest, teacher_config: Mapping[str, Any], teac
             raise TeacherMismatchError(f"{teacher}: its config says {have}, the draft's {key} is {want}; pair the "
                                        "draft with the target it was trained against")
     layers = target.get("num_hidden_layers")
+    if not is_int(layers):
+        raise UsageError(f"{teacher}: its config has no num_hidden_layers to check the draft's taps against; pass "
+                         "a transformers causal LM folder")
     bad = [f for f in draft.format.tap_findings(draft.config, layers) if f.severity == "error"]
     if bad or max(draft.taps) >= layers:
         raise UsageError(f"{teacher}: {bad[0].message if bad else 'a tap is past its last layer'}; pair the draft "
@@ -376,7 +393,7 @@ def stop_token_ids(teacher: str | os.PathLike[str], ignore_eos: bool) -> list[in
     return []
 
 
-def read_embedding(teacher: str | os.PathLike[str]) -> Any:
+def read_embedding(teacher: str | os.PathLike[str]) -> torch.Tensor:
     """The teacher's input embedding `[V, H]`, read from its safetensors (no model built)."""
     from safetensors import safe_open
 
@@ -391,7 +408,7 @@ def read_embedding(teacher: str | os.PathLike[str]) -> Any:
         return handle.get_tensor(hits[0])
 
 
-def _load_draft(path: str | os.PathLike[str]) -> Any:
+def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
     import torch
 
     from dspark_hub.modeling import load_checkpoint
@@ -401,7 +418,7 @@ def _load_draft(path: str | os.PathLike[str]) -> Any:
 
 def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,
                        max_new_tokens: int, batch_size: int, progress: Progress | None = None
-                       ) -> tuple[Any, str, dict]:
+                       ) -> tuple[RolloutData | MemoryRollouts, str, dict[str, Any]]:
     """(rollouts, teacher path, harness facts about the data) from a prompts file or a rollouts folder.
 
     From prompts the teacher rolls out `max_new_tokens + k` tokens ignoring EOS (the last step may
@@ -431,22 +448,24 @@ def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: s
         return rollouts, teacher, facts
     if teacher is None:
         raise UsageError("needs `teacher`", param="prompts")
+    assert prompts is not None   # exactly one of prompts and data, checked above
     check_pairing(draft, read_json(Path(teacher) / "config.json"), teacher)
     model = load_teacher(teacher)
     items = read_prompts(prompts, teacher)
     announce_total(progress, 2 * len(items))   # generated, then measured
-    rollouts = MemoryRollouts(list(generate_rollouts(model, items, draft.taps, max_new_tokens=max_new_tokens + draft.k,
-                                                     batch_size=batch_size, ignore_eos=True, progress=progress,
-                                                     states_dtype=torch.float32)))
-    rollouts.rollouts.sort(key=lambda r: r.prompt_index)
+    memory = MemoryRollouts(list(generate_rollouts(model, items, draft.taps, max_new_tokens=max_new_tokens + draft.k,
+                                                   batch_size=batch_size, ignore_eos=True, progress=progress,
+                                                   states_dtype=torch.float32)))
+    memory.rollouts.sort(key=lambda r: r.prompt_index)
     identity = teacher_identity(teacher).to_dict()
     facts = {"prompts_sha256": sha256_file(prompts), "max_new_tokens": max_new_tokens,
              "chat_template_sha256": chat_template_digest(teacher), "teacher": identity["label"],
              "teacher_identity": identity, "data": None}
-    return rollouts, teacher, facts
+    return memory, teacher, facts
 
 
-def _make_proposer(draft: DraftUnderTest, teacher: str, *, markov: bool) -> Callable[[Any], Callable[[int], list[int]]]:
+def _make_proposer(draft: DraftUnderTest, teacher: str, *,
+                   markov: bool) -> Callable[[Rollout], Callable[[int], list[int]]]:
     """rollout -> propose(p), for either format."""
     import torch
 

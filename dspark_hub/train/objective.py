@@ -29,14 +29,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import loads_strict
 
+if TYPE_CHECKING:
+    import torch
+
+    from dspark_hub.train.rollouts import Rollout
+
 LOSS_TERMS = ("ce", "kl", "tv")
-DraftLogits = Callable[[Any, Any], Any]
+DraftLogits = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 #: Default rows per loss chunk: one float32 `[rows, V]` tensor at the K3 vocabulary is ~256 MiB.
 DEFAULT_LOSS_CHUNK = (256 << 20) // (4 * contract.REFERENCE_CONFIG["draft_vocab_size"])
 
@@ -62,7 +67,7 @@ def anchor_seed(seed: int, step: int, prompt_index: int) -> int:
     return (seed * 1_000_003 + step) * 1_000_033 + prompt_index
 
 
-def sample_anchors(loss_mask: Any, max_anchors: int, seed: int) -> Any:
+def sample_anchors(loss_mask: torch.Tensor, max_anchors: int, seed: int) -> torch.Tensor:
     """Sorted anchor indices `[n]`, `n = min(max_anchors, candidates)` (see the module docstring)."""
     import torch
 
@@ -75,30 +80,47 @@ def sample_anchors(loss_mask: Any, max_anchors: int, seed: int) -> Any:
     return chosen.sort().values
 
 
+class Targets(Protocol):
+    """What the loss reads of a batch: the teacher's final hidden rows and the supervised tokens."""
+
+    @property
+    def final_hidden(self) -> torch.Tensor: ...        # [B, T, H]
+    @property
+    def loss_mask(self) -> torch.Tensor: ...           # [B, T] bool
+
+
+@dataclass(frozen=True)
+class TeacherTargets:
+    """`Targets` on their own (the trainer's step hands the loss only these two)."""
+
+    final_hidden: torch.Tensor
+    loss_mask: torch.Tensor
+
+
 @dataclass
 class Batch:
     """Padded tensors of a (rank-local) batch; padding has `doc_ids == -1` and invalid anchors."""
 
-    input_ids: Any           # [B, T]
-    loss_mask: Any           # [B, T] bool
-    doc_ids: Any             # [B, T] 0 on tokens, -1 on padding
-    context_states: Any      # [B, T, taps * H]
-    final_hidden: Any        # [B, T, H]
-    anchors: Any             # [B, A]
-    anchor_valid: Any        # [B, A] bool
+    input_ids: torch.Tensor           # [B, T]
+    loss_mask: torch.Tensor           # [B, T] bool
+    doc_ids: torch.Tensor             # [B, T] 0 on tokens, -1 on padding
+    context_states: torch.Tensor      # [B, T, taps * H]
+    final_hidden: torch.Tensor        # [B, T, H]
+    anchors: torch.Tensor             # [B, A]
+    anchor_valid: torch.Tensor        # [B, A] bool
 
     @property
     def tokens(self) -> int:
         return int(self.loss_mask.sum())
 
-    def to(self, device: Any) -> Batch:
+    def to(self, device: torch.device | str) -> Batch:
         """The same batch on `device` (non-blocking copies; a no-op on the tensors' own device)."""
         return Batch(*(getattr(self, name).to(device, non_blocking=True) for name in
                        ("input_ids", "loss_mask", "doc_ids", "context_states", "final_hidden", "anchors",
                         "anchor_valid")))
 
 
-def collate(rollouts: Sequence[Any], anchors: Sequence[Any]) -> Batch:
+def collate(rollouts: Sequence[Rollout], anchors: Sequence[torch.Tensor]) -> Batch:
     """Pad rollouts (from `dspark_hub.rollouts`) and their anchors into one `Batch`."""
     import torch
 
@@ -124,7 +146,7 @@ def collate(rollouts: Sequence[Any], anchors: Sequence[Any]) -> Batch:
     return Batch(input_ids, loss_mask, doc_ids, context, final, anchor_ids, anchor_valid)
 
 
-def decay_weights(block_size: int, gamma: float) -> Any:
+def decay_weights(block_size: int, gamma: float) -> torch.Tensor:
     """`exp(-k / gamma)` for k = 0..K-1 (1, .779, .607, ... for gamma 4)."""
     import torch
 
@@ -135,12 +157,13 @@ def decay_weights(block_size: int, gamma: float) -> Any:
 class LossSums:
     """Un-normalised, rank-local sums; `weight` is the denominator before the cross-rank sum."""
 
-    terms: dict[str, Any]     # name -> sum(w * l) (tensors with grad), incl. "confidence"
-    weight: Any               # sum(w) (no grad)
+    terms: dict[str, torch.Tensor]     # name -> sum(w * l) (tensors with grad), incl. "confidence"
+    weight: torch.Tensor               # sum(w) (no grad)
     stats: dict[str, Any]     # detached sums for logging: "accuracy", "overlap", "slots"
 
 
-def slot_weights(labels: Any, target_positions: Any, loss_mask: Any, gamma: float) -> tuple[Any, Any]:
+def slot_weights(labels: torch.Tensor, target_positions: torch.Tensor, loss_mask: torch.Tensor,
+                 gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
     """`(slot_mask, weights)`, both `[B, A, K]`: the contiguous supervised prefix, and it times the decay."""
     import torch
 
@@ -151,7 +174,7 @@ def slot_weights(labels: Any, target_positions: Any, loss_mask: Any, gamma: floa
     return slot_mask, slot_mask * decay_weights(block, gamma).to(labels.device)
 
 
-def _teacher_distribution(final_hidden: Any, lm_head_weight: Any) -> Any:
+def _teacher_distribution(final_hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
     import torch
     import torch.nn.functional as F
 
@@ -159,7 +182,8 @@ def _teacher_distribution(final_hidden: Any, lm_head_weight: Any) -> Any:
         return F.linear(final_hidden.to(lm_head_weight.dtype), lm_head_weight).float().softmax(-1)
 
 
-def _slot_losses(logits: Any, target: Any, labels: Any, terms: Sequence[str]) -> tuple[dict[str, Any], Any, Any]:
+def _slot_losses(logits: torch.Tensor, target: torch.Tensor, labels: torch.Tensor,
+                 terms: Sequence[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """Per-slot `{term: loss}`, the detached overlap `1 - TV` and argmax hits, all shaped like `labels`."""
     import torch
 
@@ -178,8 +202,8 @@ def _slot_losses(logits: Any, target: Any, labels: Any, terms: Sequence[str]) ->
     return {name: per_slot[name]() for name in terms}, overlap, correct
 
 
-def _finish(sums: dict[str, Any], confidence_logits: Any | None, overlap: Any, hits: Any, slot_mask: Any,
-            weights: Any) -> LossSums:
+def _finish(sums: dict[str, torch.Tensor], confidence_logits: torch.Tensor | None, overlap: torch.Tensor,
+            hits: torch.Tensor, slot_mask: torch.Tensor, weights: torch.Tensor) -> LossSums:
     import torch
     import torch.nn.functional as F
 
@@ -192,8 +216,9 @@ def _finish(sums: dict[str, Any], confidence_logits: Any | None, overlap: Any, h
     return LossSums(terms=sums, weight=weights.sum().detach(), stats=stats)
 
 
-def loss_sums(logits: Any, confidence_logits: Any | None, labels: Any, target_positions: Any, batch: Batch,
-              lm_head_weight: Any, *, terms: Sequence[str], gamma: float) -> LossSums:
+def loss_sums(logits: torch.Tensor, confidence_logits: torch.Tensor | None, labels: torch.Tensor,
+              target_positions: torch.Tensor, batch: Targets, lm_head_weight: torch.Tensor, *, terms: Sequence[str],
+              gamma: float) -> LossSums:
     """Per-slot losses of a teacher-forced pass, weighted and summed (see the module docstring).
 
     Holds `[B, A, K, V]` logits and targets at once; `chunked_loss_sums` is the memory-bounded twin.
@@ -221,8 +246,9 @@ def loss_sums(logits: Any, confidence_logits: Any | None, labels: Any, target_po
     return _finish(sums, confidence_logits, overlap, hits, slot_mask, weights)
 
 
-def _chunk_sums(draft_logits: DraftLogits, lm_head_weight: Any, terms: Sequence[str], teacher_hidden: Any,
-                labels: Any, weights: Any, *draft_rows: Any) -> tuple[Any, Any, Any]:
+def _chunk_sums(draft_logits: DraftLogits, lm_head_weight: torch.Tensor, terms: Sequence[str],
+                teacher_hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                *draft_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`([sum(w * l) per term], overlap [n], hits)` of n rows; nothing vocabulary-sized outlives it."""
     import torch
 
@@ -235,8 +261,9 @@ def _chunk_sums(draft_logits: DraftLogits, lm_head_weight: Any, terms: Sequence[
     return torch.stack(sums) if sums else weights.new_zeros(0), overlap, correct.sum()
 
 
-def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[Any], confidence_logits: Any | None,
-                      labels: Any, target_positions: Any, batch: Batch, lm_head_weight: Any, *,
+def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[torch.Tensor],
+                      confidence_logits: torch.Tensor | None, labels: torch.Tensor, target_positions: torch.Tensor,
+                      batch: Targets, lm_head_weight: torch.Tensor, *,
                       terms: Sequence[str], gamma: float, chunk_rows: int) -> LossSums:
     """`loss_sums` without ever holding more than `chunk_rows` rows of `[rows, V]` logits or targets.
 
@@ -283,8 +310,8 @@ def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[Any], co
                    weights)
 
 
-def combine(sums: LossSums, loss_weights: dict[str, float], alpha: float, global_weight: Any,
-            world_size: int = 1) -> Any:
+def combine(sums: LossSums, loss_weights: dict[str, float], alpha: float, global_weight: torch.Tensor,
+            world_size: int = 1) -> torch.Tensor:
     """The scalar to back-propagate on this rank.
 
     `world_size` undoes DDP's gradient averaging, so the summed gradient is that of the global

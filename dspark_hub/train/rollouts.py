@@ -42,7 +42,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
@@ -68,6 +68,12 @@ from dspark_hub.train.teacher import (
     teacher_identity,
 )
 from dspark_hub.verify.rules import TAP_CONVENTION
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from dspark_hub.train.teacher import CausalLM
 
 #: `manifest.json` and shard metadata of a rollouts folder.
 SCHEMA = schemas.ROLLOUTS_DATA
@@ -97,15 +103,15 @@ class Rollout:
 
     prompt_index: int
     dataset: str | None
-    input_ids: Any                 # [T] int64
+    input_ids: torch.Tensor                 # [T] int64
     prompt_length: int
-    aux_hidden_states: Any         # [T, n_taps * H]
-    final_hidden_states: Any       # [T, H]
+    aux_hidden_states: torch.Tensor         # [T, n_taps * H]
+    final_hidden_states: torch.Tensor       # [T, H]
     greedy_agreement: tuple[int, int] = (0, 0)
-    mask: Any = None               # [T] uint8 when given (prefill data); else 1 from prompt_length on
+    mask: torch.Tensor | None = None        # [T] uint8 when given (prefill data); else 1 from prompt_length on
 
     @property
-    def loss_mask(self) -> Any:
+    def loss_mask(self) -> torch.Tensor:
         import torch
 
         if self.mask is not None:
@@ -147,7 +153,7 @@ class RolloutSummary:
 def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None) -> list[Prompt]:
     """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it)."""
     tokenizer = None
-    prompts = []
+    prompts: list[Prompt] = []
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -188,7 +194,7 @@ def _encode(record: dict[str, Any], kind: str, tokenizer: Any) -> list[int]:
 # ----------------------------------------------------------------------------- generation
 
 
-def _eos_ids(model: Any, ignore_eos: bool) -> list[int] | None:
+def _eos_ids(model: PreTrainedModel, ignore_eos: bool) -> list[int] | None:
     if ignore_eos:
         return None
     eos = model.generation_config.eos_token_id
@@ -219,9 +225,9 @@ def _batches(prompts: list[Prompt], batch_size: int) -> Iterator[list[Prompt]]:
             yield group[i:i + batch_size]
 
 
-def generate_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int,
+def generate_rollouts(model: CausalLM, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int,
                       batch_size: int = 8, ignore_eos: bool = False, progress: Progress | None = None,
-                      states_dtype: Any = None) -> Iterator[Rollout]:
+                      states_dtype: torch.dtype | None = None) -> Iterator[Rollout]:
     """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length).
 
     The states are kept in `states_dtype` (default bfloat16, what a rollouts folder stores).
@@ -253,7 +259,7 @@ def generate_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *
             progress(len(group))
 
 
-def prefill_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *, batch_size: int = 8,
+def prefill_rollouts(model: PreTrainedModel, prompts: list[Prompt], layer_ids: list[int], *, batch_size: int = 8,
                      progress: Progress | None = None) -> Iterator[Rollout]:
     """The states of each prompt's sequence as it is (no generation), with its `loss_mask` (all ones if none)."""
     import torch
@@ -269,7 +275,8 @@ def prefill_rollouts(model: Any, prompts: list[Prompt], layer_ids: list[int], *,
             progress(len(group))
 
 
-def prefill_rollout(prompt: Prompt, tokens: Any, aux: Any, final: Any, lm_head: Any) -> Rollout:
+def prefill_rollout(prompt: Prompt, tokens: torch.Tensor, aux: torch.Tensor, final: torch.Tensor,
+                    lm_head: torch.Tensor) -> Rollout:
     """A `Rollout` of a given sequence: its mask (all ones if none), states stored in bf16."""
     import torch
 
@@ -425,7 +432,8 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     check_teacher_matches(teacher_config, draft, teacher_name=str(teacher))
     out = Path(out)
     owned = isinstance(engine, str)
-    runner = open_engine(engine, str(teacher), list(draft["target_layer_ids"]), engine_options) if owned else engine
+    runner = (open_engine(engine, str(teacher), list(draft["target_layer_ids"]), engine_options)
+              if isinstance(engine, str) else engine)
     try:
         settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos, mode=mode, engine=runner.name,
                              engine_dtype=runner.dtype)

@@ -22,16 +22,23 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dspark_hub._text import plural
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.verify.rules import require_tap_layers, text_config
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    # What AutoModelForCausalLM.from_pretrained is annotated to return: a PreTrainedModel that generates.
+    from transformers.models.auto.modeling_auto import _BaseModelWithGenerate as CausalLM
 
 _SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})")
 
@@ -167,7 +174,7 @@ def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
                      "pass a causal LM checkpoint folder")
 
 
-def read_lm_head(folder: str | os.PathLike[str]) -> Any:
+def read_lm_head(folder: str | os.PathLike[str]) -> torch.Tensor:
     """The teacher's lm_head weight `[vocab, hidden]` read from its safetensors (no model built).
 
     Only the header and that one tensor are read, so this is cheap even for a huge teacher.
@@ -192,10 +199,10 @@ class FinalNorm:
     """
 
     tensor: str
-    weight: Any     # [hidden]
+    weight: torch.Tensor     # [hidden]
     eps: float
 
-    def __call__(self, hidden: Any) -> Any:
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         import torch
 
         dtype = hidden.dtype
@@ -259,7 +266,16 @@ def teacher_eos_ids(folder: str | os.PathLike[str]) -> list[int]:
 # ----------------------------------------------------------------------------- model + taps
 
 
-def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> Any:
+M = TypeVar("M", bound="PreTrainedModel")
+
+
+def moved(model: M, where: torch.device | torch.dtype | str) -> M:
+    """`model.to(where)`, typed: transformers wraps `PreTrainedModel.to` in `functools.wraps`, which
+    mypy reads as a function without `self` (the one ignore for every caller)."""
+    return model.to(where)   # type: ignore[arg-type]
+
+
+def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> CausalLM:
     """`AutoModelForCausalLM` from a local folder, in eval mode, gradients off."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -271,7 +287,7 @@ def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> A
     return model
 
 
-def decoder_layers(model: Any) -> Any:
+def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     """The teacher's decoder layer list (`model.model.layers` for Llama/Qwen/DeepSeek families)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     layers = getattr(decoder, "layers", None)
@@ -285,11 +301,11 @@ def decoder_layers(model: Any) -> Any:
 class TeacherStates:
     """What one teacher prefill pass yields for a batch of sequences `[B, T]`."""
 
-    aux_hidden_states: Any     # [B, T, len(layer_ids) * hidden]: layer outputs, ascending ids
-    final_hidden_states: Any   # [B, T, hidden]: input of lm_head (after the final norm)
+    aux_hidden_states: torch.Tensor     # [B, T, len(layer_ids) * hidden]: layer outputs, ascending ids
+    final_hidden_states: torch.Tensor   # [B, T, hidden]: input of lm_head (after the final norm)
 
 
-def capture_states(model: Any, input_ids: Any, layer_ids: list[int]) -> TeacherStates:
+def capture_states(model: PreTrainedModel, input_ids: torch.Tensor, layer_ids: list[int]) -> TeacherStates:
     """One prefill forward; taps are captured with forward hooks on the named decoder layers.
 
     Args:
@@ -300,10 +316,10 @@ def capture_states(model: Any, input_ids: Any, layer_ids: list[int]) -> TeacherS
     import torch
 
     layers = decoder_layers(model)
-    captured: dict[int, Any] = {}
+    captured: dict[int, torch.Tensor] = {}
 
-    def hook_for(layer: int) -> Any:
-        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+    def hook_for(layer: int) -> Callable[[torch.nn.Module, Any, Any], None]:
+        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:   # output: a layer's, any shape
             captured[layer] = output[0] if isinstance(output, tuple) else output
         return hook
 
@@ -328,7 +344,7 @@ def chat_template_digest(folder: str | os.PathLike[str]) -> str | None:
     return sha256_text(template)
 
 
-def load_tokenizer(folder: str | os.PathLike[str], *, required: bool) -> Any:
+def load_tokenizer(folder: str | os.PathLike[str], *, required: bool) -> PreTrainedTokenizerBase | None:
     """The teacher's tokenizer, or None when the folder ships none and `required` is False."""
     from transformers import AutoTokenizer
 

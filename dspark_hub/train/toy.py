@@ -176,6 +176,8 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from dspark_hub.train.teacher import moved
+
     dst = Path(dst)
     check_writable(dst, force=force)
     if draft is not None:
@@ -191,7 +193,7 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
     announce_total(progress, 1)
     shapes = teacher_shapes(draft_config)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**shapes, initializer_range=0.02)).to(torch.bfloat16).eval()
+    model = moved(LlamaForCausalLM(LlamaConfig(**shapes, initializer_range=0.02)), torch.bfloat16).eval()
     if draft is not None:
         _copy_embedding(model, Path(draft))
     model.generation_config.do_sample = False

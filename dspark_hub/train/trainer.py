@@ -50,8 +50,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -66,10 +65,16 @@ from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train import objective
 from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions, TeacherEngine, open_engine, peak_rss_bytes
-from dspark_hub.train.hidden_state_files import open_training_data
+from dspark_hub.train.hidden_state_files import HiddenStateData, open_training_data
 from dspark_hub.train.plan import TrainPlan, step_plan
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import read_lm_head
+from dspark_hub.train.teacher import moved, read_lm_head
+
+if TYPE_CHECKING:
+    from dspark_hub.modeling import K3DSparkModel
+
+#: What a training step reads rollouts from: a rollouts folder, or hidden-state files (speculators, vLLM).
+TrainingData = RolloutData | HiddenStateData
 
 LOG_NAME = "training_log.jsonl"
 #: State file names: `step-NNNNNN.pt` (NNNNNN the optimizer steps taken).
@@ -167,7 +172,7 @@ class TrainResult:
                 "plan": self.plan.to_dict() if self.plan else None, "states": list(self.states)}
 
 
-def chunkable_draft_logits(model: nn.Module, lm_head_weight: torch.Tensor, hidden: torch.Tensor,
+def chunkable_draft_logits(model: K3DSparkModel, lm_head_weight: torch.Tensor, hidden: torch.Tensor,
                            prev_ids: torch.Tensor) -> tuple[objective.DraftLogits, tuple[torch.Tensor, ...]]:
     """`model.draft_logits(hidden, lm_head, prev_ids)` split for `objective.chunked_loss_sums`.
 
@@ -193,7 +198,7 @@ class DraftStep(nn.Module):
     which DDP and FSDP can walk).
     """
 
-    def __init__(self, model: nn.Module, block_size: int, *, terms: list[str], gamma: float,
+    def __init__(self, model: K3DSparkModel, block_size: int, *, terms: list[str], gamma: float,
                  loss_chunk: int) -> None:
         super().__init__()
         self.model = model
@@ -209,18 +214,19 @@ class DraftStep(nn.Module):
         out = self.model.teacher_forced(context_states, input_ids, anchors, block_size=self.block_size,
                                         lm_head_weight=None if chunked else lm_head_weight, doc_ids=doc_ids,
                                         anchor_valid=anchor_valid)
-        targets = SimpleNamespace(final_hidden=final_hidden, loss_mask=loss_mask)
+        targets = objective.TeacherTargets(final_hidden=final_hidden, loss_mask=loss_mask)
+        hidden, prev_ids, labels, positions = out.last_hidden_state, out.prev_ids, out.labels, out.target_positions
+        assert hidden is not None and prev_ids is not None and labels is not None and positions is not None
         if chunked:
-            draft_logits, inputs = chunkable_draft_logits(self.model, lm_head_weight, out.last_hidden_state,
-                                                          out.prev_ids)
-            sums = objective.chunked_loss_sums(draft_logits, inputs, out.confidence_logits, out.labels,
-                                               out.target_positions, targets, lm_head_weight, terms=self.terms,
-                                               gamma=self.gamma, chunk_rows=self.loss_chunk)
+            draft_logits, inputs = chunkable_draft_logits(self.model, lm_head_weight, hidden, prev_ids)
+            sums = objective.chunked_loss_sums(draft_logits, inputs, out.confidence_logits, labels, positions,
+                                               targets, lm_head_weight, terms=self.terms, gamma=self.gamma,
+                                               chunk_rows=self.loss_chunk)
         else:
+            assert out.logits is not None   # teacher_forced was given the lm_head
             with torch.autocast(context_states.device.type, enabled=False):
-                sums = objective.loss_sums(out.logits.float(), out.confidence_logits, out.labels,
-                                           out.target_positions, targets, lm_head_weight, terms=self.terms,
-                                           gamma=self.gamma)
+                sums = objective.loss_sums(out.logits.float(), out.confidence_logits, labels, positions, targets,
+                                           lm_head_weight, terms=self.terms, gamma=self.gamma)
         return sums.terms, sums.weight, sums.stats
 
 
@@ -341,7 +347,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         loaded = load_checkpoint(config.base, dtype=torch.float32)
         self.base_config = loaded.config
-        self.model = loaded.model.to(self.device)
+        self.model = moved(loaded.model, self.device)
         self.model.embed_tokens.weight.requires_grad_(False)
         self.model.train()
         self.parameter_counts = (sum(p.numel() for p in self.model.parameters() if p.requires_grad),
@@ -384,7 +390,7 @@ class Trainer:
             return teacher
         raise UsageError("no teacher; pass `teacher` (its lm_head gives the target distributions)", param="teacher")
 
-    def _open_data(self, path: str | None) -> Any:
+    def _open_data(self, path: str | None) -> TrainingData:
         if not path:
             raise UsageError("no training data; pass `data` (or `on_policy` with `prompts`)", param="data")
         return open_training_data(path, draft_config=self.base_config, teacher=self.config.teacher,
@@ -400,7 +406,8 @@ class Trainer:
             mesh = init_device_mesh(self.device.type, (self.world,))
             for layer in step.model.layers:
                 fully_shard(layer, mesh=mesh)
-            return fully_shard(step, mesh=mesh)
+            # fully_shard returns `step` itself, its class swapped for an FSDPModule subclass
+            return cast(nn.Module, fully_shard(step, mesh=mesh))
         from torch.nn.parallel import DistributedDataParallel
 
         uses_confidence = bool(self.model.confidence_head is not None and self.config.alpha)
@@ -413,12 +420,13 @@ class Trainer:
             return config.steps
         if config.on_policy or not config.epochs:
             raise UsageError("no step count; pass `steps` (or `epochs` with `data`)", param="steps")
+        assert self.data is not None   # off-policy: opened in __init__
         count = len(self.data)
         return max(1, int(config.epochs * max(1, count // config.batch_size)))
 
     # -- one step ----------------------------------------------------------------------------
 
-    def train_step(self, data: Any, local_step: int) -> dict[str, Any]:
+    def train_step(self, data: TrainingData, local_step: int) -> dict[str, Any]:
         config = self.config
         started = time.perf_counter()
         indices = batch_indices(len(data), config.batch_size, local_step, config.seed)
@@ -445,7 +453,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
-        entry = self._log_entry(sums, global_weight, float(grad_norm), lr, batch.tokens)
+        entry = self._log_entry(sums, global_weight, float(grad_norm), float(lr), batch.tokens)
         seconds = time.perf_counter() - started     # float(grad_norm) above waited for the device
         peak = peak_memory_bytes(self.device)
         self.peak_memory = max(self.peak_memory, peak)
@@ -564,7 +572,7 @@ class Trainer:
 
     # -- loop --------------------------------------------------------------------------------
 
-    def run_steps(self, data: Any, start: int, stop: int, round_index: int | None = None) -> None:
+    def run_steps(self, data: TrainingData, start: int, stop: int, round_index: int | None = None) -> None:
         """Global steps `[max(start, self.step), stop)` on `data` (local step = step - start)."""
         for step in range(max(start, self.step), stop):
             entry = self.train_step(data, step - start)
@@ -582,7 +590,7 @@ class Trainer:
         config = self.config
         due = config.eval_data and config.eval_every and (self.step % config.eval_every == 0
                                                            or self.step == self.total_steps)
-        if not due or config.fsdp:
+        if not due or config.fsdp or config.eval_data is None:
             return
         if self.rank == 0:
             from dspark_hub.train.evaluate import measure_draft, measure_ngram
@@ -603,6 +611,7 @@ class Trainer:
         if self.config.on_policy:
             self._fit_on_policy()
         else:
+            assert self.data is not None   # off-policy: opened in __init__
             self.run_steps(self.data, 0, self.total_steps)
         self.write_output()
         states = tuple(p.name for p in state_files(self.state_dir)) if self.state_dir is not None else ()
@@ -648,7 +657,8 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             state = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            return {k.removeprefix("model."): v for k, v in state.items()} if self.rank == 0 else None
+            tensors = cast(dict[str, torch.Tensor], state)    # a full model state dict holds tensors only
+            return {k.removeprefix("model."): v for k, v in tensors.items()} if self.rank == 0 else None
         if self.rank != 0:
             return None
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -660,6 +670,7 @@ class Trainer:
         state = self._full_model_state()
         if self.rank == 0:
             model = load_checkpoint(self.config.base, dtype=torch.float32).model
+            assert state is not None   # gathered to rank 0
             model.load_state_dict(state)
             with atomic_dir(self.config.out, force=self.config.force) as tmp:
                 save_checkpoint(model, tmp, dtype=self.save_dtype, force=True)

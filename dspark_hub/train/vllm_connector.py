@@ -95,7 +95,7 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         done = _CompletedEvent()
         self._write_tensors(tensors, done, pending.filename, lock_fd)  # upstream's writer; releases the lock
-        self._req_copy_events[pending.req_id] = done  # type: ignore[assignment]
+        self._req_copy_events[pending.req_id] = done
 
 
 def connector_config(storage_path: str, *, cpu: bool) -> dict[str, object]:

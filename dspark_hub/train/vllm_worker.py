@@ -198,7 +198,7 @@ class Worker:
         if self.llm is None and op != "exit":
             raise WorkerError("engine", f"{op}: the engine is not started")
         handler = {"capture": self.capture, "sleep": lambda _r: self.sleep(), "wake": lambda _r: self.wake(),
-                   "exit": lambda _r: self.exit()}.get(op)
+                   "exit": lambda _r: self.exit()}.get(op) if isinstance(op, str) else None
         if handler is None:
             raise WorkerError("protocol", f"unknown op {op!r}")
         return handler(request)

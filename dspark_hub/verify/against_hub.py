@@ -61,14 +61,14 @@ def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str
                                         f"{location}; the local file is truncated or a different version",
                                         expected=str(theirs.size), actual=str(digest.size)))
         elif theirs.sha256 is not None and theirs.sha256 != digest.sha256:
-            problems.append(FileProblem(path, "mismatch", f"{path}: SHA-256 {digest.sha256[:12]}... here, "
+            problems.append(FileProblem(path, "mismatch", f"{path}: SHA-256 {(digest.sha256 or '')[:12]}... here, "
                                         f"{theirs.sha256[:12]}... on {location}; the content differs",
                                         expected=theirs.sha256, actual=digest.sha256))
         elif theirs.sha256 is None:
             ours = digest.blob_id if not digest.lfs else git_blob_sha1((folder / path).read_bytes())
             if ours != theirs.blob_id:
-                problems.append(FileProblem(path, "mismatch", f"{path}: git blob {ours[:12]}... here, "
-                                            f"{theirs.blob_id[:12]}... on {location}; the content differs",
+                problems.append(FileProblem(path, "mismatch", f"{path}: git blob {(ours or '')[:12]}... here, "
+                                            f"{(theirs.blob_id or '')[:12]}... on {location}; the content differs",
                                             expected=theirs.blob_id, actual=ours))
     skipped = set(ignore_remote)
     for path in sorted(remote.keys() - local_by_path.keys()):

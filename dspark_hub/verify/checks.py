@@ -17,6 +17,7 @@ from dspark_hub._text import plural
 from dspark_hub.errors import ContractError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
+from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, Report, Summary, error, warning
 from dspark_hub.verify.codes import HUB_FILE_CODES
 from dspark_hub.verify.dropin import DropInReference, check_drop_in, dropin_family_finding, resolve_reference
@@ -37,9 +38,6 @@ REQUIRED_KEYS = (
 def _fmt(value: Any) -> str:
     return json.dumps(value)
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # ---------------------------------------------------------------- config rules
@@ -68,11 +66,11 @@ def _rule(ok: bool, key: str, message: str, hint: str) -> list[Finding]:
 def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     layers = config.get("num_hidden_layers")
-    out += _rule(_is_int(layers) and layers > 0, "num_hidden_layers",
+    out += _rule(is_int(layers) and layers > 0, "num_hidden_layers",
                  f"num_hidden_layers is {_fmt(layers)}; it must be a positive integer (a JSON number)",
                  "set the draft's layer count")
     vocab, mask = config.get("vocab_size"), config.get("mask_token_id")
-    out += _rule(_is_int(mask) and _is_int(vocab) and 0 <= mask < vocab, "mask_token_id",
+    out += _rule(is_int(mask) and is_int(vocab) and 0 <= mask < vocab, "mask_token_id",
                  f"mask_token_id is {_fmt(mask)}; it must be an id in [0, vocab_size={_fmt(vocab)})",
                  "use the reserved mask token the draft was trained with")
     head = config.get("markov_head_type")
@@ -83,7 +81,7 @@ def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
                                                                         else ""),
                      "train with the vanilla Markov head")
     rank = config.get("markov_rank")
-    out += _rule(_is_int(rank) and rank > 0, "markov_rank", f"markov_rank is {_fmt(rank)}; it must be > 0",
+    out += _rule(is_int(rank) and rank > 0, "markov_rank", f"markov_rank is {_fmt(rank)}; it must be > 0",
                  "set the rank of markov_head.markov_w1/w2")
     stream = config.get("aux_hidden_stream", "prefix")
     out += _rule(stream in contract.AUX_HIDDEN_STREAMS, "aux_hidden_stream",
@@ -93,16 +91,20 @@ def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
         out += _rule(config.get(key, False) is False, key, f"{key} is {_fmt(config.get(key))}; runtimes require "
                      "false", f"set {key} to false")
     q_rank = config.get("q_lora_rank")
-    out += _rule(_is_int(q_rank) and q_rank > 0, "q_lora_rank", f"q_lora_rank is {_fmt(q_rank)}; it must be > 0",
+    out += _rule(is_int(q_rank) and q_rank > 0, "q_lora_rank", f"q_lora_rank is {_fmt(q_rank)}; it must be > 0",
                  "the k3_dspark attention always uses a q low-rank projection")
     out += _rope_rules(config.get("rope_parameters"))
     return out
 
 
 #: What YaRN needs in `rope_parameters`, and the type of each value.
-YARN_KEYS = {"factor": (int, float), "original_max_position_embeddings": (int,), "rope_theta": (int, float),
-             "beta_fast": (int, float), "beta_slow": (int, float), "mscale": (int, float),
-             "mscale_all_dim": (int, float)}
+YARN_KEYS: dict[str, tuple[type[int] | type[float], ...]] = {
+    "factor": (int, float), "original_max_position_embeddings": (int,), "rope_theta": (int, float),
+    "beta_fast": (int, float), "beta_slow": (int, float), "mscale": (int, float), "mscale_all_dim": (int, float)}
+
+
+def _non_negative(value: object, types: tuple[type[int] | type[float], ...]) -> bool:
+    return isinstance(value, types) and not isinstance(value, bool) and value >= 0
 
 
 def _rope_rules(rope: Any) -> list[Finding]:
@@ -116,8 +118,7 @@ def _rope_rules(rope: Any) -> list[Finding]:
     if rope.get("rope_type") != "yarn":
         return _rule(False, "rope_parameters", f"rope_parameters.rope_type is {_fmt(rope.get('rope_type'))}; "
                      "the k3_dspark attention uses YaRN", hint)
-    bad = [key for key, types in YARN_KEYS.items()
-           if not isinstance(rope.get(key), types) or isinstance(rope.get(key), bool) or rope.get(key) < 0]
+    bad = [key for key, types in YARN_KEYS.items() if not _non_negative(rope.get(key), types)]
     return _rule(not bad, "rope_parameters", f"rope_parameters has missing or non-numeric {', '.join(bad)}", hint)
 
 
@@ -294,8 +295,10 @@ def _metadata_findings(view: CheckpointView, fmt: DraftFormat | None = None) -> 
 
 # ---------------------------------------------------------------- entry point
 
-def source_for(path: str | os.PathLike[str], *, endpoint: str | None = None) -> Source:
-    """A `Source` for a local folder or an `hf://org/name[@rev]` URL."""
+def source_for(path: str | os.PathLike[str] | Source, *, endpoint: str | None = None) -> Source:
+    """A `Source` for a local folder or an `hf://org/name[@rev]` URL (a `Source` is returned as it is)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return path
     text = os.fspath(path)
     if text.startswith("hf://"):
         from dspark_hub.format.remote import HubSource  # huggingface_hub only when a Hub path is given
@@ -343,10 +346,10 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
     across = ref is not None and found is not None and found.family != ref.family
     if found is not None and (fmt is None or across):
         report.sections["family"] = found.to_dict()
-    if across:
-        report.findings.append(dropin_family_finding(found, ref))   # type: ignore[arg-type]
-    elif config is not None and fmt is None:
-        report.findings.extend(family_findings(found, config))     # type: ignore[arg-type]
+    if across and found is not None and ref is not None:
+        report.findings.append(dropin_family_finding(found, ref))
+    elif config is not None and fmt is None and found is not None:
+        report.findings.extend(family_findings(found, config))
     if fmt is not None:
         _check_format(report, view, fmt, drop_in=ref is not None)
     report.findings.extend(_metadata_findings(view, fmt))
@@ -355,7 +358,7 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
     return report
 
 
-def check_against_hub(report: Report, folder: str | os.PathLike[str], hub_ref: str, *,
+def check_against_hub(report: Report, folder: str, hub_ref: str, *,
                       endpoint: str | None = None) -> None:
     """Compare local files with a Hub revision's LFS SHA-256 / blob ids and sizes (into `report`)."""
     from dspark_hub.format.remote import parse_hf_url
@@ -425,7 +428,7 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         True
     """
     ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
-    source = path if hasattr(path, "list_files") else source_for(path, endpoint=endpoint)  # type: ignore[arg-type]
+    source = source_for(path, endpoint=endpoint)
     if against_hub is not None and not isinstance(source, LocalSource):
         raise UsageError("compares a local folder with the Hub; pass a local folder", param="against_hub")
     if execute:
@@ -442,5 +445,5 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         from dspark_hub.verify import pairing
         pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)
     if against_hub is not None:
-        check_against_hub(report, os.fspath(path), against_hub, endpoint=endpoint)   # type: ignore[arg-type]
+        check_against_hub(report, source.location, against_hub, endpoint=endpoint)
     return report

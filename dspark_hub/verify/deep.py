@@ -309,7 +309,7 @@ class _Job:
         self.window, self.offset = window, offset
 
 
-def _consume(jobs: queue.Queue, work: Callable[[_Job], None], done: Callable[[_Job | None], None],
+def _consume(jobs: queue.Queue[_Job | None], work: Callable[[_Job], None], done: Callable[[_Job | None], None],
              failures: list[BaseException]) -> None:
     """Run `work` on each job until the `None` sentinel; `done` gets every job, then the sentinel."""
     while (job := jobs.get()) is not None:
@@ -336,7 +336,7 @@ def _unmap(window: mmap.mmap) -> None:
         window.close()
 
 
-def _hash_window(hasher: Any, job: _Job) -> None:
+def _hash_window(hasher: hashlib._Hash, job: _Job) -> None:
     with memoryview(job.window) as view:
         hasher.update(view)
 
@@ -371,8 +371,8 @@ def scan_file(path: str | os.PathLike[str], header: SafetensorsHeader, *, name: 
     hasher = hashlib.sha256()
     slots = threading.Semaphore(depth)
     failures: list[BaseException] = []
-    to_hash: queue.Queue = queue.Queue()
-    to_scan: queue.Queue = queue.Queue()
+    to_hash: queue.Queue[_Job | None] = queue.Queue()
+    to_scan: queue.Queue[_Job | None] = queue.Queue()
 
     def scanned(job: _Job | None) -> None:
         if job is not None:

@@ -45,14 +45,21 @@ import tempfile
 import time
 import traceback
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import DsparkError, UsageError
 from dspark_hub.format.jsonio import loads_strict
-from dspark_hub.verify.verdicts import RuntimeVerdicts
+from dspark_hub.verify.runtimes_vllm import ShardId
+from dspark_hub.verify.verdicts import RuntimeLoader, RuntimeVerdicts
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+    from vllm.model_executor.models.utils import WeightsMapper
 
 #: The vLLM release the engine's hooks and the static rules were built against.
 PINNED_VERSION = "0.32.0"
@@ -260,18 +267,18 @@ class _Trace:
         self.in_flight: str | None = None
         self.mapped: set[str] = set()                        # sources that reached a WeightsMapper
         self.dropped: dict[str, str] = {}                    # source -> the mapping rule that dropped it
-        self.writes: dict[str, list[tuple[str, Any]]] = {}   # source -> [(vLLM param, shard)]
+        self.writes: dict[str, list[tuple[str, ShardId | None]]] = {}   # source -> [(vLLM param, shard)]
         self.failed_write: str | None = None                 # source whose weight loader raised
         self.param_names: dict[int, str] = {}
-        self.model: Any = None
+        self.model: torch.nn.Module | None = None
         self.snapshot: dict[str, Any] | None = None
         self.strict: dict[str, Any] = {"ran": False}
         self.phase = "config"
 
-    def add_source(self, name: str, tensor: Any) -> None:
+    def add_source(self, name: str, tensor: torch.Tensor) -> None:
         self.order.append(name)
         with contextlib.suppress(Exception):
-            tensor._dspark_src = name
+            tensor._dspark_src = name   # type: ignore[attr-defined]  # our marker on vLLM's tensor
         start = tensor.data_ptr()
         if start:
             item = (start, start + max(1, tensor.numel() * tensor.element_size()), name)
@@ -284,9 +291,9 @@ class _Trace:
         if i < len(self._ivals) and self._ivals[i] == item:
             del self._ivals[i]
 
-    def source_of(self, tensor: Any) -> str | None:
+    def source_of(self, tensor: torch.Tensor) -> str | None:
         name = getattr(tensor, "_dspark_src", None)
-        if name is not None:
+        if isinstance(name, str):
             return name
         try:
             ptr = tensor.data_ptr()
@@ -298,16 +305,34 @@ class _Trace:
         return None
 
 
-_STATE: dict[str, Any] = {"trace": None, "installed": False, "distributed": False, "version": None}
+@dataclass
+class _State:
+    """Per process: the round being traced, and the set-up done once."""
+
+    trace: _Trace | None = None
+    installed: bool = False
+    distributed: bool = False
+    version: str | None = None
 
 
-def _trace() -> _Trace:
-    return _STATE["trace"]
+_STATE = _State()
+
+
+def _trace() -> _Trace | None:
+    """The round being traced, or None (the hooks stay installed between rounds)."""
+    return _STATE.trace
+
+
+def _tracing() -> _Trace:
+    """The round being traced, from a hook that only `execute` triggers."""
+    if _STATE.trace is None:
+        raise RuntimeError("a vLLM loader hook ran outside dspark_hub.verify.execute_vllm.execute")
+    return _STATE.trace
 
 
 def _install() -> None:
     """Wrap the loader's methods once per process (observe only; behaviour unchanged but for the stubs)."""
-    if _STATE["installed"]:
+    if _STATE.installed:
         return
     import torch
     from vllm.config import vllm as vllm_config_module
@@ -317,7 +342,8 @@ def _install() -> None:
 
     get_all_weights = DefaultModelLoader.get_all_weights
 
-    def hooked_get_all_weights(self, model_config, model):
+    def hooked_get_all_weights(self: DefaultModelLoader, model_config: ModelConfig,
+                               model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         t = _trace()
         for name, tensor in get_all_weights(self, model_config, model):
             if t is not None and name in t.excluded:
@@ -329,10 +355,11 @@ def _install() -> None:
 
     create_model = DefaultModelLoader.create_model
 
-    def hooked_create_model(self, vllm_config, model_config, prefix=""):
-        t = _trace()
+    def hooked_create_model(self: DefaultModelLoader, vllm_config: VllmConfig, model_config: ModelConfig,
+                            prefix: str = "") -> torch.nn.Module:
+        t = _tracing()
         t.phase = "construct"
-        model = create_model(self, vllm_config, model_config, prefix)
+        model: torch.nn.Module = create_model(self, vllm_config, model_config, prefix)
         t.model = model
         with torch.no_grad():
             for pname, p in model.named_parameters():
@@ -340,7 +367,8 @@ def _install() -> None:
                 p.data.fill_(float("nan") if p.dtype.is_floating_point else _INT_SENTINEL)
                 loader = getattr(p, "weight_loader", None)
                 if loader is not None and ("weight_loader" in p.__dict__ or hasattr(p, "_weight_loader")):
-                    p.weight_loader = _wrap_loader(loader, pname)
+                    # weight_loader is vLLM's own attribute on its parameters, unknown to torch's types
+                    p.weight_loader = _wrap_loader(loader, pname)   # type: ignore[attr-defined]
         for mname, module in model.named_modules():   # SHIM_CPU_KV_B_PROJ
             if mname.endswith(".kv_b_proj"):
                 parent = model.get_submodule(mname.rsplit(".", 1)[0])
@@ -353,11 +381,11 @@ def _install() -> None:
 
     default_loader = model_utils.default_weight_loader
 
-    def hooked_default_weight_loader(param, loaded_weight):
-        t = _trace()
+    def hooked_default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+        t = _tracing()
         src = _record_write(t, t.param_names.get(id(param), "?"), loaded_weight, None)
         try:
-            return default_loader(param, loaded_weight)
+            default_loader(param, loaded_weight)   # returns None
         except BaseException:
             t.failed_write = src or t.in_flight
             raise
@@ -365,14 +393,13 @@ def _install() -> None:
 
     load_weights = DefaultModelLoader.load_weights
 
-    def hooked_load_weights(self, model, model_config):
-        t = _trace()
+    def hooked_load_weights(self: DefaultModelLoader, model: torch.nn.Module, model_config: ModelConfig) -> None:
+        t = _tracing()
         try:
-            result = load_weights(self, model, model_config)
+            load_weights(self, model, model_config)   # returns None
         finally:
             t.snapshot = _snapshot(model)
         t.phase = "post-process"
-        return result
     DefaultModelLoader.load_weights = hooked_load_weights
 
     from vllm.transformers_utils import repo_utils
@@ -388,13 +415,14 @@ def _install() -> None:
 
     track = DefaultModelLoader.track_weights_loading
 
-    def hooked_track(self, model, loaded_weights, quantized=False):
-        t = _trace()
+    def hooked_track(self: DefaultModelLoader, model: torch.nn.Module, loaded_weights: set[str] | None,
+                     quantized: bool = False) -> None:
+        t = _tracing()
         t.phase = "strict-check"
         t.strict["ran"] = True
         everything = {name for name, _ in model.named_parameters()}
         try:
-            return track(self, model, loaded_weights, quantized)
+            track(self, model, loaded_weights, quantized)   # returns None
         except ValueError:
             # the check adds the exempt parameters to `loaded_weights` in place, then raises for the rest
             t.strict["raised_for"] = sorted(everything - set(loaded_weights or ()))
@@ -404,14 +432,14 @@ def _install() -> None:
     apply = WeightsMapper.apply
     depth = [0]
 
-    def hooked_apply(self, weights):
+    def hooked_apply(self: WeightsMapper,
+                     weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         t = _trace()
         stage = depth[0]
         depth[0] += 1
         try:
             for name, data in weights:
-                src = t.source_of(data) if t is not None else None
-                if src is not None:
+                if t is not None and (src := t.source_of(data)) is not None:
                     if stage == 0:      # the outermost mapping: the tensor vLLM is working on now
                         t.in_flight = src
                     t.mapped.add(src)
@@ -424,7 +452,7 @@ def _install() -> None:
 
     gate = vllm_config_module.VllmConfig._get_v1_model_runner_unsupported_features
 
-    def stub_v1_runner_gate(self):     # STUB_V1_RUNNER_GATE
+    def stub_v1_runner_gate(self: VllmConfig) -> list[str]:     # STUB_V1_RUNNER_GATE
         return [u for u in gate(self) if u != "dspark speculative decoding"]
     vllm_config_module.VllmConfig._get_v1_model_runner_unsupported_features = stub_v1_runner_gate
 
@@ -435,12 +463,12 @@ def _install() -> None:
     import gc
     gc.collect()
     gc.freeze()
-    _STATE["installed"] = True
+    _STATE.installed = True
 
 
-def _wrap_loader(fn: Any, pname: str) -> Any:
-    def wrapped(param, loaded_weight, *args, **kwargs):
-        t = _trace()
+def _wrap_loader(fn: Callable[..., Any], pname: str) -> Callable[..., Any]:
+    def wrapped(param: torch.nn.Parameter, loaded_weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        t = _tracing()
         shard = args[0] if args else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
         src = _record_write(t, pname, loaded_weight, shard)
         try:
@@ -448,11 +476,11 @@ def _wrap_loader(fn: Any, pname: str) -> Any:
         except BaseException:
             t.failed_write = src or t.in_flight
             raise
-    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
+    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]  # what inspect.unwrap follows; functions take attributes
     return wrapped
 
 
-def _record_write(t: _Trace, pname: str, loaded_weight: Any, shard: Any) -> str | None:
+def _record_write(t: _Trace, pname: str, loaded_weight: torch.Tensor, shard: object) -> str | None:
     src = t.source_of(loaded_weight)
     if src is not None:
         t.writes.setdefault(src, []).append((pname, shard if isinstance(shard, (int, str, type(None)))
@@ -460,7 +488,7 @@ def _record_write(t: _Trace, pname: str, loaded_weight: Any, shard: Any) -> str 
     return src
 
 
-def _drop_rule(mapper: Any, key: str) -> str:
+def _drop_rule(mapper: WeightsMapper, key: str) -> str:
     for pattern, new in mapper.orig_to_new_regex.items():
         if new is None and pattern.search(key):
             return f"regex {pattern.pattern!r} -> None"
@@ -475,7 +503,7 @@ def _drop_rule(mapper: Any, key: str) -> str:
     return "a name rule maps it to nothing"
 
 
-def _snapshot(model: Any) -> dict[str, Any]:
+def _snapshot(model: torch.nn.Module) -> dict[str, Any]:
     """Per parameter: which rows (per shard for stacked parameters) are still NaN (the sentinel for ints)."""
     import torch
 
@@ -515,7 +543,7 @@ def _stub_target_config(config: Mapping[str, Any], fmt: str, workdir: Path) -> t
     return folder, target
 
 
-def _stub_target_model(vocab: int, hidden: int) -> Any:
+def _stub_target_model(vocab: int, hidden: int) -> torch.nn.Module:
     """STUB_TARGET_MODEL."""
     import torch.nn as nn
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -536,7 +564,7 @@ def _stub_target_model(vocab: int, hidden: int) -> Any:
 
 def _distributed() -> None:
     """One gloo process group and model-parallel groups of size 1 (once per process), as a worker has."""
-    if _STATE["distributed"]:
+    if _STATE.distributed:
         return
     from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
 
@@ -544,7 +572,7 @@ def _distributed() -> None:
         init_distributed_environment(world_size=1, rank=0, local_rank=0,
                                      distributed_init_method=f"file://{scratch}/init", backend="gloo")
         ensure_model_parallel_initialized(1, 1)
-    _STATE["distributed"] = True
+    _STATE.distributed = True
 
 
 @contextlib.contextmanager
@@ -577,7 +605,7 @@ def _one_round(folder: Path, fmt: str, config: Mapping[str, Any], excluded: set[
     from vllm.v1.worker.gpu.spec_decode.dspark.utils import load_dspark_model
 
     t = _Trace(excluded)
-    _STATE["trace"] = t
+    _STATE.trace = t
     outcome: dict[str, Any] = {}
     target_dir, target_cfg = _stub_target_config(config, fmt, workdir)
     try:
@@ -605,9 +633,9 @@ def _one_round(folder: Path, fmt: str, config: Mapping[str, Any], excluded: set[
     outcome["model_class"] = type(model).__name__
     replaced: dict[str, str] = {}
     inner = getattr(model, "model", None)
-    if inner is not None and getattr(inner, "embed_tokens", None) is stub.model.embed_tokens:
+    if inner is not None and getattr(inner, "embed_tokens", None) is stub.get_submodule("model.embed_tokens"):
         replaced["model.embed_tokens.weight"] = "the target's embed_tokens (aliased by load_dspark_model)"
-    if getattr(model, "lm_head", None) is stub.lm_head:
+    if getattr(model, "lm_head", None) is stub.get_submodule("lm_head"):
         replaced["lm_head.weight"] = "the target's lm_head (aliased by load_dspark_model)"
     if inner is not None and hasattr(inner, "mask_embedding") and not getattr(inner, "has_separate_mask_embedding",
                                                                               True):
@@ -657,9 +685,9 @@ def _raise_site(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------- classification
 
-def _stacked_labels(model: Any) -> dict[tuple[str, Any], str]:
+def _stacked_labels(model: torch.nn.Module | None) -> dict[tuple[str, ShardId], str]:
     """(stacked suffix, shard id) -> the checkpoint suffix it comes from, from the models' own mappers."""
-    labels: dict[tuple[str, Any], str] = {}
+    labels: dict[tuple[str, ShardId], str] = {}
     for module in (model, getattr(model, "model", None)):
         mapper = getattr(type(module), "hf_to_vllm_mapper", None) if module is not None else None
         for orig, (new, shard) in (getattr(mapper, "orig_to_new_stacked", None) or {}).items():
@@ -667,11 +695,14 @@ def _stacked_labels(model: Any) -> dict[tuple[str, Any], str]:
     return labels
 
 
-def _shards(model: Any, pname: str, labels: dict[tuple[str, Any], str]) -> list[tuple[str, int]] | None:
+def _shards(model: torch.nn.Module | None, pname: str,
+            labels: dict[tuple[str, ShardId], str]) -> list[tuple[str, int]] | None:
     """[(checkpoint name, rows)] of a stacked parameter along dim 0, else None."""
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
 
     modname, _, leaf = pname.rpartition(".")
+    if model is None:
+        return None
     try:
         module = model.get_submodule(modname)
     except AttributeError:
@@ -770,8 +801,8 @@ def execute(folder: str | os.PathLike[str], *, num_speculative_tokens: int = 7) 
                          "those", param="execute")
     started = time.perf_counter()
     with _stdout_to_stderr(), tempfile.TemporaryDirectory(prefix="dspark-execute-") as scratch:
-        version = _STATE["version"] or check_internals()
-        _STATE["version"] = version
+        version = _STATE.version or check_internals()
+        _STATE.version = version
         imported = time.perf_counter()
         _install()
         names = list(view.tensors)
@@ -782,11 +813,11 @@ def execute(folder: str | os.PathLike[str], *, num_speculative_tokens: int = 7) 
             rounds += 1
             t, outcome = _one_round(path, fmt.name, view.config, excluded, Path(scratch), num_speculative_tokens)
             culprit = outcome.get("culprit")
-            if outcome["outcome"] != "raised" or culprit in excluded:
+            if outcome["outcome"] != "raised" or not isinstance(culprit, str) or culprit in excluded:
                 break
             raised[culprit] = f"{outcome['error'][:400]} [{outcome['site']}]"
             excluded.add(culprit)
-        _STATE["trace"] = None
+        _STATE.trace = None
     result = ExecutedLoad(draft=str(path), format=fmt.name, vllm_version=version,
                           model_class=outcome.get("model_class") or _ARCH[fmt.name],
                           outcome=outcome["outcome"], refusal=outcome.get("refusal"), rounds=rounds,
@@ -809,7 +840,7 @@ def execute(folder: str | os.PathLike[str], *, num_speculative_tokens: int = 7) 
     return result
 
 
-def as_verdicts(executed: ExecutedLoad, runtime: Any) -> RuntimeVerdicts:
+def as_verdicts(executed: ExecutedLoad, runtime: RuntimeLoader) -> RuntimeVerdicts:
     """An executed load as the verdicts `verify --runtime` reports (same words, same finding codes).
 
     `runtime` is the rules' loader spec for the same format (`runtimes_vllm.VLLM`,

@@ -187,7 +187,9 @@ def family_from_config(config: Mapping[str, Any] | None) -> tuple[str | None, li
         return f"speculators_{declared}", [f"config.json {speculators.TYPE_KEY} {declared!r}"]
     if config.get("model_type") == contract.MODEL_TYPE:
         return K3_DSPARK, ["config.json model_type 'k3_dspark'"]
-    archs = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    archs = config.get("architectures")
+    if not isinstance(archs, list):
+        archs = []
     if contract.ARCHITECTURE in archs:
         return K3_DSPARK, [f"config.json architectures {contract.ARCHITECTURE}"]
     arch = " ".join(str(a) for a in archs)
@@ -213,10 +215,10 @@ def fingerprint(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> 
     by_names, name_evidence = family_from_names(names)
     model_type = (config or {}).get("model_type")
     if by_config and by_names and by_config != by_names:
-        family = by_names if by_config == K3_DSPARK else by_config
-        return Fingerprint(family, "config+names", config_evidence + name_evidence, model_type)
-    if by_config or by_names:
-        family = by_config or by_names
+        winner = by_names if by_config == K3_DSPARK else by_config
+        return Fingerprint(winner, "config+names", config_evidence + name_evidence, model_type)
+    family = by_config or by_names
+    if family:
         source = "config+names" if by_config and by_names else ("config" if by_config else "names")
         return Fingerprint(family, source, config_evidence + name_evidence, model_type)
     return Fingerprint("unknown", "none", [], model_type)

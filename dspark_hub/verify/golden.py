@@ -44,7 +44,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
@@ -59,6 +59,11 @@ from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.writer import atomic_path
+
+if TYPE_CHECKING:
+    import torch
+
+    from dspark_hub.modeling import K3DSparkModel
 
 #: `__metadata__["schema"]` of a fixture.
 SCHEMA = schemas.GOLDEN_FIXTURE
@@ -123,14 +128,15 @@ def _cases(config: Mapping[str, Any], block_size: int) -> dict[str, int]:
     return {"short": 0, "long": long_start}
 
 
-def _inputs(config: Mapping[str, Any], start: int, block_size: int, generator: Any) -> dict[str, Any]:
+def _inputs(config: Mapping[str, Any], start: int, block_size: int,
+            generator: torch.Generator) -> dict[str, torch.Tensor]:
     import torch
 
     width = int(config["num_target_layers"]) * int(config["target_hidden_size"])
     vocab, mask = int(config["vocab_size"]), int(config["mask_token_id"])
     positions = torch.arange(start, start + CONTEXT_ROWS + block_size, dtype=torch.long).expand(BATCH, -1)
 
-    def ids(*shape: int) -> Any:
+    def ids(*shape: int) -> torch.Tensor:
         out = torch.randint(0, vocab - 1, shape, generator=generator)
         return torch.where(out >= mask, out + 1, out)        # never the mask id itself
 
@@ -138,15 +144,16 @@ def _inputs(config: Mapping[str, Any], start: int, block_size: int, generator: A
             "position_ids": positions.contiguous(), "anchor_ids": ids(BATCH), "drafted_tokens": ids(BATCH, block_size)}
 
 
-def standin_lm_head(config: Mapping[str, Any], seed: int) -> Any:
+def standin_lm_head(config: Mapping[str, Any], seed: int) -> torch.Tensor:
     """The documented stand-in lm_head: seeded normal, scaled by hidden_size ** -0.5, float32."""
     import torch
 
     hidden, vocab = int(config["hidden_size"]), int(config["draft_vocab_size"])
-    return torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed)) * hidden ** -0.5
+    scale: float = hidden ** -0.5
+    return torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed)) * scale
 
 
-def _load_lm_head(path: str | os.PathLike[str]) -> Any:
+def _load_lm_head(path: str | os.PathLike[str]) -> torch.Tensor:
     from safetensors.torch import load_file
 
     tensors = load_file(str(path))
@@ -157,19 +164,22 @@ def _load_lm_head(path: str | os.PathLike[str]) -> Any:
     return head.float()
 
 
-def _outputs(model: Any, inputs: Mapping[str, Any], lm_head: Any, block_size: int) -> dict[str, Any]:
+def _outputs(model: K3DSparkModel, inputs: Mapping[str, torch.Tensor], lm_head: torch.Tensor,
+             block_size: int) -> dict[str, torch.Tensor]:
     import torch
 
     anchors, drafted = inputs["anchor_ids"], inputs["drafted_tokens"]
     with torch.no_grad():
         proposal = model.propose_block(inputs["context_states"], anchors, lm_head, block_size=block_size,
                                        position_ids=inputs["position_ids"])
-        hidden = proposal.last_hidden_state.float()
+        tokens, logits, last = proposal.tokens, proposal.logits, proposal.last_hidden_state
+        assert tokens is not None and logits is not None and last is not None   # propose_block sets all three
+        hidden = last.float()
         prev = torch.cat((anchors[:, None], drafted[:, :-1]), dim=1)
         bias = model.markov_bias(prev).float().gather(-1, drafted[..., None]).squeeze(-1)
         out = {"last_hidden_state": hidden, "markov_bias": bias,
-               "greedy_tokens": proposal.tokens.long(),
-               "greedy_logits": proposal.logits.gather(-1, proposal.tokens[..., None]).squeeze(-1).float()}
+               "greedy_tokens": tokens.long(),
+               "greedy_logits": logits.gather(-1, tokens[..., None]).squeeze(-1).float()}
         if model.confidence_head is not None:
             out["confidence"] = model.confidence(hidden, prev).float()
     return out
@@ -203,13 +213,13 @@ def _same_roster(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         return False
 
 
-def _load_model(folder: Path) -> Any:
+def _load_model(folder: Path) -> K3DSparkModel:
     import torch
 
     from dspark_hub.modeling import load_checkpoint
 
     model = load_checkpoint(folder, dtype=torch.float32).model
-    model.eval()
+    model.train(False)   # eval mode (transformers' own eval() is unannotated)
     return model
 
 
@@ -253,7 +263,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                                                         "manual_seed(seed)) * D ** -0.5"})
     generator = torch.Generator().manual_seed(seed)
     cases = _cases(config, block_size)
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
     for case, start in cases.items():
         inputs = _inputs(config, start, block_size, generator)
         for name, value in {**inputs, **_outputs(model, inputs, head, block_size)}.items():
@@ -273,7 +283,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                        bytes=target.stat().st_size)
 
 
-def _compare(name: str, got: Any, want: Any, tol: Mapping[str, float] | None) -> dict[str, Any]:
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: Mapping[str, float] | None) -> dict[str, Any]:
     import torch
 
     if got.shape != want.shape:

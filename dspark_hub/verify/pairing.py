@@ -366,8 +366,8 @@ def extend_report(report: Report, draft_view: CheckpointView, target: str | os.P
     """Add `sections["pairing"]` and the pairing findings to a verify report."""
     from dspark_hub.verify.checks import source_for
 
-    source = target if hasattr(target, "list_files") else source_for(target, endpoint=endpoint)  # type: ignore[arg-type]
-    findings, section = check_pairing(draft_view, open_checkpoint(source), progress=progress)
+    findings, section = check_pairing(draft_view, open_checkpoint(source_for(target, endpoint=endpoint)),
+                                      progress=progress)
     report.findings.extend(findings)
     report.sections["pairing"] = section
     return report

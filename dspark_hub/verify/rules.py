@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dspark_hub.errors import UsageError
+from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, error, warning
 
 #: What a `target_layer_ids` entry names, for manifests and messages.
@@ -42,9 +43,6 @@ def layer_id_from_residual(index: int) -> int:
     return index - 1
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def tap_layer_findings(config: Mapping[str, Any], *, target_layers: int | None = None,
                        code: str = "CONFIG_RULE") -> list[Finding]:
@@ -65,7 +63,7 @@ def tap_layer_findings(config: Mapping[str, Any], *, target_layers: int | None =
     ids, n = config.get("target_layer_ids"), config.get("num_target_layers")
     total = target_layers if target_layers is not None else config.get("target_num_hidden_layers")
     where = "config.json:target_layer_ids"
-    well_formed = isinstance(ids, list) and bool(ids) and all(_is_int(i) for i in ids)
+    well_formed = isinstance(ids, list) and bool(ids) and all(is_int(i) for i in ids)
     if target_layers is not None and (not well_formed or target_layers == config.get("target_num_hidden_layers")):
         return []   # the config rule already said it; against a target only another layer count is new
     if not well_formed:
@@ -80,7 +78,7 @@ def tap_layer_findings(config: Mapping[str, Any], *, target_layers: int | None =
     if target_layers is None and len(ids) != n:
         out.append(error(code, where, f"{len(ids)} target_layer_ids but num_target_layers is {json.dumps(n)}",
                          "make num_target_layers equal the number of ids"))
-    if _is_int(total):
+    if is_int(total):
         whose = "the target's" if target_layers is not None else "target_num_hidden_layers="
         bad = [i for i in ids if not 0 <= i < total]
         if bad:
@@ -114,7 +112,7 @@ def aux_id_findings(ids: Any, *, target_layers: int | None = None, code: str = "
     range `[0, target_layers]` (inclusive: the last layer's output is id `target_layers`) is checked:
     the shape of the list is the config rule's to report, once.
     """
-    well_formed = isinstance(ids, list) and bool(ids) and all(_is_int(i) for i in ids)
+    well_formed = isinstance(ids, list) and bool(ids) and all(is_int(i) for i in ids)
     if target_layers is not None:
         if not well_formed:
             return []

@@ -32,13 +32,15 @@ from typing import Any
 from dspark_hub._text import plural
 from dspark_hub.errors import ContractError
 from dspark_hub.format import contract
-from dspark_hub.report import Finding, error, info, warning
+from dspark_hub.format.checkpoint import CheckpointView
+from dspark_hub.report import Finding, Report, error, info, warning
 from dspark_hub.verify.family import methods_text
-from dspark_hub.verify.runtimes_vllm import VLLM
+from dspark_hub.verify.runtimes_vllm import VLLM, VllmK3Loader
 from dspark_hub.verify.verdicts import (  # noqa: F401 (Cited, ServingRecipe, VERDICTS: re-exported)
     VERDICTS,
     Cited,
     Policy,
+    RuntimeLoader,
     RuntimeVerdicts,
     ServingRecipe,
     Verdict,
@@ -226,10 +228,10 @@ SGLANG = RuntimeSpec(
 )
 
 #: The registry the CLI derives `--runtime` choices from.
-RUNTIMES: dict[str, Any] = {spec.name: spec for spec in (VLLM, TOKENSPEED, SGLANG, ATOM)}
+RUNTIMES: dict[str, RuntimeLoader] = {spec.name: spec for spec in (VLLM, TOKENSPEED, SGLANG, ATOM)}
 
 
-def resolve(names: str | list[str]) -> list[Any]:
+def resolve(names: str | list[str]) -> list[RuntimeLoader]:
     """`all`, one name or a list of names -> specs, in registry order."""
     wanted = list(RUNTIMES) if names == "all" or names == ["all"] else ([names] if isinstance(names, str)
                                                                        else names)
@@ -339,8 +341,8 @@ def _listing(names: list[str], limit: int = 6) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _state(spec: Any, count: int) -> str:
-    state = getattr(spec, "unfilled_state", "at its init value")
+def _state(spec: RuntimeLoader, count: int) -> str:
+    state = spec.unfilled_state
     return "at their init values" if state == "at its init value" and count > 1 else state
 
 
@@ -384,7 +386,7 @@ def findings(result: RuntimeVerdicts) -> list[Finding]:
 
 # ---------------------------------------------------------------- serving parameters
 
-def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: str = "DRAFT",
+def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec | VllmK3Loader, *, draft: str = "DRAFT",
                        target: str = "TARGET", block_size: int | None = None) -> dict[str, Any]:
     """The serving parameters the config implies, as a ready-to-paste command fragment.
 
@@ -416,7 +418,7 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec, *, draft: s
 
 
 def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[str], config: Mapping[str, Any],
-                     specs: list[Any], *, draft: str = "DRAFT", block_size: int | None = None,
+                     specs: list[RuntimeLoader], *, draft: str = "DRAFT", block_size: int | None = None,
                      measured: Mapping[str, RuntimeVerdicts] | None = None) -> tuple[dict[str, Any], list[Finding]]:
     """`sections["runtimes"]` and the findings for the named runtimes' loaders.
 
@@ -451,8 +453,8 @@ def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[s
     return section, out
 
 
-def extend_report(report: Any, view: Any, names: str | list[str], *, block_size: int | None = None,
-                  execute: bool = False) -> Any:
+def extend_report(report: Report, view: CheckpointView, names: str | list[str], *, block_size: int | None = None,
+                  execute: bool = False) -> Report:
     """Add `sections["runtimes"]` (and `sections["family"]`) plus the runtime findings to a verify report.
 
     The loaders are those of the checkpoint's draft format (`verify.formats`); a runtime with no

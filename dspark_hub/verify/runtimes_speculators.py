@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_hub.format import speculators
+from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, warning
 from dspark_hub.verify.formats import ServingFacts
 from dspark_hub.verify.rules import taps_from_aux_ids
-from dspark_hub.verify.runtimes_vllm import ROTARY_BUFFERS, VERSION, ModuleTree, stacked_module, truthy
+from dspark_hub.verify.runtimes_vllm import ROTARY_BUFFERS, VERSION, ModuleTree, ShardId, stacked_module, truthy
 from dspark_hub.verify.runtimes_vllm import rule as _rule
-from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, draft_id
+from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, by_id, draft_id
 
 _DSPARK = "vllm/model_executor/models/qwen3_dspark.py"
 _DFLASH = "vllm/model_executor/models/qwen3_dflash.py"
@@ -52,7 +53,7 @@ _SPEC = "vllm/config/speculative.py"
 _LOADER = "vllm/model_executor/model_loader/default_loader.py"
 
 
-RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
+RULES: dict[str, Cited] = by_id((
     _rule("type_supported", "speculators_model_type must be eagle3, peagle, dflash, dflash2 or dspark (mtp and "
           "xpress are rejected)", f"{_BASE}:51-56", "executed"),
     _rule("config_translated", "the config is translated by update_dspark: aux ids become "
@@ -101,10 +102,11 @@ RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
           "executed"),
     _rule("spec_flags", "--spec-method/--spec-model/--spec-tokens are merged into the --speculative-config dict; a "
           "key given both ways is an error", f"{_ARGS}:1830-1835, 2060-2081", "executed"),
-)}
+))
 
-_STACKED_RULES = ((".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"),
-                  (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
+_STACKED_RULES: tuple[tuple[str, str, ShardId], ...] = (
+    (".q_proj", ".qkv_proj", "q"), (".k_proj", ".qkv_proj", "k"), (".v_proj", ".qkv_proj", "v"),
+    (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1))
 #: `DFlashQwen3Model.hf_to_vllm_mapper` renames (qwen3_dflash.py:416-424).
 _RENAMES = (("midlayer.", "layers.0."), ("encoder.output_norm_enc.", "hidden_norm."), ("encoder.fc.", "fc."))
 
@@ -165,7 +167,7 @@ def _plan(config: Mapping[str, Any], names: list[str]) -> _Load:
     return _Load(root=root, model=model, kept=kept, head_kept=head_kept, refusal=refusal)
 
 
-def _route(name: str, plan: _Load, confidence: bool) -> tuple[str | None, str, Any]:
+def _route(name: str, plan: _Load, confidence: bool) -> tuple[str | None, str, ShardId | None]:
     """(tree, path, shard) of a name after vLLM's renames; tree None: dropped by design (path = the rule)."""
     if "t2d" in name:
         return None, "t2d_skipped", None
@@ -187,7 +189,7 @@ def _route(name: str, plan: _Load, confidence: bool) -> tuple[str | None, str, A
     for orig, new in _RENAMES:
         if orig in path:
             path = path.replace(orig, new, 1)
-    shard = None
+    shard: ShardId | None = None
     for orig, new, s in _STACKED_RULES:
         if orig in path:
             path, shard = path.replace(orig, new, 1), s
@@ -286,6 +288,8 @@ class SpeculatorsLoader:
         facts = serving_facts(config)
         block = config.get("block_size")
         anchored = config.get("sample_from_anchor", speculators.DEFAULTS["sample_from_anchor"])
+        if not is_int(block):   # missing or not a number: the config rules report it (block_size)
+            return []
         if anchored or facts.num_speculative_tokens is None or facts.num_speculative_tokens == block:
             return []
         return [warning("SERVING_TOKEN_COUNT", "runtime:vllm", f"a bonus-anchor draft (sample_from_anchor false) "
@@ -303,6 +307,7 @@ def serving_facts(config: Mapping[str, Any]) -> ServingFacts:
     if declared is not None and written is not None and declared != written:
         notes.append(f"speculative_tokens {declared} differs from what training writes for this block layout "
                      f"({written})")
+    n: int | None
     if declared is not None:
         n, source = declared, "speculators_config.proposal_methods[0].speculative_tokens"
     else:

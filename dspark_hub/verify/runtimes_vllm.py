@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from dspark_hub.format import contract
 from dspark_hub.report import Finding
-from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, ServingRecipe, Verdict
+from dspark_hub.verify.verdicts import Cited, Evidence, RuntimeVerdicts, ServingRecipe, Verdict, by_id
 
 VERSION = "vLLM 0.32.0"
 _MLA = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
@@ -46,12 +46,12 @@ _WUTILS = "vllm/model_executor/model_loader/weight_utils.py"
 _DSPARK = "vllm/model_executor/models/qwen3_dspark.py"
 
 
-def rule(rule_id: str, text: str, source: str, evidence: str = "executed") -> Cited:
+def rule(rule_id: str, text: str, source: str, evidence: Evidence = "executed") -> Cited:
     """A vLLM rule: `source` is file:line in vLLM 0.32.0."""
-    return Cited(rule=text, source=f"{VERSION} {source}", evidence=evidence, id=rule_id)  # type: ignore[arg-type]
+    return Cited(rule=text, source=f"{VERSION} {source}", evidence=evidence, id=rule_id)
 
 
-RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
+RULES: dict[str, Cited] = by_id((
     rule("config_refused", "K3DSparkConfig refuses, at config parse, a truthy mla_use_nope, mla_use_output_gate, "
          "mla_use_qk_norm or dspark_bonus_anchor, q_lora_rank null, a draft_vocab_size other than vocab_size, and "
          "target_layer_ids empty or not num_target_layers long; nothing starts and no tensor is read",
@@ -89,13 +89,16 @@ RULES: dict[str, Cited] = {r.id: r for r in (  # type: ignore[misc]
          f"{_VOCAB}:39, 67"),
     rule("gpu_only", "serving DSpark needs Model Runner V2, which needs Triton: a CPU build refuses it",
          "vllm/config/vllm.py:723-727, 2976-2979, 3190, 3197-3202"),
-)}
+))
 
 #: Name rules of `K3DSparkForCausalLM.hf_to_vllm_mapper` and the loader's rotary mapper, in vLLM's order.
 _TARGET_SHARED = ("embed_tokens", "lm_head")
 ROTARY_BUFFERS = ("rotary_pos_emb.inv_freq", "rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-_K3_STACKED = ((".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1),
-               (".q_a_proj", ".fused_qkv_a_proj", 0), (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", 1))
+#: A shard of a stacked vLLM parameter: 0/1 (gate_up, fused_qkv_a) or "q"/"k"/"v" (qkv_proj).
+ShardId: TypeAlias = int | str
+_K3_STACKED: tuple[tuple[str, str, ShardId], ...] = (
+    (".gate_proj", ".gate_up_proj", 0), (".up_proj", ".gate_up_proj", 1),
+    (".q_a_proj", ".fused_qkv_a_proj", 0), (".kv_a_proj_with_mqa", ".fused_qkv_a_proj", 1))
 _KV_MARKER = ".self_attn.kv_a_proj_with_mqa."
 
 
@@ -126,7 +129,7 @@ class ModuleTree:
     """
 
     params: dict[str, tuple[tuple[int, ...], bool]] = field(default_factory=dict)
-    stacked: dict[str, dict[tuple[str, Any], tuple[str, tuple[int, ...]]]] = field(default_factory=dict)
+    stacked: dict[str, dict[tuple[str, ShardId], tuple[str, tuple[int, ...]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.modules = {""}
@@ -135,7 +138,7 @@ class ModuleTree:
             self.modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
 
     def add(self, name: str, shape: tuple[int, ...], *, checked: bool = False,
-            stacked: tuple[str, Any] | None = None) -> None:
+            stacked: tuple[str, ShardId] | None = None) -> None:
         """Add a parameter; `stacked` = (stacked module path, shard id) for one shard of a stacked module."""
         if stacked is None:
             self.params[name] = (shape, checked)
@@ -150,7 +153,7 @@ class ModuleTree:
             out.update({key: False for key, shape in shards.values() if 0 not in shape})
         return out      # a zero-size parameter (markov_rank 0) has nothing to write
 
-    def load(self, path: str, shard: Any, shape: tuple[int, ...]) -> Load:
+    def load(self, path: str, shard: ShardId | None, shape: tuple[int, ...]) -> Load:
         """Walk `path` (relative to the model the loader starts at) as `AutoWeightsLoader._load_module` does."""
         parts = path.split(".")
         current = ""
@@ -180,7 +183,7 @@ class ModuleTree:
                         "load raises (AssertionError)")
         return Load("loaded", "shape_checked", "loaded as is", (path,))
 
-    def _stacked(self, module: str, rest: str, shard: Any, shape: tuple[int, ...]) -> Load:
+    def _stacked(self, module: str, rest: str, shard: ShardId | None, shape: tuple[int, ...]) -> Load:
         shards = {s: entry for (leaf, s), entry in self.stacked[module].items() if leaf == rest}
         short = module.rsplit(".", 1)[-1]
         if not shards and rest == "bias":
@@ -249,7 +252,7 @@ def k3_tree(config: Mapping[str, Any]) -> ModuleTree:
     return tree
 
 
-def stacked_module(name: str, rules: tuple[tuple[str, str, Any], ...]) -> tuple[str, Any] | None:
+def stacked_module(name: str, rules: tuple[tuple[str, str, ShardId], ...]) -> tuple[str, ShardId] | None:
     """(stacked module, shard id) a checkpoint parameter name loads into, by a model's stacking rules."""
     module = name.rsplit(".", 1)[0]
     for orig, new, shard in rules:
@@ -258,7 +261,7 @@ def stacked_module(name: str, rules: tuple[tuple[str, str, Any], ...]) -> tuple[
     return None
 
 
-def _map(name: str, confidence: bool) -> tuple[str | None, Any, str]:
+def _map(name: str, confidence: bool) -> tuple[str | None, ShardId | None, str]:
     """(path under the draft model, shard id, rule) after vLLM's name rules; path None: dropped by design."""
     if "confidence_head" in name and not confidence:
         return None, None, "confidence_flag"
@@ -266,7 +269,7 @@ def _map(name: str, confidence: bool) -> tuple[str | None, Any, str]:
         return None, None, "target_shared"
     if any(s in name for s in ROTARY_BUFFERS):
         return None, None, "rotary_dropped"
-    shard = None
+    shard: ShardId | None = None
     for orig, new, s in _K3_STACKED:
         if orig in name:
             name, shard = name.replace(orig, new, 1), s

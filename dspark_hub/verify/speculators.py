@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dspark_hub.format import speculators
+from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, error, warning
 from dspark_hub.verify.rules import aux_id_findings
 
@@ -112,9 +113,6 @@ def _fmt(value: Any) -> str:
     return json.dumps(value)[:80]
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def _rule(rule_id: str, key: str, message: str, hint: str, *, severity: str = "error",
           code: str = "CONFIG_RULE") -> Finding:
@@ -137,11 +135,11 @@ def _layer_rules(tl: Any) -> list[Finding]:
         if name not in tl:
             out.append(_rule("required", f"{key}.{name}", f"{key}.{name} is missing; the roster's shapes depend on "
                              "it", f"write {key}.{name}", code="CONFIG_MISSING_KEY"))
-        elif not _is_int(value) or value <= 0:
+        elif not is_int(value) or value <= 0:
             out.append(_rule("required", f"{key}.{name}", f"{key}.{name} is {_fmt(value)}; it must be a positive "
                              "integer", "write the value the draft was trained with"))
     heads, kv = tl.get("num_attention_heads"), tl.get("num_key_value_heads", tl.get("num_attention_heads"))
-    if _is_int(heads) and _is_int(kv) and heads > 0 and (kv <= 0 or heads % kv):
+    if is_int(heads) and is_int(kv) and heads > 0 and (kv <= 0 or heads % kv):
         out.append(_rule("gqa_heads", f"{key}.num_key_value_heads", f"num_attention_heads {heads} is not a multiple "
                          f"of num_key_value_heads {kv}", "use a key/value head count that divides the heads"))
     return out
@@ -159,7 +157,7 @@ def _head_rules(config: Mapping[str, Any]) -> list[Finding]:
                          "train with the vanilla Markov head to serve with vLLM", severity="warning",
                          code="SERVING_UNSUPPORTED"))
     rank = config.get("markov_rank", speculators.DEFAULTS["markov_rank"])
-    if not _is_int(rank):
+    if not is_int(rank):
         out.append(_rule("markov_rank", "markov_rank", f"markov_rank is {_fmt(rank)}; it must be an integer",
                          "write the rank of markov_head.markov_w1/w2 (0: no Markov head)"))
     elif rank < 0:
@@ -167,7 +165,7 @@ def _head_rules(config: Mapping[str, Any]) -> list[Finding]:
                          "no Markov head", "write 0 for no Markov head", severity="warning"))
     conf = bool(config.get("enable_confidence_head", speculators.DEFAULTS["enable_confidence_head"]))
     with_markov = bool(config.get("confidence_head_with_markov", speculators.DEFAULTS["confidence_head_with_markov"]))
-    if conf and with_markov and _is_int(rank) and rank <= 0:
+    if conf and with_markov and is_int(rank) and rank <= 0:
         out.append(_rule("confidence_needs_markov", "confidence_head_with_markov", f"confidence_head_with_markov is "
                          f"true but markov_rank is {rank}; speculators refuses to build the model",
                          "set confidence_head_with_markov to false, or give the Markov head a rank"))
@@ -181,16 +179,16 @@ def _head_rules(config: Mapping[str, Any]) -> list[Finding]:
 def _vocab_rules(config: Mapping[str, Any], tl: Mapping[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     vocab = tl.get("vocab_size")
-    vocab = vocab if _is_int(vocab) and vocab > 0 else None
+    vocab = vocab if is_int(vocab) and vocab > 0 else None
     draft = config.get("draft_vocab_size")
-    if "draft_vocab_size" in config and (not _is_int(draft) or draft <= 0):
+    if "draft_vocab_size" in config and (not is_int(draft) or draft <= 0):
         out.append(_rule("required", "draft_vocab_size", f"draft_vocab_size is {_fmt(draft)}; it must be a positive "
                          "integer", "write the draft vocabulary size (the vocabulary size when not pruned)"))
-    elif _is_int(draft) and vocab is not None and draft > vocab:
+    elif is_int(draft) and vocab is not None and draft > vocab:
         out.append(_rule("draft_vocab", "draft_vocab_size", f"draft_vocab_size {draft} is larger than the vocabulary "
                          f"{vocab}", "a draft vocabulary is the verifier's or a subset of it"))
     mask = config.get("mask_token_id")
-    if "mask_token_id" in config and not (_is_int(mask) and (vocab is None or 0 <= mask < vocab)):
+    if "mask_token_id" in config and not (is_int(mask) and (vocab is None or 0 <= mask < vocab)):
         out.append(_rule("mask_token", "mask_token_id", f"mask_token_id is {_fmt(mask)}; it must be an id in "
                          f"[0, {vocab if vocab is not None else 'vocab_size'})",
                          "use the reserved mask token the draft was trained with"))
@@ -219,8 +217,8 @@ def _proposal_rules(config: Mapping[str, Any]) -> list[Finding]:
     for i, method in enumerate(methods):
         at = f"{where}.proposal_methods[{i}]"
         checks = (("proposal_type", lambda v: v == "greedy", "'greedy' (the one registered type)"),
-                  ("speculative_tokens", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-                  ("verifier_accept_k", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+                  ("speculative_tokens", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+                  ("verifier_accept_k", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
                   ("accept_tolerance", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
                    "a number >= 0"))
         for key, ok, want in checks:
@@ -245,7 +243,7 @@ def _proposal_rules(config: Mapping[str, Any]) -> list[Finding]:
 def _serving_rules(config: Mapping[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     block = config.get("block_size")
-    if "block_size" in config and (not _is_int(block) or block <= 0):
+    if "block_size" in config and (not is_int(block) or block <= 0):
         out.append(_rule("block_size", "block_size", f"block_size is {_fmt(block)}; it must be a positive integer",
                          "write the number of query slots the draft was trained with"))
     written, declared = speculators.written_speculative_tokens(config), speculators.speculative_tokens(config)

@@ -24,8 +24,11 @@ runtime refuses the config at parse time, or its ``load_weights`` refuses the se
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+
+from dspark_hub.report import Finding
 
 Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
 Policy = Literal["raise", "ignore"]
@@ -61,20 +64,55 @@ class ServingRecipe:
     note: str = ""
 
 
+def by_id(rules: Iterable[Cited]) -> dict[str, Cited]:
+    """A loader's rules keyed by id (every rule of a loader spec has one)."""
+    return {r.id: r for r in rules if r.id is not None}
+
+
+class RuntimeLoader(Protocol):
+    """A runtime's loader as `verify.runtimes` walks it (`runtimes.RuntimeSpec`, `runtimes_vllm.VllmK3Loader`,
+    `runtimes_speculators.SpeculatorsLoader`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def rules(self) -> tuple[Cited, ...]: ...
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+    @property
+    def drop_hint(self) -> str: ...
+    @property
+    def fatal_hint(self) -> str: ...
+    @property
+    def unfilled_state(self) -> str:
+        """How a never-written parameter is left: "uninitialised", "at its init value"."""
+
+    def verdicts(self, tensors: Mapping[str, tuple[tuple[int, ...], str]],
+                 config: Mapping[str, Any]) -> RuntimeVerdicts:
+        """What the loader does with every tensor (name -> (shape, dtype)) of a checkpoint."""
+
+    def serving_parameters(self, config: Mapping[str, Any], *, draft: str = "DRAFT",
+                           block_size: int | None = None) -> dict[str, Any]:
+        """The serving command the config implies (`sections["runtimes"][name]["serving"]`)."""
+
+    def serving_findings(self, config: Mapping[str, Any], block_size: int | None) -> list[Finding]:
+        """Findings about how the draft must be served."""
+
+
 @dataclass
 class RuntimeVerdicts:
     """What one runtime does with every tensor of a checkpoint.
 
-    `runtime` is any loader spec with `name`, `title`, `rules`, `notes`, `drop_hint`, `fatal_hint`
-    and `unfilled_state` (how a never-written parameter is left: "uninitialised", "at its init
-    value"); `decided_by` / `unfilled_by` name the rule id behind a tensor's / a parameter's verdict,
-    where the loader's rules have ids.
+    `runtime` is the loader spec (a `RuntimeLoader`); `decided_by` / `unfilled_by` name the rule id
+    behind a tensor's / a parameter's verdict, where the loader's rules have ids.
     `refusal` (``{"stage": "config" | "load", "message", "rule", "source"}``) is a start-up failure
     that names no tensor; with one, no tensor is judged. `executed` holds what an executed run adds
     (`execute_vllm.ExecutedLoad`: version, stubs, rounds); None for rules.
     """
 
-    runtime: Any
+    runtime: RuntimeLoader
     tensors: dict[str, tuple[Verdict, str]] = field(default_factory=dict)     # name -> (verdict, detail)
     unfilled: dict[str, tuple[Verdict, str]] = field(default_factory=dict)    # parameter -> (verdict, detail)
     harmless: set[str] = field(default_factory=set)    # ignored names whose bare form is skipped by design
@@ -94,7 +132,7 @@ class RuntimeVerdicts:
         return self.refusal is None and not self.names("fatal") and not self.unfilled_names("fatal")
 
     def counts(self) -> dict[str, int]:
-        out = {v: 0 for v in VERDICTS}
+        out: dict[str, int] = {v: 0 for v in VERDICTS}
         for v, _ in self.tensors.values():
             out[v] += 1
         return out
