@@ -53,7 +53,8 @@ def test_a_finetune_log_renders_the_training_section(tiny, tmp_path):
     assert '| Loss weights | {"ce": 0.1, "tv": 0.9} |' in card and "Rounds" not in card
 
 
-def test_no_local_path_from_an_older_log_or_eval_reaches_the_card(tiny, tmp_path):
+@pytest.mark.parametrize("older", ["./base", "toy/base"])
+def test_no_local_path_from_an_older_log_or_eval_reaches_the_card(tiny, tmp_path, older):
     log = _finetune_output(tmp_path / "run", {"base": "./base", "teacher": "teacher", "data": "/home/me/data",
                                               "lr": 1e-3})
     evaluation = tmp_path / "eval.json"
@@ -64,9 +65,9 @@ def test_no_local_path_from_an_older_log_or_eval_reaches_the_card(tiny, tmp_path
                                          "digests": {"config.json": "1a2b3c4d5e6f" + "0" * 52},
                                          "label": "teacher (sha256 config.json 1a2b3c4d5e6f)"},
                     "data": "/home/me/heldout",
-                    "reference": "./base (acceptance length 1.2000; ratio 1.2500)"}}))
+                    "reference": f"{older} (acceptance length 1.2000; ratio 1.2500)"}}))
     card = render_card(_meta(tmp_path), tiny, eval_json=evaluation, train_log=log)
-    for leak in ("./base", "/home/me", "teacher (", "| teacher |"):
+    for leak in (older, "/home/me", "teacher (", "| teacher |"):
         assert leak not in card, leak
     assert "teacher: sha256 config.json 1a2b3c4d5e6f" in card
     assert "reference: a local draft (acceptance length 1.2000; ratio 1.2500)" in card
@@ -103,3 +104,16 @@ def test_the_committed_card_sources_follow_the_schema():
         assert card_source_problems(yaml.safe_load(source.read_text())) == [], source
     assert all(kind in {"string", "markdown", "integer", "mapping", "names", "pairs", "config", "files"}
                for kind, _ in CARD_KEYS.values())
+
+
+def test_a_hand_written_teacher_is_a_hub_id_only_when_no_such_folder_exists(tmp_path, monkeypatch):
+    from dspark_hub.cards.results import public_text
+
+    monkeypatch.chdir(tmp_path)
+    assert public_text("teacher", "moonshotai/Kimi-K3") == "moonshotai/Kimi-K3"
+    (tmp_path / "toy" / "teacher").mkdir(parents=True)
+    assert public_text("teacher", "toy/teacher") == "a local folder"
+    assert public_text("reference", "org/draft (acceptance length 1.5000; ratio 1.1000)") == \
+        "a local draft (acceptance length 1.5000; ratio 1.1000)"
+    assert public_text("reference", "org/draft@0123abc (acceptance length 1.5000; ratio 1.1000)") == \
+        "org/draft@0123abc (acceptance length 1.5000; ratio 1.1000)"

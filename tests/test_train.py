@@ -187,7 +187,10 @@ def test_finetune_improves_held_out_acceptance_and_stays_a_drop_in(world, tmp_pa
     assert (card["measurement"], card["decoding"], card["block size"]) == ("simulated", "greedy", "7")
     # ... and names the teacher and the reference by digest, never by their local paths
     assert card["teacher"] == harness["teacher"].removeprefix("teacher (").removesuffix(")")
-    assert card["reference"] == "a local draft " + harness["reference"][harness["reference"].index("("):]
+    base_sha = sha256_file(world["base"] / "model.safetensors")
+    assert doc["reference"]["identity"]["sha256"]["model.safetensors"] == base_sha
+    assert str(world["base"]) not in harness["reference"] and f"model.safetensors {base_sha[:12]}" in card["reference"]
+    assert card["reference"] == harness["reference"] and card["reference"].startswith("sha256 config.json ")
     assert [row.step for row in load_train_log(out / "training_log.jsonl")[0]] == [50, 100]
     # The held-out rollouts folder (bfloat16 taps, no tokens past its end) gives nearly the same measurement.
     from dspark_hub.train.evaluate import evaluate

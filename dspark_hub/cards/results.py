@@ -311,10 +311,21 @@ def public_text(label: str, value: Any) -> str:
     text = str(value)
     reference = _REFERENCE.match(text) if label == "reference" else None
     if reference:
-        what = reference["what"]
-        return (f"{what} ({reference['how']})" if is_hub_id(what) else f"{_PATH_LABELS[label]} "
-                f"({reference['how']})")
-    if is_hub_id(text):
+        return f"{_public_name(label, reference['what'])} ({reference['how']})"
+    return _public_name(label, text)
+
+
+def _public_name(label: str, text: str) -> str:
+    """Digests or a Hub id, else what the value stands for (`a local draft`).
+
+    `eval` records its reference as `describe(identify(...))`: digests, or `org/name@revision` for
+    a Hub snapshot. A bare `org/name` there is an older file's path (`toy/base` reads as both).
+    A teacher written by hand in `card.yaml` may be a bare Hub id, unless it names a local folder.
+    """
+    if text.startswith("sha256 "):
+        return text
+    trusted = "@" in text if label == "reference" else not Path(text).exists()
+    if is_hub_id(text) and trusted:
         return text
     digests = _DIGEST_LABEL.match(text)
     return digests.group(1) if digests else _PATH_LABELS[label]

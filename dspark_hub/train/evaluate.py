@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import is_int
+from dspark_hub.format.provenance import describe, identify
 from dspark_hub.progress import Progress, announce_total
 
 if TYPE_CHECKING:
@@ -263,6 +264,7 @@ class EvalResult:
     harness: dict[str, Any]
     reference: Measurement | None = None
     reference_path: str | None = None
+    reference_identity: dict[str, Any] | None = None
     plot: str | None = None
     engine: str = "simulated"
     measured_by: dict[str, Any] | None = None
@@ -290,9 +292,11 @@ class EvalResult:
         if self.reference is not None:
             ref = self.reference.overall
             ratio = overall.acceptance_length / ref.acceptance_length
-            out["reference"] = {"path": self.reference_path, **ref.to_dict(), "ratio": ratio}
-            # The card renders harness values as text; a string here wins over the dict above.
-            out["harness"] = {**self.harness, "reference": f"{self.reference_path} (acceptance length "
+            out["reference"] = {"path": self.reference_path, "identity": self.reference_identity, **ref.to_dict(),
+                                "ratio": ratio}
+            # The card renders harness values as text: the reference by its Hub id or digests, never its path.
+            named = describe(self.reference_identity) or "a local draft"
+            out["harness"] = {**self.harness, "reference": f"{named} (acceptance length "
                               f"{ref.acceptance_length:.4f}; ratio {ratio:.4f})"}
         return out
 
@@ -551,7 +555,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
                "temperature": 0.0, "block_size": under_test.k, "dtype": "float32", "format": under_test.format.name,
                "draft": str(draft), "ignore_eos": ignore_eos, **facts}
     outcome = EvalResult(result, measure_ngram(rollouts, under_test.k, **bounds), harness, ref,
-                         str(reference) if reference else None)
+                         str(reference) if reference else None, identify(reference) if reference else None)
     if plot is not None:
         outcome.plot = str(plot_acceptance(outcome, plot))
     return outcome
