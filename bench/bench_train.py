@@ -53,7 +53,7 @@ def throughput(steps: int) -> float:
         root = Path(tmp)
         torch.manual_seed(0)
         LlamaForCausalLM(teacher_config()).save_pretrained(str(root / "teacher"))
-        init_checkpoint(root / "base", profile="tiny")
+        init_checkpoint(root / "base", profile="tiny", embed_from=root / "teacher")
         rng = random.Random(0)
         (root / "p.jsonl").write_text("".join(json.dumps({"input_ids": [rng.randrange(10, 500) for _ in range(16)]})
                                               + "\n" for _ in range(64)))

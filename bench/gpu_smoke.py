@@ -50,7 +50,7 @@ def build_world(root: Path) -> dict[str, Path]:
     hf_logging.disable_progress_bar()
     torch.manual_seed(0)
     LlamaForCausalLM(teacher_config()).save_pretrained(str(root / "teacher"))
-    init_checkpoint(root / "base", profile="tiny")
+    init_checkpoint(root / "base", profile="tiny", embed_from=root / "teacher")
     write_prompts(root / "prompts.jsonl", count=32, seed=7, length=16)
     make_rollouts(root / "teacher", root / "prompts.jsonl", root / "base" / "config.json", root / "data",
                   max_new_tokens=48, ignore_eos=True, batch_size=32)

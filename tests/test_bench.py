@@ -26,3 +26,21 @@ def test_bench_deep_refuses_fewer_than_five_rounds(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 2 and "at least 5" in run.stderr
     assert not (tmp_path / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_gpu_smoke_passes_on_the_cpu_it_falls_back_to():
+    """The day a GPU is here the script must run: its CPU path shares the world, the runs and the comparison."""
+    run = subprocess.run([sys.executable, str(BENCH / "gpu_smoke.py"), "--device", "cpu"], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "gpu_smoke: PASS (2 of 2 sharded runs match the CPU reference)" in run.stdout
+
+
+@pytest.mark.slow
+def test_bench_train_builds_a_world_finetune_accepts(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_train
+
+    assert bench_train.throughput(1) > 0
+    assert "finetune, tiny config: 1 steps" in capsys.readouterr().out
