@@ -51,6 +51,17 @@ def test_a_gqa_body_under_a_hand_written_k3_config_is_refused_before_anything_is
     assert "GQA DSpark" in result.stderr
 
 
+def test_a_gqa_body_without_markov_head_under_k3_names_is_refused_too(tmp_path):
+    from safetensors.torch import load_file
+
+    renamed = {"fc.weight": "context_proj.weight", "hidden_norm.weight": "context_norm.weight",
+               "norm.weight": "final_norm.weight"}
+    body = {renamed.get(k, k): v for k, v in load_file(str(fixture("dspark-markov-off") / "model.safetensors")).items()}
+    src = write_checkpoint(tmp_path / "liar", config=contract.TINY_CONFIG, tensors=body)
+    error = refused(src, tmp_path)
+    assert error.family == "dflash" and "although config.json says k3_dspark" in error.message
+
+
 def test_speculators_to_k3_is_refused_naming_the_attention_without_counterpart(tmp_path):
     error = refused(fixture("dspark"), tmp_path)
     assert error.family == "speculators_dspark" and error.target == "k3_dspark"

@@ -171,6 +171,8 @@ def family_from_names(names: Iterable[str]) -> tuple[str | None, list[str]]:
         return family, [f"EAGLE-3 layer ({eagle[0]})"]
     if gqa and (names & {"fc.weight", "hidden_norm.weight"}):
         return "dflash", [f"GQA attention ({gqa[0]})", "fc/hidden_norm context path", "no Markov head"]
+    if gqa and not mla:    # the block drafter's body whatever its context tensors are called
+        return "dflash", [f"GQA attention ({gqa[0]})", "no MLA attention", "no Markov head"]
     if names & {"d2t", "t2d"}:
         return "eagle3", ["EAGLE-3 vocabulary maps (d2t/t2d)"]
     if mla:
