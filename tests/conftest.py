@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,6 +20,14 @@ settings.load_profile("ci")
 SLOW_FIXTURES = {"world"}      # tests/test_train.py: a trained teacher plus rollouts (~15 s)
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 VLLM_SKIP = "vllm is not importable here; run the engine tests with: $(.ci/venv-vllm.sh) -m pytest -m vllm"
+#: `.ci/run` sets it: a missing vLLM must fail the run, not skip the tests that prove the engine claims.
+VLLM_REQUIRED = os.environ.get("DSPARK_REQUIRE_VLLM", "") not in ("", "0")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if VLLM_MISSING and VLLM_REQUIRED:
+        raise pytest.UsageError("DSPARK_REQUIRE_VLLM is set but vllm is not importable in this interpreter; "
+                                "run under $(.ci/venv-vllm.sh) or unset it")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
