@@ -93,3 +93,15 @@ def test_speculators_dspark_is_verified_as_its_own_format_with_no_foreign_family
 
 def test_k3_folder_without_runtime_has_no_family_section(tmp_path):
     assert verify(write_checkpoint(tmp_path / "ok")).sections.get("family") is None
+
+
+def test_a_plain_causal_lm_is_not_called_a_drafter_and_its_line_has_no_empty_evidence():
+    from click.testing import CliRunner
+
+    from dspark_hub.cli.main import cli
+
+    from .spec_fixtures import VERIFIER
+
+    result = CliRunner().invoke(cli, ["verify", str(VERIFIER)])
+    assert result.exit_code == 1
+    assert "family: not a recognised draft family\n" in result.stdout and "()" not in result.stdout

@@ -81,6 +81,30 @@ def test_config_mismatch_fails_naming_which(tmp_path, draft, draft_tensors, chan
     assert str(next(iter(change.values()))) in next(f.message for f in report.errors if f.code == code)
 
 
+def test_a_vocabulary_mismatch_is_one_finding_when_config_and_rows_agree(tmp_path, draft, draft_tensors):
+    embed = draft_tensors["embed_tokens.weight"]
+    bigger = torch.cat([embed, torch.zeros(8, embed.shape[1], dtype=embed.dtype)])
+    teacher = make_teacher(tmp_path / "t", bigger, config=teacher_config(vocab_size=bigger.shape[0]))
+    report = verify(draft, target=teacher)
+    assert [f.code for f in report.errors].count("PAIRING_VOCAB") == 1
+
+
+@pytest.mark.parametrize("drop", ["hidden_size", "num_hidden_layers"])
+def test_a_target_that_names_nothing_to_pair_with_is_an_error(tmp_path, draft, draft_tensors, drop):
+    config = teacher_config()
+    del config[drop]
+    report = verify(draft, target=make_teacher(tmp_path / "t", draft_tensors["embed_tokens.weight"], config=config))
+    (finding,) = [f for f in report.errors if f.code == "PAIRING_NOT_A_TARGET"]
+    assert drop in finding.message and "PAIRING_OK" not in report.codes()
+
+
+def test_a_speculators_draft_given_as_its_own_target_does_not_pair():
+    from .spec_fixtures import fixture
+
+    report = verify(fixture("dspark"), target=fixture("dspark"))
+    assert "PAIRING_NOT_A_TARGET" in report.codes() and "PAIRING_OK" not in report.codes()
+
+
 def test_padded_vocabulary_in_the_embedding_fails(tmp_path, draft, draft_tensors):
     embed = draft_tensors["embed_tokens.weight"]
     padded = torch.cat([embed, torch.zeros(8, embed.shape[1], dtype=embed.dtype)])

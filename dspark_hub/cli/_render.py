@@ -164,7 +164,8 @@ def _embedding_verdict(section: dict[str, Any]) -> Text:
 def _render_sections(report: Report) -> None:
     family = report.sections.get("family")
     if family and family["family"] != "k3_dspark":
-        stdout.print(f"family: {family['title']} ({'; '.join(family['evidence'])})")
+        evidence = f" ({'; '.join(family['evidence'])})" if family["evidence"] else ""
+        stdout.print(f"family: {family['title']}{evidence}")
     for data in (report.sections.get("runtimes") or {}).values():
         if not data.get("supported", True):
             stdout.print(f"{data['title']}: {'; '.join(data['notes'])}")

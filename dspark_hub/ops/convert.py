@@ -277,7 +277,8 @@ def _open_source(src: Path, *, to: str | None = None, from_: str | None = None) 
                 family=found.family, target=target.name, detail=walk.to_dict(),
                 hint=f"serve it as it is ({methods_text(found.spec)}), or train a {target.title} draft")
     if target is not K3:
-        raise ConversionRefusedError(f"{src}: is already {found.spec.title}; convert repairs {K3.title} exports only",
+        raise ConversionRefusedError(f"{src}: is already {found.spec.title}, so there is nothing to convert "
+                                     f"(renames and layout repairs are for {K3.title} exports)",
                                      family=found.family, target=target.name)
     model_type = config.get("model_type", contract.MODEL_TYPE)
     if model_type != contract.MODEL_TYPE:

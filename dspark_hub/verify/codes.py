@@ -56,6 +56,7 @@ FINDING_CODES: dict[str, str] = {
     "RUNTIME_LOADS": "the runtime loads every tensor it needs",
     "RUNTIME_RULES_DIFFER": "the runtime's loader, executed, did otherwise than dspark-hub's rules on some rows",
     # --target (pairing, rules)
+    "PAIRING_NOT_A_TARGET": "the target's config names no hidden size, layer count or vocabulary to pair with",
     "PAIRING_HIDDEN_SIZE": "hidden size differs from the target's",
     "PAIRING_LAYER_COUNT": "layer count differs from the target's",
     "PAIRING_VOCAB": "vocabulary (config or padded embedding rows) differs from the target's",

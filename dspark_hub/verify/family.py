@@ -169,10 +169,9 @@ def family_from_names(names: Iterable[str]) -> tuple[str | None, list[str]]:
     if eagle:
         family = "eagle3" if eagle[0].startswith("midlayer.") else "speculators_eagle3"
         return family, [f"EAGLE-3 layer ({eagle[0]})"]
-    if gqa and (names & {"fc.weight", "hidden_norm.weight"}):
-        return "dflash", [f"GQA attention ({gqa[0]})", "fc/hidden_norm context path", "no Markov head"]
-    if gqa and not mla:    # the block drafter's body whatever its context tensors are called
-        return "dflash", [f"GQA attention ({gqa[0]})", "no MLA attention", "no Markov head"]
+    context = sorted(names & {"fc.weight", "hidden_norm.weight", "context_proj.weight", "context_norm.weight"})
+    if gqa and not mla and context:     # the block drafter's body, whatever its context path is called
+        return "dflash", [f"GQA attention ({gqa[0]})", f"context path ({', '.join(context)})", "no Markov head"]
     if names & {"d2t", "t2d"}:
         return "eagle3", ["EAGLE-3 vocabulary maps (d2t/t2d)"]
     if mla:

@@ -56,7 +56,7 @@ from typing import Any
 from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
-from dspark_hub.format.jsonio import loads_strict
+from dspark_hub.format.jsonio import is_int, loads_strict
 from dspark_hub.format.tensorio import CastDigest, TensorDigest, digest_as
 from dspark_hub.progress import Progress
 from dspark_hub.report import Finding, Report, error, info, warning
@@ -242,11 +242,23 @@ def _compare(mine: Any, draft_key: str, target: Mapping[str, Any], target_key: s
                   "pair the draft with the target it was trained on")]
 
 
+def _not_a_target(tcfg: Mapping[str, Any], vocab: Any, location: str) -> list[Finding]:
+    """A target must say what the draft pairs against; a draft passed as its own target says nothing."""
+    missing = [key for key, value in (("hidden_size", tcfg.get("hidden_size")),
+                                      ("num_hidden_layers", tcfg.get("num_hidden_layers")),
+                                      ("vocab_size", vocab)) if not is_int(value)]
+    if not missing:
+        return []
+    return [error("PAIRING_NOT_A_TARGET", f"{location}/config.json", f"the target's config has no "
+                  f"{' or '.join(missing)}, so the draft cannot be paired with it",
+                  "pass the target model's folder (the model the draft speculates for), not a draft")]
+
+
 def _vocab_findings(keys: PairingKeys, tcfg: Mapping[str, Any], rows: int | None) -> list[Finding]:
     out = _compare(keys.vocab_size, keys.vocab_key, tcfg, "vocab_size", "PAIRING_VOCAB", "vocabulary",
                    "the draft scores through the target's lm_head, so the vocabularies must be identical")
     vocab = keys.vocab_size
-    if rows is not None and isinstance(vocab, int) and rows != vocab:
+    if rows is not None and isinstance(vocab, int) and rows != vocab and rows != tcfg.get("vocab_size"):
         out.append(error("PAIRING_VOCAB", f"config.json:{keys.vocab_key}", f"the target's embedding has {rows} rows "
                          f"(vocabulary with padding) but the draft's {keys.vocab_key} is {vocab}; runtimes then stop "
                          "sharing the lm_head (0% acceptance in a public vLLM report)",
@@ -323,7 +335,8 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
     embed_name = target_embedding_name(target_view)
     rows = target_view.tensors[embed_name][1].shape[0] if embed_name else None
     vocab = tcfg.get("vocab_size") if isinstance(tcfg.get("vocab_size"), int) else rows
-    out = _compare(keys.tap_width, keys.tap_width_key, tcfg, "hidden_size", "PAIRING_HIDDEN_SIZE", "hidden size",
+    out = _not_a_target(tcfg, vocab, target_view.location)
+    out += _compare(keys.tap_width, keys.tap_width_key, tcfg, "hidden_size", "PAIRING_HIDDEN_SIZE", "hidden size",
                    "the draft's context projection expects taps of that width")
     if keys.target_layers_key is not None:
         out += _compare(keys.target_layers, keys.target_layers_key, tcfg, "num_hidden_layers", "PAIRING_LAYER_COUNT",
