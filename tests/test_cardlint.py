@@ -169,6 +169,41 @@ def test_an_acceptance_table_must_say_which_numbers_it_shows(tmp_path):
     assert [c for c, _ in _only_errors(_lint(tmp_path, by_step))] == ["ACCEPTANCE_UNLABELLED"]
 
 
+def test_a_per_position_table_without_an_acceptance_length_must_be_labelled(tmp_path):
+    head = "| Dataset | Pos 0 | Pos 1 | Pos 2 | Mean accepted |\n| --- | --- | --- | --- | --- |\n"
+    bad = FRONT + "\n## Results\n\n" + head + "| code | 60.0% | 30.0% | 10.0% | 1.00 |\n"
+    assert _only_errors(_lint(tmp_path, bad)) == [("ACCEPTANCE_UNLABELLED", f"README.md:{_line_of(bad, '| Dataset')}")]
+    assert _lint(tmp_path, bad + f"\n{LABEL}\n").ok
+    one_position = FRONT + "\n| Name | Pos 0 |\n| --- | --- |\n| a | b |\n"     # not an acceptance table
+    assert _lint(tmp_path, one_position).ok
+
+
+@pytest.mark.parametrize("label, missing", [
+    ("Acceptance numbers: measured ()", "the engine or k"),
+    ("Acceptance numbers: measured (k=3, float32)", "the engine"),
+    ("Acceptance numbers: measured (vLLM, k=3, float32)", "the vLLM version"),
+    ("Acceptance numbers: measured (vLLM 0.32.0, float32)", "k"),
+    ("Acceptance numbers: simulated ()", "the definition"),
+    ("Acceptance numbers: simulated (k=3, float32)", "the definition"),
+])
+def test_a_label_that_leaves_a_part_out(tmp_path, label, missing):
+    bad = _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", label=label)
+    report = _lint(tmp_path, bad)
+    assert _only_errors(report) == [("ACCEPTANCE_LABEL_INCOMPLETE", f"README.md:{_line_of(bad, 'Acceptance numbers')}")]
+    assert report.errors[0].message.endswith(f"label does not state {missing}")
+
+
+@pytest.mark.parametrize("label", [
+    LABEL,
+    "Acceptance numbers: measured (vLLM, version not stated, k=3, dtype not stated, prompts not published)",
+    "Acceptance numbers: measured (engine not stated, k not stated, dtype not stated, prompts not published)",
+    "Acceptance numbers: measured (serving as published by RedHatAI, engine not named, k=3, dtype not stated)",
+    "Acceptance numbers: simulated (definition not stated, k=3, float32, prompts c98977eaff7b)",
+])
+def test_a_label_that_states_every_part_or_says_it_is_not_stated(tmp_path, label):
+    assert _lint(tmp_path, _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", label=label)).ok
+
+
 def test_a_label_whose_k_is_not_the_tables(tmp_path):
     bad = _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", label=LABEL.replace("k=3", "k=4"))
     assert _only_errors(_lint(tmp_path, bad)) == [("ACCEPTANCE_LABEL_MISMATCH", f"README.md:{_line_of(bad, 'k=4')}")]
@@ -208,6 +243,19 @@ def test_a_measured_label_over_a_simulated_eval_file(tmp_path):
     assert "measured, the eval file simulated" in report.errors[0].message
     result = CliRunner().invoke(cli, ["card", "lint", str(card), "--eval", str(simulated)])
     assert result.exit_code == 1 and "ACCEPTANCE_LABEL_MISMATCH" in result.output
+
+
+def test_a_table_without_position_columns_is_still_checked_against_its_eval_file(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text(FRONT + "\n| Dataset | Acceptance length |\n| --- | --- |\n| code | 2.00 |\n\n" + LABEL + "\n")
+    assert lint_card(card, eval_json=_eval_doc(tmp_path)).ok
+    simulated = tmp_path / "simulated.json"
+    simulated.write_text(json.dumps({"k": 3, "harness": {"mode": "simulated", "prompts_sha256": "c98977eaff7b"}}))
+    report = lint_card(card, eval_json=simulated)
+    assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"]
+    assert "measured, the eval file simulated" in report.errors[0].message
+    report = lint_card(card, eval_json=_eval_doc(tmp_path, vllm_version="0.33.0", dtype="bfloat16"))
+    assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"] * 2
 
 
 def test_a_card_rendered_from_a_vllm_measurement_is_labelled_with_it(tmp_path):

@@ -9,11 +9,13 @@ Checks, each finding naming the line (`where` = "README.md:LINE"):
   not increase along a row;
 - no table repeats a row key (acceptance tables: the cells before `Pos 0`; others: the first cell);
 - all statements of the block size agree;
-- every acceptance table (a column `Acceptance length`) says which number it shows: the first
-  non-blank line after it is `Acceptance numbers: measured (vLLM x.y, k=K, dtype, prompts F)` or
-  `Acceptance numbers: simulated (definition, k=K, ...)` (`cards.results.AcceptanceLabel`); its k
-  equals the table's `Pos` columns, and with `eval_json` the label agrees with that file (measured
-  or simulated, vLLM version, k, dtype, prompts fingerprint);
+- every acceptance table (two or more `Pos N` columns, or a column `Acceptance length`) says which
+  number it shows: the first non-blank line after it is `Acceptance numbers: measured (vLLM x.y,
+  k=K, dtype, prompts F)` or `Acceptance numbers: simulated (definition, k=K, ...)`
+  (`cards.results.AcceptanceLabel`); a measured label states its engine (a vLLM one with its
+  version) and k, a simulated one its definition ("not stated" counts as stating); its k equals
+  the table's `Pos` columns, and with `eval_json` the label agrees with that file (measured or
+  simulated, vLLM version, k, dtype, prompts fingerprint), whether or not the table has `Pos` columns;
 - with a checkpoint: parameter counts (total, trained, frozen), tensor counts, decoder-layer
   count, tensor shapes in any table with a `Shape` column (brace patterns such as
   `layers.{0..4}.x` and `w{1,2}` are expanded), target layer ids, block size (when the weights'
@@ -66,6 +68,8 @@ LINT_CODES: dict[str, str] = {
     "WEIGHTS_NOT_CHECKED": "no checkpoint given: weight facts were not compared",
     "ACCEPTANCE_UNLABELLED": "an acceptance table does not say whether it shows measured or simulated numbers",
     "ACCEPTANCE_LABEL_MISMATCH": "an acceptance table's label contradicts its eval file or its own columns",
+    "ACCEPTANCE_LABEL_INCOMPLETE": "an acceptance label leaves out the engine (and vLLM version) or k of a "
+                                   "measurement, or the definition of a simulation",
 }
 _POSITION = re.compile(r"^pos(?:ition)?\s*(\d+)$", re.IGNORECASE)
 _NUMBER = re.compile(r"^[+-]?\d+(?:\.(\d+))?$")
@@ -303,8 +307,17 @@ def _label_after(card: Card, table: Table) -> tuple[int, str] | None:
     return next(((line, text) for line, text in card.body if line > last and text.strip()), None)
 
 
+def _position_columns(table: Table) -> int:
+    return sum(1 for h in table.headers if _POSITION.match(_plain(h)))
+
+
+def _is_acceptance_table(table: Table) -> bool:
+    """A table of acceptance numbers: two or more `Pos N` columns, or an `Acceptance length` column."""
+    return _position_columns(table) >= 2 or table.column(r"acceptance\s+length") is not None
+
+
 def _label_findings(card: Card, table: Table, expected: AcceptanceLabel | None) -> list[Finding]:
-    if table.column(r"acceptance\s+length") is None:
+    if not _is_acceptance_table(table):
         return []
     after = _label_after(card, table)
     label = parse_label(after[1]) if after else None
@@ -313,13 +326,29 @@ def _label_findings(card: Card, table: Table, expected: AcceptanceLabel | None) 
                       "numbers it shows (no 'Acceptance numbers: measured (...)' or 'simulated (...)' line after it)",
                       "add the label line under the table ('dspark-hub card' writes it from the eval file)")]
     where = card.where(after[0])
-    out = []
-    positions = sum(1 for h in table.headers if _POSITION.match(_plain(h)))
+    out = _incomplete_label_findings(label, where)
+    positions = _position_columns(table)
     if positions and label.k is not None and label.k != positions:
         out.append(error("ACCEPTANCE_LABEL_MISMATCH", where, f"the label says k={label.k} but the table has "
                          f"{positions} position columns", "state the k the numbers were measured with"))
-    if expected is None or not positions:
-        return out
+    if expected is not None:
+        out += [error("ACCEPTANCE_LABEL_MISMATCH", where, f"the label says {d}",
+                      f"label the table '{expected.text}' or lint it against its own eval file")
+                for d in _label_differences(label, expected)]
+    return out
+
+
+def _incomplete_label_findings(label: AcceptanceLabel, where: str) -> list[Finding]:
+    if not label.missing:
+        return []
+    shape = "vLLM x.y, k=K, dtype, prompts F" if label.kind == "measured" else "definition, k=K, dtype, prompts F"
+    return [error("ACCEPTANCE_LABEL_INCOMPLETE", where, f"the {label.kind} label does not state "
+                  f"{' or '.join(label.missing)}",
+                  f"write '{label.kind} ({shape})', with 'not stated' for a part that is unknown")]
+
+
+def _label_differences(label: AcceptanceLabel, expected: AcceptanceLabel) -> list[str]:
+    """Where a card's label contradicts the label its eval file implies, one phrase each."""
     differences = [f"{label.kind}, the eval file {expected.kind}"] if label.kind != expected.kind else []
     for name in ("version", "k", "dtype"):
         mine, theirs = getattr(label, name), getattr(expected, name)
@@ -328,9 +357,7 @@ def _label_findings(card: Card, table: Table, expected: AcceptanceLabel | None) 
     if label.prompts and expected.prompts and not (label.prompts.startswith(expected.prompts)
                                                    or expected.prompts.startswith(label.prompts)):
         differences.append(f"prompts {label.prompts}, the eval file {expected.prompts}")
-    out += [error("ACCEPTANCE_LABEL_MISMATCH", where, f"the label says {d}",
-                  f"label the table '{expected.text}' or lint it against its own eval file") for d in differences]
-    return out
+    return differences
 
 
 # ------------------------------------------------------------------ statements

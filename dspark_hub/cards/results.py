@@ -42,6 +42,9 @@ LABEL_PREFIX = "Acceptance numbers:"
 LABEL_KINDS = ("measured", "simulated")
 _LABEL = re.compile(r"^\*?Acceptance numbers:\s*(measured|simulated)\s*\((.*)\)\s*\*?$")
 _DTYPES = ("float32", "bfloat16", "float16", "fp8", "int8", "int4")
+#: A label part that is neither the engine nor the definition (stated, or written as "not stated").
+_OTHER_PART = re.compile(rf"^(?:(?:k|version|dtype|prompts)\b|(?:{'|'.join(_DTYPES)})$)")
+_K_PART = re.compile(r"\bk(?:=\d+| not stated)")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class AcceptanceLabel:
     k: int | None = None
     dtype: str | None = None
     prompts: str | None = None       # 12 hex digits of the prompts' SHA-256
+    #: Parts a label read from a card leaves out altogether (neither stated nor "not stated").
+    missing: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def text(self) -> str:
@@ -83,14 +88,34 @@ def parse_label(line: str) -> AcceptanceLabel | None:
     m = _LABEL.match(line.strip())
     if not m:
         return None
-    inside = m.group(2)
+    kind, inside = m.group(1), m.group(2)
     version = re.search(r"\bvLLM (\d+(?:\.\d+)+)", inside)
     k = re.search(r"\bk=(\d+)", inside)
     dtype = next((d for d in _DTYPES if re.search(rf"\b{d}\b", inside)), None)
     prompts = re.search(r"\bprompts ([0-9a-f]{8,64})\b", inside)
-    return AcceptanceLabel(kind=m.group(1), what=inside.split(",")[0].strip() or None,
-                           version=version.group(1) if version else None, k=int(k.group(1)) if k else None,
-                           dtype=dtype, prompts=prompts.group(1) if prompts else None)
+    what = _what_part(inside)
+    return AcceptanceLabel(kind=kind, what=what, version=version.group(1) if version else None,
+                           k=int(k.group(1)) if k else None, dtype=dtype, prompts=prompts.group(1) if prompts else None,
+                           missing=_missing_parts(kind, what, inside, has_version=version is not None))
+
+
+def _what_part(inside: str) -> str | None:
+    """The label's first part when it names the engine or the definition (None when it is k, dtype, ...)."""
+    first = inside.split(",")[0].strip()
+    return first if first and not _OTHER_PART.match(first) else None
+
+
+def _missing_parts(kind: str, what: str | None, inside: str, *, has_version: bool) -> tuple[str, ...]:
+    """What a label leaves out: a measurement its engine (a vLLM one also its version) and k, a
+    simulation its definition. A part written as "not stated" is not missing."""
+    if kind == "simulated":
+        return () if what else ("the definition",)
+    missing = [] if what else ["the engine"]
+    if what and re.match(r"vLLM\b", what, re.IGNORECASE) and not has_version and "version not stated" not in inside:
+        missing.append("the vLLM version")
+    if not _K_PART.search(inside):
+        missing.append("k")
+    return tuple(missing)
 
 
 def _scopes(sources: tuple[Mapping[str, Any] | None, ...]) -> list[Mapping[str, Any]]:
