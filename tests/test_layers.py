@@ -162,3 +162,4 @@ def test_the_readme_architecture_table_mirrors_allowed():
     expected = {area: allowed - (BOTTOM if area not in BOTTOM | {"__main__"} else set())
                 for area, allowed in ALLOWED.items()}
     assert documented == expected
+

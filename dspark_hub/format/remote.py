@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from dspark_hub import __version__
 from dspark_hub.errors import DsparkError, HubError, MissingDependencyError, UsageError
+from dspark_hub.format.checkpoint import LocalSource, Source
 from dspark_hub.format.digests import FileDigest
 
 if TYPE_CHECKING:
@@ -286,3 +287,13 @@ class HubSource:
                     if len(data) >= skip + length:
                         break
         return bytes(data[skip:skip + length])
+
+
+def source_for(path: str | os.PathLike[str] | Source, *, endpoint: str | None = None) -> Source:
+    """A `Source` for a local folder or an `hf://org/name[@rev]` URL (a `Source` is returned as it is)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return path
+    text = os.fspath(path)
+    if is_hf_url(text):
+        return HubSource.from_url(text, endpoint=endpoint)
+    return LocalSource(text)

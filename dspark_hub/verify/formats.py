@@ -30,6 +30,7 @@ from dspark_hub.format.contract import ParameterCounts, TensorSpec
 from dspark_hub.report import Finding
 from dspark_hub.verify import rules
 from dspark_hub.verify.family import K3_DSPARK, SPECULATORS_DSPARK, Fingerprint, fingerprint
+from dspark_hub.verify.k3_config import k3_config_findings
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -116,12 +117,6 @@ class DraftFormat:
 
 # ---------------------------------------------------------------- k3_dspark
 
-def _k3_config_findings(config: Mapping[str, Any]) -> list[Finding]:
-    from dspark_hub.verify.checks import k3_config_findings  # the k3 rules live beside verify()
-
-    return k3_config_findings(config)
-
-
 def _k3_pairing(config: Mapping[str, Any]) -> PairingKeys:
     ids = config.get("target_layer_ids")
     ids = list(ids) if isinstance(ids, list) else None
@@ -150,7 +145,7 @@ def _k3_runtimes() -> Mapping[str, Any]:
 
 K3 = DraftFormat(
     name=K3_DSPARK, cli_name="k3_dspark", title="k3_dspark",
-    roster=contract.roster, counts=contract.count_parameters, config_findings=_k3_config_findings,
+    roster=contract.roster, counts=contract.count_parameters, config_findings=k3_config_findings,
     pairing_keys=_k3_pairing,
     tap_findings=lambda config, layers: rules.tap_layer_findings(config, target_layers=layers,
                                                                  code="PAIRING_LAYER_ID"),

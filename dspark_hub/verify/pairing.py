@@ -40,7 +40,7 @@ and records what the draft was paired with in ``sections["pairing"]``::
                                                  # rounding (nearest even) of the F32 target"
      "mask_token": {"id", "content", "special", "where"}|null}
 
-TARGET may be a local folder or ``hf://org/name[@rev]`` (through `checks.source_for`).
+TARGET may be a local folder or ``hf://org/name[@rev]`` (through `format.remote.source_for`).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
 from dspark_hub.format.jsonio import is_int, loads_strict
+from dspark_hub.format.remote import source_for
 from dspark_hub.format.tensorio import CastDigest, TensorDigest, digest_as
 from dspark_hub.progress import Progress
 from dspark_hub.report import Finding, Report, error, info, warning
@@ -377,7 +378,6 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
 def extend_report(report: Report, draft_view: CheckpointView, target: str | os.PathLike[str] | Source, *,
                   progress: Progress | None = None, endpoint: str | None = None) -> Report:
     """Add `sections["pairing"]` and the pairing findings to a verify report."""
-    from dspark_hub.verify.checks import source_for
 
     findings, section = check_pairing(draft_view, open_checkpoint(source_for(target, endpoint=endpoint)),
                                       progress=progress)
