@@ -163,3 +163,15 @@ def test_the_readme_architecture_table_mirrors_allowed():
                 for area, allowed in ALLOWED.items()}
     assert documented == expected
 
+
+
+def test_the_readme_drawing_names_every_module_of_every_area():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Architecture"):readme.index("### Moved in 0.2")]
+    drawing = section[section.index("```text"):section.index("```", section.index("```text") + 7)]
+    blocks = re.split(r"\n  (?=[a-z_]+ {2,})", drawing)
+    named = {block.split()[0]: set(re.findall(r"\b\w+\b", block)) for block in blocks[1:]}
+    missing = {area: sorted({p.stem for p in (PACKAGE / area).glob("*.py") if p.stem != "__init__"} - named[area])
+               for area in named if (PACKAGE / area).is_dir()}
+    assert set(named) >= {"cli", "train", "hub", "ops", "cards", "verify", "modeling", "format"}
+    assert {area: m for area, m in missing.items() if m} == {}
