@@ -17,6 +17,8 @@ a reader can run, `'dspark-hub checksums --force'`: that is advice, true whoever
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -36,6 +38,22 @@ class DsparkError(Exception):
         self.hint = hint
         #: The argument (Python name) the message is about; `str(e)` starts with it.
         self.param = param
+
+
+@contextmanager
+def about(param: str) -> Iterator[None]:
+    """Errors raised inside are about the argument `param` (unless they already name one).
+
+    For a path argument opened by shared code (`open_checkpoint`, `locate_tensor`) that cannot
+    know which argument it serves: `with about("target"): open_checkpoint(...)`.
+    """
+    try:
+        yield
+    except DsparkError as e:
+        if e.param is None:
+            e.param = param
+            e.args = (f"{param}: {e.args[0]}", *e.args[1:]) if e.args else (param,)
+        raise
 
 
 class ContractError(DsparkError, ValueError):

@@ -134,6 +134,19 @@ def test_library_usage_error_names_the_flag(tmp_path):
     assert line.startswith("Error: --drop-in: 'kimi-k4' is neither a bundled reference")
 
 
+@pytest.mark.parametrize("command, option", [
+    (["verify", "{ckpt}", "--target"], "--target"),
+    (["verify", "{ckpt}", "--frozen-embed"], "--frozen-embed"),
+    (["init", "{out}", "--embed-from"], "--embed-from"),
+])
+def test_a_missing_path_names_the_option_that_gave_it(tmp_path, command, option):
+    ckpt = write_checkpoint(tmp_path / "c")
+    args = [a.format(ckpt=ckpt, out=tmp_path / "new") for a in command] + [str(tmp_path / "nope")]
+    line = assert_one_line_error(run(*args))
+    assert line.startswith(f"Error: {option}: {tmp_path / 'nope'}: no such file or directory"), line
+    assert not (tmp_path / "new").exists()
+
+
 def test_json_usage_error_is_one_document_on_stdout(tmp_path):
     result = run("verify", write_checkpoint(tmp_path / "c"), "--drop-in", "kimi-k4", "--json")
     line = assert_one_line_error(result)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dspark_hub import schemas
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
 from dspark_hub.format.tensorio import (
@@ -126,10 +126,8 @@ def teacher_embedding(teacher: str | os.PathLike[str], spec: TensorSpec) -> Tens
         UsageError: it holds no embedding, its shape is not the draft's [vocab_size, hidden_size], or
             its dtype has no exact cast to the draft's.
     """
-    try:
+    with about("embed_from"):
         found = locate_tensor(teacher, contract.TEACHER_EMBED_NAMES)
-    except UsageError as e:
-        raise UsageError(e.message, param="embed_from") from None
     shape, dtype = tuple(found.info.shape), found.info.dtype
     if shape != spec.shape:
         raise UsageError(f"{found.describe()} is {list(shape)}, the draft's {spec.name} is {list(spec.shape)} "

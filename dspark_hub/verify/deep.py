@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo
@@ -545,7 +545,8 @@ def extend_report(report: Report, view: CheckpointView, *, deep: bool = False,
         report.sections["deep"] = deep_section(scans)
         report.findings.extend(tensor_findings(scans))
     if frozen_embed is not None:
-        result = check_frozen_embed(view, frozen_embed, progress=progress)
+        with about("frozen_embed"):
+            result = check_frozen_embed(view, frozen_embed, progress=progress)
         report.sections["frozen_embed"] = result.to_dict()
         report.findings.extend(result.findings())
     return report

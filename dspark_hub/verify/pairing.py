@@ -53,7 +53,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dspark_hub.errors import CheckpointFormatError, UsageError
+from dspark_hub.errors import CheckpointFormatError, UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
 from dspark_hub.format.jsonio import is_int, loads_strict
@@ -378,9 +378,9 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
 def extend_report(report: Report, draft_view: CheckpointView, target: str | os.PathLike[str] | Source, *,
                   progress: Progress | None = None, endpoint: str | None = None) -> Report:
     """Add `sections["pairing"]` and the pairing findings to a verify report."""
-
-    findings, section = check_pairing(draft_view, open_checkpoint(source_for(target, endpoint=endpoint)),
-                                      progress=progress)
+    with about("target"):
+        target_view = open_checkpoint(source_for(target, endpoint=endpoint))
+    findings, section = check_pairing(draft_view, target_view, progress=progress)
     report.findings.extend(findings)
     report.sections["pairing"] = section
     return report
