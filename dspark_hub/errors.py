@@ -33,7 +33,8 @@ class DsparkError(Exception):
     error_code: str = "ERROR"
 
     def __init__(self, message: str, *, hint: str | None = None, param: str | None = None) -> None:
-        super().__init__(f"{param}: {message}" if param else message)
+        text = message + (f"; {hint}" if hint else "")
+        super().__init__(f"{param}: {text}" if param else text)
         self.message = message
         self.hint = hint
         #: The argument (Python name) the message is about; `str(e)` starts with it.

@@ -55,10 +55,10 @@ def test_json_schema_is_stable(tmp_path):
 def test_missing_path_exit_2_one_line_on_stderr(tmp_path):
     result = run("verify", tmp_path / "nope", "--json")
     assert result.exit_code == 2
-    message = f"{tmp_path / 'nope'}: no such file or directory; pass a checkpoint folder"
+    message, hint = f"{tmp_path / 'nope'}: no such file or directory", "pass a checkpoint folder"
     assert json.loads(result.stdout) == {"schema": "dspark-hub/error/1", "ok": False,
-                                         "error": {"code": "NOT_FOUND", "message": message, "hint": None}}
-    assert result.stderr == f"Error: {message}\n"
+                                         "error": {"code": "NOT_FOUND", "message": message, "hint": hint}}
+    assert result.stderr == f"Error: {message}; {hint}\n"
 
 
 def test_bad_drop_in_is_usage_error(tmp_path):

@@ -61,9 +61,9 @@ class LocalSource:
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         path = Path(folder)
         if not path.exists():
-            raise CheckpointNotFoundError(f"{folder}: no such file or directory; pass a checkpoint folder")
+            raise CheckpointNotFoundError(f"{folder}: no such file or directory", hint="pass a checkpoint folder")
         if path.is_file():
-            raise CheckpointNotFoundError(f"{folder}: is a file; pass the checkpoint folder that holds it "
+            raise CheckpointNotFoundError(f"{folder}: is a file", hint="pass the checkpoint folder that holds it "
                                           f"(and its config.json): {path.parent}")
         self.root = path
         self.location = str(folder)

@@ -204,7 +204,7 @@ def checkpoint_files(folder: Path) -> list[str]:
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointNotFoundError(f"{folder}: not a directory; pass a checkpoint folder")
+        raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass a checkpoint folder")
     found: list[str] = []
     for root, dirs, files in os.walk(folder, followlinks=True):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
@@ -298,7 +298,7 @@ def compute_manifest(folder: Path | str, *, progress: Progress | None = None,
     rels = sorted(paths) if paths is not None else checkpoint_files(folder)
     for rel in rels:
         if not (folder / rel).is_file():
-            raise CheckpointNotFoundError(f"{folder / rel}: no such file; pass files inside {folder}")
+            raise CheckpointNotFoundError(f"{folder / rel}: no such file", hint=f"pass files inside {folder}")
     announce_total(progress, sum((folder / rel).stat().st_size for rel in rels))
     patterns = lfs_patterns(folder)
     report = _locked(progress)

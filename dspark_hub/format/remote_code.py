@@ -61,7 +61,7 @@ def checkpoint_folder(path: str | os.PathLike[str]) -> Path:
     """
     folder = Path(path)
     if not (folder / contract.CONFIG_NAME).is_file():
-        raise CheckpointNotFoundError(f"{folder}: no {contract.CONFIG_NAME}; pass a checkpoint folder")
+        raise CheckpointNotFoundError(f"{folder}: no {contract.CONFIG_NAME}", hint="pass a checkpoint folder")
     return folder
 
 

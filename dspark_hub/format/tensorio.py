@@ -145,8 +145,8 @@ def locate_tensor(path: str | os.PathLike[str], names: Sequence[str]) -> TensorL
     """
     p = Path(path)
     if not p.exists():
-        raise CheckpointNotFoundError(f"{path}: no such file or directory; pass a checkpoint folder or "
-                                      "a .safetensors file")
+        raise CheckpointNotFoundError(f"{path}: no such file or directory",
+                                      hint="pass a checkpoint folder or a .safetensors file")
     files = [p] if p.is_file() else _candidate_files(p, names)
     for file in files:
         header = read_header(file)

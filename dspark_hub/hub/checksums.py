@@ -64,7 +64,7 @@ class ChecksumCheck:
 def _checkpoint_folder(folder: Path | str) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointNotFoundError(f"{folder}: not a directory; pass a checkpoint folder")
+        raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass a checkpoint folder")
     return folder
 
 
@@ -128,8 +128,8 @@ def load_expected(folder: Path) -> dict[str, list[FileDigest]]:
     """
     manifest_path, sums_path = folder / MANIFEST_NAME, folder / SUMS_NAME
     if not manifest_path.is_file() and not sums_path.is_file():
-        raise CheckpointNotFoundError(f"{sums_path}: not found (nor {MANIFEST_NAME}); "
-                                      f"write them with 'dspark-hub checksums {folder}' first")
+        raise CheckpointNotFoundError(f"{sums_path}: not found (nor {MANIFEST_NAME})",
+                                      hint=f"write them with 'dspark-hub checksums {folder}' first")
     claims: dict[str, list[FileDigest]] = {}
     statements: list[FileDigest] = []
     if manifest_path.is_file():

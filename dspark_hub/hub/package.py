@@ -189,7 +189,7 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
     validate_repo_id(repo_id)
     _check_revision(revision)
     if not folder.is_dir():
-        raise CheckpointNotFoundError(f"{folder}: not a directory; pass a checkpoint folder")
+        raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass a checkpoint folder")
     _check_out_dir(folder, out_dir, force)
     endpoint = _check_endpoint(resolve_endpoint(endpoint))
     if manifest is None:

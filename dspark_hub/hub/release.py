@@ -195,7 +195,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
     validate_repo_id(repo_id)
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointNotFoundError(f"{folder}: not a directory; pass the checkpoint folder to publish")
+        raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass the checkpoint folder to publish")
     if with_remote_code and (refusal := _remote_code_refusal(folder)):
         gate, _ = preflight(folder, drop_in=drop_in, progress=progress)
         gate.refusals.append(refusal)

@@ -114,7 +114,7 @@ class GoldenCheck:
 def _weight_digests(folder: Path) -> dict[str, str]:
     files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
     if not files:
-        raise CheckpointNotFoundError(f"{folder}: no *.safetensors; pass a k3_dspark checkpoint folder")
+        raise CheckpointNotFoundError(f"{folder}: no *.safetensors", hint="pass a k3_dspark checkpoint folder")
     return {p.name: sha256_file(p) for p in files}
 
 
