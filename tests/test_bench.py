@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,3 +27,12 @@ def test_bench_deep_refuses_fewer_than_five_rounds(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 2 and "at least 5" in run.stderr
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_gpu_smoke_eval_vllm_without_a_gpu_exits_77_in_one_line():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, str(BENCH / "gpu_smoke_eval_vllm.py")], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert done.returncode == 77, done.stderr
+    (line,) = done.stdout.strip().splitlines()
+    assert line.startswith("no CUDA GPU here") and "--no-engine" in line and done.stderr == ""
