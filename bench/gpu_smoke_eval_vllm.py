@@ -117,6 +117,8 @@ def main() -> int:
 
     import torch
 
+    from dspark_hub.train.vllm_eval_worker import VLLM_VERSION
+
     gpu = torch.cuda.is_available()
     if not gpu and not args.no_engine:
         print("no CUDA GPU here: vLLM's MLA path for a k3_dspark draft does not run on CPU "
@@ -152,7 +154,7 @@ def main() -> int:
     spec = by["speculative_config"]
     if not measured["lossless"]:
         failures.append("vLLM's outputs differ from plain greedy decoding's")
-    if by["vllm_version"] != "0.32.0" or spec["method"] != "dspark" or spec["num_speculative_tokens"] != 7:
+    if by["vllm_version"] != VLLM_VERSION or spec["method"] != "dspark" or spec["num_speculative_tokens"] != 7:
         failures.append(f"unexpected engine: {by['vllm_version']} {spec}")
     if dtype == "float32":
         mismatched = [key for key in COUNTS if measured[key] != simulated[key]]

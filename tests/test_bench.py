@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,12 @@ def test_bench_train_builds_a_world_finetune_accepts(monkeypatch, capsys):
 
     assert bench_train.throughput(1) > 0
     assert "finetune, tiny config: 1 steps" in capsys.readouterr().out
+
+
+def test_gpu_smoke_eval_vllm_without_a_gpu_exits_77_in_one_line():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, str(BENCH / "gpu_smoke_eval_vllm.py")], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert done.returncode == 77, done.stderr
+    (line,) = done.stdout.strip().splitlines()
+    assert line.startswith("no CUDA GPU here") and "--no-engine" in line and done.stderr == ""

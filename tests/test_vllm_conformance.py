@@ -141,3 +141,21 @@ def test_an_internal_that_moved_fails_loudly(monkeypatch):
     monkeypatch.delattr(DefaultModelLoader, "track_weights_loading")
     with pytest.raises(VllmInternalsMoved, match=r"DefaultModelLoader\.track_weights_loading"):
         check_internals()
+
+
+def test_execute_never_imports_the_checkpoints_config_py(tmp_path):
+    """A speculators draft's auto_map names a config.py; vLLM's loader runs with trust_remote_code=False."""
+    from .spec_fixtures import copy_fixture, read_config
+
+    folder = copy_fixture(tmp_path, "dspark")
+    marker = tmp_path / "config-py-was-imported"
+    config = read_config(folder)
+    config["auto_map"] = {"AutoConfig": "config.DSparkSpeculatorConfig", "AutoModel": "config.DSparkSpeculatorConfig"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n"
+                                      "class DSparkSpeculatorConfig:\n    pass\n")
+    result = CliRunner().invoke(cli, ["verify", str(folder), "--runtime", "vllm", "--execute", "--json"])
+    assert result.exit_code == 0, result.output
+    section = json.loads(result.stdout)["sections"]["runtimes"]["vllm"]
+    assert section["executed"] is True and section["rules_agree"] is True
+    assert not marker.exists()

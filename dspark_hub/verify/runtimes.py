@@ -13,10 +13,15 @@ uninitialised or at its init value).
 
 `sections["runtimes"]` (JSON)::
 
-    {runtime: {"title", "verdicts": [{"tensor", "verdict", "detail", "rule"}],
-               "unfilled": [{"parameter", "verdict", "detail", "rule"}], "refusal": {...} | null,
+    {runtime: {"title", "verdicts": [{"tensor", "verdict", "detail", "rule", "evidence"}],
+               "unfilled": [{"parameter", "verdict", "detail", "rule", "evidence"}],
+               "refusal": {"stage", "message", "rule", "source", "evidence"} | null,
                "counts": {verdict: int}, "executed": bool, "measured_by": "rules" | "...",
                "serving": {...}, "rules": [{"id", "rule", "source", "evidence"}], "notes": [...]}}
+
+`rule` is the id of the rule that decided the row (under `--execute` too: the rule whose verdict was
+expected); `evidence` is ``executed`` for a row observed by running the runtime's loader on this
+checkpoint, else that rule's own evidence (``executed`` or ``read``; null without a rule id).
 
 Header level only: no tensor data, no torch (`verify --execute` runs vLLM in a child process).
 """
@@ -336,9 +341,9 @@ def consequence(names: list[str]) -> str:
     return (", ".join(parts) or "weights are never set") + " and acceptance collapses"
 
 
-def _listing(names: list[str], limit: int = 6) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+def _listing(names: list[str]) -> str:
+    """Every name: a finding never cuts the list (the names are what a publisher has to fix)."""
+    return ", ".join(names)
 
 
 def _state(spec: RuntimeLoader, count: int) -> str:
@@ -353,18 +358,23 @@ def findings(result: RuntimeVerdicts) -> list[Finding]:
     """
     spec = result.runtime
     where = f"runtime:{spec.name}"
+    executed = result.executed is not None
     if result.refusal is not None:
         refusal = result.refusal
+        evidence = refusal.get("evidence") or result.evidence(refusal.get("rule"))
+        cited = f"[{refusal['source']}" + (f"; {evidence}]" if evidence else "]")
         if refusal["stage"] == "config":
-            return [error("RUNTIME_CONFIG_REFUSED", where, f"{spec.title} refuses the config at parse time, before "
-                          f"reading any tensor: {refusal['message']} [{refusal['source']}]", spec.fatal_hint)]
-        return [error("RUNTIME_LOAD_FAILS", where, f"{spec.title} refuses to load the checkpoint: "
-                      f"{refusal['message']} [{refusal['source']}]", spec.fatal_hint)]
+            return [error("RUNTIME_CONFIG_REFUSED", where, f"{spec.title} {'refused' if executed else 'refuses'} "
+                          f"the config at parse time, before reading any tensor: {refusal['message']} {cited}",
+                          spec.fatal_hint)]
+        return [error("RUNTIME_LOAD_FAILS", where, f"{spec.title} {'refused' if executed else 'refuses'} to load "
+                      f"the checkpoint: {refusal['message']} {cited}", spec.fatal_hint)]
     ignored = [n for n in result.names("ignored") if n not in result.harmless]
     unfilled = result.unfilled_names("ignored")
     out: list[Finding] = []
     if result.loads and (ignored or unfilled):    # a load that fails drops nothing silently
-        head = f"{spec.title} would ignore {_listing(ignored)}" if ignored else spec.title
+        verb = "ignored" if executed else "would ignore"      # executed: observed, not predicted
+        head = f"{spec.title} {verb} {_listing(ignored)}" if ignored else spec.title
         if unfilled:
             head += (" and" if ignored else "") + f" starts and serves with {_listing(unfilled)} " \
                 f"{_state(spec, len(unfilled))}"
@@ -373,10 +383,13 @@ def findings(result: RuntimeVerdicts) -> list[Finding]:
     if not result.loads:
         raising = result.names("fatal")
         checked = result.unfilled_names("fatal")
-        parts = ([f"its loader raises on {_listing(raising)}"] if raising else []) + \
-            ([f"{_listing(checked)} never written, which its start-up check refuses"] if checked else [])
-        out.append(error("RUNTIME_LOAD_FAILS", where, f"{spec.title} refuses to start: {'; '.join(parts)}",
-                         spec.fatal_hint))
+        raised = "raised" if executed else "raises"
+        parts = ([f"its loader {raised} on {_listing(raising)}"] if raising else []) + \
+            ([f"{_listing(checked)} never written, which its start-up check {'refused' if executed else 'refuses'}"]
+             if checked else []) + \
+            ([f"also never written, which nothing refuses: {_listing(unfilled)}"] if unfilled else [])
+        out.append(error("RUNTIME_LOAD_FAILS", where, f"{spec.title} {'refused' if executed else 'refuses'} to "
+                         f"start: {'; '.join(parts)}", spec.fatal_hint))
     if not out:
         c = result.counts()
         out.append(info("RUNTIME_LOADS", where, f"{spec.title} loads {plural(c['loaded'], 'tensor')} and skips "
@@ -434,6 +447,7 @@ def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[s
         result = spec.verdicts(present, config)
         entry: dict[str, Any] = {}
         if measured and spec.name in measured:
+            measured[spec.name].adopt_rule_ids(result)
             rows = compare(result, measured[spec.name])
             differ = [row.to_dict() for row in rows if not row.agree]
             entry = {"rules_agree": not differ, "rows_compared": len(rows), "disagreements": differ}

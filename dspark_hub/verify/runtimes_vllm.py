@@ -76,6 +76,9 @@ RULES: dict[str, Cited] = by_id((
          "and matches nothing", f"{_MLA}:445"),
     rule("shape_checked", "a tensor whose shape differs from its parameter (or shard) raises AssertionError",
          f"{_WUTILS}:1485; {_LINEAR}:400-405; {_VOCAB}:515"),
+    rule("dtype_cast", "a tensor in another dtype (F32 in a BF16 draft) is cast to its parameter's dtype and loaded "
+         "(one warning per tensor); a gate_up_proj already stacked in the file is loaded whole",
+         f"{_UTILS}:324-340; {_LINEAR}:972-987"),
     rule("bias_ignored", "a name ending in .bias on an existing module that has no bias is dropped without an "
          "error (debug log only)", f"{_UTILS}:294-297, 425-436, 458; {_LINEAR}:985-986, 1339-1340"),
     rule("unknown_raises", "any other name raises ValueError 'There is no module or parameter named ...' (a "
@@ -87,8 +90,12 @@ RULES: dict[str, Cited] = by_id((
          "projection, context_kv_proj, markov_w2, the confidence head) is exempt from the strict check: never "
          "written, vLLM starts and serves with it uninitialised", f"{_LOADER}:529-561; {_LINEAR}:165, 206; "
          f"{_VOCAB}:39, 67"),
-    rule("gpu_only", "serving DSpark needs Model Runner V2, which needs Triton: a CPU build refuses it",
-         "vllm/config/vllm.py:723-727, 2976-2979, 3190, 3197-3202"),
+    rule("cpu_serving", "serving DSpark needs Model Runner V2, which needs Triton, which the CPU build lacks, so "
+         "that build refuses a DSpark config; with Triton's interpreter standing in (dspark_hub.train.vllm_eval) a "
+         "k3_dspark draft then fails at load on CPU: the CPU linear post-processing empties kv_b_proj.weight and the "
+         "MLA check raises 'kv_b_proj weight (0,) vs kv_lora_rank=512' (serving it needs a GPU, not run here)",
+         "vllm/config/vllm.py:723-727, 2976-2979, 3190, 3197-3202; "
+         "vllm/model_executor/layers/attention/mla_attention.py:416-420"),
 ))
 
 #: Name rules of `K3DSparkForCausalLM.hf_to_vllm_mapper` and the loader's rotary mapper, in vLLM's order.
@@ -306,9 +313,10 @@ class VllmK3Loader:
     name: str = "vllm"
     title: str = "vLLM"
     rules: tuple[Cited, ...] = tuple(RULES.values())
-    notes: tuple[str, ...] = (f"{VERSION} model class K3DSparkForCausalLM ({_MLA}); every rule was executed on "
-                              "CPU through vLLM's own draft loader (dspark_hub.verify.execute_vllm), serving itself "
-                              "needs a GPU",)
+    notes: tuple[str, ...] = (f"{VERSION} model class K3DSparkForCausalLM ({_MLA}); every loader rule was "
+                              "executed on CPU through vLLM's own draft loader (dspark_hub.verify.execute_vllm); "
+                              "serving was executed on CPU too and fails at load in the MLA path (cpu_serving), so "
+                              "serving a k3_dspark draft needs a GPU (not run here)",)
     drop_hint: str = "export every contract tensor under its contract name ('dspark-hub convert') and verify again"
     fatal_hint: str = "export exactly the contract names and shapes, with a config vLLM accepts"
     unfilled_state: str = "uninitialised"

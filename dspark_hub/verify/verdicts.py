@@ -107,9 +107,14 @@ class RuntimeVerdicts:
 
     `runtime` is the loader spec (a `RuntimeLoader`); `decided_by` / `unfilled_by` name the rule id
     behind a tensor's / a parameter's verdict, where the loader's rules have ids.
-    `refusal` (``{"stage": "config" | "load", "message", "rule", "source"}``) is a start-up failure
-    that names no tensor; with one, no tensor is judged. `executed` holds what an executed run adds
-    (`execute_vllm.ExecutedLoad`: version, stubs, rounds); None for rules.
+    `refusal` (``{"stage": "config" | "load" | "after loading", "message", "rule", "source", "evidence"}``)
+    is a start-up failure that names no tensor; with one, no tensor is judged. `executed` holds what an
+    executed run adds (`execute_vllm.ExecutedLoad`: version, stubs, rounds); None for rules.
+
+    Every row's `evidence` (`to_dict`) says how its verdict is known: ``executed`` when it was observed by
+    running the runtime's loader on this checkpoint (`executed` set), else the evidence of the rule that
+    decided it (``executed``: the rule was run against that runtime; ``read``: read in its code; None when
+    no rule id decided it). An executed row keeps the rule id the rules gave it (`adopt_rule_ids`).
     """
 
     runtime: RuntimeLoader
@@ -137,13 +142,33 @@ class RuntimeVerdicts:
             out[v] += 1
         return out
 
+    def evidence(self, rule_id: str | None) -> Evidence | None:
+        """How a row decided by `rule_id` is known (see the class docstring)."""
+        if self.executed is not None:
+            return "executed"
+        rule = by_id(self.runtime.rules).get(rule_id) if rule_id is not None else None
+        return rule.evidence if rule is not None else None
+
+    def adopt_rule_ids(self, rules: RuntimeVerdicts) -> None:
+        """Name, on each executed row, the rule that decided the same row in `rules` (the rule whose verdict
+        was expected, where the two differ); a row the rules do not have keeps None."""
+        self.decided_by = {n: rules.decided_by[n] for n in self.tensors if n in rules.decided_by}
+        self.unfilled_by = {n: rules.unfilled_by[n] for n in self.unfilled if n in rules.unfilled_by}
+        if self.refusal is not None:
+            rule = (rules.refusal or {}).get("rule")
+            self.refusal = {k: v for k, v in self.refusal.items() if k != "rule"} | ({"rule": rule} if rule else {})
+
     def to_dict(self) -> dict[str, Any]:
+        def row(key: str, name: str, verdict: Verdict, detail: str, rule: str | None) -> dict[str, Any]:
+            return {key: name, "verdict": verdict, "detail": detail, "rule": rule, "evidence": self.evidence(rule)}
+
+        refusal = None if self.refusal is None else {
+            "rule": None, **self.refusal, "evidence": self.refusal.get("evidence") or self.evidence(
+                self.refusal.get("rule"))}
         doc = {"title": self.runtime.title,
-               "verdicts": [{"tensor": n, "verdict": v, "detail": d, "rule": self.decided_by.get(n)}
-                            for n, (v, d) in self.tensors.items()],
-               "unfilled": [{"parameter": n, "verdict": v, "detail": d, "rule": self.unfilled_by.get(n)}
-                            for n, (v, d) in self.unfilled.items()],
-               "refusal": self.refusal,
+               "verdicts": [row("tensor", n, v, d, self.decided_by.get(n)) for n, (v, d) in self.tensors.items()],
+               "unfilled": [row("parameter", n, v, d, self.unfilled_by.get(n)) for n, (v, d) in self.unfilled.items()],
+               "refusal": refusal,
                "counts": self.counts(),
                "executed": self.executed is not None,
                "measured_by": (self.executed or {}).get("measured_by") or "rules",
