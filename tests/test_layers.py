@@ -175,3 +175,4 @@ def test_the_readme_drawing_names_every_module_of_every_area():
                for area in named if (PACKAGE / area).is_dir()}
     assert set(named) >= {"cli", "train", "hub", "ops", "cards", "verify", "modeling", "format"}
     assert {area: m for area, m in missing.items() if m} == {}
+

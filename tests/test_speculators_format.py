@@ -8,6 +8,7 @@ from dspark_hub.errors import ContractError
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.verify.family import FAMILIES, family_from_names, fingerprint
+from dspark_hub.verify.runtimes import loaders_for
 
 from .spec_fixtures import DSPARK, FAMILY_OF, MANIFEST, fixture, read_config
 
@@ -140,5 +141,5 @@ def test_every_registered_format_answers_the_same_questions():
         keys = fmt.pairing_keys(config)
         assert keys.taps and all(isinstance(i, int) for i in keys.taps)
         assert fmt.serving(config).method == "dspark"
-        assert "vllm" in fmt.runtimes() and fmt.layer_order(config)[0].startswith("layers.0.")
+        assert "vllm" in loaders_for(fmt) and fmt.layer_order(config)[0].startswith("layers.0.")
     assert FORMATS["speculators_dspark"].pairing_keys(configs["speculators_dspark"]).taps == [0, 2, 4]

@@ -27,7 +27,7 @@ from dspark_hub.cli.main import cli
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.verify.execute_vllm import PINNED_VERSION, as_verdicts, execute
 from dspark_hub.verify.formats import detect
-from dspark_hub.verify.runtimes import findings
+from dspark_hub.verify.runtimes import findings, loaders_for
 from dspark_hub.verify.verdicts import compare
 
 from .factories import write_checkpoint
@@ -51,7 +51,7 @@ def matrix(tmp_path_factory):
 def static_and_executed(folder, executed):
     view = open_checkpoint(LocalSource(folder))
     fmt, _ = detect(view.config, view.tensors)
-    spec = fmt.runtimes()["vllm"]
+    spec = loaders_for(fmt)["vllm"]
     present = {n: (tuple(info.shape), info.dtype) for n, (_, info) in view.tensors.items()}
     return spec.verdicts(present, view.config), as_verdicts(executed, spec)
 

@@ -26,6 +26,10 @@ from dspark_hub.format import roster_k3_dspark
 from dspark_hub.format.reader import DTYPE_SIZES
 
 MODEL_TYPE = "k3_dspark"
+#: Draft tokens per block of the reference draft. Not a config key: serving engines take it
+#: from the command line (k3-dspark-contract.md, "block_size is not a config key";
+#: tokenspeed kimi_k3_dspark_config.py docstring "draft seven tokens per block").
+REFERENCE_BLOCK_SIZE = 7
 ARCHITECTURE = "K3DSparkModel"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"

@@ -10,8 +10,10 @@ Each `DraftFormat` gives, for a config:
 - `config_findings(config)`: every config rule the format's library and runtimes enforce;
 - `pairing_keys(config)`: what the config says about its target (tap width, layer count,
   vocabulary, taps in OUR `target_layer_ids` convention via `verify.rules`);
-- `serving(config)`: the runtime method and the number of speculative tokens;
-- `runtimes()`: the per-runtime loader rules (`verify.runtimes`, `verify.runtimes_speculators`).
+- `serving(config)`: the runtime method and the number of speculative tokens.
+
+The per-runtime loader rules of each format sit above this registry (`verify.runtimes.loaders_for`),
+since they are built from it.
 
 `detect(config, names)` picks the entry from `verify.family.fingerprint` (a declared type
 first, names second); a folder of any other family has no entry and gets one family finding.
@@ -98,7 +100,6 @@ class DraftFormat:
     pairing_keys: Callable[[Mapping[str, Any]], PairingKeys]
     tap_findings: Callable[[Mapping[str, Any], int], list[Finding]]   # taps against a target's layer count
     serving: Callable[[Mapping[str, Any]], ServingFacts]
-    runtimes: Callable[[], Mapping[str, Any]]                          # runtime name -> loader spec
     hints: RosterHints
     frozen_tensors: tuple[str, ...]
     frozen_note: str                   # what the frozen tensors are, for cards
@@ -130,17 +131,9 @@ def _k3_pairing(config: Mapping[str, Any]) -> PairingKeys:
 
 
 def _k3_serving(config: Mapping[str, Any]) -> ServingFacts:
-    from dspark_hub.verify.runtimes import REFERENCE_BLOCK_SIZE
-
-    return ServingFacts(method="dspark", num_speculative_tokens=REFERENCE_BLOCK_SIZE,
-                        source=f"default: the reference draft's {REFERENCE_BLOCK_SIZE} (block_size is not a "
-                               "config key)")
-
-
-def _k3_runtimes() -> Mapping[str, Any]:
-    from dspark_hub.verify.runtimes import RUNTIMES
-
-    return RUNTIMES
+    n = contract.REFERENCE_BLOCK_SIZE
+    return ServingFacts(method="dspark", num_speculative_tokens=n,
+                        source=f"default: the reference draft's {n} (block_size is not a config key)")
 
 
 K3 = DraftFormat(
@@ -149,7 +142,7 @@ K3 = DraftFormat(
     pairing_keys=_k3_pairing,
     tap_findings=lambda config, layers: rules.tap_layer_findings(config, target_layers=layers,
                                                                  code="PAIRING_LAYER_ID"),
-    serving=_k3_serving, runtimes=_k3_runtimes,
+    serving=_k3_serving,
     hints=RosterHints(misnames=contract.KNOWN_MISNAMES,
                       misname_why="a runtime that ignores unknown names drops the context path and serves at 0% "
                                   "acceptance",
@@ -199,23 +192,30 @@ def _speculators_taps(config: Mapping[str, Any], layers: int) -> list[Finding]:
     return rules.aux_id_findings(config.get(speculators.AUX_IDS_KEY), target_layers=layers, code="PAIRING_LAYER_ID")
 
 
-def _speculators_serving(config: Mapping[str, Any]) -> ServingFacts:
-    from dspark_hub.verify.runtimes_speculators import serving_facts
-
-    return serving_facts(config)
-
-
-def _speculators_runtimes() -> Mapping[str, Any]:
-    from dspark_hub.verify.runtimes_speculators import RUNTIMES
-
-    return RUNTIMES
+def serving_facts(config: Mapping[str, Any]) -> ServingFacts:
+    """Method, token count and verifier a speculators DSpark config implies for vLLM."""
+    declared = speculators.speculative_tokens(config)
+    written = speculators.written_speculative_tokens(config)
+    notes = []
+    if declared is not None and written is not None and declared != written:
+        notes.append(f"speculative_tokens {declared} differs from what training writes for this block layout "
+                     f"({written})")
+    n: int | None
+    if declared is not None:
+        n, source = declared, "speculators_config.proposal_methods[0].speculative_tokens"
+    else:
+        n, source = written, "block_size (speculative_tokens is not recorded)"
+    if not config.get("sample_from_anchor", speculators.DEFAULTS["sample_from_anchor"]):
+        notes.append(f"bonus-anchor layout (sample_from_anchor false): {n} drafted tokens per step for block_size "
+                     f"{config.get('block_size')}; give the count explicitly, as these commands do")
+    return ServingFacts(method="dspark", num_speculative_tokens=n, source=source,
+                        verifier=speculators.verifier_name(config), notes=tuple(notes))
 
 
 SPECULATORS = DraftFormat(
     name=SPECULATORS_DSPARK, cli_name="speculators", title="speculators DSpark",
     roster=speculators.roster, counts=speculators.count_parameters, config_findings=_speculators_config_findings,
-    pairing_keys=_speculators_pairing, tap_findings=_speculators_taps, serving=_speculators_serving,
-    runtimes=_speculators_runtimes,
+    pairing_keys=_speculators_pairing, tap_findings=_speculators_taps, serving=serving_facts,
     hints=RosterHints(misnames={v: k for k, v in contract.KNOWN_MISNAMES.items()},
                       misname_why="it is the k3_dspark name; speculators and vLLM look up the speculators name and "
                                   "refuse (or drop) this one",

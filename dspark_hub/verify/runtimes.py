@@ -28,8 +28,6 @@ Header level only: no tensor data, no torch (`verify --execute` runs vLLM in a c
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +38,8 @@ from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView
 from dspark_hub.report import Finding, Report, error, info, warning
 from dspark_hub.verify.family import methods_text
+from dspark_hub.verify.formats import K3, SPECULATORS, DraftFormat, detect
+from dspark_hub.verify.runtimes_speculators import RUNTIMES as SPECULATORS_RUNTIMES
 from dspark_hub.verify.runtimes_vllm import VLLM, VllmK3Loader
 from dspark_hub.verify.verdicts import (  # noqa: F401 (Cited, ServingRecipe, VERDICTS: re-exported)
     VERDICTS,
@@ -51,12 +51,10 @@ from dspark_hub.verify.verdicts import (  # noqa: F401 (Cited, ServingRecipe, VE
     Verdict,
     compare,
     draft_id,
+    recipe_parameters,
 )
 
-#: Draft tokens per block of the reference draft. Not a config key: serving engines take it
-#: from the command line (k3-dspark-contract.md, "block_size is not a config key";
-#: tokenspeed kimi_k3_dspark_config.py docstring "draft seven tokens per block").
-REFERENCE_BLOCK_SIZE = 7
+REFERENCE_BLOCK_SIZE = contract.REFERENCE_BLOCK_SIZE
 
 LUMEN_NOTES = "ZhangDanyang-AMD/Lumen-RL examples/Kimi_K3_SDDD_MI350_ATOM/TRAIN_FROM_SCRATCH.md"
 
@@ -397,37 +395,10 @@ def findings(result: RuntimeVerdicts) -> list[Finding]:
     return out
 
 
-# ---------------------------------------------------------------- serving parameters
-
 def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec | VllmK3Loader, *, draft: str = "DRAFT",
                        target: str = "TARGET", block_size: int | None = None) -> dict[str, Any]:
-    """The serving parameters the config implies, as a ready-to-paste command fragment.
-
-    Args:
-        config: the draft's config.
-        spec: the runtime.
-        draft: the draft's path or repo id to put in the command.
-        target: the target's path or repo id.
-        block_size: draft tokens per block; not a config key (default: the reference's 7).
-    """
-    n = block_size if block_size is not None else REFERENCE_BLOCK_SIZE
-    recipe = spec.serving
-    model_id = draft_id(draft)
-    draft = shlex.quote(model_id)
-    vllm_spec = shlex.quote(json.dumps({"method": recipe.method, "model": model_id, "num_speculative_tokens": n}))
-    return {
-        "method": recipe.method,
-        "num_speculative_tokens": n,
-        "block_size_source": "`block_size` as given" if block_size is not None else
-        f"default: the reference draft's {REFERENCE_BLOCK_SIZE} (block_size is not a config key)",
-        "target_layer_ids": config.get("target_layer_ids"),
-        "target_layer_ids_source": "read from config.json target_layer_ids by every runtime (0-based, output of "
-                                   "each target layer); no command-line flag",
-        "command": recipe.template.format(target=target, draft=draft, n=n, n1=n + 1, vllm_spec=vllm_spec),
-        "alternatives": [],
-        "source": recipe.source,
-        "note": recipe.note or None,
-    }
+    """The serving parameters a k3_dspark config implies for `spec` (`verdicts.recipe_parameters`)."""
+    return recipe_parameters(config, spec.serving, draft=draft, target=target, block_size=block_size)
 
 
 def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[str], config: Mapping[str, Any],
@@ -467,6 +438,12 @@ def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[s
     return section, out
 
 
+def loaders_for(fmt: DraftFormat) -> Mapping[str, RuntimeLoader]:
+    """Runtime name -> loader rules for checkpoints of `fmt` (a runtime absent here has none for it)."""
+    by_format: dict[str, Mapping[str, RuntimeLoader]] = {K3.name: RUNTIMES, SPECULATORS.name: SPECULATORS_RUNTIMES}
+    return by_format[fmt.name]
+
+
 def extend_report(report: Report, view: CheckpointView, names: str | list[str], *, block_size: int | None = None,
                   execute: bool = False) -> Report:
     """Add `sections["runtimes"]` (and `sections["family"]`) plus the runtime findings to a verify report.
@@ -477,13 +454,11 @@ def extend_report(report: Report, view: CheckpointView, names: str | list[str], 
     finding already says what it is. With `execute`, vLLM's own loader is run on the folder in a
     child process (`execute_vllm.run_isolated`) and its verdicts replace the rules' for vLLM.
     """
-    from dspark_hub.verify.formats import detect
-
     fmt, found = detect(view.config, view.tensors)
     report.sections["family"] = found.to_dict()
     if fmt is None or view.config is None:
         return report
-    loaders = fmt.runtimes()
+    loaders = loaders_for(fmt)
     wanted = list(RUNTIMES) if names == "all" or names == ["all"] else ([names] if isinstance(names, str) else names)
     present = {n: (tuple(info.shape), info.dtype) for n, (_, info) in view.tensors.items()}
     measured = None

@@ -37,7 +37,7 @@ from typing import Any
 from dspark_hub.format import speculators
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, warning
-from dspark_hub.verify.formats import ServingFacts
+from dspark_hub.verify.formats import serving_facts
 from dspark_hub.verify.rules import taps_from_aux_ids
 from dspark_hub.verify.runtimes_vllm import ROTARY_BUFFERS, VERSION, ModuleTree, ShardId, stacked_module, truthy
 from dspark_hub.verify.runtimes_vllm import rule as _rule
@@ -298,26 +298,6 @@ class SpeculatorsLoader:
                         f"given no count takes block_size and runs {block + 1} query slots on a draft trained with "
                         f"{block} [{RULES['serving_tokens'].source}; executed]",
                         f"pass num_speculative_tokens {facts.num_speculative_tokens} explicitly (the commands do)")]
-
-
-def serving_facts(config: Mapping[str, Any]) -> ServingFacts:
-    """Method, token count and verifier a speculators DSpark config implies for vLLM."""
-    declared = speculators.speculative_tokens(config)
-    written = speculators.written_speculative_tokens(config)
-    notes = []
-    if declared is not None and written is not None and declared != written:
-        notes.append(f"speculative_tokens {declared} differs from what training writes for this block layout "
-                     f"({written})")
-    n: int | None
-    if declared is not None:
-        n, source = declared, "speculators_config.proposal_methods[0].speculative_tokens"
-    else:
-        n, source = written, "block_size (speculative_tokens is not recorded)"
-    if not config.get("sample_from_anchor", speculators.DEFAULTS["sample_from_anchor"]):
-        notes.append(f"bonus-anchor layout (sample_from_anchor false): {n} drafted tokens per step for block_size "
-                     f"{config.get('block_size')}; give the count explicitly, as these commands do")
-    return ServingFacts(method="dspark", num_speculative_tokens=n, source=source,
-                        verifier=speculators.verifier_name(config), notes=tuple(notes))
 
 
 def serving_parameters(config: Mapping[str, Any], *, draft: str = "DRAFT", target: str | None = None,

@@ -33,7 +33,15 @@ from typing import Any, TypeAlias
 
 from dspark_hub.format import contract
 from dspark_hub.report import Finding
-from dspark_hub.verify.verdicts import Cited, Evidence, RuntimeVerdicts, ServingRecipe, Verdict, by_id
+from dspark_hub.verify.verdicts import (
+    Cited,
+    Evidence,
+    RuntimeVerdicts,
+    ServingRecipe,
+    Verdict,
+    by_id,
+    recipe_parameters,
+)
 
 VERSION = "vLLM 0.32.0"
 _MLA = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
@@ -364,9 +372,7 @@ class VllmK3Loader:
 
     def serving_parameters(self, config: Mapping[str, Any], *, draft: str = "DRAFT",
                            block_size: int | None = None) -> dict[str, Any]:
-        from dspark_hub.verify.runtimes import serving_parameters
-
-        return serving_parameters(config, self, draft=draft, block_size=block_size)
+        return recipe_parameters(config, self.serving, draft=draft, block_size=block_size)
 
     def serving_findings(self, config: Mapping[str, Any], block_size: int | None) -> list[Finding]:
         return []

@@ -24,10 +24,13 @@ runtime refuses the config at parse time, or its ``load_weights`` refuses the se
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from dspark_hub.format import contract
 from dspark_hub.report import Finding
 
 Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
@@ -184,6 +187,36 @@ def draft_id(draft: str) -> str:
     if draft.startswith("hf://"):
         return draft[len("hf://"):].split("@", 1)[0]
     return draft
+
+
+def recipe_parameters(config: Mapping[str, Any], recipe: ServingRecipe, *, draft: str = "DRAFT",
+                      target: str = "TARGET", block_size: int | None = None) -> dict[str, Any]:
+    """The serving parameters a k3_dspark config implies under `recipe`, as a ready-to-paste command fragment.
+
+    Args:
+        config: the draft's config.
+        recipe: the runtime's serving recipe.
+        draft: the draft's path or repo id to put in the command.
+        target: the target's path or repo id.
+        block_size: draft tokens per block; not a config key (default: the reference's 7).
+    """
+    n = block_size if block_size is not None else contract.REFERENCE_BLOCK_SIZE
+    model_id = draft_id(draft)
+    vllm_spec = shlex.quote(json.dumps({"method": recipe.method, "model": model_id, "num_speculative_tokens": n}))
+    return {
+        "method": recipe.method,
+        "num_speculative_tokens": n,
+        "block_size_source": "`block_size` as given" if block_size is not None else
+        f"default: the reference draft's {contract.REFERENCE_BLOCK_SIZE} (block_size is not a config key)",
+        "target_layer_ids": config.get("target_layer_ids"),
+        "target_layer_ids_source": "read from config.json target_layer_ids by every runtime (0-based, output of "
+                                   "each target layer); no command-line flag",
+        "command": recipe.template.format(target=target, draft=shlex.quote(model_id), n=n, n1=n + 1,
+                                          vllm_spec=vllm_spec),
+        "alternatives": [],
+        "source": recipe.source,
+        "note": recipe.note or None,
+    }
 
 
 @dataclass(frozen=True)
