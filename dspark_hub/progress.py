@@ -6,6 +6,9 @@ progress is the caller's business (the CLI draws a bar on a terminal, a line per
 
 A callback may also have a `set_total(n)` method. Work that learns its total once it has
 opened its inputs calls `announce_total(progress, n)`, which does nothing for a plain function.
+Work in stages of their own totals (`eval`: the teacher's continuations, then the draft's
+measurement) names each with `announce_stage(progress, description, total)`, which calls the
+callback's `stage(description, 0, total)` where it has one (else it announces the total).
 Likewise a `plan(p)` method hears, through `announce_plan(progress, p)`, what the work will cost
 before it starts (`finetune`'s `TrainPlan`).
 """
@@ -32,3 +35,12 @@ def announce_plan(progress: Progress | None, plan: object) -> None:
     show = getattr(progress, "plan", None)
     if show is not None and callable(show):
         show(plan)
+
+
+def announce_stage(progress: Progress | None, description: str, total: int) -> None:
+    """Start a named stage of `total` items: `progress.stage(description, 0, total)`, else `announce_total`."""
+    stage = getattr(progress, "stage", None)
+    if stage is not None and callable(stage):
+        stage(description, 0, total)
+    else:
+        announce_total(progress, total)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -114,3 +115,94 @@ def test_package_accepts_a_local_endpoint_and_a_sha(tmp_path):   # the passing t
                  "http://127.0.0.1:8080", "-o", tmp_path / "pkg", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["webseeds"] == ["http://127.0.0.1:8080/org/tiny/resolve/"]
+
+
+# ----------------------------------------------------------------------------- path options name their flag
+
+@pytest.fixture(scope="module")
+def pair(teacher):
+    """The `teacher` fixture plus a draft sharing its embedding and a rollouts folder of it."""
+    from dspark_hub.ops.init import init_checkpoint
+
+    init_checkpoint(teacher / "base", config=contract.TINY_CONFIG, embed_from=teacher / "teacher")
+    return teacher
+
+
+def _no_heavy_loads(monkeypatch):
+    """A model or engine loaded before the paths are checked fails the test."""
+    import dspark_hub.modeling
+    import dspark_hub.train.rollouts
+    import dspark_hub.train.teacher
+
+    def loaded(*_args, **_kwargs):
+        raise AssertionError("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(dspark_hub.modeling, "load_checkpoint", loaded)
+    monkeypatch.setattr(dspark_hub.train.teacher, "load_teacher", loaded)
+    monkeypatch.setattr(dspark_hub.train.rollouts, "open_engine", loaded)
+
+
+def _path_commands(root, out):
+    teacher, prompts, base = root / "teacher", root / "p.jsonl", root / "base"
+    return {
+        "rollouts": ["rollouts", "--teacher", teacher, "--prompts", prompts, "--draft-config", base / "config.json",
+                     "--out", out],
+        "finetune": ["finetune", "--base", base, "--data", root, "--teacher", teacher, "--out", out, "--steps", "1"],
+        "on-policy": ["finetune", "--base", base, "--teacher", teacher, "--out", out, "--steps", "1", "--on-policy",
+                      "--prompts", prompts],
+        "eval": ["eval", "--draft", base, "--teacher", teacher, "--prompts", prompts],
+        "eval-data": ["eval", "--draft", base, "--data", root],
+    }
+
+
+@pytest.mark.parametrize("command, option", [
+    ("rollouts", "--teacher"), ("rollouts", "--prompts"), ("rollouts", "--draft-config"),
+    ("finetune", "--base"), ("finetune", "--data"), ("finetune", "--teacher"), ("on-policy", "--prompts"),
+    ("eval", "--draft"), ("eval", "--teacher"), ("eval", "--prompts"), ("eval", "--reference"),
+    ("eval-data", "--data"),
+])
+def test_a_missing_path_names_its_option_before_anything_loads(pair, tmp_path, monkeypatch, command, option):
+    args = _path_commands(pair, tmp_path / "out")[command]
+    missing = tmp_path / "nope"
+    if option in args:
+        args[args.index(option) + 1] = missing
+    else:
+        args += [option, missing]
+    _no_heavy_loads(monkeypatch)
+    line = assert_one_line_error(run(*args), str(missing), "pass ")
+    assert line.startswith(f"Error: {option}: "), line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.state").exists()
+
+
+def test_finetune_checks_its_eval_data_before_loading(pair, tmp_path, monkeypatch):
+    from dspark_hub.train.rollouts import make_rollouts
+
+    make_rollouts(pair / "teacher", pair / "p.jsonl", pair / "draft.json", tmp_path / "data", max_new_tokens=2)
+    args = _path_commands(pair, tmp_path / "out")["finetune"]
+    args[args.index("--data") + 1] = tmp_path / "data"
+    _no_heavy_loads(monkeypatch)
+    line = assert_one_line_error(run(*args, "--eval-data", tmp_path / "nope", "--eval-every", "1"), "nope")
+    assert line.startswith("Error: --eval-data: "), line
+
+
+def test_rollouts_refuse_a_speculators_draft_config_naming_the_format(pair, tmp_path):
+    from .spec_fixtures import fixture
+
+    result = rollouts(pair, tmp_path / "out", draft=fixture("dspark") / "config.json")
+    line = assert_one_line_error(result, "a speculators DSpark draft config", "pass a k3_dspark config.json")
+    assert line.startswith("Error: --draft-config: ") and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("engine, option", [("transformers", ["--engine-python", "/opt/vllm/bin/python"]),
+                                            ("vllm", ["--engine-device", "cpu"])])
+def test_an_engine_option_the_engine_does_not_take_is_named_by_its_flag(pair, tmp_path, engine, option):
+    result = rollouts(pair, tmp_path / "out", "--engine", engine, *option)
+    line = assert_one_line_error(result, f"teacher engine '{engine}' does not take")
+    assert line.startswith(f"Error: {option[0]}: "), line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is importable here")
+def test_on_policy_without_vllm_leaves_no_state_folder(pair, tmp_path):
+    result = run(*_path_commands(pair, tmp_path / "out")["on-policy"], "--engine", "vllm")
+    assert_one_line_error(result, "the vllm teacher engine needs vLLM 0.32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

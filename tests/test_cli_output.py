@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -139,3 +140,75 @@ def test_a_table_without_rows_prints_its_title(capsys):
 
     print_table("nothing to show", (Column("file"), Column("message", prose=True)), [])
     assert "nothing to show" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the training commands off a terminal
+
+@pytest.fixture
+def transformers_bars():
+    """transformers' progress bars on, as in a fresh process (another test may have turned them off)."""
+    from transformers.utils import logging as hf_logging
+
+    def turn(on: bool) -> None:
+        with warnings.catch_warnings():   # the hub's bars may be off by environment; transformers' own switch is ours
+            warnings.simplefilter("ignore")
+            (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
+
+    was = hf_logging.is_progress_bar_enabled()
+    turn(True)
+    yield hf_logging
+    turn(was)
+
+
+def test_transformers_bars_stay_off_when_stderr_is_not_a_terminal(transformers_bars, monkeypatch):
+    monkeypatch.setattr(_output.stderr, "_force_terminal", False)   # rich asks this first: not a terminal
+    _output.quiet_transformers(False)
+    assert not transformers_bars.is_progress_bar_enabled()
+
+
+def test_transformers_bars_stay_on_a_terminal(transformers_bars, monkeypatch):
+    monkeypatch.setattr(_output.stderr, "_force_terminal", True)
+    _output.quiet_transformers(False)
+    assert transformers_bars.is_progress_bar_enabled()
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """`init --profile tiny` and `init-teacher --draft` of it, and four prompts."""
+    from dspark_hub.ops.init import init_checkpoint
+    from dspark_hub.train.toy import init_teacher
+
+    from .teacher_factory import write_prompts
+
+    root = tmp_path_factory.mktemp("toy")
+    init_checkpoint(root / "base", profile="tiny")
+    init_teacher(root / "teacher", draft=root / "base")
+    write_prompts(root / "p.jsonl", count=4, seed=1, length=4)
+    return root
+
+
+def _progress_lines(result, command: str) -> list[str]:
+    assert result.exit_code == 0, result.output
+    assert "Loading weights" not in result.stderr and "%|" not in result.stderr, result.stderr   # transformers' bars
+    lines = [line for line in result.stderr.splitlines() if line.startswith(f"{command}:")]
+    assert len(lines) >= 2 and all("/s, " in line and ", elapsed " in line for line in lines), result.stderr
+    assert lines[-1].endswith(", done"), lines
+    return lines
+
+
+@pytest.mark.slow
+def test_rollouts_finetune_and_eval_log_progress_when_stderr_is_not_a_terminal(toy, tmp_path, slow_clock,
+                                                                                transformers_bars):
+    lines = _progress_lines(run("rollouts", "--teacher", toy / "teacher", "--prompts", toy / "p.jsonl",
+                                "--draft-config", toy / "base" / "config.json", "--out", tmp_path / "data",
+                                "--max-new-tokens", 4, "--batch-size", 2), "rollouts")
+    assert lines[-1].startswith("rollouts: 4 of 4 prompts (100%)"), lines
+    lines = _progress_lines(run("finetune", "--base", toy / "base", "--data", tmp_path / "data", "--out",
+                                tmp_path / "tuned", "--steps", 3, "--batch-size", 2, "--anchors", 2), "finetune")
+    assert lines[-1].startswith("finetune: 3 of 3 steps (100%)"), lines
+    lines = _progress_lines(run("eval", "--draft", tmp_path / "tuned", "--teacher", toy / "teacher", "--prompts",
+                                toy / "p.jsonl", "--max-new-tokens", 4), "eval")
+    # Two stages, each counting the 4 prompts once: never "of 8 prompts".
+    assert any(line.startswith("eval: teacher continuations: 4 of 4 prompts") for line in lines), lines
+    assert lines[-1].startswith("eval: draft: 4 of 4 prompts (100%)"), lines
+    assert not any(" of 8 " in line for line in lines), lines

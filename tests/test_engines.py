@@ -124,7 +124,8 @@ def test_resume_refuses_another_engine_and_reads_manifests_from_before_engines(s
     prompts = write_prompts(tmp_path / "p.jsonl", count=3, seed=1)
     make_rollouts(small["teacher"], prompts, small["config"], tmp_path / "d", max_new_tokens=4)
     with pytest.raises(RefusedOverwriteError, match="setting engine was 'transformers' and is now 'vllm'"):
-        make_rollouts(small["teacher"], prompts, small["config"], tmp_path / "d", max_new_tokens=4, engine="vllm")
+        make_rollouts(small["teacher"], prompts, small["config"], tmp_path / "d", max_new_tokens=4, engine="vllm",
+                      engine_options=EngineOptions(python=sys.executable))   # vLLM not needed: refused first
     with pytest.raises(RefusedOverwriteError, match="setting engine_dtype was 'float32' and is now 'bfloat16'"):
         make_rollouts(small["teacher"], prompts, small["config"], tmp_path / "d", max_new_tokens=4,
                       engine_options=EngineOptions(dtype="bfloat16"))

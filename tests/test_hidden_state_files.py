@@ -91,8 +91,8 @@ def test_files_with_more_taps_than_the_draft_needs_give_the_draft_its_columns(pa
 
 
 @pytest.mark.parametrize("layers,taps,ids,message", [
-    (4, [1, 3], None, r"holds 3 tapped layers plus the last, the draft taps 2 \(target_layer_ids \[1, 3\]\)"),
-    (4, [1, 3, 4], [3, 4, 5], r"captured at vLLM/speculators ids \[3, 4, 5\] = target_layer_ids \[2, 3, 4\]; "
+    (4, [1, 3], None, r"holds 4 layers, the draft's taps plus the last name 3 \(target_layer_ids \[1, 3\]\)"),
+    (4, [1, 3, 4], [3, 4, 5], r"captured at vLLM/speculators ids \[3, 4, 5, 6\] = target_layer_ids \[2, 3, 4, 5\]; "
                               r"the draft taps \[1, 3, 4\], \[1\] missing"),
     (4, [1, 3, 4], [2, 4], r"holds 4 layers, the given layer ids name 3 \(\[2, 4, 6\], the last layer 6 included\)"),
 ])
@@ -112,10 +112,33 @@ def test_a_hidden_size_or_layout_other_than_the_drafts_is_refused_in_one_line(pa
         open_training_data(tmp_path / "odd", draft_config=CONFIG, teacher=pair["teacher"])
     with pytest.raises(UsageError, match="need the teacher folder"):
         open_training_data(SAMPLE, draft_config=CONFIG, teacher=None)
-    with pytest.raises(UsageError, match="a rollouts folder records its own taps"):
-        (tmp_path / "r").mkdir()
-        (tmp_path / "r" / "manifest.json").write_text("{}")
+
+
+def test_a_rollouts_folder_takes_layer_ids_only_when_they_name_its_own_taps(tmp_path):
+    from dspark_hub.train.rollouts import SCHEMA, RolloutData
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "shards": [], "settings": {
+        "target_layer_ids": [1, 3], "target_num_hidden_layers": 6}}))
+    for ids in ([2, 4], [2, 4, 6], [4, 2]):   # the recipe's ids, with or without the last layer
+        assert isinstance(open_training_data(tmp_path / "r", draft_config=CONFIG, teacher=None, layer_ids=ids),
+                          RolloutData)
+    with pytest.raises(UsageError, match=r"records its own taps, target_layer_ids \[1, 3\] = vLLM/speculators ids "
+                                         r"\[2, 4\]; the layer ids \[2\] name others") as caught:
         open_training_data(tmp_path / "r", draft_config=CONFIG, teacher=None, layer_ids=[2])
+    assert caught.value.param == "data_layer_ids"
+
+
+def test_a_tap_at_the_teachers_last_layer_is_read_from_the_last_column(pair, tmp_path):
+    """Taps [1, 5] of a 6-layer teacher: vLLM extracts ids [2, 6], and 6 is both a tap and the final state's input."""
+    assert resolve_columns(2, [1, 5], 6, None, "f") == resolve_columns(2, [1, 5], 6, [2, 6], "f") == ([0, 1], [2, 6])
+    (tmp_path / "files").mkdir()
+    hidden = torch.randn(5, 2, 64)
+    write_hidden_state_file(tmp_path / "files" / "a.safetensors", hidden, torch.arange(5))
+    draft = {**CONFIG, "target_layer_ids": [1, 5], "num_target_layers": 2}
+    for ids in (None, [2, 6], [2]):
+        data = open_training_data(tmp_path / "files", draft_config=draft, teacher=pair["teacher"], layer_ids=ids)
+        assert data.columns == [0, 1] and torch.equal(data[0].aux_hidden_states, hidden.flatten(1).bfloat16())
 
 
 def test_files_and_rows_from_different_runs_are_refused_when_read(pair, tmp_path):
@@ -163,4 +186,4 @@ def test_finetune_trains_on_speculators_data_and_refuses_ids_that_miss_a_tap(pai
     base = load_file(str(pair["draft"] / "model.safetensors"))
     assert not torch.equal(tuned["context_proj.weight"], base["context_proj.weight"])
     refused = CliRunner().invoke(cli, [*common, "--out", str(tmp_path / "b"), "--data-layer-ids", "3,4,5"])
-    assert_one_line_error(refused, "hs_0.safetensors: captured at vLLM/speculators ids [3, 4, 5]", "[1] missing")
+    assert_one_line_error(refused, "hs_0.safetensors: captured at vLLM/speculators ids [3, 4, 5, 6]", "[1] missing")

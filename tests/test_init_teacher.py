@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
@@ -63,3 +64,20 @@ def test_init_teacher_refuses_a_teacher_that_is_no_toy(tmp_path):
     result = run("init-teacher", tmp_path / "teacher", "--draft", tmp_path / "k3")
     assert result.exit_code == 2 and "toy teachers stop at 50,000,000" in result.output
     assert result.output.startswith("Error: --draft:") and not (tmp_path / "teacher").exists()
+
+
+def test_init_teacher_head_dim_makes_a_teacher_vllms_cpu_attention_runs(tmp_path):
+    from dspark_hub.train.vllm_worker import WorkerError, _check_cpu_head_dim
+
+    from .cli_errors import assert_one_line_error
+
+    assert run("init-teacher", tmp_path / "narrow", "--quiet").exit_code == 0
+    assert run("init-teacher", tmp_path / "wide", "--head-dim", 32, "--quiet").exit_code == 0
+    config = json.loads((tmp_path / "wide" / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] == 32
+    with pytest.raises(WorkerError, match=r"head_dim is 16; vLLM's CPU attention needs head_dim >= 32") as caught:
+        _check_cpu_head_dim(tmp_path / "narrow")       # refused before vLLM's engine starts
+    assert caught.value.kind == "usage"
+    _check_cpu_head_dim(tmp_path / "wide")
+    line = assert_one_line_error(run("init-teacher", tmp_path / "odd", "--head-dim", 24), "24 does not divide")
+    assert line.startswith("Error: --head-dim: ") and not (tmp_path / "odd").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -504,3 +505,45 @@ def test_every_step_logs_its_time_throughput_and_peak_memory_on_the_device(world
         assert entry["device"] == "cpu" and entry["step_seconds"] > 0 and entry["peak_memory_bytes"] > 0
         assert entry["tokens_per_second"] == pytest.approx(entry["tokens"] / entry["step_seconds"])
     assert set(MEASURED) <= set(log[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_a_torchrun_resume_reads_the_state_on_rank_0_only_and_reproduces_the_run(world, tmp_path, sharding):
+    """Rank 0 loads the state file and broadcasts it; the other ranks never read it."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import os, runpy, sys, torch\n"
+        "load = torch.load\n"
+        "def logged(file, *args, **kwargs):\n"
+        "    if isinstance(file, (str, os.PathLike)):   # files; broadcast objects arrive as buffers\n"
+        "        with open(os.environ['LOAD_LOG'] + '.' + os.environ['RANK'], 'a') as log:\n"
+        "            log.write(str(file) + '\\n')\n"
+        "    return load(file, *args, **kwargs)\n"
+        "torch.load = logged\n"
+        "sys.argv = ['dspark_hub', *sys.argv[1:]]\n"
+        "runpy.run_module('dspark_hub', run_name='__main__')\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "LOAD_LOG": str(tmp_path / "loads")}
+
+    def pair(out: Path, *extra: object) -> None:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script,
+                   "finetune", "--base", world["base"], "--data", world["data"], "--out", out, "--steps", 6, "--lr",
+                   3e-3, "--batch-size", 4, "--anchors", 8, "--warmup", 2, "--seed", 3, "--save-every", 3,
+                   "--keep-states", 0, "--quiet", *extra] + (["--fsdp"] if sharding == "fsdp" else [])
+        done = subprocess.run([str(c) for c in command], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    pair(tmp_path / "whole")
+    states = tmp_path / "resumed.state"
+    states.mkdir()
+    shutil.copy(Path(f"{tmp_path}/whole.state") / "step-000003.pt", states)   # as if killed after step 3
+    (states / "latest.json").write_text(json.dumps({"step": 3, "file": "step-000003.pt"}))
+    pair(tmp_path / "resumed", "--resume")
+    reads = {rank: (tmp_path / f"loads.{rank}").read_text().split() if (tmp_path / f"loads.{rank}").exists() else []
+             for rank in (0, 1)}
+    assert [Path(f).name for f in reads[0]] == ["step-000003.pt"] and reads[1] == [], reads
+    a, b = _fp32_state(Path(f"{tmp_path}/whole.state")), _fp32_state(states)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name

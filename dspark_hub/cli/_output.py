@@ -3,7 +3,8 @@
 Data goes to stdout: one JSON document with `--json`, else the human view a renderer draws.
 Progress, warnings and errors go to stderr. On a terminal progress is a rich bar; off a terminal
 (nohup, CI, a log file) it is a plain line every `INTERVAL` seconds and one at the end, so a log
-shows that a long run is alive and when it will end. `--quiet` and `--json` silence both.
+shows that a long run is alive and when it will end (and transformers' own bars stay off, see
+`quiet_transformers`). `--quiet` and `--json` silence both.
 """
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ def emit(result: Result, *, as_json: bool, renderer: Callable[[Any], None]) -> N
 
 
 def quiet_transformers(quiet: bool) -> None:
-    """With --quiet or --json, silence transformers' own bars and advisories (they go to stderr otherwise)."""
-    if quiet:
+    """transformers' own bars (`Loading weights`, `Writing model shards`) only on a terminal: off one (a log,
+    CI) they would fill the log with carriage returns, and our plain progress lines say how far a run is.
+    With --quiet or --json its advisories go too (they go to stderr otherwise)."""
+    if quiet or not stderr.is_terminal:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
+        if quiet:
+            hf_logging.set_verbosity_error()
 
 
 # ----------------------------------------------------------------------------- progress

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +13,10 @@ import click
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
 from dspark_hub.cli._render import render_eval, render_init_teacher, render_plan, render_rollouts, render_training
-from dspark_hub.errors import CheckpointFormatError
+from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
-from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names
+from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
 
 
 def _engine_args(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
@@ -57,15 +59,31 @@ def engine_option_group(f: Any) -> Any:
     return f
 
 
+#: (the commands' keyword, the `EngineOptions` field) of every engine option.
+ENGINE_KEYS = (("engine_dtype", "dtype"), ("engine_device", "device"), ("tensor_parallel_size", "tensor_parallel_size"),
+               ("max_model_len", "max_model_len"), ("max_num_seqs", "max_num_seqs"),
+               ("max_num_batched_tokens", "max_num_batched_tokens"),
+               ("gpu_memory_utilization", "gpu_memory_utilization"), ("kv_cache_memory_bytes", "kv_cache_memory_bytes"),
+               ("engine_python", "python"), ("engine_args", "engine_args"))
+
+
 def pop_engine_options(options: dict[str, Any]) -> tuple[str, EngineOptions]:
     """(engine name, `EngineOptions`) taken out of a command's keyword arguments."""
-    values = {name: options.pop(key) for key, name in (
-        ("engine_dtype", "dtype"), ("engine_device", "device"), ("tensor_parallel_size", "tensor_parallel_size"),
-        ("max_model_len", "max_model_len"), ("max_num_seqs", "max_num_seqs"),
-        ("max_num_batched_tokens", "max_num_batched_tokens"), ("gpu_memory_utilization", "gpu_memory_utilization"),
-        ("kv_cache_memory_bytes", "kv_cache_memory_bytes"), ("engine_python", "python"),
-        ("engine_args", "engine_args"))}
+    values = {name: options.pop(key) for key, name in ENGINE_KEYS}
     return options.pop("engine"), EngineOptions(**values)
+
+
+@contextmanager
+def engine_option_flags() -> Iterator[None]:
+    """An error about an `EngineOptions` field (`param="engine_options.device"`) names the command's own
+    keyword (`engine_device`), which the error boundary turns into the flag (`--engine-device`)."""
+    try:
+        yield
+    except DsparkError as error:
+        keys = {option_param(name): key for key, name in ENGINE_KEYS}
+        if error.param in keys:
+            error.param = keys[error.param]
+        raise
 
 
 @command()
@@ -94,7 +112,7 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 
     quiet_transformers(quiet or as_json)
     engine_name, engine_options = pop_engine_options(engine)
-    with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar:
+    with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar, engine_option_flags():
         summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
                                 mode=mode, engine=engine_name, engine_options=engine_options, progress=bar)
@@ -145,6 +163,9 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--eval-data", "eval_data", metavar="DIR", help="Held-out rollouts for acceptance in the log.")
 @click.option("--eval-every", "eval_every", type=int, default=0, show_default=True)
 @click.option("--fsdp", is_flag=True, help="Shard with FSDP2 fully_shard under torchrun instead of DDP.")
+@click.option("--dist-timeout", "dist_timeout", type=click.FloatRange(min=0, min_open=True), default=120,
+              show_default=True, metavar="MINUTES",
+              help="Under torchrun: how long a rank waits in a collective (on-policy rounds: while rank 0 rolls out).")
 @click.option("--device", metavar="DEVICE", help="Training device [default: cuda when torch sees a GPU, else cpu]; "
                                                 "under torchrun cuda means cuda:LOCAL_RANK.")
 @engine_option_group
@@ -161,7 +182,7 @@ def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, 
     engine, engine_options = pop_engine_options(options)
     config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
-    with progress("finetune", unit="steps", quiet=quiet or as_json) as bar:
+    with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
         result = run(config, progress=_Planned(bar, show=not (quiet or as_json)))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer=render_training)
@@ -192,17 +213,20 @@ class _Planned:
               help="Pair with this k3_dspark draft: its config's target shapes and special ids, its embed_tokens "
                    "copied bit for bit (instead of --profile).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--head-dim", "head_dim", type=POSITIVE, metavar="N",
+              help="Attention head size [default: 16]; 32 or more for vLLM's CPU engine (--engine vllm).")
 @force_option
 @quiet_option
 @json_option
-def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, force: bool, quiet: bool,
-                 as_json: bool) -> None:
+def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim: int | None, force: bool,
+                 quiet: bool, as_json: bool) -> None:
     """Write a tiny random transformers teacher with an offline tokenizer (for toy training runs)."""
     from dspark_hub.train.toy import init_teacher as write
 
     quiet_transformers(quiet or as_json)
     with progress("init-teacher", unit="teachers", quiet=quiet or as_json) as bar:
-        result = write(dst, profile=profile, draft=draft, seed=seed, force=force, progress=bar)
+        result = write(dst, profile=profile, draft=draft, seed=seed, force=force, head_dim=head_dim,
+                       progress=bar)
     emit(result, as_json=as_json, renderer=render_init_teacher)
 
 

@@ -104,6 +104,11 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def option_param(name: str) -> str:
+    """The `param` of an error about the `EngineOptions` field `name`: `engine_options.<name>`."""
+    return f"engine_options.{name}"
+
+
 def engine_names() -> list[str]:
     """The registered engine names (CLI choices come from here)."""
     return sorted(ENGINES)
@@ -134,7 +139,7 @@ def open_engine(name: str, teacher: str, layer_ids: list[int], options: EngineOp
     foreign = sorted(set(options.given()) - set(cls.accepts))
     if foreign:
         raise UsageError(f"teacher engine {name!r} does not take {', '.join(foreign)}; "
-                         f"it takes {', '.join(sorted(cls.accepts))}")
+                         f"it takes {', '.join(sorted(cls.accepts))}", param=option_param(foreign[0]))
     return cls(teacher, list(layer_ids), options, releasable=releasable)
 
 

@@ -38,7 +38,7 @@ from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.provenance import describe, identify
-from dspark_hub.progress import Progress, announce_total
+from dspark_hub.progress import Progress, announce_stage, announce_total
 
 if TYPE_CHECKING:
     import torch
@@ -318,7 +318,8 @@ class DraftUnderTest:
         return self.format is SPECULATORS
 
 
-def read_draft(path: str | os.PathLike[str], block_size: int | None = None) -> DraftUnderTest:
+def read_draft(path: str | os.PathLike[str], block_size: int | None = None, *,
+               param: str | None = "draft") -> DraftUnderTest:
     """The draft's format (k3_dspark or speculators DSpark), taps and k (`block_size` wins over the config's).
 
     Raises:
@@ -327,7 +328,8 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None) -> D
     from dspark_hub.train.teacher import read_json
     from dspark_hub.verify.formats import K3, detect
 
-    config = read_json(Path(path) / "config.json", what="a draft checkpoint folder that holds config.json")
+    config = read_json(Path(path) / "config.json", what="a draft checkpoint folder that holds config.json",
+                       param=param)
     fmt, found = detect(config)
     if fmt is None:
         raise UsageError(f"{path}: is {found.family or 'not a known draft family'}; eval measures a k3_dspark or a "
@@ -397,6 +399,13 @@ def stop_token_ids(teacher: str | os.PathLike[str], ignore_eos: bool) -> list[in
     return []
 
 
+def read_teacher_config(teacher: str | os.PathLike[str]) -> dict[str, Any]:
+    """The teacher folder's `config.json` (errors name `teacher`)."""
+    from dspark_hub.train.teacher import read_json
+
+    return read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json", param="teacher")
+
+
 def read_embedding(teacher: str | os.PathLike[str]) -> torch.Tensor:
     """The teacher's input embedding `[V, H]`, read from its safetensors (no model built)."""
     from safetensors import safe_open
@@ -431,12 +440,12 @@ def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: s
     import torch
 
     from dspark_hub.train.rollouts import MemoryRollouts, RolloutData, generate_rollouts, read_prompts
-    from dspark_hub.train.teacher import chat_template_digest, load_teacher, read_json, sha256_file, teacher_identity
+    from dspark_hub.train.teacher import chat_template_digest, load_teacher, sha256_file, teacher_identity
 
     if (prompts is None) == (data is None):
         raise UsageError("pass exactly one of `prompts` (with `teacher`) and `data`")
     if data is not None:
-        rollouts = RolloutData(data)
+        rollouts = RolloutData(data, param="data")
         announce_total(progress, len(rollouts))
         teacher = teacher or rollouts.teacher_path
         settings = rollouts.manifest["settings"]
@@ -453,10 +462,10 @@ def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: s
     if teacher is None:
         raise UsageError("needs `teacher`", param="prompts")
     assert prompts is not None   # exactly one of prompts and data, checked above
-    check_pairing(draft, read_json(Path(teacher) / "config.json"), teacher)
+    check_pairing(draft, read_teacher_config(teacher), teacher)
+    items = read_prompts(prompts, teacher, param="prompts")   # before the teacher loads
     model = load_teacher(teacher)
-    items = read_prompts(prompts, teacher)
-    announce_total(progress, 2 * len(items))   # generated, then measured
+    announce_stage(progress, "eval: teacher continuations", len(items))
     memory = MemoryRollouts(list(generate_rollouts(model, items, draft.taps, max_new_tokens=max_new_tokens + draft.k,
                                                    batch_size=batch_size, ignore_eos=True, progress=progress,
                                                    states_dtype=torch.float32)))
@@ -535,7 +544,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         return _evaluate_vllm(under_test, teacher=teacher, prompts=prompts, data=data, reference=reference,
                               max_new_tokens=max_new_tokens, plot=plot, ignore_eos=ignore_eos,
                               vllm_python=vllm_python, dtype=dtype, progress=progress)
-    ref_draft = read_draft(reference, under_test.k) if reference else None
+    ref_draft = read_draft(reference, under_test.k, param="reference") if reference else None
     if ref_draft is not None and ref_draft.taps != under_test.taps:
         raise UsageError(f"{reference}: taps layers {ref_draft.taps}, the draft {under_test.taps}; a reference is "
                          "measured on the same rollouts, so it needs the same taps", param="reference")
@@ -546,6 +555,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
                                                            "stop_ids": stop_token_ids(teacher, ignore_eos)}
     import torch
 
+    announce_stage(progress, "eval: draft", len(rollouts))
     with torch.no_grad():
         result = measure(rollouts, _make_proposer(under_test, teacher, markov=markov), under_test.k, progress,
                          **bounds)
@@ -566,7 +576,7 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
                    vllm_python: str | os.PathLike[str] | None, dtype: str, progress: Progress | None) -> EvalResult:
     from dspark_hub.train import vllm_eval
     from dspark_hub.train.rollouts import read_prompts
-    from dspark_hub.train.teacher import chat_template_digest, read_json, sha256_file, teacher_identity
+    from dspark_hub.train.teacher import chat_template_digest, sha256_file, teacher_identity
 
     if data is not None:
         raise UsageError("the vllm engine generates its own continuations; pass `prompts` instead", param="data")
@@ -577,19 +587,19 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
         raise UsageError("the vllm engine needs `prompts` and `teacher`", param="prompts" if prompts is None
                          else "teacher")
     python = vllm_eval.engine_python(vllm_python)       # before any work
-    check_pairing(draft, read_json(Path(teacher) / "config.json"), teacher)
-    items = read_prompts(prompts, teacher)
+    check_pairing(draft, read_teacher_config(teacher), teacher)
+    items = read_prompts(prompts, teacher, param="prompts")
     labels = sorted({item.dataset for item in items if item.dataset is not None})
     groups = [[i for i, item in enumerate(items) if item.dataset == label] for label in labels]
     groups += [[i for i, item in enumerate(items) if item.dataset is None]]
     groups = [g for g in groups if g]
-    announce_total(progress, 2)
+    announce_stage(progress, "eval: vLLM, plain then speculative (2 runs of every prompt)", 2 * len(items))
     stops = stop_token_ids(teacher, ignore_eos)
     plain, speculative, python = vllm_eval.measure(teacher, draft.path, [item.input_ids for item in items], groups,
                                                    k=draft.k, max_tokens=max_new_tokens, stop_token_ids=stops,
                                                    python=python, dtype=dtype)
     if progress:
-        progress(2)
+        progress(2 * len(items))
     overall, by_dataset = AcceptanceStats(draft.k), {}
     for g, group in enumerate(groups):
         metrics = speculative.metrics(g)

@@ -46,13 +46,16 @@ INDEX_DTYPES = {"I64", "I32"}
 ARROW_HINT = "pip install 'dspark-hub[speculators]' (pyarrow)"
 
 
-def detect_format(path: str | os.PathLike[str]) -> DataFormat:
-    """What a training-data path holds (see the module docstring).
+def detect_format(path: str | os.PathLike[str], *, param: str | None = None) -> DataFormat:
+    """What a training-data path holds (see the module docstring); `param` names the caller's argument.
 
     Raises:
-        UsageError: the path is none of the three.
+        UsageError: the path does not exist, or is none of the three.
     """
     folder = Path(path)
+    if not folder.exists():
+        raise UsageError(f"{folder}: not found; pass a rollouts folder or a folder of hidden-state files",
+                         param=param)
     if (folder / MANIFEST).is_file():
         return "rollouts"
     if _is_arrow_dataset(folder) or (folder.name == "hidden_states" and _is_arrow_dataset(folder.parent)):
@@ -60,7 +63,7 @@ def detect_format(path: str | os.PathLike[str]) -> DataFormat:
     if folder.is_dir() and any(folder.glob("*.safetensors")):
         return "vllm-extraction"
     raise UsageError(f"{folder}: neither a rollouts folder ({MANIFEST}), a speculators data folder (state.json, "
-                     "data-*.arrow, hidden_states/) nor a folder of hidden-state safetensors files")
+                     "data-*.arrow, hidden_states/) nor a folder of hidden-state safetensors files", param=param)
 
 
 def _is_arrow_dataset(folder: Path) -> bool:
@@ -115,10 +118,11 @@ def resolve_columns(layers: int, draft_taps: list[int], num_hidden_layers: int, 
     """
     taps = sorted(draft_taps)
     if layer_ids is None:
-        if layers - 1 != len(taps):
-            raise UsageError(f"{where}: holds {layers - 1} tapped layers plus the last, the draft taps {len(taps)} "
+        # A tap at the teacher's last layer is that layer's column: the files hold it once.
+        ids = sorted({residual_index(t) for t in taps} | {num_hidden_layers})
+        if layers != len(ids):
+            raise UsageError(f"{where}: holds {layers} layers, the draft's taps plus the last name {len(ids)} "
                              f"(target_layer_ids {taps}); give the ids the files were captured at")
-        ids = [residual_index(t) for t in taps] + [num_hidden_layers]
     else:
         ids = sorted(set(int(k) for k in layer_ids))
         if ids[-1] != num_hidden_layers:
@@ -126,13 +130,33 @@ def resolve_columns(layers: int, draft_taps: list[int], num_hidden_layers: int, 
         if len(ids) != layers:
             raise UsageError(f"{where}: holds {layers} layers, the given layer ids name {len(ids)} "
                              f"({ids}, the last layer {num_hidden_layers} included)")
-    aux = ids[:-1]
-    ours = [layer_id_from_residual(k) for k in aux]
+    # Every column is a candidate tap: the last is the final state's input and may be a tap as well.
+    ours = [layer_id_from_residual(k) for k in ids]
     missing = [t for t in taps if t not in ours]
     if missing:
-        raise UsageError(f"{where}: captured at vLLM/speculators ids {aux} = target_layer_ids {ours}; the draft taps "
+        raise UsageError(f"{where}: captured at vLLM/speculators ids {ids} = target_layer_ids {ours}; the draft taps "
                          f"{taps}, {missing} missing")
     return [ours.index(t) for t in taps], ids
+
+
+def check_rollout_layer_ids(data: RolloutData, layer_ids: list[int]) -> None:
+    """Accept layer ids for a rollouts folder only when they name its own taps (vLLM/speculators convention,
+    with or without the last layer): a recipe may pass the same ids whichever data it was given.
+
+    Raises:
+        UsageError: the ids name other layers than the folder's taps.
+    """
+    settings = data.manifest.get("settings", {})
+    taps = sorted(settings.get("target_layer_ids", []))
+    theirs = [residual_index(t) for t in taps]
+    given = sorted(set(int(k) for k in layer_ids))
+    last = settings.get("target_num_hidden_layers")
+    if given and given[-1] == last and last not in theirs:
+        given = given[:-1]
+    if given != theirs:
+        raise UsageError(f"{data.folder}: a rollouts folder records its own taps, target_layer_ids {taps} = "
+                         f"vLLM/speculators ids {theirs}; the layer ids {sorted(layer_ids)} name others (leave them "
+                         "out for a rollouts folder)", param="data_layer_ids")
 
 
 def _arrow_rows(folder: Path) -> list[dict[str, Any]]:
@@ -240,18 +264,21 @@ class HiddenStateData:
 
 
 def open_training_data(path: str | os.PathLike[str], *, draft_config: dict[str, Any], teacher: str | None,
-                       layer_ids: list[int] | None = None) -> RolloutData | HiddenStateData:
+                       layer_ids: list[int] | None = None, param: str | None = None) -> RolloutData | HiddenStateData:
     """Rollouts, speculators or vLLM-extraction data at `path`, as a dataset of `Rollout`s.
+
+    `param` names the caller's argument `path` came from, in the errors about the path itself.
 
     Raises:
         UsageError: unknown format, no teacher for hidden-state files, or files that do not fit
             the draft (one line naming the file and what differs).
         MissingDependencyError: speculators data without pyarrow.
     """
-    if detect_format(path) == "rollouts":
+    if detect_format(path, param=param) == "rollouts":
+        data = RolloutData(path, param=param)
         if layer_ids is not None:
-            raise UsageError(f"{path}: a rollouts folder records its own taps; layer ids are for hidden-state files")
-        return RolloutData(path)
+            check_rollout_layer_ids(data, layer_ids)
+        return data
     if teacher is None:
         raise UsageError(f"{path}: hidden-state files need the teacher folder (its final norm and lm_head)")
     return HiddenStateData(path, draft_config=draft_config, teacher=teacher, layer_ids=layer_ids)

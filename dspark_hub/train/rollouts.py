@@ -150,10 +150,28 @@ class RolloutSummary:
 # ----------------------------------------------------------------------------- prompts
 
 
-def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None) -> list[Prompt]:
-    """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it)."""
+def require_file(path: str | os.PathLike[str], what: str, *, param: str | None = None) -> None:
+    """Refuse a path that is no file, in one line: `<path>: not found; pass <what>` (or `is a folder`).
+
+    Raises:
+        UsageError: `path` is not a file (`param`: the caller's argument it came from).
+    """
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: {'is a folder' if Path(path).is_dir() else 'not found'}; pass {what}", param=param)
+
+
+def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None, *,
+                 param: str | None = None) -> list[Prompt]:
+    """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it).
+
+    `param` names the caller's argument `path` came from, in the errors (e.g. `prompts`).
+
+    Raises:
+        UsageError: `path` is no file, or a line is not a prompt (one line naming the file and line).
+    """
     tokenizer = None
     prompts: list[Prompt] = []
+    require_file(path, "a prompts JSONL file (one messages, text or input_ids object per line)", param=param)
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -324,11 +342,12 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 class RolloutData:
     """Read access to a rollouts folder: `len(data)`, `data[i] -> Rollout` (memory-mapped reads)."""
 
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, param: str | None = None) -> None:
         self.folder = Path(folder)
         path = self.folder / MANIFEST
         if not path.is_file():
-            raise UsageError(f"{self.folder}: no {MANIFEST}; pass a folder written by 'dspark-hub rollouts'")
+            raise UsageError(f"{self.folder}: no {MANIFEST}; pass a folder written by 'dspark-hub rollouts'",
+                             param=param)
         self.manifest = _read_manifest(path)
         if schemas.current(self.manifest.get("schema")) != SCHEMA:
             raise UsageError(f"{path}: schema is {self.manifest.get('schema')!r}, expected {SCHEMA!r}")
@@ -395,6 +414,23 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
     return manifest
 
 
+def require_k3_taps(draft: dict[str, Any], where: str) -> None:
+    """Refuse a draft config of another format: rollouts record the taps a k3_dspark config names.
+
+    Raises:
+        UsageError: a speculators-format or other-family config (one line naming the format).
+    """
+    from dspark_hub.verify.formats import K3, detect
+
+    fmt, found = detect(draft)
+    if fmt is K3 or found.family == "unknown":
+        return
+    name = fmt.title if fmt is not None else found.family
+    raise UsageError(f"{where}: a {name} draft config; rollouts record the taps of a k3_dspark draft "
+                     "(target_layer_ids), so pass a k3_dspark config.json (a speculators draft trains on speculators' "
+                     "own data pipeline, and eval measures it)", param="draft_config")
+
+
 def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str],
                   draft_config: str | os.PathLike[str] | dict[str, Any], out: str | os.PathLike[str], *,
                   max_new_tokens: int, batch_size: int = 8, shard_size: int = 256, ignore_eos: bool = False,
@@ -427,9 +463,18 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     if mode not in MODES:
         raise UsageError(f"rollouts mode {mode!r}: use one of {', '.join(MODES)}")
     draft = (draft_config if isinstance(draft_config, dict)
-             else read_json(draft_config, what="the draft's config.json file"))
-    teacher_config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json")
+             else read_json(draft_config, what="the draft's config.json file", param="draft_config"))
+    require_k3_taps(draft, "the draft's config" if isinstance(draft_config, dict) else str(draft_config))
+    teacher_config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json",
+                               param="teacher")
     check_teacher_matches(teacher_config, draft, teacher_name=str(teacher))
+    # The inputs are checked before the engine starts (a vLLM start takes seconds to minutes).
+    all_prompts = read_prompts(prompts, teacher, param="prompts")
+    if mode == "generate":
+        masked = next((p for p in all_prompts if p.loss_mask is not None), None)
+        if masked is not None:
+            raise UsageError(f"{prompts}: prompt {masked.index} has a loss_mask, which only prefill mode "
+                             "reads (generate mode supervises the continuation)", param="prompts")
     out = Path(out)
     owned = isinstance(engine, str)
     runner = (open_engine(engine, str(teacher), list(draft["target_layer_ids"]), engine_options)
@@ -438,12 +483,6 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
         settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos, mode=mode, engine=runner.name,
                              engine_dtype=runner.dtype)
         manifest = _open_manifest(out, settings, force)
-        all_prompts = read_prompts(prompts, teacher)
-        if mode == "generate":
-            masked = next((p for p in all_prompts if p.loss_mask is not None), None)
-            if masked is not None:
-                raise UsageError(f"{prompts}: prompt {masked.index} has a loss_mask, which only prefill mode "
-                                 "reads (generate mode supervises the continuation)")
         if manifest is None:
             manifest = {"schema": SCHEMA, "settings": settings, "teacher": teacher_identity(teacher).to_dict(),
                         "chat_template_sha256": chat_template_digest(teacher), "tap_convention": TAP_CONVENTION,

@@ -50,12 +50,14 @@ class TeacherMismatchError(DsparkError):
 # ----------------------------------------------------------------------------- config pairing
 
 
-def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder that holds it") -> dict[str, Any]:
+def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder that holds it",
+              param: str | None = None) -> dict[str, Any]:
     """Read a JSON object from `path`.
 
     Args:
         path: the file.
         what: what the caller should pass instead, for the error messages.
+        param: the caller's argument the file came from (the errors' `param`).
 
     Raises:
         CheckpointNotFoundError: `path` does not exist.
@@ -64,13 +66,13 @@ def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder
     """
     path = Path(path)
     if path.is_dir():
-        raise UsageError(f"{path}: is a folder; pass {what}")
+        raise UsageError(f"{path}: is a folder; pass {what}", param=param)
     if not path.is_file():
-        raise CheckpointNotFoundError(f"{path}: not found; pass {what}")
+        raise CheckpointNotFoundError(f"{path}: not found; pass {what}", param=param)
     try:
         return load_json_object(path)
     except CheckpointFormatError as e:
-        raise UsageError(f"{e.message}; pass {what}") from None
+        raise UsageError(f"{e.message}; pass {what}", param=param) from None
 
 
 def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,

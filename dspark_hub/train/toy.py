@@ -67,18 +67,30 @@ class TeacherInitResult:
                 "parameters": self.parameters, "embedding_from_draft": self.embedding_from_draft}
 
 
-def teacher_shapes(draft_config: Mapping[str, Any]) -> dict[str, Any]:
+#: The toy teacher's attention head size unless asked for another (vLLM's CPU attention needs 32 or more).
+DEFAULT_HEAD_DIM = 16
+
+
+def teacher_shapes(draft_config: Mapping[str, Any], head_dim: int | None = None) -> dict[str, Any]:
     """The `LlamaConfig` keywords of a toy teacher for a draft config (k3_dspark keys).
 
+    `head_dim` (default `DEFAULT_HEAD_DIM`, or the hidden size when that does not divide it) must
+    divide the hidden size.
+
     Raises:
-        UsageError: the config lacks a pairing key, or the teacher would not be a toy.
+        UsageError: the config lacks a pairing key, a head size that does not divide the hidden
+            size, or the teacher would not be a toy.
     """
     try:
         hidden, layers, vocab = (int(draft_config[k]) for k in ("target_hidden_size", "target_num_hidden_layers",
                                                                  "vocab_size"))
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"the draft config has no usable {exc}; pass a k3_dspark checkpoint", param="draft") from None
-    head_dim = 16 if hidden % 16 == 0 else hidden
+    if head_dim is None:
+        head_dim = DEFAULT_HEAD_DIM if hidden % DEFAULT_HEAD_DIM == 0 else hidden
+    elif head_dim <= 0 or hidden % head_dim:
+        raise UsageError(f"{head_dim} does not divide the hidden size {hidden}; pass a divisor of it",
+                         param="head_dim")
     heads = hidden // head_dim
     intermediate = 2 * hidden
     parameters = 2 * vocab * hidden + layers * (4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden) + hidden
@@ -156,7 +168,7 @@ def build_tokenizer(vocab_size: int, config: Mapping[str, Any]) -> Any:
 
 def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
                  draft: str | os.PathLike[str] | None = None, seed: int = 0, force: bool = False,
-                 progress: Progress | None = None) -> TeacherInitResult:
+                 head_dim: int | None = None, progress: Progress | None = None) -> TeacherInitResult:
     """Write a tiny random Llama teacher with an offline tokenizer to `dst` (atomically).
 
     Args:
@@ -166,6 +178,7 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
             the draft's `config.json` and its input embedding from the draft's `embed_tokens.weight`.
         seed: seeds the random weights.
         force: replace an existing `dst`.
+        head_dim: attention head size (default 16; vLLM's CPU attention needs 32 or more).
         progress: told 1 when the folder is written.
 
     Raises:
@@ -191,7 +204,7 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
     else:
         raise UsageError(f"{profile!r} is not one of {', '.join(TEACHER_PROFILES)}", param="profile")
     announce_total(progress, 1)
-    shapes = teacher_shapes(draft_config)
+    shapes = teacher_shapes(draft_config, head_dim)
     torch.manual_seed(seed)
     model = moved(LlamaForCausalLM(LlamaConfig(**shapes, initializer_range=0.02)), torch.bfloat16).eval()
     if draft is not None:

@@ -49,6 +49,7 @@ import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -65,10 +66,10 @@ from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train import objective
 from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions, TeacherEngine, open_engine, peak_rss_bytes
-from dspark_hub.train.hidden_state_files import HiddenStateData, open_training_data
+from dspark_hub.train.hidden_state_files import HiddenStateData, detect_format, open_training_data
 from dspark_hub.train.plan import TrainPlan, step_plan
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import moved, read_lm_head
+from dspark_hub.train.rollouts import RolloutData, make_rollouts, require_file
+from dspark_hub.train.teacher import moved, read_json, read_lm_head
 
 if TYPE_CHECKING:
     from dspark_hub.modeling import K3DSparkModel
@@ -118,6 +119,7 @@ class TrainConfig:
     eval_data: str | None = None
     eval_every: int = 0
     fsdp: bool = False
+    dist_timeout: float = 120.0   # minutes a rank waits in a collective (rank 0's on-policy rollouts)
     force: bool = False
     device: str | None = None
     engine: str = DEFAULT_ENGINE
@@ -258,13 +260,18 @@ def resolve_device(requested: str | None = None) -> torch.device:
     return device
 
 
-def init_distributed(device: torch.device | None = None) -> tuple[int, int]:
-    """(rank, world size); joins the process group when launched by torchrun (nccl on CUDA, else gloo)."""
+def init_distributed(device: torch.device | None = None, timeout_minutes: float | None = None) -> tuple[int, int]:
+    """(rank, world size); joins the process group when launched by torchrun (nccl on CUDA, else gloo).
+
+    `timeout_minutes` bounds every collective (None: torch's default, 10 min for nccl): the other ranks
+    wait in a barrier while rank 0 runs an on-policy rollout round, which can take far longer.
+    """
     if launched_by_torchrun() and not dist.is_initialized():
+        timeout = None if timeout_minutes is None else timedelta(minutes=timeout_minutes)
         if device is not None and device.type == "cuda":
-            dist.init_process_group(backend="nccl", device_id=device)
+            dist.init_process_group(backend="nccl", device_id=device, timeout=timeout)
         else:
-            dist.init_process_group(backend="gloo")
+            dist.init_process_group(backend="gloo", timeout=timeout)
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -336,7 +343,9 @@ class Trainer:
         self.progress = progress
         self.loss_weights = objective.parse_loss(config.loss)
         self.device = resolve_device(config.device)
-        self.rank, self.world = init_distributed(self.device)
+        if config.dist_timeout <= 0:
+            raise UsageError(f"{config.dist_timeout}; give minutes > 0", param="dist_timeout")
+        self.rank, self.world = init_distributed(self.device, config.dist_timeout)
         if config.batch_size < self.world:
             raise UsageError(f"{config.batch_size} is smaller than the {self.world} ranks; "
                              "each rank needs at least one sequence", param="batch_size")
@@ -344,6 +353,11 @@ class Trainer:
         if config.keep_states < 0:
             raise UsageError(f"{config.keep_states}; keep the newest N states (N >= 1), or 0 to keep them all",
                              param="keep_states")
+        # The cheap inputs first (configs, data, prompts): a mistyped path fails before the base loads.
+        self.base_config = read_json(Path(config.base) / contract.CONFIG_NAME,
+                                     what="a k3_dspark checkpoint folder that holds config.json", param="base")
+        self._check_inputs()
+        self.data = None if config.on_policy else self._open_data(config.data)
         torch.manual_seed(config.seed)
         loaded = load_checkpoint(config.base, dtype=torch.float32)
         self.base_config = loaded.config
@@ -353,7 +367,6 @@ class Trainer:
         self.parameter_counts = (sum(p.numel() for p in self.model.parameters() if p.requires_grad),
                                  sum(p.numel() for p in self.model.parameters() if not p.requires_grad))
         self.save_dtype = getattr(torch, self.base_config.get("torch_dtype") or "bfloat16")
-        self.data = None if config.on_policy else self._open_data(config.data)
         self.lm_head = read_lm_head(self._teacher_path()).float().to(self.device)
         self.embedding = check_base_embedding(config.base, self._teacher_path())
         if config.loss_chunk < 0:
@@ -377,8 +390,6 @@ class Trainer:
         self.plan: TrainPlan | None = None
         self.state_dir: Path | None = config.state_path if config.uses_state_dir else None
         self._log_lines: list[str] = []          # the log, when there is no state folder to keep it in
-        if self.rank == 0 and self.state_dir is not None:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -390,11 +401,29 @@ class Trainer:
             return teacher
         raise UsageError("no teacher; pass `teacher` (its lm_head gives the target distributions)", param="teacher")
 
+    def _check_inputs(self) -> None:
+        """The teacher's config, on-policy's prompts and the eval data exist, before anything loads."""
+        config = self.config
+        if config.teacher:
+            read_json(Path(config.teacher) / "config.json", what="a teacher folder that holds config.json",
+                      param="teacher")
+        if config.on_policy:
+            if not (config.prompts and config.teacher):
+                raise UsageError("needs `prompts` and `teacher`", param="on_policy")
+            require_file(config.prompts, "a prompts JSONL file", param="prompts")
+        if config.eval_data:
+            detect_format(config.eval_data, param="eval_data")
+
     def _open_data(self, path: str | None) -> TrainingData:
         if not path:
             raise UsageError("no training data; pass `data` (or `on_policy` with `prompts`)", param="data")
         return open_training_data(path, draft_config=self.base_config, teacher=self.config.teacher,
-                                  layer_ids=self.config.data_layer_ids)
+                                  layer_ids=self.config.data_layer_ids, param="data")
+
+    def _make_state_dir(self) -> None:
+        """Rank 0 makes the state folder, once the run starts (a refused run leaves nothing behind)."""
+        if self.rank == 0 and self.state_dir is not None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
 
     def _wrap(self, step: DraftStep) -> nn.Module:
         if not dist.is_initialized():
@@ -535,15 +564,40 @@ class Trainer:
             if not found:
                 return False
             file = found[-1]
-        state = torch.load(file, weights_only=False)
-        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        if dist.is_initialized() and self.world > 1:
+            state = self._broadcast_state(file)
+        else:
+            state = torch.load(file, weights_only=False, map_location="cpu")
+            set_state_dict(self.module, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.tokens = state["step"], state["tokens"]
         torch.set_rng_state(state["rng"])
         if self.rank == 0:
             self._truncate_log(self.step)
         return True
+
+    def _broadcast_state(self, file: Path) -> dict[str, Any]:
+        """Rank 0 reads the full state from `file`; the weights and optimizer go to every rank by broadcast
+        (each rank keeps its own shard under FSDP2), the small rest (scheduler, step, tokens, RNG) as an object.
+
+        One read of a state that can be tens of GB, instead of one per rank (in host memory, at once).
+        Returns the small rest.
+        """
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        state = torch.load(file, weights_only=False, map_location="cpu") if self.rank == 0 else {}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.module, state.get("model", {}), options=options)
+        set_optimizer_state_dict(self.module, self.optimizer, state.get("optimizer", {}), options=options)
+        rest = [{key: state[key] for key in ("scheduler", "step", "tokens", "rng")} if self.rank == 0 else None]
+        dist.broadcast_object_list(rest, src=0)
+        assert rest[0] is not None   # broadcast from rank 0
+        return rest[0]
 
     def _truncate_log(self, step: int) -> None:
         log = self._require_state_dir() / LOG_NAME
@@ -612,6 +666,7 @@ class Trainer:
             self._fit_on_policy()
         else:
             assert self.data is not None   # off-policy: opened in __init__
+            self._make_state_dir()
             self.run_steps(self.data, 0, self.total_steps)
         self.write_output()
         states = tuple(p.name for p in state_files(self.state_dir)) if self.state_dir is not None else ()
@@ -621,14 +676,14 @@ class Trainer:
 
     def _fit_on_policy(self) -> None:
         config = self.config
-        if not (config.prompts and config.teacher):
-            raise UsageError("needs `prompts` and `teacher`", param="on_policy")
+        assert config.prompts and config.teacher   # checked in __init__
         lines = [line for line in Path(config.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
         rounds = max(1, min(config.rounds, len(lines)))
         engine: TeacherEngine | None = None
         if self.rank == 0:
             engine = open_engine(config.engine, config.teacher, list(self.base_config["target_layer_ids"]),
                                  config.engine_options, releasable=rounds > 1)
+        self._make_state_dir()     # after the engine was accepted
         try:
             for r in range(rounds):
                 start, stop = self.total_steps * r // rounds, self.total_steps * (r + 1) // rounds

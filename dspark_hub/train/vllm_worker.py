@@ -48,6 +48,39 @@ class WorkerError(Exception):
         self.kind = kind
 
 
+#: Head sizes vLLM 0.32's CPU attention takes (`CPUAttentionBackend.get_supported_head_sizes`), if it cannot be asked.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def head_dim(config: dict[str, Any]) -> int | None:
+    """The teacher's attention head size: `head_dim`, else `hidden_size / num_attention_heads` (text config)."""
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    value = text.get("head_dim")
+    if isinstance(value, int) and value > 0:
+        return value
+    hidden, heads = text.get("hidden_size"), text.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
+
+
+def _check_cpu_head_dim(teacher: Path) -> None:
+    """Refuse a teacher vLLM's CPU attention cannot run, in one line (`kind` usage)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = tuple(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):
+        sizes = CPU_HEAD_SIZES
+    size = head_dim(loads_strict((teacher / "config.json").read_text(encoding="utf-8"), path="config.json"))
+    if size is not None and size not in sizes:
+        raise WorkerError("usage", f"{teacher}: head_dim is {size}; vLLM's CPU attention needs head_dim >= 32 (one "
+                                   f"of {', '.join(map(str, sizes))}), so run this teacher on a GPU, or with the "
+                                   "transformers engine, or make a toy teacher with a larger head "
+                                   "('dspark-hub init-teacher DIR --head-dim 32')")
+
+
 class Worker:
     def __init__(self) -> None:
         self.llm: Any = None
@@ -69,6 +102,9 @@ class Worker:
         from vllm.platforms import current_platform
 
         cpu = current_platform.is_cpu()
+        teacher = Path(request["teacher"])
+        if cpu:
+            _check_cpu_head_dim(teacher)    # before the engine starts: vLLM would fail only after its slow start
         try:
             from dspark_hub.train.vllm_connector import connector_config
         except ImportError as exc:
@@ -78,7 +114,6 @@ class Worker:
                                     "disable_log_stats": True, "generation_config": "vllm"}
         if cpu and "kv_cache_memory_bytes" not in options and "gpu_memory_utilization" not in options:
             defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-        teacher = Path(request["teacher"])
         if not any((teacher / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
             defaults["skip_tokenizer_init"] = True     # token ids in and out: no tokenizer needed
         sleep = bool(request.get("sleep")) and current_platform.is_sleep_mode_available()
