@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from dspark_hub.errors import MissingDependencyError, RefusedOverwriteError, UsageError
-from dspark_hub.train.engines import ENGINES, EngineOptions, engine_names, greedy_agreement, open_engine
+from dspark_hub.train.engines import ENGINES, EngineOptions, engine_names, open_engine
+from dspark_hub.train.generate import greedy_agreement
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.teacher import capture_states, load_teacher, read_final_norm, teacher_eos_ids
 from dspark_hub.train.vllm_engine import tap_columns, vllm_layer_ids

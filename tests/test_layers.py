@@ -176,3 +176,28 @@ def test_the_readme_drawing_names_every_module_of_every_area():
     assert set(named) >= {"cli", "train", "hub", "ops", "cards", "verify", "modeling", "format"}
     assert {area: m for area, m in missing.items() if m} == {}
 
+
+
+def module_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (at any depth); package `__init__` facades left out."""
+    def resolve(target: str, names: list[str]) -> list[str]:
+        hits = [f"{target}.{n}" for n in names if (ROOT / f"{target}.{n}".replace(".", "/")).with_suffix(".py").is_file()]
+        return hits or [target]
+
+    packages = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        if module in packages:
+            continue
+        targets = {t for _, target, names in imports(path) for t in resolve(target, names)}
+        graph[module] = {t for t in targets if t not in packages and t != module}
+    return graph
+
+
+def test_no_cycle_between_modules():
+    """Function-level imports hide a cycle from Python, not from the reader: none, inside an area either."""
+    try:
+        list(TopologicalSorter(module_graph()).static_order())
+    except CycleError as e:
+        pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")

