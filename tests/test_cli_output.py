@@ -212,3 +212,15 @@ def test_rollouts_finetune_and_eval_log_progress_when_stderr_is_not_a_terminal(t
     assert any(line.startswith("eval: teacher continuations: 4 of 4 prompts") for line in lines), lines
     assert lines[-1].startswith("eval: draft: 4 of 4 prompts (100%)"), lines
     assert not any(" of 8 " in line for line in lines), lines
+
+
+@pytest.mark.parametrize("group", [[], ["card"], ["golden"]])
+def test_command_lists_show_each_summary_whole(group):
+    from dspark_hub.cli._framework import first_sentence
+
+    result = CliRunner().invoke(cli, [*group, "--help"], terminal_width=80)
+    listing = " ".join(result.stdout.split("Commands:")[1].split())
+    assert result.exit_code == 0 and "..." not in listing
+    command = cli.commands[group[0]] if group else cli
+    for sub in command.commands.values():
+        assert " ".join(first_sentence(sub).split()) in listing

@@ -85,15 +85,15 @@ def test_a_missing_interpreter_is_a_missing_dependency(tmp_path):
 
 
 def test_a_teacher_config_without_a_layer_count_is_refused_not_a_type_error():
-    # check_pairing compared the taps with num_hidden_layers unchecked: None raised TypeError out of eval.
+    # refuse_unpaired_teacher compared the taps with num_hidden_layers unchecked: None raised TypeError out of eval.
     from dspark_hub.errors import UsageError
-    from dspark_hub.train.evaluate import check_pairing
+    from dspark_hub.train.evaluate import refuse_unpaired_teacher
 
     draft = read_draft(fixture("dspark"))
     keys = draft.format.pairing_keys(draft.config)
     teacher = {"hidden_size": keys.tap_width, "vocab_size": keys.vocab_size}
     with pytest.raises(UsageError, match="no num_hidden_layers"):
-        check_pairing(draft, teacher, "teacher")
+        refuse_unpaired_teacher(draft, teacher, "teacher")
 
 
 def test_one_vllm_pin_everywhere_and_the_install_hint_works_as_written():

@@ -181,7 +181,8 @@ def test_the_readme_drawing_names_every_module_of_every_area():
 def module_graph() -> dict[str, set[str]]:
     """module -> the modules of ours it imports (at any depth); package `__init__` facades left out."""
     def resolve(target: str, names: list[str]) -> list[str]:
-        hits = [f"{target}.{n}" for n in names if (ROOT / f"{target}.{n}".replace(".", "/")).with_suffix(".py").is_file()]
+        hits = [f"{target}.{n}" for n in names
+                if (ROOT / f"{target}.{n}".replace(".", "/")).with_suffix(".py").is_file()]
         return hits or [target]
 
     packages = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}

@@ -6,6 +6,7 @@ every command runs inside the one error boundary of `_errors.py`, for its own ar
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +18,19 @@ from dspark_hub.cli._errors import boundary
 POSITIVE = click.IntRange(min=1)
 
 
+def first_sentence(command: click.Command) -> str:
+    """The command's summary for a command list: its first sentence, whole (click cuts it at 45 characters)."""
+    text = command.short_help or (inspect.cleandoc(command.help).split("\n\n")[0] if command.help else "")
+    text = " ".join(text.split())
+    end = text.find(". ")
+    return text if end < 0 else text[:end + 1]
+
+
 class DsparkCommand(click.Command):
     """A command whose parsing and body run inside the error boundary."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return first_sentence(self)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         with boundary(ctx, as_json="--json" in args):
@@ -33,6 +45,9 @@ class DsparkGroup(click.Group):
     """A group whose commands are `DsparkCommand`s; its own parsing runs inside the boundary too."""
 
     command_class = DsparkCommand
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return first_sentence(self)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         with boundary(ctx, as_json="--json" in args):

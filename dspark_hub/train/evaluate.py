@@ -352,7 +352,7 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None, *,
     return DraftUnderTest(str(path), config, fmt, list(taps), k)
 
 
-def check_pairing(draft: DraftUnderTest, teacher_config: Mapping[str, Any], teacher: str) -> None:
+def refuse_unpaired_teacher(draft: DraftUnderTest, teacher_config: Mapping[str, Any], teacher: str) -> None:
     """Refuse a teacher the draft does not pair with (hidden size, vocabulary, taps in range).
 
     Raises:
@@ -462,7 +462,7 @@ def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: s
     if teacher is None:
         raise UsageError("needs `teacher`", param="prompts")
     assert prompts is not None   # exactly one of prompts and data, checked above
-    check_pairing(draft, read_teacher_config(teacher), teacher)
+    refuse_unpaired_teacher(draft, read_teacher_config(teacher), teacher)
     items = read_prompts(prompts, teacher, param="prompts")   # before the teacher loads
     model = load_teacher(teacher)
     announce_stage(progress, "eval: teacher continuations", len(items))
@@ -587,7 +587,7 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
         raise UsageError("the vllm engine needs `prompts` and `teacher`", param="prompts" if prompts is None
                          else "teacher")
     python = vllm_eval.engine_python(vllm_python)       # before any work
-    check_pairing(draft, read_teacher_config(teacher), teacher)
+    refuse_unpaired_teacher(draft, read_teacher_config(teacher), teacher)
     items = read_prompts(prompts, teacher, param="prompts")
     labels = sorted({item.dataset for item in items if item.dataset is not None})
     groups = [[i for i, item in enumerate(items) if item.dataset == label] for label in labels]
