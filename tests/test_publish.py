@@ -79,7 +79,7 @@ def test_missing_card_is_refused(hub, hub_repo_id, hub_token, tmp_path):
     result = run(*publish_args(folder, hub_repo_id, hub), env={"HF_TOKEN": hub_token})
     assert result.exit_code == 1 and "no model card" in result.stdout
     human = run("publish", folder, hub_repo_id, "--endpoint", hub.url, "--dry-run")
-    assert human.exit_code == 1 and "refused: nothing was sent (1 problem)\n" in human.stderr
+    assert human.exit_code == 1 and "refused: nothing was sent (1 problem)\n" in human.stdout
 
 
 @pytest.mark.parametrize("repo_id", ["not a repo", "org/", "a/b/c", "org/na..me"])
@@ -173,7 +173,8 @@ def test_stale_sidecars_are_refused_naming_the_file_and_the_weights_are_hashed_o
     assert any("'dspark-hub checksums" in r for r in refusals)
     assert reads.count("model.safetensors") == 1          # the sidecar check reuses the gate's manifest
     human = run("publish", carded, hub_repo_id, "--endpoint", hub.url, "--dry-run")
-    assert human.exit_code == 1 and "README.md" in human.stdout and "nothing sent" not in human.stdout
+    assert human.exit_code == 1 and "README.md" in human.stdout and human.stderr == ""
+    assert human.stdout.startswith("refused: nothing was sent (")
 
 
 def test_a_training_args_json_with_local_paths_is_refused(hub, hub_repo_id, carded, tmp_path):

@@ -478,7 +478,7 @@ def render_export(result: Any) -> None:
 def render_publication(outcome: Any) -> None:
     """Human view of a `Publication`: the refusals, the dry-run plan, or what landed on the Hub."""
     if not outcome.gate.ok:
-        stderr.print(Text.assemble(("refused", "bold red"),
+        stdout.print(Text.assemble(("refused", "bold red"),
                                    f": nothing was sent ({plural(len(outcome.gate.refusals), 'problem')})"))
         for reason in outcome.gate.refusals:
             stdout.print(f"  {in_cli_terms(reason)}")
