@@ -198,6 +198,7 @@ def test_init_without_embed_from_warns_that_the_frozen_embedding_is_random(tmp_p
     human = run("init", tmp_path / "c")
     assert human.exit_code == 0
     assert "random" in human.stderr and "--embed-from" in human.stderr and "verify --target" in human.stderr
+    assert len(human.stderr.splitlines()) == 1            # never hard-wrapped: the command in it stays whole
     doc = json.loads(run("init", tmp_path / "j", "--json").stdout)
     assert doc["embedding"]["source"] == "random" and len(doc["warnings"]) == 1
     assert "--" not in doc["warnings"][0]                # library words: no CLI flag

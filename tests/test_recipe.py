@@ -62,6 +62,7 @@ def test_the_readme_toy_recipe_runs_as_written_in_under_two_minutes(tmp_path):
     assert {"training_log.jsonl", "training_args.json"} <= {p.name for p in (toy / "tuned").iterdir()}
     assert not (toy / "tuned.state").exists()                   # no states asked for, no state folder
     assert "finetune plan" in done.stderr                       # the cost, before step 1
+    assert "warning" not in done.stderr                         # the base's embedding is the teacher's
     assert "64 sequences, 4,096 supervised tokens" in done.stdout   # the teacher never stops early
     assert "OK  toy/tuned" in done.stdout and "embedding: bit-identical" in done.stdout
     # eval's table (or, when narrow, its blocks): the tuned draft beats the base it started from

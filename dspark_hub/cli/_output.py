@@ -23,7 +23,7 @@ from rich.console import Console
 # are ('bad[/x]name' must not crash, ':smile:' must not become a picture). Styles use `Text`.
 # soft_wrap keeps commands, URLs and paths on one line for copy and paste.
 stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
-stderr = Console(stderr=True, highlight=False, markup=False, emoji=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 #: Seconds between two progress lines off a terminal.
 INTERVAL = 10.0
