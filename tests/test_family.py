@@ -105,3 +105,19 @@ def test_a_plain_causal_lm_is_not_called_a_drafter_and_its_line_has_no_empty_evi
     result = CliRunner().invoke(cli, ["verify", str(VERIFIER)])
     assert result.exit_code == 1
     assert "family: not a recognised draft family\n" in result.stdout and "()" not in result.stdout
+
+
+@pytest.mark.parametrize("name, family", [("dflash2", "speculators_dflash2"), ("xpress", "speculators_xpress"),
+                                          ("mtp", "speculators_mtp")])
+def test_without_its_declared_type_a_speculators_layout_is_named_by_its_tensors(name, family):
+    import json
+
+    from safetensors import safe_open
+
+    from .spec_fixtures import fixture
+
+    config = json.loads((fixture(name) / "config.json").read_text())
+    config.pop("speculators_model_type")
+    with safe_open(str(fixture(name) / "model.safetensors"), "np") as f:
+        names = list(f.keys())
+    assert fingerprint(config, names).family == family

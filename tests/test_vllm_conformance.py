@@ -14,13 +14,6 @@ import json
 import time
 
 import pytest
-
-from dspark_hub.verify.execute_vllm import vllm_available
-
-if not vllm_available():
-    pytest.skip("vLLM is not importable here; run: $(.ci/venv-vllm.sh) -m pytest -m vllm "
-                "tests/test_vllm_conformance.py", allow_module_level=True)
-
 from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli

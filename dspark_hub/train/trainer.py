@@ -58,10 +58,11 @@ import torch.distributed as dist
 from torch import nn
 
 from dspark_hub import schemas
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME, TRAINING_ARGS_PATHS, public_args
+from dspark_hub.format.remote_code import require_k3_dspark
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train import objective
@@ -356,6 +357,8 @@ class Trainer:
         # The cheap inputs first (configs, data, prompts): a mistyped path fails before the base loads.
         self.base_config = read_json(Path(config.base) / contract.CONFIG_NAME,
                                      what="a k3_dspark checkpoint folder that holds config.json", param="base")
+        with about("base"):
+            require_k3_dspark(self.base_config, Path(config.base))    # another format: say so before the data
         self._check_inputs()
         self.data = None if config.on_policy else self._open_data(config.data)
         torch.manual_seed(config.seed)

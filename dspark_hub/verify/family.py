@@ -216,7 +216,11 @@ def fingerprint(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> 
     by_names, name_evidence = family_from_names(names)
     model_type = (config or {}).get("model_type")
     if by_config and by_names and by_config != by_names:
-        winner = by_names if by_config == K3_DSPARK else by_config
+        declared = (config or {}).get(speculators.TYPE_KEY) in speculators.REGISTERED_TYPES
+        # names beat a claimed k3_dspark, and beat an architecture guess when they name a speculators
+        # layout (`DFlash2...` reads as DFlash; its candidate_selector says DFlash2)
+        names_win = by_config == K3_DSPARK or (not declared and by_names.startswith("speculators_"))
+        winner = by_names if names_win else by_config
         return Fingerprint(winner, "config+names", config_evidence + name_evidence, model_type)
     family = by_config or by_names
     if family:
