@@ -226,3 +226,15 @@ def test_the_vllm_internals_the_connector_relies_on_are_the_pinned_ones():
     from vllm.v1.engine.core_client import InprocClient
 
     assert callable(getattr(Scheduler, "has_requests", None)) and InprocClient is not None
+
+
+def test_a_teacher_whose_heads_cpu_attention_cannot_run_is_refused_before_the_engine_starts(tmp_path):
+    teacher = build_teacher(tmp_path / "teacher16", steps=0)          # 4 heads of 16: vLLM's CPU attention refuses
+    assert json.loads((teacher / "config.json").read_text())["num_attention_heads"] == 4
+    engine = open_engine("vllm", str(teacher), TAPS, EngineOptions(**ENGINE))
+    try:
+        with pytest.raises(UsageError, match=r"head_dim is 16; vLLM's CPU attention needs head_dim >= 32") as info:
+            engine.start()
+    finally:
+        engine.close()
+    assert info.value.param == "teacher"

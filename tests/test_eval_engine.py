@@ -144,3 +144,20 @@ def test_a_measurement_that_is_not_lossless_exits_1_and_says_so(tmp_path):
     doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)
     assert (doc["ok"], doc["lossless"], doc["engine"]) == (False, False, "vllm")
     assert doc["accepted_per_position"] == [8, 0, 0, 0] and doc["drafts"] == 24
+
+
+def test_without_a_gpu_a_teacher_cpu_attention_cannot_run_is_refused_before_the_engine(tmp_path):
+    from click.testing import CliRunner
+
+    from dspark_hub.cli.main import cli
+
+    teacher = tmp_path / "target"
+    shutil.copytree(SPECDEC / "target", teacher)
+    config = json.loads((teacher / "config.json").read_text())
+    (teacher / "config.json").write_text(json.dumps({**config, "head_dim": 16}))
+    python = _fake_python(tmp_path, {"ok": False, "kind": "engine", "error": "the engine started"})
+    result = CliRunner().invoke(cli, ["eval", "--engine", "vllm", "--vllm-python", python, "--draft",
+                                      str(fixture("dspark")), "--teacher", str(teacher), "--prompts",
+                                      str(SPECDEC / "prompts.jsonl")])
+    assert result.exit_code == 2 and "engine started" not in result.output
+    assert result.stderr.startswith(f"Error: --teacher: {teacher}: head_dim is 16; vLLM's CPU attention needs")

@@ -571,6 +571,17 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
     return outcome
 
 
+def _refuse_a_teacher_cpu_attention_cannot_run(teacher: str) -> None:
+    """Without a GPU vLLM runs on its CPU attention, which fails on small heads only after a slow start."""
+    import torch
+
+    from dspark_hub.train.vllm_worker import cpu_head_dim_problem
+
+    problem = None if torch.cuda.is_available() else cpu_head_dim_problem(Path(teacher))
+    if problem:
+        raise UsageError(problem, param="teacher")
+
+
 def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,
                    reference: str | None, max_new_tokens: int, plot: str | os.PathLike[str] | None, ignore_eos: bool,
                    vllm_python: str | os.PathLike[str] | None, dtype: str, progress: Progress | None) -> EvalResult:
@@ -588,6 +599,7 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
                          else "teacher")
     python = vllm_eval.engine_python(vllm_python)       # before any work
     refuse_unpaired_teacher(draft, read_teacher_config(teacher), teacher)
+    _refuse_a_teacher_cpu_attention_cannot_run(teacher)
     items = read_prompts(prompts, teacher, param="prompts")
     labels = sorted({item.dataset for item in items if item.dataset is not None})
     groups = [[i for i, item in enumerate(items) if item.dataset == label] for label in labels]

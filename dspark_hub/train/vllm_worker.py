@@ -65,6 +65,16 @@ def head_dim(config: dict[str, Any]) -> int | None:
     return None
 
 
+def cpu_head_dim_problem(teacher: Path, sizes: tuple[int, ...] = CPU_HEAD_SIZES) -> str | None:
+    """Why vLLM's CPU attention cannot run this teacher (its head size), or None when it can."""
+    size = head_dim(loads_strict((teacher / "config.json").read_text(encoding="utf-8"), path="config.json"))
+    if size is None or size in sizes:
+        return None
+    return (f"{teacher}: head_dim is {size}; vLLM's CPU attention needs head_dim >= 32 (one of "
+            f"{', '.join(map(str, sizes))}), so run this teacher on a GPU, or with the transformers engine, or "
+            "make a toy teacher with a larger head ('dspark-hub init-teacher DIR --head-dim 32')")
+
+
 def _check_cpu_head_dim(teacher: Path) -> None:
     """Refuse a teacher vLLM's CPU attention cannot run, in one line (`kind` usage)."""
     try:
@@ -73,12 +83,9 @@ def _check_cpu_head_dim(teacher: Path) -> None:
         sizes = tuple(CPUAttentionBackend.get_supported_head_sizes())
     except (ImportError, AttributeError):
         sizes = CPU_HEAD_SIZES
-    size = head_dim(loads_strict((teacher / "config.json").read_text(encoding="utf-8"), path="config.json"))
-    if size is not None and size not in sizes:
-        raise WorkerError("usage", f"{teacher}: head_dim is {size}; vLLM's CPU attention needs head_dim >= 32 (one "
-                                   f"of {', '.join(map(str, sizes))}), so run this teacher on a GPU, or with the "
-                                   "transformers engine, or make a toy teacher with a larger head "
-                                   "('dspark-hub init-teacher DIR --head-dim 32')")
+    problem = cpu_head_dim_problem(teacher, sizes)
+    if problem:
+        raise WorkerError("usage", problem)
 
 
 class Worker:
