@@ -547,3 +547,21 @@ def test_a_torchrun_resume_reads_the_state_on_rank_0_only_and_reproduces_the_run
     assert a.keys() == b.keys()
     for name in a:
         assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
+
+
+@pytest.mark.parametrize("device, backend", [("cpu", "gloo"), ("cuda:1", "nccl")])
+def test_dist_timeout_reaches_the_process_group(monkeypatch, device, backend):
+    from datetime import timedelta
+
+    from dspark_hub.train import trainer
+
+    joined: list[dict] = []
+    monkeypatch.setattr(trainer, "launched_by_torchrun", lambda: True)
+    monkeypatch.setattr(trainer.dist, "is_initialized", lambda: bool(joined))
+    monkeypatch.setattr(trainer.dist, "init_process_group", lambda **kwargs: joined.append(kwargs))
+    monkeypatch.setattr(trainer.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(trainer.dist, "get_world_size", lambda: 2)
+    assert trainer.init_distributed(torch.device(device), 90) == (1, 2)
+    (kwargs,) = joined
+    assert kwargs["backend"] == backend and kwargs["timeout"] == timedelta(minutes=90)
+    assert kwargs.get("device_id") == (torch.device(device) if backend == "nccl" else None)
