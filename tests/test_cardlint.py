@@ -178,6 +178,16 @@ def test_a_per_position_table_without_an_acceptance_length_must_be_labelled(tmp_
     assert _lint(tmp_path, one_position).ok
 
 
+def test_a_per_position_table_without_an_acceptance_length_gets_the_rate_checks(tmp_path):
+    head = "| Dataset | Pos 0 | Pos 1 | Pos 2 |\n| --- | --- | --- | --- |\n"
+    rising = FRONT + "\n## Results\n\n" + head + f"| code | 60.0% | 70.0% | 10.0% |\n\n{LABEL}\n"
+    assert _only_errors(_lint(tmp_path, rising)) == [("RATES_INCREASE", f"README.md:{_line_of(rising, '| code')}")]
+    over = rising.replace("| 60.0% | 70.0% |", "| 160.0% | 70.0% |")
+    assert [c for c, _ in _only_errors(_lint(tmp_path, over))] == ["RATE_OUT_OF_RANGE"]
+    fine = rising.replace("| 60.0% | 70.0% |", "| 80.0% | 70.0% |")
+    assert _lint(tmp_path, fine).ok
+
+
 @pytest.mark.parametrize("label, missing", [
     ("Acceptance numbers: measured ()", "the engine or k"),
     ("Acceptance numbers: measured (k=3, float32)", "the engine"),

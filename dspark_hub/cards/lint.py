@@ -245,14 +245,14 @@ def _rate(cell: str) -> tuple[float, float] | None:
 def _acceptance_findings(card: Card, table: Table) -> list[Finding]:
     positions = [i for i, h in enumerate(table.headers) if _POSITION.match(_plain(h))]
     length_col = table.column(r"acceptance\s+length")
-    if not positions or length_col is None:
+    if len(positions) < 2 and not (positions and length_col is not None):
         return []
     out = []
     for line, cells in table.rows:
         where = card.where(line)
         rates = [_rate(cells[i]) for i in positions if i < len(cells) and _plain(cells[i]) not in ("", "—", "-")]
-        length = _rate(cells[length_col]) if length_col < len(cells) else None
-        if any(r is None for r in rates) or length is None:
+        length = None if length_col is None else _rate(cells[length_col]) if length_col < len(cells) else None
+        if any(r is None for r in rates) or (length_col is not None and length is None):
             out.append(error("ACCEPTANCE_UNREADABLE", where, "a rate or the acceptance length is not a number",
                              "write rates as 81.3% or 0.813 and lengths as 4.96"))
             continue
@@ -261,8 +261,8 @@ def _acceptance_findings(card: Card, table: Table) -> list[Finding]:
         out += [error("RATE_OUT_OF_RANGE", where, f"rate {v:.2%} at position {k} is outside [0, 100%]",
                       "rates are fractions of verification steps") for k, v in enumerate(values) if not 0 <= v <= 1]
         total = 1.0 + sum(values)
-        tolerance = length[1] + sum(r[1] for r in read) + 1e-9
-        if abs(length[0] - total) > tolerance:
+        tolerance = (length[1] if length else 0.0) + sum(r[1] for r in read) + 1e-9
+        if length is not None and length_col is not None and abs(length[0] - total) > tolerance:
             out.append(error("ACCEPTANCE_LENGTH_MISMATCH", where,
                              f"acceptance length {_plain(cells[length_col])} but 1 + the sum of the per-position "
                              f"rates is {total:.4f} (tolerance {tolerance:.4f} at the table's rounding)",
