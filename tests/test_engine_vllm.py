@@ -169,8 +169,10 @@ def test_prefill_capture_keeps_extraction_files_that_finetune_reads_and_trains_o
                            layer_ids=[2, 4, 5])
     assert same.columns == [0, 1, 2]
     other = {**vworld["config"], "target_layer_ids": [0, 2, 4]}
-    with pytest.raises(UsageError, match=r"hs_0.safetensors: captured at vLLM/speculators ids \[2, 4, 5\] = "
-                                         r"target_layer_ids \[1, 3, 4\]; the draft taps \[0, 2, 4\], \[0, 2\] missing"):
+    # ids [2, 4, 5] plus the last layer's column (id 6, = layer 5's output, which a draft may tap too)
+    with pytest.raises(UsageError, match=r"hs_0.safetensors: captured at vLLM/speculators ids \[2, 4, 5, 6\] = "
+                                         r"target_layer_ids \[1, 3, 4, 5\]; the draft taps \[0, 2, 4\], \[0, 2\] "
+                                         r"missing"):
         HiddenStateData(tmp_path / "hs", draft_config=other, teacher=str(vworld["teacher"]), layer_ids=[2, 4, 5])
     result = CliRunner().invoke(cli, ["finetune", "--base", str(vworld["base"]), "--data", str(tmp_path / "hs"),
                                       "--teacher", str(vworld["teacher"]), "--out", str(tmp_path / "tuned"),
