@@ -30,8 +30,10 @@ def test_k_defaults_per_format_and_the_block_size_overrides(tmp_path):
 
 
 def test_eval_refuses_what_it_cannot_measure(tmp_path):
-    with pytest.raises(UsageError, match="speculators_dflash"):
+    with pytest.raises(UsageError, match="is a speculators-format DFlash checkpoint; eval measures"):
         read_draft(fixture("dflash"))
+    with pytest.raises(UsageError, match="is not a recognised draft family; eval measures"):
+        read_draft(VERIFIER)
     folder = copy_fixture(tmp_path, "dspark")
     config = read_config(folder)
     del config["sample_from_anchor"]

@@ -332,8 +332,8 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None, *,
                        param=param)
     fmt, found = detect(config)
     if fmt is None:
-        raise UsageError(f"{path}: is {found.family or 'not a known draft family'}; eval measures a k3_dspark or a "
-                         "speculators DSpark draft", param="draft")
+        raise UsageError(f"{path}: is {found.spec.title}; eval measures a k3_dspark or a speculators DSpark draft",
+                         param="draft")
     keys = fmt.pairing_keys(config)
     taps = keys.taps
     if not taps or any(not isinstance(t, int) or t < 0 for t in taps):
