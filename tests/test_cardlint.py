@@ -326,8 +326,8 @@ def test_cli_exit_codes_and_json(tmp_path, tiny, tiny_card):
     good.write_text(tiny_card)
     ok = runner.invoke(cli, ["card", "lint", str(good), "--checkpoint", str(tiny), "--json"])
     assert ok.exit_code == 0, ok.output
-    assert json.loads(ok.stdout) == {"schema": "dspark-hub/card-lint/1", "ok": True, "path": str(good),
-                                     "checkpoint": str(tiny), "findings": []}
+    assert json.loads(ok.stdout) == {"schema": "dspark-hub/card-lint/1", "ok": True, "input": str(good),
+                                     "path": str(good), "checkpoint": str(tiny), "findings": []}
     failed = runner.invoke(cli, ["card", "lint", str(SPECULATOR / "README.md")])
     assert failed.exit_code == 1 and "repeats line" in failed.stdout and "README.md:" in failed.stdout
     missing = runner.invoke(cli, ["card", "lint", str(tmp_path / "nope.md")])

@@ -46,8 +46,9 @@ def test_checksums_write_then_check(ckpt):
         f.write(bytes([last[0] ^ 1]))
     result = run("checksums", ckpt, "--check", "--json")
     assert result.exit_code == 1
-    problems = json.loads(result.stdout)["problems"]
-    assert [(p["path"], p["kind"]) for p in problems] == [("model.safetensors", "mismatch")]
+    doc = json.loads(result.stdout)
+    assert doc["input"] == doc["path"] == str(ckpt)
+    assert [(p["path"], p["kind"]) for p in doc["problems"]] == [("model.safetensors", "mismatch")]
     assert run("checksums", ckpt).exit_code == 2   # refuses to overwrite the sidecars
 
 

@@ -97,7 +97,8 @@ class CardLintReport(FindingsMixin):
         return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], line(f), f.code))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "ok": self.ok, "path": self.path, "checkpoint": self.checkpoint,
+        # `input` is the card linted; `path`, the same, stays for readers of version 1
+        return {"schema": SCHEMA, "ok": self.ok, "input": self.path, "path": self.path, "checkpoint": self.checkpoint,
                 "findings": [f.to_dict() for f in self.sorted_findings()]}
 
 

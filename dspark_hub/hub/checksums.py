@@ -57,7 +57,9 @@ class ChecksumCheck:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("checksums-check"), "ok": self.ok, "path": str(self.path),
+        # `input` is the folder checked; `path`, the same, stays for readers of version 1
+        return {"schema": schemas.command("checksums-check"), "ok": self.ok, "input": str(self.path),
+                "path": str(self.path),
                 "problems": [p.to_dict() for p in self.problems]}
 
 
