@@ -157,7 +157,9 @@ def test_without_a_gpu_a_teacher_cpu_attention_cannot_run_is_refused_before_the_
     shutil.copytree(SPECDEC / "target", teacher)
     config = json.loads((teacher / "config.json").read_text())
     (teacher / "config.json").write_text(json.dumps({**config, "head_dim": 16}))
-    python = _fake_python(tmp_path, {"ok": False, "kind": "engine", "error": "the engine started"})
+    # the real engine process, in this interpreter (no CUDA device, no vLLM): past the check it would say
+    # that vLLM is missing; the check is its own, since only the engine's interpreter knows it runs on CPU
+    python = sys.executable
     result = CliRunner().invoke(cli, ["eval", "--engine", "vllm", "--vllm-python", python, "--draft",
                                       str(fixture("dspark")), "--teacher", str(teacher), "--prompts",
                                       str(SPECDEC / "prompts.jsonl")])

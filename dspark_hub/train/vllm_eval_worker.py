@@ -7,7 +7,8 @@ process at a time: a plain greedy run (the lossless reference), then the specula
 
 JOB: `{"target", "prompts": [[ids]], "groups": [[prompt indices]], "max_tokens", "stop_token_ids",
 "dtype", "max_model_len", "speculative_config" (null: plain greedy), "interpreter" (true, false or
-null = on when torch sees no CUDA device), "allow_untested"}`.
+null = on when torch sees no CUDA device), "allow_untested", "cpu_refusal" (null, or why the teacher cannot
+run on vLLM's CPU attention: refused with kind `teacher` when the run is on CPU, before vLLM starts)}`.
 
 OUT: `{"ok": true, "vllm_version", "torch", "platform", "model_runner", "triton_interpret",
 "speculative_config" (as the engine resolved it), "dtype", "async_scheduling",
@@ -105,13 +106,17 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 def run(job: dict[str, Any]) -> dict[str, Any]:
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None:
-        raise WorkerError("missing", f"{sys.executable}: cannot import vllm")
+    if importlib.util.find_spec("torch") is None:     # no vLLM without it
+        raise WorkerError("missing", f"{sys.executable}: cannot import vllm (nor torch)")
     import torch
 
     interpreter = job.get("interpreter")
     if interpreter is None:
         interpreter = not torch.cuda.is_available()
+    if interpreter and job.get("cpu_refusal"):      # before vLLM's slow start, which would fail on it
+        raise WorkerError("teacher", job["cpu_refusal"])
+    if importlib.util.find_spec("vllm") is None:
+        raise WorkerError("missing", f"{sys.executable}: cannot import vllm")
     if interpreter:
         install_interpreter_backend()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine core in this process (the route)

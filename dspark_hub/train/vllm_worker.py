@@ -65,9 +65,10 @@ def head_dim(config: dict[str, Any]) -> int | None:
     return None
 
 
-def cpu_head_dim_problem(teacher: Path, sizes: tuple[int, ...] = CPU_HEAD_SIZES) -> str | None:
-    """Why vLLM's CPU attention cannot run this teacher (its head size), or None when it can."""
-    size = head_dim(loads_strict((teacher / "config.json").read_text(encoding="utf-8"), path="config.json"))
+def cpu_head_dim_problem(config: dict[str, Any], teacher: str | Path,
+                         sizes: tuple[int, ...] = CPU_HEAD_SIZES) -> str | None:
+    """Why vLLM's CPU attention cannot run the teacher of `config` (its head size), or None when it can."""
+    size = head_dim(config)
     if size is None or size in sizes:
         return None
     return (f"{teacher}: head_dim is {size}; vLLM's CPU attention needs head_dim >= 32 (one of "
@@ -83,7 +84,8 @@ def _check_cpu_head_dim(teacher: Path) -> None:
         sizes = tuple(CPUAttentionBackend.get_supported_head_sizes())
     except (ImportError, AttributeError):
         sizes = CPU_HEAD_SIZES
-    problem = cpu_head_dim_problem(teacher, sizes)
+    config = loads_strict((teacher / "config.json").read_text(encoding="utf-8"), path="config.json")
+    problem = cpu_head_dim_problem(config, teacher, sizes)
     if problem:
         raise WorkerError("usage", problem)
 
