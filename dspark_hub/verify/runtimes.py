@@ -54,8 +54,6 @@ from dspark_hub.verify.verdicts import (  # noqa: F401 (Cited, ServingRecipe, VE
     recipe_parameters,
 )
 
-REFERENCE_BLOCK_SIZE = contract.REFERENCE_BLOCK_SIZE
-
 LUMEN_NOTES = "ZhangDanyang-AMD/Lumen-RL examples/Kimi_K3_SDDD_MI350_ATOM/TRAIN_FROM_SCRATCH.md"
 
 
