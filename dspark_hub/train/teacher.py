@@ -31,7 +31,7 @@ from dspark_hub._text import plural
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import json_type, load_json_object
-from dspark_hub.verify.rules import require_tap_layers, text_config
+from dspark_hub.format.taps import require_tap_layers, text_config
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +80,7 @@ def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mappi
     """Refuse a teacher whose hidden size, layer count or vocabulary disagree with the draft config.
 
     Returns:
-        The draft's tap ids (checked by `verify.rules`, the rule `verify` applies).
+        The draft's tap ids (checked by `format.taps`, the rule `verify` applies).
 
     Raises:
         UsageError: either config is not an object, or `target_layer_ids` break the tap rule.
