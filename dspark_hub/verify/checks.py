@@ -17,7 +17,7 @@ from dspark_hub._text import plural
 from dspark_hub.errors import ContractError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
-from dspark_hub.format.registry import FORMATS, K3, SPECULATORS, DraftFormat, RosterHints
+from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS, K3, SPECULATORS, DraftFormat, RosterHints
 from dspark_hub.format.remote import source_for
 from dspark_hub.report import Finding, Report, Summary, error, warning
 from dspark_hub.verify.codes import HUB_FILE_CODES
@@ -87,7 +87,7 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
 
     `hints` are the format's words for known wrong layouts (default: the k3_dspark contract's).
     """
-    hints = hints or K3.hints
+    hints = hints or DEFAULT_FORMAT.hints
     out: list[Finding] = []
     missing = [n for n in expected if n not in present]
     unexpected = [n for n in present if n not in expected]
@@ -156,7 +156,7 @@ def summarize(view: CheckpointView, fmt: DraftFormat | None = None) -> Summary:
         layout=view.layout,
         files=[{"name": name, "size": view.files[name]} for name in view.headers],
         tensors=len(view.tensors),
-        parameters=(fmt or K3).counts(shapes).to_dict() if shapes else None,
+        parameters=(fmt or DEFAULT_FORMAT).counts(shapes).to_dict() if shapes else None,
         bytes=sum(view.files[name] for name in view.headers),
         dtypes=dict(Counter(info.dtype for _, info in view.tensors.values())),
         metadata=metas[0] if len(metas) == 1 else None,
@@ -183,7 +183,7 @@ def _metadata_findings(view: CheckpointView, fmt: DraftFormat | None = None) -> 
             out.append(warning("EMPTY_METADATA", name, "__metadata__ is an empty map, which crashes some loaders "
                                "(fastsafetensors)", "write {\"torchspec_version\": \"0.1.0\"} or no metadata"))
         order = list(header.tensors)
-        if (fmt or K3).sorted_data and view.layout == "single" and order != sorted(order):
+        if (fmt or DEFAULT_FORMAT).sorted_data and view.layout == "single" and order != sorted(order):
             out.append(warning("TENSOR_ORDER", name, "tensor data is not in sorted-name order, unlike the "
                                "published file; the bytes (and so the SHA-256) cannot match a drop-in",
                                "re-export with safetensors (which sorts names)"))

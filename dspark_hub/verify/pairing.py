@@ -57,7 +57,7 @@ from dspark_hub.errors import CheckpointFormatError, UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
 from dspark_hub.format.jsonio import is_int, loads_strict
-from dspark_hub.format.registry import K3, PairingKeys
+from dspark_hub.format.registry import DEFAULT_FORMAT, PairingKeys
 from dspark_hub.format.remote import source_for
 from dspark_hub.format.taps import text_config
 from dspark_hub.format.tensorio import CastDigest, TensorDigest, digest_as
@@ -331,7 +331,7 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
         raise UsageError(f"{target_view.location}: no readable config.json; pass the target model folder",
                          param="target")
     fmt, _ = detect(draft, draft_view.tensors)
-    fmt = fmt or K3
+    fmt = fmt or DEFAULT_FORMAT
     keys = fmt.pairing_keys(draft)
     tcfg = text_config(target_view.config)
     embed_name = target_embedding_name(target_view)
