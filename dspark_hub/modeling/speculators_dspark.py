@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from dspark_hub.errors import UsageError
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.format.jsonio import load_json_object
+from dspark_hub.format.tensorio import tensor_files
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -66,15 +67,9 @@ def read_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder (one file, or an index and its shards)."""
     from safetensors.torch import load_file
 
-    folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(load_json_object(index)["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
     tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors.update(load_file(str(folder / name)))
+    for file in sorted(set(tensor_files(folder).values())):
+        tensors.update(load_file(str(file)))
     return tensors
 
 

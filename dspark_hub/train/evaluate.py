@@ -411,9 +411,9 @@ def read_embedding(teacher: str | os.PathLike[str]) -> torch.Tensor:
     """The teacher's input embedding `[V, H]`, read from its safetensors (no model built)."""
     from safetensors import safe_open
 
-    from dspark_hub.train.teacher import _weight_files
+    from dspark_hub.format.tensorio import tensor_files
 
-    files = _weight_files(Path(teacher))
+    files = tensor_files(teacher)
     hits = [n for n in files if n == "embed_tokens.weight" or n.endswith(".embed_tokens.weight")]
     if len(hits) != 1:
         raise UsageError(f"{teacher}: no unique embed_tokens.weight among {len(files)} tensors; pass a causal LM "
