@@ -1,6 +1,6 @@
 """The k3_dspark config rules: what serving runtimes check at start-up, plus the contract's own.
 
-`format.registry` attaches them to the k3_dspark format; the speculators format has its own
+`verify.checks.CONFIG_RULES` attaches them to the k3_dspark format; the speculators format has its own
 (`verify.speculators`). Each finding names the key (`config.json:KEY`).
 """
 
