@@ -194,3 +194,45 @@ def test_every_extension_table_covers_every_format():
 
     assert set(CONFIG_RULES) == set(FORMATS)
     assert all(loaders_for(fmt) for fmt in FORMATS.values())
+
+
+# ---------------------------------------------------------------- the replacements the owners switch to
+
+def _stub_numbers_from_the_format(fmt: DraftFormat, config: dict) -> tuple[int, int, int]:
+    """The replacement for `execute_vllm._stub_target_config`'s `if fmt == "k3_dspark"` (see REMAINING)."""
+    keys = fmt.pairing_keys(config)
+    layers = int(keys.target_layers or max(keys.taps or [0]) + 3)
+    hidden = int(keys.tap_width or config.get("hidden_size") or 64)
+    vocab = int(keys.vocab_size or 512)
+    return layers, hidden, vocab
+
+
+def _sample_configs() -> list[tuple[DraftFormat, dict]]:
+    from dspark_hub.format import contract
+
+    from .spec_fixtures import fixture, read_config
+
+    k3, spec = FORMATS["k3_dspark"], FORMATS["speculators_dspark"]
+    dspark = read_config(fixture("dspark"))
+    body = dict(dspark["transformer_layer_config"])
+    return [(k3, dict(contract.TINY_CONFIG)), (k3, dict(contract.REFERENCE_CONFIG)),
+            (k3, {**contract.TINY_CONFIG, "target_hidden_size": None}),
+            (spec, dspark), (spec, {**dspark, "aux_hidden_state_layer_ids": [3, 9]}),
+            (spec, {**dspark, "aux_hidden_state_layer_ids": None}),
+            (spec, {**dspark, "target_hidden_size": 96, "transformer_layer_config": {**body, "vocab_size": 640}})]
+
+
+def test_the_fields_for_the_remaining_branches_agree_with_them(tmp_path):
+    """Each REMAINING branch and the field that replaces it answer alike today (delete with the last entry)."""
+    from dspark_hub.train.evaluate import DraftUnderTest
+    from dspark_hub.verify import execute_vllm
+
+    assert {f.name: f.vllm_model_class for f in FORMATS.values()} == execute_vllm._ARCH
+    for fmt, config in _sample_configs():
+        _, stub = execute_vllm._stub_target_config(config, fmt.name, tmp_path)
+        assert (stub["num_hidden_layers"], stub["hidden_size"], stub["vocab_size"]) == \
+            _stub_numbers_from_the_format(fmt, config), (fmt.name, config.get("aux_hidden_state_layer_ids"))
+    for fmt in FORMATS.values():
+        draft = DraftUnderTest("draft", {}, fmt, [0], 1)
+        assert draft.is_speculators == (not fmt.records_target_config) == fmt.markov_optional
+        assert (fmt.name != FORMATS["k3_dspark"].name) == (fmt.anchor_layout_key == "sample_from_anchor")
