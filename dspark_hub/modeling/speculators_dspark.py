@@ -58,6 +58,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
+def rotary_embedding(layer: Mapping[str, Any]) -> Any:
+    """transformers' Qwen3 rotary embedding for a draft's `transformer_layer_config` (what the library builds)."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+            "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor")
+    return Qwen3RotaryEmbedding(Qwen3Config(**{k: layer[k] for k in keys if layer.get(k) is not None}))
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -114,7 +124,7 @@ class SpeculatorsDSpark:
         self.layer_types = list(layer.get("layer_types") or ["full_attention"] * self.geometry.layers)
         self.window = layer.get("sliding_window")
         self.non_causal_sliding = bool(config.get("sliding_window_non_causal", False))
-        self._rotary = self._build_rotary(layer)
+        self._rotary = rotary_embedding(layer)
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike[str], embed: torch.Tensor, lm_head: torch.Tensor,
@@ -140,14 +150,6 @@ class SpeculatorsDSpark:
         return list(self.config[spec_format.AUX_IDS_KEY])
 
     # -- pieces --------------------------------------------------------------------------------
-
-    def _build_rotary(self, layer: Mapping[str, Any]) -> Any:
-        from transformers import Qwen3Config
-        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
-
-        keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
-                "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor")
-        return Qwen3RotaryEmbedding(Qwen3Config(**{k: layer[k] for k in keys if layer.get(k) is not None}))
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin `[n, d]` for absolute positions (transformers' computation, float32, then the dtype)."""
