@@ -142,7 +142,7 @@ def test_a_command_in_the_docs_is_real(where, args):
 @pytest.mark.parametrize(("line", "problem"), [
     ("dspark-hub verify x --no-such-flag", "dspark-hub verify has no option --no-such-flag"),
     ("dspark-hub frobnicate x", "dspark-hub has no subcommand 'frobnicate'"),
-    ("dspark-hub card render --meta m -o o --hash-everything", "dspark-hub card render has no option --hash-everything"),
+    ("dspark-hub card render --meta m -o o --hash-all", "dspark-hub card render has no option --hash-all"),
     ("dspark-hub card --meta m --nope", "dspark-hub card render has no option --nope"),
     ("torchrun --nproc-per-node 8 -m dspark_hub finetune --stepz 3", "dspark-hub finetune has no option --stepz"),
     ("OMP_NUM_THREADS=1 dspark-hub eval --draft a --engine-dtype x", "dspark-hub eval has no option --engine-dtype"),
