@@ -169,6 +169,20 @@ def test_a_console_block_checks_only_its_dollar_lines():
     assert [line.split() for line in _logical_lines(body, console=True)] == [["dspark-hub", "verify", "./d", "--json"]]
 
 
+def test_the_readme_test_command_is_the_one_ci_runs():
+    """The second quick-start command of the README: `.ci/run` installs at least its extras and runs its pytest."""
+    from tests.docs_text import read, section
+
+    (_, command), *_ = fenced_blocks(section(read("README.md"), "Quick start"), "bash")[1:]
+    install, test = command.strip().split(" && ")[1:]
+    ci = read(".ci/run").splitlines()
+    assert test in ci, f"`.ci/run` does not run {test!r}"
+    extras = set(re.search(r"-e '\.\[([\w,]+)\]'", install).group(1).split(","))
+    ci_install = next(line for line in ci if "pip install" in line)
+    assert extras <= set(re.search(r"-e '\.\[([\w,]+)\]'", ci_install).group(1).split(","))
+    assert install.split(" -e ")[0] in ci_install                  # the same pinned torch
+
+
 # ----------------------------------------------------------------------------- links
 
 

@@ -148,3 +148,41 @@ def test_the_contract_table_is_the_contracts():
     assert (keys, size) == (len(config), len(body))
     assert f"`{hashlib.sha256(body).hexdigest()[:8]}...`" in facts["config.json"]
     assert ast.literal_eval(re.search(r"`(\{.*?\})`", facts["weights"]).group(1)) == contract.TORCHSPEC_METADATA
+
+
+# ----------------------------------------------------------------------------- the plan before step 1
+
+
+def test_the_documented_plan_is_what_finetune_prints_for_that_batch():
+    """docs/training.md's plan: step 1 of the tiny profile, 8 sequences x 538 positions, --anchors 512
+    (511 fit: a 512-token continuation has 511 anchors whose next token is supervised)."""
+    from dspark_hub.cli._render import plan_lines
+    from dspark_hub.train.plan import step_plan
+
+    plan = step_plan(contract.TINY_CONFIG, sequences=8, positions=538, tokens=8 * 538, supervised_tokens=8 * 512,
+                     anchors=511, valid_anchors=8 * 511, block_size=7, vocabulary=512, target_hidden_size=64,
+                     trained_parameters=103_985, frozen_parameters=32_768, loss_chunk=409)
+    ((_, shown),) = fenced_blocks(section(read("docs/training.md"), "The plan"), "console")
+    assert plan_lines(plan.to_dict()) == shown.splitlines()
+
+
+def test_the_conformance_harness_builds_the_documented_number_of_drafts():
+    from tests.vllm_matrix import CASES
+
+    shown = re.search(r"builds (\d+) drafts", read("docs/runtimes.md"))
+    assert shown and int(shown.group(1)) == len(CASES)
+
+
+def _megabytes(folder: Path) -> float:
+    return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6, 1)
+
+
+def test_the_fixture_counts_and_sizes_are_the_folders():
+    formats, acceptance = read("docs/formats.md"), read("docs/acceptance.md")
+    library = ROOT / "tests" / "fixtures" / "speculators"
+    checkpoints = [p for p in library.iterdir() if (p / "config.json").is_file() and p.name != "verifier-qwen3-tiny"]
+    assert re.search(r"holds (\d+) tiny checkpoints", formats).group(1) == str(len(checkpoints))
+    assert float(re.search(r"Qwen3 verifier, ([\d.]+) MB in all", formats).group(1)) == _megabytes(library)
+    assert float(re.search(r"`tests/fixtures/specdec/` \(([\d.]+) MB\)", formats).group(1)) == _megabytes(SPECDEC)
+    dspark = [p for p in checkpoints if p.name.startswith("dspark")] + [SPECDEC / "dspark"]
+    assert re.search(r"on all (\d+) DSpark fixtures", acceptance).group(1) == str(len(dspark))

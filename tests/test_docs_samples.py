@@ -1,5 +1,6 @@
-"""The docs' `verify` samples of ./my-draft are real runs: each console block prints exactly what the
-command prints, and the JSON sample has the real run's summary, first finding and sections."""
+"""The docs' `verify` samples are real runs: a console block whose command runs on ./my-draft (built
+here) or on files of the repository prints exactly what the command prints, and the JSON sample has
+the real run's summary, first finding and sections."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from dspark_hub.cli.main import cli
 from dspark_hub.ops.init import init_checkpoint
-from tests.docs_text import doc_files, fenced_blocks, read, section
+from tests.docs_text import ROOT, doc_files, fenced_blocks, read, section
 
 DRAFT = "./my-draft"
 
@@ -32,14 +33,22 @@ def _my_draft(folder: Path) -> Path:
     return folder
 
 
-def my_draft_samples() -> list[tuple[str, str, list[str]]]:
-    """(file, command line, shown output lines) of every console block that runs on ./my-draft."""
+def _runs_on_repository_files(command: str) -> bool:
+    """A `dspark-hub verify` line whose path arguments all exist in the repository."""
+    words = shlex.split(command)
+    paths = [w for w in words[2:] if "/" in w and not w.startswith("-")]
+    return words[:2] == ["dspark-hub", "verify"] and bool(paths) and all((ROOT / p).exists() for p in paths)
+
+
+def runnable_samples() -> list[tuple[str, str, list[str]]]:
+    """(file, command line, shown output lines) of every console block that runs on ./my-draft or the repo."""
     found = []
     for path in doc_files():
         for _, body in fenced_blocks(path.read_text(), "console"):
             first, *shown = body.splitlines()
-            if first.startswith("$ ") and DRAFT in first.split():
-                found.append((path.name, first[2:], shown))
+            command = first[2:]
+            if first.startswith("$ ") and (DRAFT in command.split() or _runs_on_repository_files(command)):
+                found.append((path.name, command, shown))
     return found
 
 
@@ -54,14 +63,17 @@ def _run(command: str) -> str:
 
 
 def test_the_samples_are_seen():
-    files = {name for name, _, _ in my_draft_samples()}
-    assert {"README.md", "verify.md"} <= files
+    files = {name for name, _, _ in runnable_samples()}
+    assert {"README.md", "verify.md", "formats.md"} <= files
 
 
-@pytest.mark.parametrize(("name", "command", "shown"), my_draft_samples(), ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(("name", "command", "shown"), runnable_samples(), ids=lambda v: str(v)[:40])
 def test_a_console_sample_is_what_the_command_prints(tmp_path, monkeypatch, name, command, shown):
-    monkeypatch.chdir(tmp_path)
-    _my_draft(tmp_path / "my-draft")
+    if DRAFT in command.split():
+        monkeypatch.chdir(tmp_path)
+        _my_draft(tmp_path / "my-draft")
+    else:
+        monkeypatch.chdir(ROOT)
     assert _run(command).splitlines() == shown, f"{name}: `{command}` prints otherwise; paste its real output"
 
 
@@ -69,7 +81,7 @@ def test_a_sample_that_differs_from_the_run_is_caught(tmp_path, monkeypatch):
     """The failing twin: the same comparison on a sample with one number changed."""
     monkeypatch.chdir(tmp_path)
     _my_draft(tmp_path / "my-draft")
-    (_, command, shown), *_ = [s for s in my_draft_samples() if s[0] == "README.md"]
+    (_, command, shown), *_ = [s for s in runnable_samples() if s[0] == "README.md"]
     tampered = [line.replace("136,753", "136,754") for line in shown]
     assert tampered != shown and _run(command).splitlines() != tampered
 
