@@ -169,6 +169,17 @@ def test_a_console_block_checks_only_its_dollar_lines():
     assert [line.split() for line in _logical_lines(body, console=True)] == [["dspark-hub", "verify", "./d", "--json"]]
 
 
+def test_every_command_takes_json_and_help():
+    """What the README says every command takes."""
+    def leaves(command: click.Command) -> list[click.Command]:
+        if isinstance(command, click.Group):
+            return [leaf for sub in command.commands.values() for leaf in leaves(sub)]
+        return [command]
+
+    assert [c.name for c in leaves(cli) if not {"--json", "-h", "--help"} <= _option_names(c) | {
+        o for p in c.get_params(click.Context(c)) for o in p.opts}] == []
+
+
 def test_the_readme_test_command_is_the_one_ci_runs():
     """The second quick-start command of the README: `.ci/run` installs at least its extras and runs its pytest."""
     from tests.docs_text import read, section

@@ -186,3 +186,9 @@ def test_the_fixture_counts_and_sizes_are_the_folders():
     assert float(re.search(r"`tests/fixtures/specdec/` \(([\d.]+) MB\)", formats).group(1)) == _megabytes(SPECDEC)
     dspark = [p for p in checkpoints if p.name.startswith("dspark")] + [SPECDEC / "dspark"]
     assert re.search(r"on all (\d+) DSpark fixtures", acceptance).group(1) == str(len(dspark))
+
+
+def test_the_readme_quotes_the_contracts_numbers():
+    config = contract.REFERENCE_CONFIG
+    shown = f"({len(contract.roster(config))} bf16 tensors, {contract.parameter_counts(config).total:,} parameters,"
+    assert shown in " ".join(read("README.md").split())
