@@ -522,36 +522,79 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+#: Filters the templates and card sources share.
+FILTERS: dict[str, Callable[..., str]] = {
+    "thousands": lambda n: f"{n:,}",
+    "shape": lambda s: " x ".join(map(str, s)) if s else "—",
+    "num": _num,
+    "pct": lambda x, d=1: f"{100 * x:.{d}f}%",
+    "fixed": lambda x, d=2: f"{x:.{d}f}",
+    "cell": _cell,
+    "harness": lambda pairs: " · ".join(f"{label}: {value}" for label, value in pairs),
+}
+#: The largest string or list a card source may build with `*`, and the largest exponent of `**`.
+MAX_SOURCE_PRODUCT = 100_000
+MAX_SOURCE_EXPONENT = 64
+
+
 def environment() -> Any:
-    """The jinja2 environment cards render with (strict undefined, trailing newline kept)."""
+    """The jinja2 environment of our own templates (strict undefined, trailing newline kept)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
-    env.filters.update(
-        thousands=lambda n: f"{n:,}",
-        shape=lambda s: " x ".join(map(str, s)) if s else "—",
-        num=_num,
-        pct=lambda x, d=1: f"{100 * x:.{d}f}%",
-        fixed=lambda x, d=2: f"{x:.{d}f}",
-        cell=_cell,
-        harness=lambda pairs: " · ".join(f"{label}: {value}" for label, value in pairs),
-    )
+    env.filters.update(FILTERS)
+    return env
+
+
+def source_environment() -> Any:
+    """The sandbox card.yaml strings render in: no loader, no globals, no mutation, bounded `*` and `**`.
+
+    A card source is someone else's text that runs where the token is; it sees only the context it is
+    given (`facts`, `config`, `results`) and the `FILTERS`.
+    """
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class CardSourceSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**" and isinstance(right, int) and abs(right) > MAX_SOURCE_EXPONENT:
+                raise SecurityError(f"an exponent above {MAX_SOURCE_EXPONENT} is not allowed")
+            if operator == "*":
+                size = next((len(x) * y for x, y in ((left, right), (right, left))
+                             if isinstance(x, (str, list, tuple)) and isinstance(y, int)), 0)
+                if size > MAX_SOURCE_PRODUCT:
+                    raise SecurityError(f"a product longer than {MAX_SOURCE_PRODUCT:,} is not allowed")
+            return super().call_binop(context, operator, left, right)
+
+    env = CardSourceSandbox(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env.globals.clear()        # range, lipsum, cycler, joiner, namespace, dict: a card source needs none
+    env.filters.update(FILTERS)
     return env
 
 
 def _render_strings(value: Any, env: Any, context: Mapping[str, Any], where: str) -> Any:
-    """Render every string of the card source as a template (facts in prose are computed)."""
+    """Render every string of the card source as a sandboxed template (facts in prose are computed)."""
     import jinja2
+    from jinja2.sandbox import SecurityError
 
     if isinstance(value, str):
         if "{{" not in value and "{%" not in value:
             return value
         try:
             return env.from_string(value).render(**context)
+        except SecurityError as e:
+            reason = str(e).rstrip(".")
+            raise UsageError(f"card.yaml:{where}: refused by the card-source sandbox ({reason}); a card source may "
+                             "use only the documented facts, config and results") from None
         except jinja2.TemplateError as e:
             raise UsageError(f"card.yaml:{where}: {e}; the fact is not known for this card (no checkpoint?) "
                              "or the expression is wrong") from None
+        except (TypeError, ValueError, ArithmeticError, AttributeError, LookupError) as e:
+            raise UsageError(f"card.yaml:{where}: the expression fails ({type(e).__name__}: {e}); "
+                             "fix the expression") from None
     if isinstance(value, dict):
         return {k: _render_strings(v, env, context, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -612,11 +655,10 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
     else:
         facts = facts_from_metadata(meta, base)
     results = collect_results(meta, base, eval_json, train_log)
-    env = environment()
     context = {"facts": facts, "config": facts.config, "results": results}
     front_matter = meta["front_matter"]
-    card = _render_strings({k: v for k, v in meta.items() if k != "front_matter"}, env, context, "")
-    text = env.get_template(TEMPLATE).render(card=card, front_matter=front_matter,
+    card = _render_strings({k: v for k, v in meta.items() if k != "front_matter"}, source_environment(), context, "")
+    text = environment().get_template(TEMPLATE).render(card=card, front_matter=front_matter,
                                              front_matter_yaml=front_matter_yaml(front_matter), **context)
     return tidy_markdown(text)
 
