@@ -19,7 +19,7 @@ from typing import Any, Literal
 from rich.cells import cell_len
 from rich.table import Table
 
-from dspark_hub._text import plural
+from dspark_hub._text import plural, short_json
 from dspark_hub.cli._errors import in_cli_terms
 from dspark_hub.cli._output import TerminalText as Text
 from dspark_hub.cli._output import size_text, stderr, stdout
@@ -211,8 +211,7 @@ def _render_sections(report: Report) -> None:
 # ----------------------------------------------------------------------------- diff, convert, init
 
 def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_json(value, limit=60)   # a table cell
 
 
 def render_diff(result: Any) -> None:

@@ -51,10 +51,25 @@ def is_hf_url(value: str) -> bool:
     return str(value).startswith(HF_SCHEME)
 
 
+def _quoted(name: str, limit: int = 100) -> str:
+    return repr(name if len(name) <= limit else name[:limit - 3] + "...")
+
+
 def validate_repo_id(repo_id: str) -> str:
-    """Return `repo_id` if it is `ORG/NAME`; raise `UsageError` otherwise."""
+    """Return `repo_id` if it is `ORG/NAME` and passes huggingface_hub's own rules (at most 96 characters a
+    part, no `--`, no `.git` ending); raise `UsageError` otherwise."""
     if not _REPO_ID.match(repo_id or "") or ".." in repo_id:
-        raise UsageError(f"{repo_id!r}: not a Hub repository id; write it as ORG/NAME", param="repo_id")
+        raise UsageError(f"{_quoted(repo_id)}: not a Hub repository id; write it as ORG/NAME", param="repo_id")
+    require_huggingface_hub()
+    from huggingface_hub.utils import HFValidationError
+    from huggingface_hub.utils import validate_repo_id as hub_rules
+
+    try:
+        hub_rules(repo_id)
+    except HFValidationError:
+        raise UsageError(f"{_quoted(repo_id)}: not a Hub repository id ({len(repo_id)} characters); the Hub "
+                         "takes letters, digits, '-', '_' and '.', at most 96 characters in each of ORG and NAME, "
+                         "no '--' and no '.git' ending", param="repo_id") from None
     return repo_id
 
 

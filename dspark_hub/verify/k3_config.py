@@ -6,10 +6,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from dspark_hub._text import short_json
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, error, warning
@@ -26,7 +26,7 @@ REQUIRED_KEYS = (
 
 
 def _fmt(value: Any) -> str:
-    return json.dumps(value)
+    return short_json(value)
 
 
 def _rule(ok: bool, key: str, message: str, hint: str) -> list[Finding]:
@@ -72,7 +72,7 @@ def _dtype_rules(config: Mapping[str, Any]) -> list[Finding]:
     """`torch_dtype` / `dtype` name a float dtype loaders know (`"bfloat17"`, `5` or `null` load as the default)."""
     known = ", ".join(contract.TORCH_DTYPE_NAMES)
     return [finding for key, value in contract.unknown_dtypes(config).items()
-            for finding in _rule(False, key, f"{key} is {_fmt(value)[:80]}; it must be one of {known}",
+            for finding in _rule(False, key, f"{key} is {_fmt(value)}; it must be one of {known}",
                                  "write the dtype the tensors are saved in (reference: "
                                  f"{_fmt(contract.REFERENCE_CONFIG['torch_dtype'])})")]
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dspark_hub._text import short_json
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.report import Finding, error, warning
@@ -110,7 +111,7 @@ BOOLEAN_FLAGS = ("enable_confidence_head", "confidence_head_with_markov", "sampl
 
 
 def _fmt(value: Any) -> str:
-    return json.dumps(value)[:80]
+    return short_json(value)
 
 
 
