@@ -105,3 +105,15 @@ def test_printable_text_passes_unchanged(tmp_path):
     result = run("verify", folder)
     assert name in result.output
     _assert_terminal_safe(result.output)
+
+
+@pytest.mark.parametrize("member", ["osc_title", "csi_clear", "c1_csi"])
+def test_a_config_key_is_shown_escaped(plain, tmp_path, member):
+    raw, shown = MEMBERS[member]
+    config = json.loads((plain / "config.json").read_text()) | {f"key{raw}": 1}
+    folder = write_checkpoint(tmp_path / "c", config=config)
+    result = run("verify", folder, "--drop-in", plain)
+    assert result.exit_code == 1
+    _assert_terminal_safe(result.output)
+    assert f"config.json:key{shown}" in result.output
+
