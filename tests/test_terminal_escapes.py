@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dspark_hub.cli.main import cli
 
@@ -117,3 +119,21 @@ def test_a_config_key_is_shown_escaped(plain, tmp_path, member):
     _assert_terminal_safe(result.output)
     assert f"config.json:key{shown}" in result.output
 
+
+
+@given(st.text())
+def test_no_string_reaches_the_terminal_with_a_control_character(text):
+    from dspark_hub.cli._output import terminal_text
+
+    shown = terminal_text(text)
+    _assert_terminal_safe(shown)
+    assert not re.search("[\ud800-\udfff]", shown)
+    shown.encode("utf-8")                      # printable on a UTF-8 terminal, lone surrogates included
+
+
+@given(st.text(st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters="\u202a\u202b\u202c\u202d"
+                             "\u202e\u2066\u2067\u2068\u2069")))
+def test_text_without_control_characters_is_unchanged(text):
+    from dspark_hub.cli._output import terminal_text
+
+    assert terminal_text(text) == text
