@@ -522,38 +522,36 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-#: Filters the templates and card sources share.
-FILTERS: dict[str, Callable[..., str]] = {
-    "thousands": lambda n: f"{n:,}",
-    "shape": lambda s: " x ".join(map(str, s)) if s else "—",
-    "num": _num,
-    "pct": lambda x, d=1: f"{100 * x:.{d}f}%",
-    "fixed": lambda x, d=2: f"{x:.{d}f}",
-    "cell": _cell,
-    "harness": lambda pairs: " · ".join(f"{label}: {value}" for label, value in pairs),
-}
 #: The largest string or list a card source may build with `*`, and the largest exponent of `**`.
 MAX_SOURCE_PRODUCT = 100_000
 MAX_SOURCE_EXPONENT = 64
 
 
 def environment() -> Any:
-    """The jinja2 environment of our own templates (strict undefined, trailing newline kept)."""
+    """The jinja2 environment cards render with (strict undefined, trailing newline kept)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
-    env.filters.update(FILTERS)
+    env.filters.update(
+        thousands=lambda n: f"{n:,}",
+        shape=lambda s: " x ".join(map(str, s)) if s else "—",
+        num=_num,
+        pct=lambda x, d=1: f"{100 * x:.{d}f}%",
+        fixed=lambda x, d=2: f"{x:.{d}f}",
+        cell=_cell,
+        harness=lambda pairs: " · ".join(f"{label}: {value}" for label, value in pairs),
+    )
     return env
 
 
 def source_environment() -> Any:
-    """The sandbox card.yaml strings render in: no loader, no globals, no mutation, bounded `*` and `**`.
+    """The sandbox card.yaml strings render in: `environment()`'s settings and filters, but no loader, no
+    globals, no `_` attribute, no mutation, and bounded `*` and `**`.
 
     A card source is someone else's text that runs where the token is; it sees only the context it is
-    given (`facts`, `config`, `results`) and the `FILTERS`.
+    given (`facts`, `config`, `results`) and the card filters.
     """
-    from jinja2 import StrictUndefined
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
     class CardSourceSandbox(ImmutableSandboxedEnvironment):
@@ -569,9 +567,12 @@ def source_environment() -> Any:
                     raise SecurityError(f"a product longer than {MAX_SOURCE_PRODUCT:,} is not allowed")
             return super().call_binop(context, operator, left, right)
 
-    env = CardSourceSandbox(undefined=StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    ours = environment()
+    env = CardSourceSandbox(undefined=ours.undefined, finalize=ours.finalize, autoescape=False,
+                            keep_trailing_newline=ours.keep_trailing_newline, trim_blocks=ours.trim_blocks,
+                            lstrip_blocks=ours.lstrip_blocks)
+    env.filters.update(ours.filters)
     env.globals.clear()        # range, lipsum, cycler, joiner, namespace, dict: a card source needs none
-    env.filters.update(FILTERS)
     return env
 
 
@@ -585,6 +586,9 @@ def _render_strings(value: Any, env: Any, context: Mapping[str, Any], where: str
             return value
         try:
             return env.from_string(value).render(**context)
+        except (TypeError, ArithmeticError, AttributeError, LookupError) as e:    # Python under the expression
+            raise UsageError(f"card.yaml:{where}: the expression fails ({type(e).__name__}: {e}); "
+                             "fix the expression") from None
         except SecurityError as e:
             reason = str(e).rstrip(".")
             raise UsageError(f"card.yaml:{where}: refused by the card-source sandbox ({reason}); a card source may "
@@ -592,9 +596,6 @@ def _render_strings(value: Any, env: Any, context: Mapping[str, Any], where: str
         except jinja2.TemplateError as e:
             raise UsageError(f"card.yaml:{where}: {e}; the fact is not known for this card (no checkpoint?) "
                              "or the expression is wrong") from None
-        except (TypeError, ValueError, ArithmeticError, AttributeError, LookupError) as e:
-            raise UsageError(f"card.yaml:{where}: the expression fails ({type(e).__name__}: {e}); "
-                             "fix the expression") from None
     if isinstance(value, dict):
         return {k: _render_strings(v, env, context, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
     if isinstance(value, list):
