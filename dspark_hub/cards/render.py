@@ -522,11 +522,6 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-#: The largest string or list a card source may build with `*`, and the largest exponent of `**`.
-MAX_SOURCE_PRODUCT = 100_000
-MAX_SOURCE_EXPONENT = 64
-
-
 def environment() -> Any:
     """The jinja2 environment cards render with (strict undefined, trailing newline kept)."""
     import jinja2
@@ -543,6 +538,11 @@ def environment() -> Any:
         harness=lambda pairs: " · ".join(f"{label}: {value}" for label, value in pairs),
     )
     return env
+
+
+#: The largest string or list a card source may build with `*`, and the largest exponent of `**`.
+MAX_SOURCE_PRODUCT = 100_000
+MAX_SOURCE_EXPONENT = 64
 
 
 def source_environment() -> Any:
