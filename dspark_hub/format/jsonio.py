@@ -3,16 +3,13 @@
 Python's `json` keeps the last of two equal keys and accepts `NaN`/`Infinity`; both hide
 mistakes (two readers of one config disagree on which key wins; a NaN rope factor loads as
 a float). Here duplicate keys are refused at any depth, non-finite literals are refused
-naming the key that holds them, and so are numbers that overflow a 64-bit float (`1e400`
-reads as infinity, in every JSON reader a runtime uses), and the bytes must be UTF-8.
+naming the key that holds them, and the bytes must be UTF-8.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -46,20 +43,30 @@ class _NonFinite(float):
         return value
 
 
-#: The JSON literals Python accepts that JSON does not.
-_NON_JSON_LITERALS = ("NaN", "Infinity", "-Infinity")
+_INFINITY = float("inf")
+
+
+def _overflow(text: str) -> _NonFinite:
+    """A number beyond a 64-bit float (`1e400`, `-1e400`, a 400-digit integer): every runtime reads it as infinity,
+    so it is refused like `Infinity`."""
+    marker = _NonFinite("-Infinity" if text.startswith("-") else "Infinity")
+    shown = text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+    marker.literal = f"{shown} (beyond a 64-bit float: it reads as infinity)"
+    return marker
 
 
 def _float(text: str) -> float:
-    """A JSON number with a fraction or exponent; one that overflows (`1e400`, `-1e400`) is marked."""
     value = float(text)
-    return value if math.isfinite(value) else _NonFinite(text)
+    return _overflow(text) if value in (_INFINITY, -_INFINITY) else value
 
 
 def _int(text: str) -> int | float:
-    """A JSON integer; one beyond the largest float (a runtime reads config numbers as floats) is marked."""
     value = int(text)
-    return value if abs(value) <= sys.float_info.max else _NonFinite(text)
+    try:
+        float(value)                 # how runtimes read a config number
+    except OverflowError:
+        return _overflow(text)
+    return value
 
 
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -133,11 +140,8 @@ def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None
     found = _find_non_finite(doc, "")
     if found:
         key, literal = found
-        why = ("which is not JSON" if literal in _NON_JSON_LITERALS
-               else "which overflows a 64-bit float (it reads as infinity)")
-        shown = literal if len(literal) <= 24 else f"{literal[:12]}...({len(literal)} digits)"
-        raise CheckpointFormatError(code("NON_FINITE_NUMBER"), f"{key or 'the document'} is {shown}, {why}; "
-                                    "write a finite number", path=path, tensor=key or None)
+        raise CheckpointFormatError(code("NON_FINITE_NUMBER"), f"{key or 'the document'} is {literal}, "
+                                    "which is not JSON; write a finite number", path=path, tensor=key or None)
     return doc
 
 
