@@ -14,7 +14,11 @@ def plural(n: int, noun: str, plural_form: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else plural_form or noun + 's'}"
 
 
-def short_json(value: Any, limit: int = SHORT_VALUE) -> str:
-    """`value` as JSON, cut to `limit` characters with `...` at the end when longer."""
-    text = json.dumps(value)
+def shortened(text: str, limit: int = SHORT_VALUE) -> str:
+    """`text` cut to `limit` characters with `...` at the end when longer."""
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def short_json(value: Any, limit: int = SHORT_VALUE) -> str:
+    """`value` as JSON, `shortened` to `limit` characters."""
+    return shortened(json.dumps(value), limit)

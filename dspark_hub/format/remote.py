@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 from dspark_hub import __version__
+from dspark_hub._text import shortened
 from dspark_hub.errors import DsparkError, HubError, MissingDependencyError, UsageError
 from dspark_hub.format.checkpoint import LocalSource, Source
 from dspark_hub.format.digests import FileDigest
@@ -51,8 +52,8 @@ def is_hf_url(value: str) -> bool:
     return str(value).startswith(HF_SCHEME)
 
 
-def _quoted(name: str, limit: int = 100) -> str:
-    return repr(name if len(name) <= limit else name[:limit - 3] + "...")
+def _quoted(name: str) -> str:
+    return repr(shortened(name, 100))
 
 
 def validate_repo_id(repo_id: str) -> str:
@@ -131,7 +132,8 @@ def hub_tokens(*given: object) -> list[str]:
 
         with contextlib.suppress(Exception):   # an OIDC exchange that fails has sent nothing to leak
             found.add(get_token() or "")
-        found.update(get_stored_tokens().values())
+        with contextlib.suppress(Exception):   # an unreadable stored_tokens file holds nothing to print
+            found.update(get_stored_tokens().values())
     return sorted((t for t in found if len(t.strip()) >= _MIN_TOKEN), key=len, reverse=True)
 
 
