@@ -106,7 +106,7 @@ def print_json(data: Any) -> None:
 
 
 def echo_line(line: str, *, err: bool = False) -> None:
-    """A plain line (progress in a log, `Error: ...`) through the same gate as the consoles."""
+    """A plain line (progress in a log) through the same gate as the consoles."""
     click.echo(terminal_text(line), err=err)
 
 
