@@ -36,6 +36,7 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.cards import render as cards
 from dspark_hub.cards.results import AcceptanceLabel, acceptance_label, parse_label
+from dspark_hub.cards.source import load_yaml
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.digests import sha256_file
@@ -211,7 +212,7 @@ def _front_matter_findings(card: Card) -> list[Finding]:
         return [error("FRONT_MATTER_MISSING", card.where(1), "the card has no YAML front matter between '---' lines",
                       "start the card with license, base_model, tags and pipeline_tag between '---' lines")]
     try:
-        data = yaml.safe_load("\n".join(text for _, text in card.front_matter)) or {}
+        data = load_yaml("\n".join(text for _, text in card.front_matter)) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = card.front_matter[0][0] + (mark.line if mark else 0)

@@ -43,6 +43,32 @@ class _NonFinite(float):
         return value
 
 
+_INFINITY = float("inf")
+
+
+def _overflow(text: str) -> _NonFinite:
+    """A number beyond a 64-bit float (`1e400`, `-1e400`, a 400-digit integer): every runtime reads it as infinity,
+    so it is refused like `Infinity`."""
+    marker = _NonFinite("-Infinity" if text.startswith("-") else "Infinity")
+    shown = text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+    marker.literal = f"{shown} (beyond a 64-bit float: it reads as infinity)"
+    return marker
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    return _overflow(text) if value in (_INFINITY, -_INFINITY) else value
+
+
+def _int(text: str) -> int | float:
+    value = int(text)
+    try:
+        float(value)                 # how runtimes read a config number
+    except OverflowError:
+        return _overflow(text)
+    return value
+
+
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
@@ -100,7 +126,8 @@ def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None
     else:
         text = raw
     try:
-        doc = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_NonFinite)
+        doc = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_NonFinite, parse_float=_float,
+                         parse_int=_int)
     except _DuplicateKey as e:
         raise CheckpointFormatError(
             code("DUPLICATE_KEY"), f"key {e.key!r} appears twice; readers disagree on which one wins, "
