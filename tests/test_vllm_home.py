@@ -236,3 +236,34 @@ def test_every_vllm_user_launches_its_child_through_the_home():
         assert "Child(" in source and "subprocess" not in source, module
     for module in ("verify/execute_vllm/__main__.py", "train/vllm_worker.py", "train/vllm_eval_worker.py"):
         assert "serve(" in (PACKAGE / module).read_text(), module
+
+
+# ----------------------------------------------------------------------------- the policy where vLLM runs
+
+@pytest.fixture
+def vllm_as(monkeypatch):
+    """Make the importable vLLM report another `__version__` (vLLM-marked: needs the pinned virtualenv)."""
+    vllm = pytest.importorskip("vllm")
+    monkeypatch.delenv(ALLOW_UNTESTED_ENV, raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")     # what the children set (restored after)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    return lambda version: monkeypatch.setattr(vllm, "__version__", version)
+
+
+@pytest.mark.vllm
+def test_each_user_refuses_a_vllm_outside_the_series_before_any_work(vllm_as, tmp_path):
+    from dspark_hub.errors import VllmNotAvailable
+    from dspark_hub.train.vllm_eval_worker import run
+    from dspark_hub.train.vllm_worker import Worker
+    from dspark_hub.verify.execute_vllm import check_internals
+
+    refused = r"vLLM 0\.33\.0 is outside the tested 0\.32 series"
+    vllm_as("0.33.0")
+    with pytest.raises(VllmNotAvailable, match=refused):
+        check_internals()
+    with pytest.raises(MissingDependencyError, match=refused):
+        Worker().start({"teacher": str(tmp_path / "never-read"), "engine_ids": [1], "storage": str(tmp_path)})
+    with pytest.raises(MissingDependencyError, match=refused):
+        run({"target": str(tmp_path / "never-read"), "interpreter": False, "cpu_refusal": None})
+    vllm_as("0.32.1")
+    assert check_internals() == "0.32.1"              # same series: accepted (the warning goes with the result)
