@@ -30,10 +30,11 @@ ALLOWED: dict[str, set[str]] = {
     "_text": set(),
     "progress": set(),
     "format": BOTTOM,
+    "vllm": {"format"} | BOTTOM,                    # vLLM's one home: its pin, install hint, child process
     "modeling": {"format"} | BOTTOM,
-    "verify": {"format", "modeling"} | BOTTOM,      # modeling: golden vectors run the reference forward
+    "verify": {"format", "modeling", "vllm"} | BOTTOM,      # modeling: golden vectors run the reference forward
     "ops": {"verify", "format", "modeling"} | BOTTOM,
-    "train": {"verify", "ops", "format", "modeling"} | BOTTOM,
+    "train": {"verify", "ops", "format", "modeling", "vllm"} | BOTTOM,
     "cards": {"verify", "format"} | BOTTOM,
     "hub": {"cards", "verify", "format"} | BOTTOM,   # cards: its public API only (PUBLIC_ONLY)
     "cli": {"verify", "ops", "train", "cards", "hub", "format", "modeling"} | BOTTOM,

@@ -15,6 +15,7 @@ from dspark_hub.errors import UsageError
 from dspark_hub.verify import execute_vllm
 from dspark_hub.verify.checks import verify
 from dspark_hub.verify.runtimes_vllm import RULES
+from dspark_hub.vllm import availability
 
 from .factories import write_checkpoint
 from .vllm_matrix import build
@@ -194,7 +195,7 @@ def test_each_readme_table_row_says_what_verify_says_on_a_matrix_case(tmp_path):
 # ---------------------------------------------------------------- --execute where vLLM is not importable
 
 def test_execute_without_vllm_is_a_one_line_usage_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(execute_vllm, "vllm_available", lambda: False)
+    monkeypatch.setattr(availability, "vllm_importable", lambda: False)
     folder = build("k3_conforming", tmp_path / "ok")
     result = CliRunner().invoke(cli, ["verify", str(folder), "--runtime", "vllm", "--execute"])
     assert result.exit_code == 2
@@ -243,7 +244,7 @@ def executed_like(folder, changed=()):
 
 
 def execute_faked(monkeypatch, folder, changed=()):
-    monkeypatch.setattr(execute_vllm, "vllm_available", lambda: True)
+    monkeypatch.setattr(availability, "vllm_importable", lambda: True)
     monkeypatch.setattr(execute_vllm, "run_isolated", lambda path: executed_like(folder, changed))
     report = verify(folder, runtime="vllm", execute=True)
     return report, report.sections["runtimes"]["vllm"]

@@ -22,10 +22,11 @@ from dspark_hub.format import contract, speculators
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.taps import aux_id_findings
 from dspark_hub.report import Finding, error, warning
+from dspark_hub.vllm.pin import PINNED_VERSION
 
 Evidence = Literal["executed", "read"]
 S = "speculators 0.9.0 "
-V = "vLLM 0.32.0 "
+V = f"vLLM {PINNED_VERSION} "
 
 
 @dataclass(frozen=True)
