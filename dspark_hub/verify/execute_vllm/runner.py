@@ -49,7 +49,7 @@ def execute(folder: str | os.PathLike[str], *, num_speculative_tokens: int = 7) 
         t, outcome, raised, rounds = _load_until_through(path, fmt_name, config, Path(scratch), num_speculative_tokens)
         STATE.trace = None
     result = ExecutedLoad(draft=str(path), format=fmt_name, vllm_version=version,
-                          model_class=outcome.get("model_class") or FORMATS[fmt_name].vllm_model_class,
+                          model_class=outcome.get("model_class") or FORMATS[fmt_name].vllm_model_class or "",
                           outcome=outcome["outcome"], refusal=outcome.get("refusal"), rounds=rounds,
                           stubs=dict(STUBS), shims={k: v for k, v in SHIMS.items()
                                                     if k != "SHIM_CPU_KV_B_PROJ" or t.strict.get("shimmed")})
