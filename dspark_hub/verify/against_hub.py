@@ -7,15 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_hub.format.digests import (
-    SIDECAR_NAMES,
-    FileDigest,
-    FileProblem,
-    Manifest,
-    checkpoint_files,
-    compute_manifest,
-    git_blob_sha1,
-)
+from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest, git_blob_sha1
+from dspark_hub.format.folder import folder_files
 from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
 from dspark_hub.progress import Progress
 
@@ -80,10 +73,12 @@ def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str
 
 
 def local_digests(folder: Path, *, progress: Progress | None = None) -> Manifest:
-    """Digests of a folder's checkpoint files plus its checksum sidecars (both get published)."""
-    folder = Path(folder)
-    sidecars = [name for name in sorted(SIDECAR_NAMES) if (folder / name).is_file()]
-    return compute_manifest(folder, paths=checkpoint_files(folder) + sidecars, progress=progress)
+    """Digests of every file of a folder, its checksum sidecars included (both get published).
+
+    Raises:
+        CheckpointFormatError: the folder holds an entry the listing leaves out (`format.folder`).
+    """
+    return compute_manifest(folder, paths=folder_files(folder), progress=progress)
 
 
 def compare_with_hub(folder: Path | str, repo_id: str, revision: str | None = None, *,
