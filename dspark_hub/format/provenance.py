@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dspark_hub.format.folder import open_regular
+
 #: What `finetune` writes beside the weights, and its fields that name inputs by path.
 TRAINING_ARGS_NAME = "training_args.json"
 TRAINING_ARGS_PATHS = ("base", "data", "teacher", "prompts", "eval_data", "out", "state_dir")
@@ -38,7 +40,7 @@ def is_hub_id(text: str) -> bool:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
+    with open_regular(path) as handle:
         while block := handle.read(_CHUNK):
             digest.update(block)
     return digest.hexdigest()
