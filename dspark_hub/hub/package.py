@@ -37,6 +37,9 @@ from dspark_hub.format.remote import resolve_endpoint, validate_repo_id
 from dspark_hub.format.writer import atomic_dir, check_writable
 from dspark_hub.hub.checksums import manifest_text, sums_text
 
+#: The longest repository name the Hub accepts (the NAME of ORG/NAME).
+HUB_NAME_MAX = 96
+
 #: `progress(stage, bytes_done, bytes_total)`; stage is "checksums" then "pieces".
 PackageProgress = Callable[[str, int, int], None]
 
@@ -187,6 +190,9 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
     """
     folder, out_dir = Path(folder), Path(out_dir)
     validate_repo_id(repo_id)
+    if len(repo_id.split("/")[1]) > HUB_NAME_MAX:
+        raise UsageError(f"{repo_id[:40]}...: the name has {len(repo_id.split('/')[1])} characters and the Hub "
+                         f"accepts at most {HUB_NAME_MAX}; choose a shorter name", param="repo_id")
     _check_revision(revision)
     if not folder.is_dir():
         raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass a checkpoint folder")
