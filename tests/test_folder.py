@@ -28,7 +28,7 @@ from dspark_hub.format.reader import read_header
 from dspark_hub.format.tensorio import locate_tensor
 
 from .cli_errors import assert_one_line_error
-from .factories import write_checkpoint
+from .factories import nested_dirs, remove_nested, write_checkpoint
 
 FRONT = {"license": "apache-2.0", "base_model": "org/teacher", "tags": ["dspark"], "pipeline_tag": "text-generation"}
 
@@ -182,14 +182,13 @@ def test_tool_folders_are_skipped_whatever_they_are(ckpt, tmp_path):
 
 
 def test_twelve_hundred_levels_of_folders_are_listed(ckpt):
-    deep = ckpt
-    for _ in range(1200):
-        deep = deep / "d"
-        deep.mkdir()
-    (deep / "note.txt").write_text("bottom")
-    listing = list_folder(ckpt)
+    rel = nested_dirs(ckpt, 1200)
+    try:
+        listing = list_folder(ckpt)
+    finally:
+        remove_nested(ckpt / "d")
     assert listing.problems == () and len(listing.files) == 3
-    assert ("d/" * 1200 + "note.txt") in listing.files
+    assert rel in listing.files
 
 
 def test_a_missing_folder_or_a_file_is_not_a_folder(tmp_path, template):

@@ -28,7 +28,7 @@ from dspark_hub.format.writer import sweep_stale_temps
 from dspark_hub.verify import deep
 
 from .cli_errors import assert_one_line_error
-from .factories import tree_digest, write_checkpoint
+from .factories import nested_dirs, remove_nested, tree_digest, write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,17 +115,16 @@ def test_verify_deep_passes_an_unchanged_file(ckpt):
 
 # ---------------------------------------------------------------- item 7: nesting
 
-def nested_folder(ckpt: Path, levels: int = 1200) -> str:
-    deepest = ckpt
-    for _ in range(levels):
-        deepest = deepest / "d"
-        deepest.mkdir()
-    (deepest / "notes.txt").write_text("at the bottom")
-    return "d/" * levels + "notes.txt"
+@pytest.fixture
+def nested(ckpt):
+    """A 1,200-level subfolder of the checkpoint (removed afterwards: pytest's clean-up recurses)."""
+    rel = nested_dirs(ckpt, 1200)
+    yield rel
+    remove_nested(ckpt / "d")
 
 
-def test_a_1200_level_subfolder_is_read_by_every_command(ckpt, tmp_path):
-    rel = nested_folder(ckpt)
+def test_a_1200_level_subfolder_is_read_by_every_command(ckpt, tmp_path, nested):
+    rel = nested
     assert run("verify", ckpt).exit_code == 0
     checksums = run("checksums", ckpt, "--json")
     assert checksums.exit_code == 0, checksums.output
