@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dspark_hub.format.folder import open_regular
+from dspark_hub.format.folder import list_folder, open_regular
 
 #: What `finetune` writes beside the weights, and its fields that name inputs by path.
 TRAINING_ARGS_NAME = "training_args.json"
@@ -68,8 +68,8 @@ def identify(path: str | os.PathLike[str], *, weights: bool = True) -> dict[str,
     if p.is_file():
         return {"sha256": _sha256(p)}
     suffixes = _DESCRIPTORS + ((".safetensors",) if weights else ())
-    files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(suffixes))
-    return {"sha256": {f.name: _sha256(f) for f in files}}
+    files = [f for f in list_folder(p).files if "/" not in f and f.endswith(suffixes)]
+    return {"sha256": {f: _sha256(p / f) for f in files}}
 
 
 def public_args(args: Mapping[str, Any], path_keys: Iterable[str], *, drop: Iterable[str] = (),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dspark_hub.errors import CheckpointNotFoundError, UsageError
 from dspark_hub.format.contract import INDEX_NAME
-from dspark_hub.format.folder import open_regular, read_regular
+from dspark_hub.format.folder import list_folder, open_regular, read_regular
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo, parse_index, read_header
 from dspark_hub.progress import Progress
 
@@ -131,7 +131,7 @@ def _candidate_files(folder: Path, names: Sequence[str]) -> list[Path]:
     if index_path.is_file():
         index = parse_index(read_regular(index_path), path=str(index_path))
         return [folder / index.weight_map[n] for n in names if n in index.weight_map]
-    return sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    return [folder / f for f in list_folder(folder).files if "/" not in f and f.endswith(".safetensors")]
 
 
 def locate_tensor(path: str | os.PathLike[str], names: Sequence[str]) -> TensorLocation:
