@@ -137,12 +137,17 @@ def tensor_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
     folder = Path(folder)
     index_path = folder / INDEX_NAME
     if index_path.is_file():
-        index = parse_index(index_path.read_bytes(), path=str(index_path))
+        index = parse_index(read_regular(index_path), path=str(index_path))
         return {name: folder / file for name, file in index.weight_map.items()}
     out: dict[str, Path] = {}
-    for file in sorted(p for p in folder.glob("*.safetensors") if p.is_file()):
+    for file in weight_files(folder):
         out.update(dict.fromkeys(read_header(file).tensors, file))
     return out
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The top-level `*.safetensors` files of a folder, as the one listing (`format.folder`) sees them."""
+    return [folder / f for f in list_folder(folder).files if "/" not in f and f.endswith(".safetensors")]
 
 
 def _candidate_files(folder: Path, names: Sequence[str]) -> list[Path]:
@@ -151,7 +156,7 @@ def _candidate_files(folder: Path, names: Sequence[str]) -> list[Path]:
     if index_path.is_file():
         index = parse_index(read_regular(index_path), path=str(index_path))
         return [folder / index.weight_map[n] for n in names if n in index.weight_map]
-    return [folder / f for f in list_folder(folder).files if "/" not in f and f.endswith(".safetensors")]
+    return weight_files(folder)
 
 
 def locate_tensor(path: str | os.PathLike[str], names: Sequence[str]) -> TensorLocation:

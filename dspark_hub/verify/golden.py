@@ -57,8 +57,8 @@ from dspark_hub.errors import (
 )
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.folder import list_folder
 from dspark_hub.format.jsonio import load_json_object, loads_strict
+from dspark_hub.format.tensorio import weight_files
 from dspark_hub.format.writer import atomic_path
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class GoldenCheck:
 
 
 def _weight_digests(folder: Path) -> dict[str, str]:
-    files = [folder / f for f in list_folder(folder).files if "/" not in f and f.endswith(".safetensors")]
+    files = weight_files(folder)
     if not files:
         raise CheckpointNotFoundError(f"{folder}: no *.safetensors", hint="pass a k3_dspark checkpoint folder")
     return {p.name: sha256_file(p) for p in files}
