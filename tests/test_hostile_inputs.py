@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import struct
 import subprocess
@@ -17,9 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from dspark_hub.cli.main import cli
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import MAX_DEPTH, loads_strict
@@ -27,26 +24,14 @@ from dspark_hub.format.reader import read_header
 from dspark_hub.format.writer import sweep_stale_temps
 from dspark_hub.verify import deep
 
+from . import test_folder
 from .cli_errors import assert_one_line_error
-from .factories import nested_dirs, remove_nested, tree_digest, write_checkpoint
+from .factories import nested_dirs, remove_nested, tree_digest
+from .test_folder import run
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("template") / "ckpt")
-
-
-@pytest.fixture
-def ckpt(tmp_path, template) -> Path:
-    folder = tmp_path / "ckpt"
-    shutil.copytree(template, folder)
-    return folder
+#: The checkpoint fixtures (`template`, a tiny conforming checkpoint; `ckpt`, a fresh copy) of the listing tests.
+template, ckpt = test_folder.template, test_folder.ckpt
 
 
 # ---------------------------------------------------------------- item 6: a file that changes under --deep
