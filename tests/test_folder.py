@@ -364,3 +364,31 @@ def test_checksums_and_package_name_a_fifo_instead_of_skipping_it(ckpt, tmp_path
         package = run("package", ckpt, "--repo", "org/draft", "-o", tmp_path / "pkg")
     assert_one_line_error(checksums, name, "named pipe")
     assert_one_line_error(package, name, "named pipe")
+
+
+def _card_source(tmp_path: Path) -> Path:
+    meta = tmp_path / "card.yaml"
+    meta.write_text(yaml.safe_dump({"name": "Tiny", "front_matter": FRONT, "architecture": {"block_size": 2}}))
+    return meta
+
+
+#: name -> the command line reading the FIFO at `pipe` (with a conforming checkpoint `ckpt`)
+FIFO_ARGUMENTS = {
+    "card lint's card": lambda ckpt, pipe, tmp: ["card", "lint", pipe],
+    "card render's source": lambda ckpt, pipe, tmp: ["card", "render", ckpt, "--meta", pipe, "-o", tmp / "c.md"],
+    "card render's training log": lambda ckpt, pipe, tmp: ["card", "render", ckpt, "--meta", _card_source(tmp),
+                                                           "--train-log", pipe, "-o", tmp / "c.md"],
+    "card render's checksum manifest": lambda ckpt, pipe, tmp: ["card", "render", ckpt, "--meta", _card_source(tmp),
+                                                                "--checksums-from", pipe, "-o", tmp / "c.md"],
+    "golden check's fixture": lambda ckpt, pipe, tmp: ["golden", "check", ckpt, pipe],
+    "verify --frozen-embed's teacher file": lambda ckpt, pipe, tmp: ["verify", ckpt, "--frozen-embed", pipe],
+}
+
+
+@pytest.mark.parametrize("name", list(FIFO_ARGUMENTS))
+def test_a_fifo_given_as_an_argument_is_refused_unopened(ckpt, tmp_path, name):
+    pipe = tmp_path / "pipe"
+    with fifo_at(pipe):
+        result = run(*FIFO_ARGUMENTS[name](ckpt, pipe, tmp_path))
+    assert_one_line_error(result, "pipe", "named pipe (FIFO)")
+    assert not (tmp_path / "c.md").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest, git_blob_sha1
-from dspark_hub.format.folder import folder_files
+from dspark_hub.format.folder import folder_files, read_regular
 from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
 from dspark_hub.progress import Progress
 
@@ -58,7 +58,7 @@ def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str
                                         f"{theirs.sha256[:12]}... on {location}; the content differs",
                                         expected=theirs.sha256, actual=digest.sha256))
         elif theirs.sha256 is None:
-            ours = digest.blob_id if not digest.lfs else git_blob_sha1((folder / path).read_bytes())
+            ours = digest.blob_id if not digest.lfs else git_blob_sha1(read_regular(folder / path))
             if ours != theirs.blob_id:
                 problems.append(FileProblem(path, "mismatch", f"{path}: git blob {(ours or '')[:12]}... here, "
                                             f"{(theirs.blob_id or '')[:12]}... on {location}; the content differs",

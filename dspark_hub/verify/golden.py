@@ -57,6 +57,7 @@ from dspark_hub.errors import (
 )
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.folder import open_regular
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.tensorio import weight_files
 from dspark_hub.format.writer import atomic_path
@@ -310,6 +311,7 @@ def _read_fixture(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     from safetensors import SafetensorError, safe_open
 
     rewrite = "pass a fixture written by 'dspark-hub golden CKPT -o FILE'"
+    open_regular(path).close()    # the safetensors library would block on a FIFO
     try:
         with safe_open(str(path), framework="pt") as handle:
             meta: dict[str, Any] = dict(handle.metadata() or {})
