@@ -64,7 +64,8 @@ class LocalSource:
         if not path.exists():
             raise CheckpointNotFoundError(f"{folder}: no such file or directory", hint="pass a checkpoint folder")
         if not path.is_dir():
-            raise CheckpointNotFoundError(f"{folder}: is a file", hint="pass the checkpoint folder that holds it "
+            what = "is a file" if path.is_file() else "is not a folder"
+            raise CheckpointNotFoundError(f"{folder}: {what}", hint="pass the checkpoint folder that holds it "
                                           f"(and its config.json): {path.parent}")
         self.root = path
         self.location = str(folder)

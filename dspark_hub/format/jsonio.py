@@ -112,7 +112,8 @@ def json_type(value: Any) -> str:
 
 
 def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None = None) -> Any:
-    """Parse UTF-8 JSON, refusing duplicate keys at any depth and NaN/Infinity literals.
+    """Parse UTF-8 JSON, refusing duplicate keys at any depth, NaN/Infinity literals, nesting deeper
+    than `MAX_DEPTH` and strings or keys holding a lone surrogate escape.
 
     Args:
         raw: the bytes (or text) of the document.
@@ -121,8 +122,9 @@ def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None
             (the safetensors reader says `HEADER_NOT_JSON`).
 
     Raises:
-        CheckpointFormatError: `NOT_UTF8`, `NOT_JSON`, `DUPLICATE_KEY` or `NON_FINITE_NUMBER`
-            (renamed through `codes`); `tensor` holds the offending key where there is one.
+        CheckpointFormatError: `NOT_UTF8` (also a lone surrogate), `NOT_JSON` (also too deep),
+            `DUPLICATE_KEY` or `NON_FINITE_NUMBER` (renamed through `codes`); `tensor` holds the
+            offending key where there is one (lone surrogates written as `\\udXXX`).
     """
     def code(name: str) -> str:
         return (codes or {}).get(name, name)
