@@ -164,6 +164,12 @@ def test_a_hugging_face_cache_snapshot_is_listed_through_its_blob_links(tmp_path
     assert run("checksums", snapshot).exit_code == 0
 
 
+def test_a_snapshot_look_alike_outside_the_cache_layout_gets_no_exception(tmp_path, template):
+    snapshot = hf_snapshot(tmp_path, template, repo="unpacked-archive")
+    assert {(p.path, p.code) for p in list_folder(snapshot).problems} == {
+        (name, "LINK_OUTSIDE") for name in ("config.json", "model.safetensors", "sub/tokenizer.json")}
+
+
 @pytest.mark.parametrize("target", ["../../refs/main", "../../../models--other--repo/blobs/x"])
 def test_a_snapshot_link_outside_its_blobs_is_refused(tmp_path, template, target):
     snapshot = hf_snapshot(tmp_path, template)

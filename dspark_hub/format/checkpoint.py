@@ -139,7 +139,7 @@ def _load_config(source: Source, view: CheckpointView) -> None:
         doc = loads_strict(source.read_bytes(name, 0, view.files[name]), path=name)
     except CheckpointFormatError as e:
         where = f"{name}:{e.tensor}" if e.tensor else name
-        view.findings.append(error(CONFIG_JSON_CODES[e.code], where, e.detail,
+        view.findings.append(error(CONFIG_JSON_CODES.get(e.code, e.code), where, e.detail,
                                    _JSON_HINTS.get(e.code, "fix the JSON syntax")))
         return
     if not isinstance(doc, dict):

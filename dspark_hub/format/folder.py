@@ -120,12 +120,16 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+#: How the Hugging Face cache names a repository's folder (`models--ORG--NAME`).
+HF_CACHE_REPO_PREFIXES = ("models--", "datasets--", "spaces--")
+
+
 def hf_cache_blobs(real_root: str) -> str | None:
     """The `blobs/` folder of the Hugging Face cache repository whose `snapshots/<revision>/` holds
     `real_root` (resolved), or None when the folder is not in a cache snapshot."""
     path = Path(real_root)
     for candidate in (path, *path.parents):
-        if candidate.parent.name == "snapshots":
+        if candidate.parent.name == "snapshots" and candidate.parent.parent.name.startswith(HF_CACHE_REPO_PREFIXES):
             blobs = candidate.parent.parent / "blobs"
             return str(blobs) if blobs.is_dir() else None
     return None
