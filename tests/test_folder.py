@@ -139,6 +139,13 @@ def test_links_that_stay_inside_are_listed_once_under_their_own_names(ckpt):
     assert listing.files["vocab.txt"] == 5
 
 
+def test_package_names_a_link_beside_its_target_instead_of_a_torrent_missing_one(ckpt, tmp_path):
+    (ckpt / "config-copy.json").symlink_to("config.json")
+    assert_one_line_error(run("package", ckpt, "--repo", "org/draft", "-o", tmp_path / "pkg"),
+                          "config-copy.json", "config.json", "are one file")
+    assert not (tmp_path / "pkg").exists()
+
+
 def hf_snapshot(tmp_path: Path, template: Path, repo: str = "models--org--draft") -> Path:
     """The layout `hf download` writes: snapshots/<rev>/<file> -> ../../blobs/<sha256>."""
     cache = tmp_path / "hub" / repo
@@ -161,6 +168,7 @@ def test_a_hugging_face_cache_snapshot_is_listed_through_its_blob_links(tmp_path
     assert listing.problems == ()
     assert list(listing.files) == ["config.json", "model.safetensors", "sub/tokenizer.json"]
     assert run("verify", snapshot).exit_code == 0
+    assert run("package", snapshot, "--repo", "org/draft", "-o", tmp_path / "pkg", "-q").exit_code == 0
     assert run("checksums", snapshot).exit_code == 0
 
 

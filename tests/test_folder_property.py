@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_hub.cards.render import card_facts
-from dspark_hub.errors import CheckpointFormatError
+from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.folder import list_folder
 from dspark_hub.hub.checksums import write_checksums
@@ -89,6 +89,8 @@ def _files_or_code(call) -> tuple[str, list[str] | str]:
         return "files", sorted(call())
     except CheckpointFormatError as e:
         return "refused", e.code
+    except UsageError as e:
+        return "refused", "one file twice" if "are one file" in str(e) else str(e)
 
 
 @settings(max_examples=40, deadline=None)
@@ -134,4 +136,7 @@ def test_every_command_sees_the_same_finite_set_of_files_inside_the_folder(templ
         got_plan = _files_or_code(lambda: [d.path for d in plan_publish(root, "org/draft")[0].files])
         got_package = _files_or_code(lambda: [d.path for d in package(root, "org/draft",
                                                                       out_dir=base / "pkg").manifest.files])
-        assert got_sums == got_plan == got_package == expected
+        assert got_sums == got_plan == expected
+        # a torrent lists each file once: a link beside its target is refused by name, nothing else differs
+        aliased = len({os.path.realpath(root / f) for f in files}) < len(files)
+        assert got_package == (("refused", "one file twice") if aliased and not listing.problems else expected)
