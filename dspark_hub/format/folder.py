@@ -74,9 +74,6 @@ class FolderProblem:
     def hint(self) -> str:
         return _FIX[self.code]
 
-    def message(self) -> str:
-        return f"{self.path}: {self.detail}; {self.hint}"
-
 
 @dataclass(frozen=True)
 class FolderListing:
