@@ -40,6 +40,7 @@ from dspark_hub.cards.source import load_yaml
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.folder import read_regular
 from dspark_hub.report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
 
 SCHEMA = schemas.command("card-lint")
@@ -522,7 +523,7 @@ def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
     """
     path = Path(readme_path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file; pass the card (README.md) to lint") from None
     except UnicodeDecodeError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import UsageError
+from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import is_int
 
 #: dotted key -> (kind, meaning). Kinds: `string` (required), `markdown`, `integer`, `mapping`,
@@ -192,7 +193,7 @@ def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     p = Path(path)
     try:
-        doc = load_yaml(p.read_text(encoding="utf-8"))
+        doc = load_yaml(read_regular(p).decode("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"{p}: no such file; pass the card source, cards/<name>/card.yaml", param="meta") from None
     except yaml.YAMLError as e:

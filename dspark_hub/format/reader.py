@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError
+from dspark_hub.format.folder import open_regular
 from dspark_hub.format.jsonio import loads_strict
 
 MAX_HEADER_SIZE = 100_000_000
@@ -242,11 +243,12 @@ def read_header(path: str | os.PathLike[str], *, display: str | None = None) -> 
 
     Raises:
         CheckpointFormatError: the file is not a valid safetensors file.
+        CheckpointFormatError: `SPECIAL_FILE`, a FIFO, socket or device (never opened).
         OSError: the file cannot be opened.
     """
     p = Path(path)
     shown = display or str(p)
-    with p.open("rb") as f:
+    with open_regular(p, display=shown) as f:
         size = os.fstat(f.fileno()).st_size
 
         def read(start: int, length: int) -> bytes:

@@ -56,11 +56,20 @@ def _quoted(name: str) -> str:
     return repr(shortened(name, 100))
 
 
+#: The longest ORG or NAME of a repository id the Hub accepts.
+HUB_NAME_MAX = 96
+
+
 def validate_repo_id(repo_id: str) -> str:
     """Return `repo_id` if it is `ORG/NAME` and passes huggingface_hub's own rules (at most 96 characters a
     part, no `--`, no `.git` ending); raise `UsageError` otherwise."""
     if not _REPO_ID.match(repo_id or "") or ".." in repo_id:
         raise UsageError(f"{_quoted(repo_id)}: not a Hub repository id; write it as ORG/NAME", param="repo_id")
+    for label, part in zip(("ORG", "NAME"), repo_id.split("/"), strict=True):
+        if len(part) > HUB_NAME_MAX:
+            raise UsageError(f"{_quoted(repo_id)}: not a Hub repository id: {label} has {len(part)} characters and "
+                             f"the Hub accepts at most "
+                             f"{HUB_NAME_MAX}; choose a shorter name", param="repo_id")
     require_huggingface_hub()
     from huggingface_hub.utils import HFValidationError
     from huggingface_hub.utils import validate_repo_id as hub_rules
