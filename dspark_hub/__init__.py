@@ -7,12 +7,17 @@ lazily (PEP 562), so `import dspark_hub` stays free of heavy imports.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from dspark_hub import _compat
 from dspark_hub._lazy import lazy_exports
 
-__version__ = "0.2.0"
+try:
+    #: The version lives in pyproject.toml; the installed package's metadata carries it here.
+    __version__ = version("dspark-hub")
+except PackageNotFoundError:    # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "CheckpointFormatError": "errors",

@@ -240,7 +240,10 @@ def by_cli_name(name: str) -> DraftFormat:
     Raises:
         KeyError: no format has that name.
     """
-    return next(f for f in FORMATS.values() if f.cli_name == name)
+    found = next((f for f in FORMATS.values() if f.cli_name == name), None)
+    if found is None:
+        raise KeyError(name)
+    return found
 
 
 def detect(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> tuple[DraftFormat | None, Fingerprint]:
