@@ -40,6 +40,9 @@ from dspark_hub.train.rollouts import MANIFEST, Rollout, RolloutData
 from dspark_hub.train.teacher import FinalNorm, check_teacher_matches, read_final_norm, read_json, read_teacher_config
 from dspark_hub.verify.rules import layer_id_from_residual, residual_index
 
+# torch, safetensors and pyarrow (speculators' Arrow files) are imported inside the readers: the
+# CLI imports this module (`parse_layer_ids`) for `--help`.
+
 DataFormat = Literal["rollouts", "speculators", "vllm-extraction"]
 FLOAT_DTYPES = {"F32", "BF16", "F16", "F8_E4M3"}
 INDEX_DTYPES = {"I64", "I32"}

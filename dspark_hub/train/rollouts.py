@@ -42,7 +42,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
@@ -68,9 +68,8 @@ from dspark_hub.train.teacher import (
 )
 from dspark_hub.verify.rules import TAP_CONVENTION
 
-if TYPE_CHECKING:
-
-    pass
+# safetensors (and torch through it) is imported inside the shard readers and writers: the CLI
+# imports this module for `--help`.
 
 #: `manifest.json` and shard metadata of a rollouts folder.
 SCHEMA = schemas.ROLLOUTS_DATA

@@ -32,7 +32,11 @@ from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, Ds
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import json_type, load_json_object
+from dspark_hub.format.reader import parse_index, read_header
 from dspark_hub.verify.rules import require_tap_layers, text_config
+
+# torch, transformers and safetensors are imported inside the functions that load weights: config
+# checks and identities (and the CLI's `--help`) import this module without them.
 
 if TYPE_CHECKING:
     import torch
@@ -161,8 +165,6 @@ def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
 
 def weight_files(folder: Path) -> dict[str, Path]:
     """Tensor name -> file, from the index or from every safetensors file's header."""
-    from dspark_hub.format.reader import parse_index, read_header
-
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         weight_map = parse_index(index.read_bytes(), path=str(index)).weight_map
