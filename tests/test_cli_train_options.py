@@ -159,3 +159,15 @@ def test_the_engine_dtype_takes_either_spelling(monkeypatch):
         run("rollouts", "--target", "t", "--prompts", "p", "--draft-config", "c", "--out", "o",
             "--engine-dtype", spelling)
         assert seen.pop().dtype == canonical
+
+
+def test_eval_without_options_hands_evaluate_its_own_defaults(eval_call):
+    import inspect
+
+    from dspark_hub.train.evaluate import evaluate
+
+    given = eval_call()
+    defaults = {name: p.default for name, p in inspect.signature(evaluate).parameters.items()
+                if p.default is not inspect.Parameter.empty and name in given and name != "progress"}
+    assert len(defaults) >= 10 and {name: given[name] for name in defaults} == defaults
+    assert eval_call("--max-new-tokens", "9")["max_new_tokens"] == 9 != defaults["max_new_tokens"]

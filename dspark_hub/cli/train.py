@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ from dspark_hub.train.evaluate import DTYPES, ENGINES, evaluate
 from dspark_hub.train.hidden_state_files import parse_layer_ids
 from dspark_hub.train.rollouts import make_rollouts
 from dspark_hub.train.toy import init_teacher as write_init_teacher
+
+
+def keyword_default(function: Callable[..., Any], name: str) -> Any:
+    """The default of `function`'s keyword `name`: a command's default is the library's, typed once there."""
+    return inspect.signature(function).parameters[name].default
 
 
 class AliasedOption(click.Option):
@@ -152,11 +158,12 @@ def engine_option_flags() -> Iterator[None]:
               help="The draft's config.json (taps and pairing keys).")
 @click.option("--out", required=True, metavar="DIR", help="Rollouts folder (resumed when it exists).")
 @click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
-@click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True,
-              help="Equal-length prompts generated together.")
-@click.option("--shard-size", "shard_size", type=POSITIVE, default=256, show_default=True, help="Sequences per shard.")
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(make_rollouts, "batch_size"),
+              show_default=True, help="Equal-length prompts generated together.")
+@click.option("--shard-size", "shard_size", type=POSITIVE, default=keyword_default(make_rollouts, "shard_size"),
+              show_default=True, help="Sequences per shard.")
 @click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Always generate --max-new-tokens tokens.")
-@click.option("--mode", type=click.Choice(MODES), default="generate", show_default=True,
+@click.option("--mode", type=click.Choice(MODES), default=keyword_default(make_rollouts, "mode"), show_default=True,
               help="generate: greedy continuations; prefill: record each line's sequence as it is (offline data, "
                    "with its loss_mask).")
 @engine_option_group
@@ -293,17 +300,19 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @click.option("--prompts", metavar="JSONL", help="Held-out prompts, continued greedily by the target.")
 @click.option("--data", metavar="DIR", help="A rollouts folder instead of --prompts (simulated engine).")
 @click.option("--reference", metavar="CKPT", help="Also measure this draft on the same data; report the ratio.")
-@click.option("--engine", type=click.Choice(ENGINES), default=ENGINES[0], show_default=True,
+@click.option("--engine", type=click.Choice(ENGINES), default=keyword_default(evaluate, "engine"), show_default=True,
               help="simulated: vLLM's verify loop replayed in PyTorch; vllm: served and measured by vLLM itself.")
 @click.option("--vllm-python", "vllm_python", metavar="PY",
               help="Python of a vLLM 0.32.0 virtualenv for --engine vllm (default: this one).")
-@click.option("--dtype", type=Dtype(DTYPES), default=DTYPES[0], show_default=True,
+@click.option("--dtype", type=Dtype(DTYPES), default=keyword_default(evaluate, "dtype"), show_default=True,
               help="The vllm engine's dtype (the simulation is float32: only float32 can match it exactly).")
 @click.option("--block-size", "block_size", type=POSITIVE, metavar="K",
               help="Drafted tokens per step (default: the speculators speculative_tokens; 7 for k3_dspark).")
-@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
+@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=keyword_default(evaluate, "max_new_tokens"),
+              show_default=True)
 @click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Never stop a request at the target's EOS.")
-@click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True)
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(evaluate, "batch_size"),
+              show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
 @quiet_option
 @json_option
