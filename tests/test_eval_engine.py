@@ -164,4 +164,4 @@ def test_without_a_gpu_a_teacher_cpu_attention_cannot_run_is_refused_before_the_
                                       str(fixture("dspark")), "--teacher", str(teacher), "--prompts",
                                       str(SPECDEC / "prompts.jsonl")])
     assert result.exit_code == 2 and "engine started" not in result.output
-    assert result.stderr.startswith(f"Error: --teacher: {teacher}: head_dim is 16; vLLM's CPU attention needs")
+    assert result.stderr.startswith(f"Error: --target: {teacher}: head_dim is 16; vLLM's CPU attention needs")
