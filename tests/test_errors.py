@@ -92,13 +92,13 @@ def test_no_library_string_names_a_flag_of_our_cli():
 
 @pytest.mark.parametrize("name", ["k3", "K3_DSPARK", "speculators_dspark", "", "eagle3"])
 def test_by_cli_name_raises_the_keyerror_it_documents(name):
-    from dspark_hub.verify.formats import by_cli_name
+    from dspark_hub.format.registry import by_cli_name
 
     with pytest.raises(KeyError, match=repr(name)):
         by_cli_name(name)
 
 
 def test_by_cli_name_finds_every_format_by_its_cli_name():
-    from dspark_hub.verify.formats import FORMATS, by_cli_name
+    from dspark_hub.format.registry import FORMATS, by_cli_name
 
     assert [by_cli_name(f.cli_name) for f in FORMATS.values()] == list(FORMATS.values())

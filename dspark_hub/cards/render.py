@@ -62,9 +62,10 @@ from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_check
 from dspark_hub.format.digests import FileDigest, read_digest_file, sha256_file
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.reader import read_header
+from dspark_hub.format.registry import K3, DraftFormat
 from dspark_hub.format.writer import atomic_file, check_writable
 from dspark_hub.schemas import GOLDEN_FIXTURE, command, current
-from dspark_hub.verify.formats import K3, DraftFormat, detect
+from dspark_hub.verify.family import detect
 
 TEMPLATE = "model_card.md.j2"
 #: Files of a checkpoint folder that are not part of the published weights' checksum table.
@@ -114,7 +115,7 @@ class CardFacts:
     source: FactsSource
     location: str | None = None
     model_type: str | None = None
-    format: str | None = None                 # the draft format (`verify.formats`), e.g. "speculators_dspark"
+    format: str | None = None                 # the draft format (`format.registry`), e.g. "speculators_dspark"
     parameters: contract.ParameterCounts | None = None
     tensor_count: int | None = None
     dtype: str | None = None
@@ -218,7 +219,7 @@ def _int_or_none(value: Any) -> int | None:
 
 def _facts_from_shapes(source: FactsSource, shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any],
                        dtypes: Counter[str]) -> CardFacts:
-    """Facts of a roster in whatever draft format the config and names say (`verify.formats`; k3_dspark
+    """Facts of a roster in whatever draft format the config and names say (`format.registry`; k3_dspark
     when neither says)."""
     fmt = detect(config, shapes)[0] or K3
     # Per-layer rows follow the format's module order, not the alphabetical file order.

@@ -129,9 +129,10 @@ def render_verify(report: Report) -> None:
     stdout.print(f"layout: {s.layout or '-'}   files: {len(s.files)}   tensors: {s.tensors}   "
                  f"bytes: {s.bytes:,}   dtypes: {', '.join(f'{k} x{v}' for k, v in sorted(s.dtypes.items())) or '-'}")
     if params:
-        from dspark_hub.verify.formats import FORMATS
+        from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS
 
-        names = ", ".join(n.removesuffix(".weight") for n in FORMATS[s.format or "k3_dspark"].frozen_tensors)
+        fmt = FORMATS[s.format] if s.format else DEFAULT_FORMAT
+        names = ", ".join(n.removesuffix(".weight") for n in fmt.frozen_tensors)
         frozen = f" ({names})" if params["frozen"] else ""
         maps = f"; {params['maps']:,} vocabulary-map elements (not parameters)" if params.get("maps") else ""
         stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
@@ -162,8 +163,10 @@ def _embedding_verdict(section: dict[str, Any]) -> Text:
 
 
 def _render_sections(report: Report) -> None:
+    from dspark_hub.format.registry import DEFAULT_FORMAT
+
     family = report.sections.get("family")
-    if family and family["family"] != "k3_dspark":
+    if family and family["family"] != DEFAULT_FORMAT.name:     # the default format goes without saying
         evidence = f" ({'; '.join(family['evidence'])})" if family["evidence"] else ""
         stdout.print(f"family: {family['title']}{evidence}")
     for data in (report.sections.get("runtimes") or {}).values():

@@ -124,6 +124,26 @@ def tensor_digest(location: TensorLocation, *, progress: Progress | None = None)
                         nbytes=end - start, sha256=hash_range(location.path, start, end, progress=progress))
 
 
+def tensor_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
+    """Tensor name -> the safetensors file of a checkpoint folder that holds it (the one resolution).
+
+    A sharded folder's index decides (validated: no path outside the folder); otherwise every
+    `*.safetensors` file's header is read. Only headers and the index are read, never tensor data.
+
+    Raises:
+        CheckpointFormatError: the index or a header is invalid.
+    """
+    folder = Path(folder)
+    index_path = folder / INDEX_NAME
+    if index_path.is_file():
+        index = parse_index(index_path.read_bytes(), path=str(index_path))
+        return {name: folder / file for name, file in index.weight_map.items()}
+    out: dict[str, Path] = {}
+    for file in sorted(p for p in folder.glob("*.safetensors") if p.is_file()):
+        out.update(dict.fromkeys(read_header(file).tensors, file))
+    return out
+
+
 def _candidate_files(folder: Path, names: Sequence[str]) -> list[Path]:
     """Weight files to search, the index's choice first when the folder is sharded."""
     index_path = folder / INDEX_NAME

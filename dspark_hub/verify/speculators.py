@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from dspark_hub.format import speculators
 from dspark_hub.format.jsonio import is_int
+from dspark_hub.format.taps import aux_id_findings
 from dspark_hub.report import Finding, error, warning
-from dspark_hub.verify.rules import aux_id_findings
 
 Evidence = Literal["executed", "read"]
 S = "speculators 0.9.0 "
