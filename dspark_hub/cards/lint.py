@@ -348,9 +348,25 @@ def _incomplete_label_findings(label: AcceptanceLabel, where: str) -> list[Findi
                   f"write '{label.kind} ({shape})', with 'not stated' for a part that is unknown")]
 
 
+def _named(label: AcceptanceLabel) -> str | None:
+    """A label's engine (without its version) or simulation, to compare; None when it is not stated."""
+    what = (label.what or "").split(",")[0].strip()
+    if label.kind == "measured" and label.version:
+        what = what.replace(label.version, "").strip()
+    return None if not what or "not stated" in what else what.lower()
+
+
+def _short(text: str | None, limit: int = 80) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _label_differences(label: AcceptanceLabel, expected: AcceptanceLabel) -> list[str]:
     """Where a card's label contradicts the label its eval file implies, one phrase each."""
     differences = [f"{label.kind}, the eval file {expected.kind}"] if label.kind != expected.kind else []
+    if label.kind == expected.kind and _named(label) and _named(expected) and _named(label) != _named(expected):
+        what = "engine" if label.kind == "measured" else "simulation"
+        differences.append(f"the {what} is {_short(label.what)!r}, the eval file {_short(expected.what)!r}")
     for name in ("version", "k", "dtype"):
         mine, theirs = getattr(label, name), getattr(expected, name)
         if mine is not None and theirs is not None and str(mine) != str(theirs):
