@@ -368,6 +368,18 @@ def test_a_card_rendered_from_a_simulation_prints_the_documented_short_label(tmp
     assert lint_card(card, eval_json=_simulated_eval(tmp_path)).ok
 
 
+def _simulated_card_and_eval(tmp_path: Path, simulation: str) -> tuple[Path, Path]:
+    """A k=3 card labelled `simulated (<simulation>, ...)`, and a k=3 simulated eval file."""
+    card = tmp_path / "README.md"
+    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |",
+                                     label=f"Acceptance numbers: simulated ({simulation}, k=3, float32, "
+                                           "prompts c98977eaff7b)"))
+    doc = json.loads(_simulated_eval(tmp_path).read_text())
+    doc["k"] = doc["harness"]["block_size"] = 3
+    (tmp_path / "k3.json").write_text(json.dumps(doc))
+    return card, tmp_path / "k3.json"
+
+
 @pytest.mark.parametrize("simulation", [
     "DEFINITION",                                                       # the metric's paragraph, as cards printed
     "teacher-forced acceptance on the target's float32 greedy path",   # another simulation
@@ -376,32 +388,19 @@ def test_a_card_rendered_from_a_simulation_prints_the_documented_short_label(tmp
 def test_lint_against_the_eval_file_catches_a_label_that_is_not_the_documented_one(tmp_path, simulation):
     from dspark_hub.train.evaluate import DEFINITION
 
-    simulation = DEFINITION if simulation == "DEFINITION" else simulation
-    card = tmp_path / "README.md"
-    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |",
-                                     label=f"Acceptance numbers: simulated ({simulation}, k=3, float32, "
-                                           "prompts c98977eaff7b)"))
-    doc = json.loads(_simulated_eval(tmp_path).read_text())
-    doc["k"] = doc["harness"]["block_size"] = 3
-    (tmp_path / "k3.json").write_text(json.dumps(doc))
-    report = lint_card(card, eval_json=tmp_path / "k3.json")
+    card, eval_json = _simulated_card_and_eval(tmp_path, DEFINITION if simulation == "DEFINITION" else simulation)
+    report = lint_card(card, eval_json=eval_json)
     assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"]
     assert "the simulation is" in report.errors[0].message
-    result = CliRunner().invoke(cli, ["card", "lint", str(card), "--eval", str(tmp_path / "k3.json")])
+    result = CliRunner().invoke(cli, ["card", "lint", str(card), "--eval", str(eval_json)])
     assert result.exit_code == 1 and "ACCEPTANCE_LABEL_MISMATCH" in result.output
 
 
 def test_lint_accepts_the_documented_simulation_label(tmp_path):
     from dspark_hub.train.evaluate import SIMULATION
 
-    card = tmp_path / "README.md"
-    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |",
-                                     label=f"Acceptance numbers: simulated ({SIMULATION}, k=3, float32, "
-                                           "prompts c98977eaff7b)"))
-    doc = json.loads(_simulated_eval(tmp_path).read_text())
-    doc["k"] = doc["harness"]["block_size"] = 3
-    (tmp_path / "k3.json").write_text(json.dumps(doc))
-    assert lint_card(card, eval_json=tmp_path / "k3.json").ok
+    card, eval_json = _simulated_card_and_eval(tmp_path, SIMULATION)
+    assert lint_card(card, eval_json=eval_json).ok
 
 
 def test_lint_catches_a_measured_label_naming_another_engine(tmp_path):
