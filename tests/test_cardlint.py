@@ -410,3 +410,29 @@ def test_lint_catches_a_measured_label_naming_another_engine(tmp_path):
     report = lint_card(card, eval_json=_eval_doc(tmp_path))
     assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"]
     assert "the engine is 'sglang 0.32.0', the eval file 'vllm'" in report.errors[0].message.lower()
+
+
+# ------------------------------------------------------------------ Python reprs in a card (issue 24, 3)
+
+@pytest.mark.parametrize("printed", [
+    "It has ParameterCounts(total=136753, frozen=0, trained=136753, maps=0) parameters.",     # dataclass
+    "Components: [Component(name='fc.weight', shape=(64, 192), count=1, kind='tensor')]",     # list of them
+    "Parameters: {'total': 136753, 'trained': 136753, 'frozen': 0}",                          # dict
+    "Files: ['config.json', 'model.safetensors']",                                            # list of strings
+    "Facts: <dspark_hub.cards.render.CardFacts object at 0x7f3a2c1b9d90>",                    # default repr
+    "| Parameters | `ParameterCounts(total=5, frozen=0, trained=5, maps=0)` |",                 # in a table cell
+])
+def test_a_python_repr_in_a_card_is_flagged(tmp_path, printed):
+    text = FRONT + "\n# Card\n\n" + printed + "\n"
+    assert _only_errors(_lint(tmp_path, text)) == [("PYTHON_REPR", f"README.md:{_line_of(text, printed[:12])}")]
+
+
+@pytest.mark.parametrize("printed", [
+    "It has 136,753 parameters (136,753 trained, 0 frozen).",
+    "auxiliary hidden states at layers `[2, 23, 47, 71, 89]`.",
+    'The config sets `{"block_size": 4}` and `Qwen3Config` is loaded by `AutoConfig.from_pretrained(path)`.',
+    "Files: config.json, model.safetensors",
+    "```python\nprint(ParameterCounts(total=5, frozen=0, trained=5, maps=0))\n```",          # code: shown on purpose
+])
+def test_text_a_reader_expects_is_not_a_repr(tmp_path, printed):
+    assert _only_errors(_lint(tmp_path, FRONT + "\n# Card\n\n" + printed + "\n")) == []
