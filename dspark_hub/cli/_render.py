@@ -194,6 +194,9 @@ def _render_sections(report: Report) -> None:
                          f"({plural(data.get('rows_compared', 0), 'row')} compared)"
                          + "".join(f"; {w}" for w in execution.get("warnings", [])))
         serving = data["serving"]
+        if serving is None:
+            stdout.print(f"no serving command: {data.get('serving_withheld') or data['title'] + ' refuses this draft'}")
+            continue
         stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
                      f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "
                      "from config.json):")
