@@ -162,6 +162,12 @@ def _embedding_verdict(section: dict[str, Any]) -> Text:
 
 
 def _render_sections(report: Report) -> None:
+    hub = report.sections.get("against_hub")
+    if hub:
+        outcome = ("every one matches (size, and SHA-256 or git blob id)" if hub["ok"]
+                   else f"{plural(len(hub['problems']), 'difference')} (see the findings)")
+        stdout.print(f"against {hub['location']} (commit {hub['commit'][:12]}): "
+                     f"{plural(hub['files_compared'], 'file')} compared; {outcome}")
     family = report.sections.get("family")
     if family and family["family"] != "k3_dspark":
         evidence = f" ({'; '.join(family['evidence'])})" if family["evidence"] else ""
