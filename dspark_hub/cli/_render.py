@@ -249,7 +249,7 @@ def render_diff(result: Any) -> None:
     if changed:
         print_table("changed tensors (relative L2 ||b-a||/||a||)",
                     (Column("tensor"), Column("rel L2", justify="right")),
-                    [[name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}"]
+                    [[name, _relative_change(t)]
                      for name, t in sorted(changed.items(), key=lambda kv: -(kv[1]["rel_l2"] or float("inf")))])
     for p in d["problems"]:
         stdout.print(Text(f"{p['side'].upper()}: {p['where']}: {p['message']}", style="red"))
@@ -258,6 +258,15 @@ def render_diff(result: Any) -> None:
                  for side, lay in ((s, d["layout"][s]) for s in ("a", "b"))]
         stdout.print(Text.assemble(("~ layout", "yellow"), f" {'; '.join(sides)}"))
     stdout.print(Text.assemble(*diff_verdict(d), f"  ({d['a']} -> {d['b']})"))
+
+
+def _relative_change(delta: dict[str, Any]) -> str:
+    """`1.234e-02`; for a tensor that is zero in A, how far it moved (`from zero: ||b-a|| 3.1e-01`)."""
+    if delta["rel_l2"] is not None:
+        return f"{delta['rel_l2']:.3e}"
+    if delta.get("abs_l2") is not None:
+        return f"from zero: ||b-a|| {delta['abs_l2']:.3e}"
+    return "changed (not a float tensor)"
 
 
 #: How `diff_verdict` names each part of `differs` (the weights are said separately).
