@@ -516,7 +516,7 @@ def render_publication(outcome: Any) -> None:
     if result.problems:
         _file_problems("the Hub's files differ from the local ones", result.problems)
     stdout.print(f"{result.status}: {result.commit_url}" + (f" (tag {result.tag})" if result.tag else ""))
-    if result.transfer is not None:
+    if result.transfer is not None and result.status == "published":
         name = {"lfs": "LFS", "xet": "Xet"}[result.transfer.name]
         stdout.print(f"uploaded through {name} ({result.transfer.reason}); choose with --transfer auto|xet|lfs")
     if not result.problems:

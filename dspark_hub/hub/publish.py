@@ -310,7 +310,7 @@ def choose_transfer(requested: Transfer, client_xet: bool, endpoint_xet: Callabl
         return TransferChoice("lfs", f"this client has no Xet ({_NO_CLIENT_XET})")
     if endpoint_xet():
         return TransferChoice("xet", "the endpoint offers Xet storage")
-    return TransferChoice("lfs", "the endpoint has no Xet storage (its Xet write-token route answered 404)")
+    return TransferChoice("lfs", "the endpoint has no Xet storage: its Xet write-token route answered 404")
 
 
 @contextmanager
