@@ -17,7 +17,11 @@ uninitialised or at its init value).
                "unfilled": [{"parameter", "verdict", "detail", "rule", "evidence"}],
                "refusal": {"stage", "message", "rule", "source", "evidence"} | null,
                "counts": {verdict: int}, "executed": bool, "measured_by": "rules" | "...",
-               "serving": {...}, "rules": [{"id", "rule", "source", "evidence"}], "notes": [...]}}
+               "serving": {...} | null, "serving_withheld": str (when serving is null),
+               "rules": [{"id", "rule", "source", "evidence"}], "notes": [...]}}
+
+`serving` is null for a runtime the verdicts say refuses to start with the draft: no command is
+offered that cannot work (`serving_withheld` says why).
 
 `rule` is the id of the rule that decided the row (under `--execute` too: the rule whose verdict was
 expected); `evidence` is ``executed`` for a row observed by running the runtime's loader on this
