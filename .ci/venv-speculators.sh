@@ -30,6 +30,8 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import speculators" 2
     # (they are built against another torch) and are never imported by the fixture script.
     "$VENV/bin/pip" uninstall -q -y torchvision torchaudio
 fi
+# The equality tests against the library (tests/test_speculators_objective.py) run in this venv.
+"$VENV/bin/python" -c "import pytest, hypothesis" 2>/dev/null || "$VENV/bin/pip" install -q "pytest>=8" "hypothesis>=6.100" >&2
 "$VENV/bin/python" -c "from speculators.version import version; import torch, transformers; print('speculators', version, 'torch', torch.__version__, 'transformers', transformers.__version__)" >&2
 echo "$VENV/bin/python"
 

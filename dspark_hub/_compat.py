@@ -21,7 +21,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "reader": ("format.reader", "format.jsonio"), "contract": ("format.contract", "format.reader"),
     "tensorio": ("format.tensorio",), "writer": ("format.writer", "ops.init"),
     "checkpoint": ("format.checkpoint",), "checksums": ("hub.checksums", "format.digests", "format.jsonio"),
-    "checks": ("verify.checks", "verify.rules", "verify.dropin"), "deep": ("verify.deep",),
+    "checks": ("verify.checks", "format.taps", "verify.dropin"), "deep": ("verify.deep",),
     "runtimes": ("verify.runtimes",),
     "pairing": ("verify.pairing",), "family": ("verify.family",), "golden": ("verify.golden",),
     "convert": ("ops.convert",), "diff": ("ops.diff",),

@@ -29,9 +29,10 @@ def run(*args: object):
 
 
 def toy_block() -> str:
-    """The first ```bash block of the README's "### Toy run" section."""
-    section = re.search(r"^### Toy run[^\n]*\n(.*?)(?=^## |^### )", README, flags=re.M | re.S)
-    assert section, "the README has no '### Toy run' section"
+    """The first ```bash block of docs/training.md's "## Toy run" section."""
+    training = (ROOT / "docs" / "training.md").read_text()
+    section = re.search(r"^## Toy run[^\n]*\n(.*?)(?=^# |^## )", training, flags=re.M | re.S)
+    assert section, "docs/training.md has no '## Toy run' section"
     block = re.search(r"^```bash\n(.*?)^```", section.group(1), flags=re.M | re.S)
     assert block, "the toy run section has no ```bash block"
     return block.group(1)

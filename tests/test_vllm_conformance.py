@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from dspark_hub.cli.main import cli
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.verify.execute_vllm import PINNED_VERSION, as_verdicts, execute
-from dspark_hub.verify.formats import detect
+from dspark_hub.verify.family import detect
 from dspark_hub.verify.runtimes import findings, loaders_for
 from dspark_hub.verify.verdicts import compare
 

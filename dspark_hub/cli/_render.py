@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from rich.cells import cell_len
 from rich.table import Table
-from rich.text import Text
 
-from dspark_hub._text import plural
+from dspark_hub._text import plural, short_json
 from dspark_hub.cli._errors import in_cli_terms
+from dspark_hub.cli._output import TerminalText as Text
 from dspark_hub.cli._output import size_text, stderr, stdout
 from dspark_hub.report import Finding, Report
 
@@ -78,6 +78,7 @@ def _column_widths(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], wi
 
 def print_table(title: str | None, columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> None:
     """Print rows as a table that fits the console, or as blocks when no table can keep every name whole."""
+    rows = [[Text(cell) if isinstance(cell, str) else cell for cell in row] for row in rows]   # measured as shown
     widths = _column_widths(columns, rows, stdout.width)
     if widths is not None:
         table = Table(title=title, expand=False)
@@ -129,9 +130,10 @@ def render_verify(report: Report) -> None:
     stdout.print(f"layout: {s.layout or '-'}   files: {len(s.files)}   tensors: {s.tensors}   "
                  f"bytes: {s.bytes:,}   dtypes: {', '.join(f'{k} x{v}' for k, v in sorted(s.dtypes.items())) or '-'}")
     if params:
-        from dspark_hub.verify.formats import FORMATS
+        from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS
 
-        names = ", ".join(n.removesuffix(".weight") for n in FORMATS[s.format or "k3_dspark"].frozen_tensors)
+        fmt = FORMATS[s.format] if s.format else DEFAULT_FORMAT
+        names = ", ".join(n.removesuffix(".weight") for n in fmt.frozen_tensors)
         frozen = f" ({names})" if params["frozen"] else ""
         maps = f"; {params['maps']:,} vocabulary-map elements (not parameters)" if params.get("maps") else ""
         stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
@@ -162,6 +164,8 @@ def _embedding_verdict(section: dict[str, Any]) -> Text:
 
 
 def _render_sections(report: Report) -> None:
+    from dspark_hub.format.registry import DEFAULT_FORMAT
+
     hub = report.sections.get("against_hub")
     if hub:
         outcome = ("every one matches (size, and SHA-256 or git blob id)" if hub["ok"]
@@ -169,7 +173,7 @@ def _render_sections(report: Report) -> None:
         stdout.print(f"against {hub['location']} (commit {hub['commit'][:12]}): "
                      f"{plural(hub['files_compared'], 'file')} compared; {outcome}")
     family = report.sections.get("family")
-    if family and family["family"] != "k3_dspark":
+    if family and family["family"] != DEFAULT_FORMAT.name:     # the default format goes without saying
         evidence = f" ({'; '.join(family['evidence'])})" if family["evidence"] else ""
         stdout.print(f"family: {family['title']}{evidence}")
     for data in (report.sections.get("runtimes") or {}).values():
@@ -219,8 +223,7 @@ def _render_sections(report: Report) -> None:
 # ----------------------------------------------------------------------------- diff, convert, init
 
 def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_json(value, limit=60)   # a table cell
 
 
 def render_diff(result: Any) -> None:

@@ -86,7 +86,7 @@ def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
 
 def format_choices() -> list[str]:
     """`--to`/`--from` choices, derived from the draft formats registry (never typed twice)."""
-    from dspark_hub.verify.formats import FORMATS
+    from dspark_hub.format.registry import FORMATS
 
     return [f.cli_name for f in FORMATS.values()]
 

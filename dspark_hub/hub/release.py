@@ -221,13 +221,15 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
 def _remote_code_refusal(folder: Path) -> str | None:
     """Why the k3_dspark modeling code may not ship with this checkpoint (None when it may)."""
     from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
-    from dspark_hub.verify.formats import K3, detect
+    from dspark_hub.format.registry import FORMATS, titles
+    from dspark_hub.verify.family import detect
 
     view = open_checkpoint(LocalSource(folder))
     fmt, found = detect(view.config, view.tensors)
-    if view.config is None or fmt is K3:
+    if view.config is None or (fmt is not None and fmt.remote_code):
         return None
-    return (f"remote code: the exported code is the {K3.title} modeling, and this is {found.spec.title}; its own "
+    coded = titles(f for f in FORMATS.values() if f.remote_code)
+    return (f"remote code: the exported code is the {coded} modeling, and this is {found.spec.title}; its own "
             "library loads it (its config.json auto_map would be replaced); publish it without the code")
 
 

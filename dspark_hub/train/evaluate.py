@@ -43,10 +43,10 @@ from dspark_hub.progress import Progress, announce_stage, announce_total
 if TYPE_CHECKING:
     import torch
 
+    from dspark_hub.format.registry import DraftFormat
     from dspark_hub.modeling import K3DSparkModel
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
     from dspark_hub.train.rollouts import MemoryRollouts, Rollout, RolloutData
-    from dspark_hub.verify.formats import DraftFormat
 
 DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that carried k drafted tokens; "
               "accepted_per_position[i] = drafts whose first i+1 tokens were all accepted; per_position[i] = "
@@ -313,7 +313,7 @@ class DraftUnderTest:
 
     @property
     def is_speculators(self) -> bool:
-        from dspark_hub.verify.formats import SPECULATORS
+        from dspark_hub.format.registry import SPECULATORS
 
         return self.format is SPECULATORS
 
@@ -325,8 +325,9 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None, *,
     Raises:
         UsageError: another draft family, taps eval cannot capture, or no k.
     """
+    from dspark_hub.format.registry import K3
     from dspark_hub.train.teacher import read_json
-    from dspark_hub.verify.formats import K3, detect
+    from dspark_hub.verify.family import detect
 
     config = read_json(Path(path) / "config.json", what="a draft checkpoint folder that holds config.json",
                        param=param)
@@ -359,8 +360,8 @@ def refuse_unpaired_teacher(draft: DraftUnderTest, teacher_config: Mapping[str, 
         TeacherMismatchError: one line naming the first disagreeing key.
         UsageError: a tap out of the teacher's range.
     """
+    from dspark_hub.format.taps import text_config
     from dspark_hub.train.teacher import TeacherMismatchError, check_teacher_matches
-    from dspark_hub.verify.rules import text_config
 
     if not draft.is_speculators:
         check_teacher_matches(teacher_config, draft.config, teacher_name=teacher)
@@ -384,8 +385,8 @@ def refuse_unpaired_teacher(draft: DraftUnderTest, teacher_config: Mapping[str, 
 
 def stop_token_ids(teacher: str | os.PathLike[str], ignore_eos: bool) -> list[int]:
     """The teacher's EOS ids (generation_config.json, else config.json), none with `ignore_eos`."""
+    from dspark_hub.format.taps import text_config
     from dspark_hub.train.teacher import read_json
-    from dspark_hub.verify.rules import text_config
 
     if ignore_eos:
         return []
@@ -410,9 +411,9 @@ def read_embedding(teacher: str | os.PathLike[str]) -> torch.Tensor:
     """The teacher's input embedding `[V, H]`, read from its safetensors (no model built)."""
     from safetensors import safe_open
 
-    from dspark_hub.train.teacher import _weight_files
+    from dspark_hub.format.tensorio import tensor_files
 
-    files = _weight_files(Path(teacher))
+    files = tensor_files(teacher)
     hits = [n for n in files if n == "embed_tokens.weight" or n.endswith(".embed_tokens.weight")]
     if len(hits) != 1:
         raise UsageError(f"{teacher}: no unique embed_tokens.weight among {len(files)} tensors; pass a causal LM "

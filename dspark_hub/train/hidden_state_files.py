@@ -16,7 +16,7 @@ FP8 files (the hs-connectors FP8 backend: float8_e4m3fn `hidden_states` and floa
 `hidden_states_scales [T, 1, 1]`) are dequantized. The files do not say which ids they hold:
 `layer_ids` (theirs, e.g. `[3, 24, 48, 72, 90]`, with or without the last layer) says it, and
 without it the files must hold exactly the draft's taps plus the last layer, which only their
-count can check. Their id `k` is our `target_layer_ids` entry `verify.rules.layer_id_from_residual(k)`
+count can check. Their id `k` is our `target_layer_ids` entry `format.taps.layer_id_from_residual(k)`
 = `k - 1`; a draft tap the files lack, or a hidden size other than the draft's
 `target_hidden_size`, is refused in one line naming the file. Files with more taps than the draft
 needs are fine: the draft's columns are picked.
@@ -36,9 +36,9 @@ from typing import Any, Literal
 from dspark_hub.errors import CheckpointFormatError, MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.reader import read_header
+from dspark_hub.format.taps import layer_id_from_residual, residual_index
 from dspark_hub.train.rollouts import MANIFEST, Rollout, RolloutData
 from dspark_hub.train.teacher import FinalNorm, check_teacher_matches, read_final_norm, read_json
-from dspark_hub.verify.rules import layer_id_from_residual, residual_index
 
 DataFormat = Literal["rollouts", "speculators", "vllm-extraction"]
 FLOAT_DTYPES = {"F32", "BF16", "F16", "F8_E4M3"}

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
+from dspark_hub.format.taps import TAP_CONVENTION
 from dspark_hub.format.writer import atomic_file, atomic_path
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TeacherEngine, open_engine
@@ -65,7 +66,6 @@ from dspark_hub.train.teacher import (
     sha256_file,
     teacher_identity,
 )
-from dspark_hub.verify.rules import TAP_CONVENTION
 
 if TYPE_CHECKING:
 
@@ -281,10 +281,10 @@ def require_k3_taps(draft: dict[str, Any], where: str) -> None:
     Raises:
         UsageError: a speculators-format or other-family config (one line naming the format).
     """
-    from dspark_hub.verify.formats import K3, detect
+    from dspark_hub.verify.family import detect
 
     fmt, found = detect(draft)
-    if fmt is K3 or found.family == "unknown":
+    if (fmt is not None and fmt.trainable) or found.family == "unknown":
         return
     name = fmt.title if fmt is not None else found.family
     raise UsageError(f"{where}: a {name} draft config; rollouts record the taps of a k3_dspark draft "

@@ -31,7 +31,8 @@ from dspark_hub._text import plural
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import json_type, load_json_object
-from dspark_hub.verify.rules import require_tap_layers, text_config
+from dspark_hub.format.taps import require_tap_layers, text_config
+from dspark_hub.format.tensorio import tensor_files
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +81,7 @@ def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mappi
     """Refuse a teacher whose hidden size, layer count or vocabulary disagree with the draft config.
 
     Returns:
-        The draft's tap ids (checked by `verify.rules`, the rule `verify` applies).
+        The draft's tap ids (checked by `format.taps`, the rule `verify` applies).
 
     Raises:
         UsageError: either config is not an object, or `target_layer_ids` break the tap rule.
@@ -148,20 +149,6 @@ def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
 # ----------------------------------------------------------------------------- lm_head
 
 
-def _weight_files(folder: Path) -> dict[str, Path]:
-    """Tensor name -> file, from the index or from every safetensors file's header."""
-    from dspark_hub.format.reader import parse_index, read_header
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = parse_index(index.read_bytes(), path=str(index)).weight_map
-        return {name: folder / file for name, file in weight_map.items()}
-    out: dict[str, Path] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        out.update({name: file for name in read_header(file).tensors})
-    return out
-
-
 def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
     """The tensor holding the teacher's output projection (its input embedding when tied)."""
     names = list(names)
@@ -185,7 +172,7 @@ def read_lm_head(folder: str | os.PathLike[str]) -> torch.Tensor:
 
     folder = Path(folder)
     config = read_json(folder / "config.json")
-    files = _weight_files(folder)
+    files = tensor_files(folder)
     name = lm_head_name(files, config)
     with safe_open(str(files[name]), framework="pt") as handle:
         return handle.get_tensor(name)
@@ -237,7 +224,7 @@ def read_final_norm(folder: str | os.PathLike[str]) -> FinalNorm:
     if text.get("model_type") in _ONE_PLUS_WEIGHT_NORMS or config.get("model_type") in _ONE_PLUS_WEIGHT_NORMS:
         raise UsageError(f"{folder}: model_type {text.get('model_type') or config.get('model_type')} scales its "
                          "norm by (1 + weight); its final states cannot be rebuilt from a pre-norm capture here")
-    files = _weight_files(folder)
+    files = tensor_files(folder)
     names = [n for n in files if any(n == suffix or n.endswith("." + suffix) for suffix in _FINAL_NORM_NAMES)]
     if len(names) != 1:
         raise UsageError(f"{folder}: no unique final norm tensor ({' or '.join(_FINAL_NORM_NAMES)}) among "

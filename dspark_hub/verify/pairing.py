@@ -1,6 +1,6 @@
 """`verify --target TARGET`: does this draft pair with that target? Offline, from files only.
 
-What the draft says about its target comes from its draft format (`verify.formats.PairingKeys`):
+What the draft says about its target comes from its draft format (`format.registry.PairingKeys`):
 k3_dspark's ``target_hidden_size``, ``target_num_hidden_layers``, ``vocab_size`` and
 ``target_layer_ids``; a speculators DSpark's ``target_hidden_size`` (null: the hidden size),
 ``transformer_layer_config.vocab_size``, ``draft_vocab_size`` and ``aux_hidden_state_layer_ids``
@@ -57,13 +57,14 @@ from dspark_hub.errors import CheckpointFormatError, UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
 from dspark_hub.format.jsonio import is_int, loads_strict
+from dspark_hub.format.registry import DEFAULT_FORMAT, PairingKeys
 from dspark_hub.format.remote import source_for
+from dspark_hub.format.taps import text_config
 from dspark_hub.format.tensorio import CastDigest, TensorDigest, digest_as
 from dspark_hub.progress import Progress
 from dspark_hub.report import Finding, Report, error, info, warning
 from dspark_hub.verify.embedding import compare_embeddings
-from dspark_hub.verify.formats import K3, PairingKeys, detect
-from dspark_hub.verify.rules import text_config
+from dspark_hub.verify.family import detect
 
 CHUNK_BYTES = 16 << 20
 #: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
@@ -320,7 +321,7 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
                   progress: Progress | None = None) -> tuple[list[Finding], dict[str, Any]]:
     """Every pairing check of a draft against a target; returns findings and `sections["pairing"]`.
 
-    What the draft says about its target comes from its format's `pairing_keys` (`verify.formats`):
+    What the draft says about its target comes from its format's `pairing_keys` (`format.registry`):
     `target_hidden_size`/`target_num_hidden_layers`/`vocab_size` for k3_dspark; `target_hidden_size`
     (null: the hidden size), `transformer_layer_config.vocab_size`, `draft_vocab_size` and the aux ids
     (converted to our convention) for a speculators DSpark, which records no target layer count.
@@ -330,7 +331,7 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
         raise UsageError(f"{target_view.location}: no readable config.json; pass the target model folder",
                          param="target")
     fmt, _ = detect(draft, draft_view.tensors)
-    fmt = fmt or K3
+    fmt = fmt or DEFAULT_FORMAT
     keys = fmt.pairing_keys(draft)
     tcfg = text_config(target_view.config)
     embed_name = target_embedding_name(target_view)

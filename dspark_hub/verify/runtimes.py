@@ -40,9 +40,9 @@ from dspark_hub._text import plural
 from dspark_hub.errors import ContractError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView
+from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
 from dspark_hub.report import Finding, Report, error, info, warning
-from dspark_hub.verify.family import methods_text
-from dspark_hub.verify.formats import K3, SPECULATORS, DraftFormat, detect
+from dspark_hub.verify.family import detect, methods_text
 from dspark_hub.verify.runtimes_speculators import RUNTIMES as SPECULATORS_RUNTIMES
 from dspark_hub.verify.runtimes_vllm import VLLM, VllmK3Loader
 from dspark_hub.verify.verdicts import (  # noqa: F401 (Cited, ServingRecipe, VERDICTS: re-exported)
@@ -463,7 +463,7 @@ def extend_report(report: Report, view: CheckpointView, names: str | list[str], 
                   execute: bool = False) -> Report:
     """Add `sections["runtimes"]` (and `sections["family"]`) plus the runtime findings to a verify report.
 
-    The loaders are those of the checkpoint's draft format (`verify.formats`); a runtime with no
+    The loaders are those of the checkpoint's draft format (`format.registry`); a runtime with no
     loader rules for that format gets a `RUNTIME_NO_RULES` warning instead of verdicts. A folder of
     another draft family, or a config without a roster, gets no runtime verdicts: the family
     finding already says what it is. With `execute`, vLLM's own loader is run on the folder in a
