@@ -166,6 +166,12 @@ def _embedding_verdict(section: dict[str, Any]) -> Text:
 def _render_sections(report: Report) -> None:
     from dspark_hub.format.registry import DEFAULT_FORMAT
 
+    hub = report.sections.get("against_hub")
+    if hub:
+        outcome = ("every one matches (size, and SHA-256 or git blob id)" if hub["ok"]
+                   else f"{plural(len(hub['problems']), 'difference')} (see the findings)")
+        stdout.print(f"against {hub['location']} (commit {hub['commit'][:12]}): "
+                     f"{plural(hub['files_compared'], 'file')} compared; {outcome}")
     family = report.sections.get("family")
     if family and family["family"] != DEFAULT_FORMAT.name:     # the default format goes without saying
         evidence = f" ({'; '.join(family['evidence'])})" if family["evidence"] else ""
@@ -198,6 +204,9 @@ def _render_sections(report: Report) -> None:
                          f"({plural(data.get('rows_compared', 0), 'row')} compared)"
                          + "".join(f"; {w}" for w in execution.get("warnings", [])))
         serving = data["serving"]
+        if serving is None:
+            stdout.print(f"no serving command: {data.get('serving_withheld') or data['title'] + ' refuses this draft'}")
+            continue
         stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
                      f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "
                      "from config.json):")
@@ -243,7 +252,7 @@ def render_diff(result: Any) -> None:
     if changed:
         print_table("changed tensors (relative L2 ||b-a||/||a||)",
                     (Column("tensor"), Column("rel L2", justify="right")),
-                    [[name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}"]
+                    [[name, _relative_change(t)]
                      for name, t in sorted(changed.items(), key=lambda kv: -(kv[1]["rel_l2"] or float("inf")))])
     for p in d["problems"]:
         stdout.print(Text(f"{p['side'].upper()}: {p['where']}: {p['message']}", style="red"))
@@ -252,6 +261,15 @@ def render_diff(result: Any) -> None:
                  for side, lay in ((s, d["layout"][s]) for s in ("a", "b"))]
         stdout.print(Text.assemble(("~ layout", "yellow"), f" {'; '.join(sides)}"))
     stdout.print(Text.assemble(*diff_verdict(d), f"  ({d['a']} -> {d['b']})"))
+
+
+def _relative_change(delta: dict[str, Any]) -> str:
+    """`1.234e-02`; for a tensor that is zero in A, how far it moved (`from zero: ||b-a|| 3.1e-01`)."""
+    if delta["rel_l2"] is not None:
+        return f"{delta['rel_l2']:.3e}"
+    if delta.get("abs_l2") is not None:
+        return f"from zero: ||b-a|| {delta['abs_l2']:.3e}"
+    return "changed (not a float tensor)"
 
 
 #: How `diff_verdict` names each part of `differs` (the weights are said separately).
@@ -493,11 +511,17 @@ def render_publication(outcome: Any) -> None:
                     (Column("file"), Column("bytes", justify="right"), Column("storage")),
                     [[f.path, f"{f.size:,}", "LFS" if f.lfs else "regular"] for f in plan.files])
         stdout.print(f"{plural(len(plan.files), 'file')}, {plural(plan.total_bytes, 'byte')} "
-                     f"({plan.lfs_bytes:,} through LFS); commit: {plan.commit_message}; dry run: nothing sent")
+                     f"({plan.lfs_bytes:,} in LFS storage); commit: {plan.commit_message}; dry run: nothing sent")
+        stdout.print(f"transfer: {plan.transfer}"
+                     + (" (Xet where hf_xet is installed and the endpoint offers it, else LFS)"
+                        if plan.transfer == "auto" else ""))
         return
     if result.problems:
         _file_problems("the Hub's files differ from the local ones", result.problems)
     stdout.print(f"{result.status}: {result.commit_url}" + (f" (tag {result.tag})" if result.tag else ""))
+    if result.transfer is not None and result.status == "published":
+        name = {"lfs": "LFS", "xet": "Xet"}[result.transfer.name]
+        stdout.print(f"uploaded through {name} ({result.transfer.reason}); choose with --transfer auto|xet|lfs")
     if not result.problems:
         stdout.print(f"the Hub's {plural(len(plan.files), 'file')} match the local SHA-256 digests")
 
