@@ -9,6 +9,7 @@ from dspark_hub._text import plural, short_json
 from dspark_hub.cli._output import TerminalText as Text
 from dspark_hub.cli._output import stderr, stdout
 from dspark_hub.cli._table import Cell, Column, print_table
+from dspark_hub.format.contract import CONFIG_NAME
 
 CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
 
@@ -27,7 +28,7 @@ def render_diff(result: Any) -> None:
     rows += [[Text(f"~ {key}", style="yellow"), _short(pair["a"]), _short(pair["b"])]
              for key, pair in cfg["changed"].items()]
     if rows:
-        print_table("config.json", (Column("key"), Column("A", prose=True), Column("B", prose=True)), rows)
+        print_table(CONFIG_NAME, (Column("key"), Column("A", prose=True), Column("B", prose=True)), rows)
     for name, e in roster["renamed"].items():
         stdout.print(Text.assemble((f"> {name} -> {e['to']}", "cyan"),
                                    f" {e['shape']} {e['dtype']} (renamed; the same bytes)"))
@@ -55,7 +56,7 @@ def render_diff(result: Any) -> None:
 
 
 #: How `diff_verdict` names each part of `differs` (the weights are said separately).
-_DIFFERS_WORDS = {"config": "config.json", "layout": "weight file layout", "metadata": "safetensors metadata"}
+_DIFFERS_WORDS = {"config": CONFIG_NAME, "layout": "weight file layout", "metadata": "safetensors metadata"}
 
 
 def diff_verdict(d: dict[str, Any]) -> tuple[Text, str]:

@@ -355,7 +355,7 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
         embed_findings, embedding = _embedding(draft_view, target_view, embed_name, progress)
         out += embed_findings
     revision, revision_source = target_revision(target_view)
-    hashed = ("config.json", *TOKENIZER_FILES)
+    hashed = (contract.CONFIG_NAME, *TOKENIZER_FILES)
     section = {
         "target": target_view.location,
         "revision": revision,
@@ -363,7 +363,7 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
         "format": fmt.name,
         "draft": keys.to_dict(),
         "config": {"hidden_size": tcfg.get("hidden_size"), "num_hidden_layers": tcfg.get("num_hidden_layers"),
-                   "vocab_size": tcfg.get("vocab_size"), "sha256": _sha256_file(target_view, "config.json")},
+                   "vocab_size": tcfg.get("vocab_size"), "sha256": _sha256_file(target_view, contract.CONFIG_NAME)},
         "files": _file_digests(target_view, hashed),
         "embedding": embedding,
         "mask_token": token.to_dict() if token else None,
