@@ -61,6 +61,7 @@ from dspark_hub.format.folder import open_regular
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.tensorio import weight_files
 from dspark_hub.format.writer import atomic_path
+from dspark_hub.verify.checks import verify
 
 if TYPE_CHECKING:
     import torch
@@ -193,7 +194,6 @@ def _verified_config(folder: Path) -> dict[str, Any]:
     Raises:
         UsageError: verify reports an error; the message is its first one.
     """
-    from dspark_hub.verify.checks import verify
 
     report = verify(folder)
     if not report.ok:
