@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub._text import plural, short_json
 from dspark_hub.cli._output import TerminalText as Text
 from dspark_hub.cli._output import stderr, stdout
 from dspark_hub.cli._table import Cell, Column, print_table
 from dspark_hub.format.contract import CONFIG_NAME
+
+if TYPE_CHECKING:
+    from dspark_hub.ops.convert import ConvertReport
+    from dspark_hub.ops.diff import DiffReport
+    from dspark_hub.ops.init import InitResult
 
 CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
 
@@ -18,91 +23,85 @@ def _short(value: Any) -> str:
     return short_json(value, limit=60)   # a table cell
 
 
-def render_diff(result: Any) -> None:
+def render_diff(result: DiffReport) -> None:
     """Human view of a `DiffReport`."""
-    d = result.to_dict()
-    cfg, roster = d["config"], d["roster"]
     rows: list[list[Cell]] = []
-    rows += [[Text(f"- {key}", style="red"), _short(value), ""] for key, value in cfg["removed"].items()]
-    rows += [[Text(f"+ {key}", style="green"), "", _short(value)] for key, value in cfg["added"].items()]
-    rows += [[Text(f"~ {key}", style="yellow"), _short(pair["a"]), _short(pair["b"])]
-             for key, pair in cfg["changed"].items()]
+    rows += [[Text(f"- {key}", style="red"), _short(value), ""] for key, value in result.config_removed.items()]
+    rows += [[Text(f"+ {key}", style="green"), "", _short(value)] for key, value in result.config_added.items()]
+    rows += [[Text(f"~ {key}", style="yellow"), _short(a), _short(b)] for key, (a, b) in result.config_changed.items()]
     if rows:
         print_table(CONFIG_NAME, (Column("key"), Column("A", prose=True), Column("B", prose=True)), rows)
-    for name, e in roster["renamed"].items():
-        stdout.print(Text.assemble((f"> {name} -> {e['to']}", "cyan"),
-                                   f" {e['shape']} {e['dtype']} (renamed; the same bytes)"))
-    for name, e in roster["removed"].items():
-        stdout.print(Text.assemble((f"- {name}", "red"), f" {e['shape']} {e['dtype']} (only in A)"))
-    for name, e in roster["added"].items():
-        stdout.print(Text.assemble((f"+ {name}", "green"), f" {e['shape']} {e['dtype']} (only in B)"))
-    for name, e in roster["shape"].items():
-        stdout.print(Text.assemble((f"~ {name}", "yellow"), f" shape {e['a']} -> {e['b']}"))
-    for name, e in roster["dtype"].items():
-        stdout.print(Text.assemble((f"~ {name}", "yellow"), f" dtype {e['a']} -> {e['b']}"))
-    changed = {n: t for n, t in d["tensors"].items() if not t["identical"]}
-    if changed:
+    for name, (to, shape, dtype, _) in result.renamed.items():
+        stdout.print(Text.assemble((f"> {name} -> {to}", "cyan"), f" {list(shape)} {dtype} (renamed; the same bytes)"))
+    for name, (shape, dtype) in result.tensors_removed.items():
+        stdout.print(Text.assemble((f"- {name}", "red"), f" {list(shape)} {dtype} (only in A)"))
+    for name, (shape, dtype) in result.tensors_added.items():
+        stdout.print(Text.assemble((f"+ {name}", "green"), f" {list(shape)} {dtype} (only in B)"))
+    for name, (shape_a, shape_b) in result.shape_changed.items():
+        stdout.print(Text.assemble((f"~ {name}", "yellow"), f" shape {list(shape_a)} -> {list(shape_b)}"))
+    for name, (dtype_a, dtype_b) in result.dtype_changed.items():
+        stdout.print(Text.assemble((f"~ {name}", "yellow"), f" dtype {dtype_a} -> {dtype_b}"))
+    if result.changed:
         print_table("changed tensors (relative L2 ||b-a||/||a||)",
                     (Column("tensor"), Column("rel L2", justify="right")),
-                    [[name, "-" if t["rel_l2"] is None else f"{t['rel_l2']:.3e}"]
-                     for name, t in sorted(changed.items(), key=lambda kv: -(kv[1]["rel_l2"] or float("inf")))])
-    for p in d["problems"]:
-        stdout.print(Text(f"{p['side'].upper()}: {p['where']}: {p['message']}", style="red"))
-    if not d["layout"]["same"]:
-        sides = [f"{side.upper()}: {', '.join(lay['files'])} {json.dumps(lay['metadata'])}"
-                 for side, lay in ((s, d["layout"][s]) for s in ("a", "b"))]
+                    [[name, "-" if t.rel_l2 is None else f"{t.rel_l2:.3e}"]
+                     for name, t in sorted(result.changed.items(), key=lambda kv: -(kv[1].rel_l2 or float("inf")))])
+    for side, problem in result.problems:
+        stdout.print(Text(f"{side.upper()}: {problem.where}: {problem.message}", style="red"))
+    if not result.same_layout:
+        sides = [f"{side.upper()}: {', '.join(layout['files'])} {json.dumps(layout['metadata'])}"
+                 for side, layout in (("a", result.layout_a), ("b", result.layout_b))]
         stdout.print(Text.assemble(("~ layout", "yellow"), f" {'; '.join(sides)}"))
-    stdout.print(Text.assemble(*diff_verdict(d), f"  ({d['a']} -> {d['b']})"))
+    stdout.print(Text.assemble(*diff_verdict(result), f"  ({result.a} -> {result.b})"))
 
 
 #: How `diff_verdict` names each part of `differs` (the weights are said separately).
 _DIFFERS_WORDS = {"config": CONFIG_NAME, "layout": "weight file layout", "metadata": "safetensors metadata"}
 
 
-def diff_verdict(d: dict[str, Any]) -> tuple[Text, str]:
+def diff_verdict(result: DiffReport) -> tuple[Text, str]:
     """The verdict line of `diff`: what differs, then what the common tensors' bytes say."""
-    s, roster = d["summary"], d["roster"]
-    tensors = f"{s['identical']} of {plural(s['compared'], 'common tensor')} byte-identical"
-    if d["identical"]:
+    compared, changed = len(result.tensors), len(result.changed)
+    tensors = f"{compared - changed} of {plural(compared, 'common tensor')} byte-identical"
+    if result.identical:
         return Text("identical", style="bold green"), f": {tensors}"
-    if d["weights_only"]:
-        return Text("only the weights differ", style="yellow"), f": {tensors}, {s['changed']} changed"
-    counts = [(len(roster[key]), what) for key, what in (("renamed", "renamed"), ("added", "only in B"),
-                                                         ("removed", "only in A"), ("shape", "reshaped"),
-                                                         ("dtype", "recast"))]
+    if result.weights_only:
+        return Text("only the weights differ", style="yellow"), f": {tensors}, {changed} changed"
+    counts = [(len(result.renamed), "renamed"), (len(result.tensors_added), "only in B"),
+              (len(result.tensors_removed), "only in A"), (len(result.shape_changed), "reshaped"),
+              (len(result.dtype_changed), "recast")]
     words = [f"tensor roster ({', '.join(f'{n} {what}' for n, what in counts if n)})" if part == "roster"
-             else _DIFFERS_WORDS[part] for part in d["differs"] if part != "weights"]
+             else _DIFFERS_WORDS[part] for part in result.differs if part != "weights"]
     parts = ", ".join(words) or "the files could not be read whole"
-    if s["changed"]:
-        return Text("different", style="bold red"), f": {parts}; weights: {tensors}, {s['changed']} changed"
+    if changed:
+        return Text("different", style="bold red"), f": {parts}; weights: {tensors}, {changed} changed"
     return Text("different", style="bold red"), f": {parts}; the weights are the same ({tensors})"
 
 
-def render_convert(result: Any) -> None:
+def render_convert(result: ConvertReport) -> None:
     """Human view of a `ConvertReport`."""
-    d = result.to_dict()
     rows: list[list[Cell]] = []
     shown: dict[str, int] = {}
-    for c in d["changes"]:
-        shown[c["kind"]] = shown.get(c["kind"], 0) + 1
-        if shown[c["kind"]] <= CHANGES_PER_KIND:
-            rows.append([c["kind"], c["target"], c["detail"]])
+    for change in result.changes:
+        shown[change.kind] = shown.get(change.kind, 0) + 1
+        if shown[change.kind] <= CHANGES_PER_KIND:
+            rows.append([change.kind, change.target, change.detail])
     for kind, n in shown.items():
         if n > CHANGES_PER_KIND:
             rows.append([kind, f"... and {n - CHANGES_PER_KIND} more", "(all listed with --json)"])
     if rows:
-        print_table(f"changes {d['input']} -> {d['path']}",
+        print_table(f"changes {result.src} -> {result.dst}",
                     (Column("kind"), Column("target"), Column("detail", prose=True)), rows)
-    stdout.print(f"wrote {d['path']}: {plural(d['tensors'], 'tensor')}, {plural(d['weights_bytes'], 'byte')}")
-    if d["verify"]["ok"]:
+    stdout.print(f"wrote {result.dst}: {plural(result.tensors, 'tensor')}, {plural(result.weights_bytes, 'byte')}")
+    if result.verify_ok:
         stdout.print(Text("verify OK", style="bold green"))
     else:
-        errors = ", ".join(f"{e['code']} ({e['where']})" for e in d["verify"]["errors"][:5])
+        errors = ", ".join(f"{code} ({where})" for code, where in result.verify_errors[:5])
         stdout.print(Text.assemble(("verify still fails", "bold red"),
-                                   f": {errors}; run: dspark-hub verify {d['path']}"))
+                                   f": {errors}; run: dspark-hub verify {result.dst}"))
 
 
-def render_init(result: Any) -> None:
+def render_init(result: InitResult) -> None:
     """Human view of an `InitResult`; a random frozen embedding is a warning on stderr."""
     embedding = result.embedding
     source = (f"; embed_tokens from {embedding.teacher}" + (f" ({embedding.cast})" if embedding.cast else "")

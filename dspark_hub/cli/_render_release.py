@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub._text import plural
 from dspark_hub.cli._errors import in_cli_terms
@@ -11,20 +11,26 @@ from dspark_hub.cli._output import stdout
 from dspark_hub.cli._render_verify import render_findings, verdict_line
 from dspark_hub.cli._table import Cell, Column, print_table
 
+if TYPE_CHECKING:
+    from dspark_hub.format.remote_code import ExportResult
+    from dspark_hub.hub.checksums import ChecksumCheck, ChecksumFiles
+    from dspark_hub.hub.package import PackageResult
+    from dspark_hub.verify.golden import GoldenCheck, GoldenWrite
+
 
 def _file_problems(title: str, problems: list[Any]) -> None:
     print_table(title, (Column("file"), Column("problem"), Column("message", prose=True)),
                 [[p.path, p.kind, p.message] for p in problems])
 
 
-def render_checksums(written: Any) -> None:
+def render_checksums(written: ChecksumFiles) -> None:
     """Human view of `ChecksumFiles`."""
     stdout.print(f"wrote {written.sums_path} and {written.manifest_path} "
                  f"({plural(len(written.manifest.files), 'file')}, {plural(written.manifest.total_bytes, 'byte')}); "
                  f"check with: sha256sum -c SHA256SUMS (in {written.path})")
 
 
-def render_checksum_check(check: Any) -> None:
+def render_checksum_check(check: ChecksumCheck) -> None:
     """Human view of a `ChecksumCheck`."""
     if check.problems:
         _file_problems(f"checksum problems in {check.path}", check.problems)
@@ -32,14 +38,14 @@ def render_checksum_check(check: Any) -> None:
         stdout.print(f"OK  {check.path}: every file matches its checksum")
 
 
-def render_package(result: Any) -> None:
+def render_package(result: PackageResult) -> None:
     """Human view of a `PackageResult`."""
     stdout.print(f"wrote {result.path}: {', '.join(sorted(result.files))}")
     stdout.print(f"infohash {result.infohash}")
     stdout.print(f"magnet   {result.magnet}")
 
 
-def render_export(result: Any) -> None:
+def render_export(result: ExportResult) -> None:
     """Human view of an `ExportResult`."""
     stdout.print(f"{result.path}: wrote {', '.join(result.written) or 'nothing'}"
                  + (f" (unchanged: {', '.join(result.unchanged)})" if result.unchanged else "")
@@ -84,14 +90,14 @@ def render_card_lint(report: Any) -> None:
     stdout.print(verdict_line(report.ok, len(report.errors), report.path))
 
 
-def render_golden_write(result: Any) -> None:
+def render_golden_write(result: GoldenWrite) -> None:
     """Human view of a `GoldenWrite`."""
     cases = ", ".join(f"{c} from position {p}" for c, p in result.cases.items())
     stdout.print(f"wrote {result.path} ({plural(result.bytes, 'byte')}; cases {cases}); "
                  f"check it with: dspark-hub golden check {result.input} {result.path}")
 
 
-def render_golden_check(result: Any) -> None:
+def render_golden_check(result: GoldenCheck) -> None:
     """Human view of a `GoldenCheck`: every compared tensor, the problems, the verdict."""
     rows: list[list[Cell]] = []
     for c in result.comparisons:

@@ -10,7 +10,7 @@ from dspark_hub.cli._output import TerminalText as Text
 from dspark_hub.cli._output import stdout
 from dspark_hub.cli._table import Column, print_table
 from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS
-from dspark_hub.report import Finding, Report
+from dspark_hub.report import EmbeddingVerdict, Finding, Report
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {"loaded": "green", "skipped": "cyan", "ignored": "bold red", "fatal": "bold red"}
@@ -65,11 +65,12 @@ def _render_deep(report: Report) -> None:
                                    _embedding_verdict(frozen)))
 
 
-def _embedding_verdict(section: dict[str, Any]) -> Text:
+def _embedding_verdict(section: EmbeddingVerdict | dict[str, Any]) -> Text:
     """`bit-identical`, `identical after BF16 rounding (nearest even) of the F32 target`, `DIFFERENT`, ..."""
-    if section["identical"] is None:
+    verdict = section["verdict"]
+    if section["identical"] is None or verdict is None:   # the verdict is null exactly when nothing was compared
         return Text("not checked")
-    return Text(section["verdict"], style="green") if section["identical"] else Text("DIFFERENT", style="bold red")
+    return Text(verdict, style="green") if section["identical"] else Text("DIFFERENT", style="bold red")
 
 
 def _render_sections(report: Report) -> None:

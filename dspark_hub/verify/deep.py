@@ -41,7 +41,6 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
@@ -57,7 +56,7 @@ from dspark_hub.format.tensorio import (
     view_location,
 )
 from dspark_hub.progress import Progress, announce_total
-from dspark_hub.report import Finding, Report, error
+from dspark_hub.report import DeepSection, Finding, FrozenEmbedSection, Report, error
 from dspark_hub.verify.embedding import EmbeddingComparison, compare_embeddings
 from dspark_hub.verify.file_scan import FileScan, scan_files
 
@@ -80,7 +79,7 @@ def tensor_findings(scans: list[FileScan]) -> list[Finding]:
     return out
 
 
-def deep_section(scans: list[FileScan]) -> dict[str, Any]:
+def deep_section(scans: list[FileScan]) -> DeepSection:
     tensors = {s.name: s.to_dict() for scan in scans for s in scan.tensors}
     return {"files": [scan.to_dict() for scan in scans], "tensors": dict(sorted(tensors.items()))}
 
@@ -103,7 +102,7 @@ class FrozenEmbedResult:
     def identical(self) -> bool | None:
         return self.comparison.identical
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FrozenEmbedSection:
         return {"teacher": self.teacher, "draft": self.draft.to_dict() if self.draft else None,
                 "teacher_tensor": self.teacher_tensor.stored.to_dict(), **self.comparison.to_dict()}
 

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format.folder import open_regular
 from dspark_hub.format.reader import SafetensorsHeader
 from dspark_hub.progress import Progress
+from dspark_hub.report import FileScanDict
 from dspark_hub.verify.tensor_stats import FileScanner, TensorStats
 
 RING_DEPTH = 4
@@ -46,7 +46,7 @@ class FileScan:
     seconds: float
     tensors: list[TensorStats] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FileScanDict:
         return {"name": self.name, "size": self.size, "sha256": self.sha256, "seconds": round(self.seconds, 3)}
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader
 from dspark_hub.format.tensorio import FLOAT_BITS, decode_float
+from dspark_hub.report import TensorStatsDict
 
 #: Elements per numpy call in the stats thread: small enough that the slice and its temporaries stay in L2.
 SLICE_ELEMENTS = 1 << 17
@@ -116,7 +116,7 @@ class TensorStats:
         bits_dtype = FLOAT_BITS[self.dtype][0]
         return float(decode_float(np.array([self.max_bits], dtype=bits_dtype).tobytes(), self.dtype)[0])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TensorStatsDict:
         mean, std = self.mean_std()
         return {"file": self.file, "dtype": self.dtype, "shape": list(self.shape), "nan": self.nan,
                 "inf": self.inf, "all_zero": self.all_zero, "mean": mean, "std": std, "max_abs": self.max_abs()}
