@@ -108,6 +108,46 @@ class FamilySection(TypedDict):
     speculators_type: str | None
 
 
+class PairedConfig(TypedDict):
+    """The target config's facts a pairing records (values as the config gives them)."""
+
+    hidden_size: Any
+    num_hidden_layers: Any
+    vocab_size: Any
+    sha256: str
+
+
+class FileSizeDigest(TypedDict):
+    size: int
+    sha256: str | None
+
+
+class PairedEmbedding(EmbeddingVerdict):
+    draft: TensorDigestDict | None
+    target: TensorDigestDict | None
+
+
+class TokenDict(TypedDict):
+    id: int
+    content: str
+    special: bool | None
+    where: str
+
+
+class PairingSection(TypedDict):
+    """`sections["pairing"]` (`verify.pairing`): what the draft was paired with."""
+
+    target: str
+    revision: str | None
+    revision_source: str | None
+    format: str
+    draft: dict[str, Any]          # format.registry.PairingKeys.to_dict
+    config: PairedConfig
+    files: dict[str, FileSizeDigest]
+    embedding: PairedEmbedding | None
+    mask_token: TokenDict | None
+
+
 class Sections(TypedDict, total=False):
     """The optional analyses a report carries (absent: not run)."""
 
@@ -116,7 +156,7 @@ class Sections(TypedDict, total=False):
     frozen_embed: FrozenEmbedSection
     family: FamilySection
     runtimes: dict[str, dict[str, Any]]   # verify.runtimes' per-runtime records
-    pairing: dict[str, Any]               # verify.pairing
+    pairing: PairingSection
     against_hub: dict[str, Any]           # verify.against_hub
 
 

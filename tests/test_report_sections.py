@@ -12,14 +12,13 @@ import typing
 from typing import Any, TypedDict, get_args, get_origin, get_type_hints
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from dspark_hub import report
 from dspark_hub.format import contract
 from dspark_hub.verify.checks import verify
 
 from .factories import tensors_for, write_checkpoint
+from .test_pairing import make_teacher
 
 
 def _is_typeddict(tp: Any) -> bool:
@@ -56,22 +55,18 @@ def test_every_section_name_has_a_type_and_every_type_a_name():
 
 @pytest.fixture(scope="module")
 def sections(tmp_path_factory) -> dict[str, Any]:
-    """The JSON sections of one verify run that fills deep, frozen_embed, family, runtimes and roster."""
+    """The JSON sections of one verify run that fills roster, deep, frozen_embed, family and pairing."""
     tmp = tmp_path_factory.mktemp("sections")
     state = tensors_for(contract.TINY_CONFIG)
     draft = write_checkpoint(tmp / "draft", tensors=state)
-    teacher = tmp / "teacher"
-    teacher.mkdir()
-    save_file({"model.embed_tokens.weight": state["embed_tokens.weight"].clone(),
-               "lm_head.weight": torch.zeros(state["embed_tokens.weight"].shape, dtype=torch.bfloat16)},
-              str(teacher / contract.WEIGHTS_NAME))
-    result = verify(draft, deep=True, frozen_embed=teacher, runtime="vllm")
+    teacher = make_teacher(tmp / "teacher", state["embed_tokens.weight"])
+    result = verify(draft, deep=True, frozen_embed=teacher, runtime="vllm", target=teacher)
     assert result.ok, result.errors
     produced: dict[str, Any] = result.to_dict()["sections"]
     return produced
 
 
-@pytest.mark.parametrize("name", ["roster", "deep", "frozen_embed", "family"])
+@pytest.mark.parametrize("name", ["roster", "deep", "frozen_embed", "family", "pairing"])
 def test_the_produced_section_has_exactly_the_typed_keys(sections, name):
     assert sections[name], f"the run produced no {name} section"
     assert mismatches(get_type_hints(report.Sections)[name], sections[name], name) == []
