@@ -44,7 +44,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
@@ -80,6 +80,19 @@ INPUTS = ("context_states", "position_ids", "anchor_ids", "drafted_tokens")
 LM_HEAD_NAME = "lm_head.weight"
 
 
+class Comparison(TypedDict):
+    """One compared tensor of a `GoldenCheck` (`--json` lists them): exact (`mismatches`), within tolerance
+    (`atol`, `rtol`), or not comparable (`detail`)."""
+
+    tensor: str
+    ok: bool
+    max_abs: float | None
+    detail: NotRequired[str]
+    mismatches: NotRequired[int]
+    atol: NotRequired[float]
+    rtol: NotRequired[float]
+
+
 @dataclass(frozen=True)
 class GoldenWrite:
     """What `write_golden` wrote: the fixture `path` of the checkpoint `input`."""
@@ -102,7 +115,7 @@ class GoldenCheck:
 
     fixture: str
     input: str
-    comparisons: list[dict[str, Any]] = field(default_factory=list)   # {"tensor", "ok", "max_abs", "atol", "rtol"}
+    comparisons: list[Comparison] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -285,7 +298,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                        bytes=target.stat().st_size)
 
 
-def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: Mapping[str, float] | None) -> dict[str, Any]:
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: Mapping[str, float] | None) -> Comparison:
     import torch
 
     if got.shape != want.shape:
@@ -296,7 +309,8 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: Mapping[str,
         return {"tensor": name, "ok": mismatches == 0, "max_abs": None, "mismatches": mismatches}
     diff = (got.double() - want.double()).abs()
     ok = bool(torch.all(diff <= tol["atol"] + tol["rtol"] * want.double().abs()))
-    return {"tensor": name, "ok": ok, "max_abs": float(diff.max()) if diff.numel() else 0.0, **tol}
+    return {"tensor": name, "ok": ok, "max_abs": float(diff.max()) if diff.numel() else 0.0, "atol": tol["atol"],
+            "rtol": tol["rtol"]}
 
 
 _JSON_METADATA = ("config", "weights_sha256", "lm_head", "tolerances", "cases")
