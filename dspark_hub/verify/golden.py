@@ -231,7 +231,7 @@ def _same_roster(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def _load_model(folder: Path) -> K3DSparkModel:
     import torch
 
-    from dspark_hub.modeling import load_checkpoint
+    from dspark_hub.modeling import load_checkpoint  # torch and transformers
 
     model = load_checkpoint(folder, dtype=torch.float32).model
     model.train(False)   # eval mode (transformers' own eval() is unannotated)
