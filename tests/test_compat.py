@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 import types
 from typing import Any
 
@@ -92,3 +94,22 @@ def test_the_python_api_table_is_seen():
 def test_every_call_in_the_python_api_section_resolves_to_a_function(dotted):
     value = resolve(dotted)
     assert callable(value) and not isinstance(value, types.ModuleType)
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_importing_a_0_1_path_warns_naming_where_it_went(old, monkeypatch):
+    monkeypatch.delitem(sys.modules, f"dspark_hub.{old}", raising=False)
+    with pytest.warns(DeprecationWarning, match=rf"^dspark_hub\.{old} moved in 0\.2 to dspark_hub\.{MOVED[old][0]}"):
+        importlib.import_module(f"dspark_hub.{old}")
+
+
+def test_importing_the_new_paths_does_not_warn():
+    """In a fresh interpreter that turns a DeprecationWarning into an error (re-importing here would swap
+    the modules other tests hold)."""
+    modules = sorted({f"dspark_hub.{targets[0]}" for targets in MOVED.values()})
+    done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", f"import {', '.join(modules)}"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    old = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", "import dspark_hub.checks"],
+                         capture_output=True, text=True)
+    assert old.returncode == 1 and "dspark_hub.checks moved in 0.2 to dspark_hub.verify.checks" in old.stderr

@@ -156,7 +156,7 @@ def test_a_wrong_command_line_is_caught(line, problem):
 @pytest.mark.parametrize("line", [
     "dspark-hub card --meta m -o o --checksums-from c --no-hash",          # the default subcommand: render
     "dspark-hub golden CKPT -o out.safetensors",                           # the default subcommand: write
-    "$(.ci/venv-vllm.sh) -m dspark_hub eval --draft d --teacher t --prompts p --engine vllm --json > e.json",
+    "$(.ci/venv-vllm.sh) -m dspark_hub eval --draft d --target t --prompts p --engine vllm --json > e.json",
     "dspark-hub --debug verify x --runtime=vllm",
 ])
 def test_a_right_command_line_passes(line):

@@ -25,7 +25,7 @@ def test_k_defaults_per_format_and_the_block_size_overrides(tmp_path):
     assert read_draft(fixture("dspark"), block_size=2).k == 2
     k3 = init_checkpoint(tmp_path / "k3", profile="tiny").path
     draft = read_draft(k3)
-    assert (draft.k, draft.taps, draft.is_speculators) == (7, [1, 3, 4], False)
+    assert (draft.k, draft.taps, draft.format.records_target_config) == (7, [1, 3, 4], True)
     assert read_draft(fixture("dspark")).taps == [0, 2, 4]       # aux ids 1, 3, 5 = outputs of layers 0, 2, 4
 
 
@@ -166,4 +166,4 @@ def test_without_a_gpu_a_teacher_cpu_attention_cannot_run_is_refused_before_the_
                                       str(fixture("dspark")), "--teacher", str(teacher), "--prompts",
                                       str(SPECDEC / "prompts.jsonl")])
     assert result.exit_code == 2 and "engine started" not in result.output
-    assert result.stderr.startswith(f"Error: --teacher: {teacher}: head_dim is 16; vLLM's CPU attention needs")
+    assert result.stderr.startswith(f"Error: --target: {teacher}: head_dim is 16; vLLM's CPU attention needs")

@@ -38,15 +38,9 @@ FORMAT_SYMBOLS = frozenset(
     and (isinstance(value, DraftFormat) or (isinstance(value, str) and value in FORMAT_NAMES)))
 _LOOKUPS = {"get", "pop", "setdefault"}
 
-#: The comparisons still to switch, in files their owners are restructuring this session:
-#: (file, the flagged source text) -> the field that replaces it. The lead empties this list
-#: after merging; `test_the_allow_list_has_no_stale_entry` makes every switched entry go.
-REMAINING: dict[tuple[str, str], str] = {
-    # train/evaluate.py `DraftUnderTest.is_speculators`: -> `records_target_config` / `markov_optional`
-    ("dspark_hub/train/evaluate.py", "self.format is SPECULATORS"): "DraftFormat.records_target_config",
-    # train/evaluate.py `read_draft`: -> `fmt.anchor_layout_key`
-    ("dspark_hub/train/evaluate.py", "fmt.name != K3.name"): "DraftFormat.anchor_layout_key",
-}
+#: Comparisons still to switch: (file, the flagged source text) -> the field that replaces it. Empty: every
+#: branch asks the registry; `test_the_allow_list_has_no_stale_entry` keeps it honest if one is ever added.
+REMAINING: dict[tuple[str, str], str] = {}
 
 #: Literals that spell a format's name but mean something else (checked here so each is a decision).
 NOT_A_DRAFT_FORMAT: dict[tuple[str, str], str] = {
@@ -220,11 +214,3 @@ def test_the_vllm_stub_target_is_sized_from_the_formats_pairing_keys(tmp_path):
         assert stub["num_hidden_layers"] > max(keys.taps or [0]), (fmt.name, keys.taps)
 
 
-def test_the_fields_for_the_remaining_branches_agree_with_them(tmp_path):
-    """Each REMAINING branch and the field that replaces it answer alike today (delete with the last entry)."""
-    from dspark_hub.train.evaluate import DraftUnderTest
-
-    for fmt in FORMATS.values():
-        draft = DraftUnderTest("draft", {}, fmt, [0], 1)
-        assert draft.is_speculators == (not fmt.records_target_config) == fmt.markov_optional
-        assert (fmt.name != FORMATS["k3_dspark"].name) == (fmt.anchor_layout_key == "sample_from_anchor")
