@@ -24,8 +24,6 @@ STILL_SPLITTING = {
     "cards/lint.py",
     "cards/render.py",
     "cards/results.py",
-    "train/evaluate.py",
-    "train/trainer.py",
 }
 
 
