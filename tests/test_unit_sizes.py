@@ -2,9 +2,9 @@
 
 `modeling/modeling_k3_dspark.py` is exempt for good: transformers' one-file-per-model policy keeps
 a model's code in one file, and remote code (`trust_remote_code`) loads that file alone.
-`STILL_SPLITTING` names the modules other engineers are splitting this session; each entry is to be
-removed when its split lands (the test fails on an entry that is no longer over, so the list only
-shrinks).
+`STILL_SPLITTING` (modules) and `FUNCTIONS_STILL_SPLITTING` name what other engineers are splitting
+this session; each entry is to be removed when its split lands (the test fails on an entry that is no
+longer over, so the lists only shrink).
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ STILL_SPLITTING = {
     "cards/lint.py",
     "cards/render.py",
     "cards/results.py",
+    "verify/runtimes.py",
 }
+#: Functions over the limit in files other branches are editing (`file:function`); the lead empties this too.
+FUNCTIONS_STILL_SPLITTING = {"hub/publish.py:publish"}
 
 
-def oversized(source: str, where: str, *, module_limit: bool = True) -> list[str]:
+def oversized(source: str, where: str, *, module_limit: bool = True,
+              allowed: frozenset[str] = frozenset()) -> list[str]:
     """`file:line` problems: the module over `MAX_MODULE_LINES`, each function over `MAX_FUNCTION_LINES`."""
     problems = []
     lines = len(source.splitlines())
@@ -36,7 +40,7 @@ def oversized(source: str, where: str, *, module_limit: bool = True) -> list[str
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             length = (node.end_lineno or node.lineno) - node.lineno + 1
-            if length > MAX_FUNCTION_LINES:
+            if length > MAX_FUNCTION_LINES and node.name not in allowed:
                 problems.append(f"{where}:{node.lineno}: function {node.name} has {length} lines "
                                 f"(limit {MAX_FUNCTION_LINES})")
     return problems
@@ -51,7 +55,9 @@ def test_no_module_or_function_is_over_its_limit():
     for name, path in modules():
         if name in EXEMPT:
             continue
-        problems += oversized(path.read_text(), f"dspark_hub/{name}", module_limit=name not in STILL_SPLITTING)
+        allowed = frozenset(f.split(":")[1] for f in FUNCTIONS_STILL_SPLITTING if f.split(":")[0] == name)
+        problems += oversized(path.read_text(), f"dspark_hub/{name}", module_limit=name not in STILL_SPLITTING,
+                              allowed=allowed)
     assert not problems, "\n".join(problems)
 
 
@@ -59,6 +65,16 @@ def test_the_allow_list_holds_only_modules_still_over():
     sizes = {name: len(path.read_text().splitlines()) for name, path in modules()}
     stale = sorted(name for name in STILL_SPLITTING if sizes.get(name, 0) <= MAX_MODULE_LINES)
     assert not stale, f"split already: remove {stale} from STILL_SPLITTING"
+
+
+def test_the_function_allow_list_holds_only_functions_still_over():
+    stale = []
+    for entry in FUNCTIONS_STILL_SPLITTING:
+        name, function = entry.split(":")
+        problems = oversized((PACKAGE / name).read_text(), name, module_limit=False)
+        if not any(f" function {function} has " in p for p in problems):
+            stale.append(entry)
+    assert not stale, f"split already: remove {sorted(stale)} from FUNCTIONS_STILL_SPLITTING"
 
 
 def test_the_exemption_still_names_a_file():
@@ -95,6 +111,12 @@ def test_the_checker_flags_long_units_by_file_and_line(source, expected):
 ])
 def test_the_checker_passes_units_within_the_limits(source):
     assert oversized(source, "snippet.py") == []
+
+
+def test_an_allow_listed_function_is_passed_and_its_neighbours_still_checked():
+    source = _function("allowed", MAX_FUNCTION_LINES) + _function("other", MAX_FUNCTION_LINES)
+    problems = oversized(source, "big.py", allowed=frozenset({"allowed"}))
+    assert [p.split(": ")[1] for p in problems] == ["function other has 81 lines (limit 80)"]
 
 
 def test_an_allow_listed_module_still_has_its_functions_checked():

@@ -13,7 +13,7 @@ from dspark_hub.format.contract import CONFIG_NAME
 
 if TYPE_CHECKING:
     from dspark_hub.ops.convert import ConvertReport
-    from dspark_hub.ops.diff import DiffReport
+    from dspark_hub.ops.diff import DiffReport, TensorDelta
     from dspark_hub.ops.init import InitResult
 
 CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
@@ -44,7 +44,7 @@ def render_diff(result: DiffReport) -> None:
     if result.changed:
         print_table("changed tensors (relative L2 ||b-a||/||a||)",
                     (Column("tensor"), Column("rel L2", justify="right")),
-                    [[name, "-" if t.rel_l2 is None else f"{t.rel_l2:.3e}"]
+                    [[name, _relative_change(t)]
                      for name, t in sorted(result.changed.items(), key=lambda kv: -(kv[1].rel_l2 or float("inf")))])
     for side, problem in result.problems:
         stdout.print(Text(f"{side.upper()}: {problem.where}: {problem.message}", style="red"))
@@ -53,6 +53,15 @@ def render_diff(result: DiffReport) -> None:
                  for side, layout in (("a", result.layout_a), ("b", result.layout_b))]
         stdout.print(Text.assemble(("~ layout", "yellow"), f" {'; '.join(sides)}"))
     stdout.print(Text.assemble(*diff_verdict(result), f"  ({result.a} -> {result.b})"))
+
+
+def _relative_change(delta: TensorDelta) -> str:
+    """`1.234e-02`; for a tensor that is zero in A, how far it moved (`from zero: ||b-a|| 3.1e-01`)."""
+    if delta.rel_l2 is not None:
+        return f"{delta.rel_l2:.3e}"
+    if delta.abs_l2 is not None:
+        return f"from zero: ||b-a|| {delta.abs_l2:.3e}"
+    return "changed (not a float tensor)"
 
 
 #: How `diff_verdict` names each part of `differs` (the weights are said separately).

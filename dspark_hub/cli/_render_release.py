@@ -67,11 +67,17 @@ def render_publication(outcome: Any) -> None:
                     (Column("file"), Column("bytes", justify="right"), Column("storage")),
                     [[f.path, f"{f.size:,}", "LFS" if f.lfs else "regular"] for f in plan.files])
         stdout.print(f"{plural(len(plan.files), 'file')}, {plural(plan.total_bytes, 'byte')} "
-                     f"({plan.lfs_bytes:,} through LFS); commit: {plan.commit_message}; dry run: nothing sent")
+                     f"({plan.lfs_bytes:,} in LFS storage); commit: {plan.commit_message}; dry run: nothing sent")
+        stdout.print(f"transfer: {plan.transfer}"
+                     + (" (Xet where hf_xet is installed and the endpoint offers it, else LFS)"
+                        if plan.transfer == "auto" else ""))
         return
     if result.problems:
         _file_problems("the Hub's files differ from the local ones", result.problems)
     stdout.print(f"{result.status}: {result.commit_url}" + (f" (tag {result.tag})" if result.tag else ""))
+    if result.transfer is not None and result.status == "published":
+        name = {"lfs": "LFS", "xet": "Xet"}[result.transfer.name]
+        stdout.print(f"uploaded through {name} ({result.transfer.reason}); choose with --transfer auto|xet|lfs")
     if not result.problems:
         stdout.print(f"the Hub's {plural(len(plan.files), 'file')} match the local SHA-256 digests")
 

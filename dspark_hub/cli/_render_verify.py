@@ -74,6 +74,12 @@ def _embedding_verdict(section: EmbeddingVerdict | dict[str, Any]) -> Text:
 
 
 def _render_sections(report: Report) -> None:
+    hub = report.sections.get("against_hub")
+    if hub:
+        outcome = ("every one matches (size, and SHA-256 or git blob id)" if hub["ok"]
+                   else f"{plural(len(hub['problems']), 'difference')} (see the findings)")
+        stdout.print(f"against {hub['location']} (commit {hub['commit'][:12]}): "
+                     f"{plural(hub['files_compared'], 'file')} compared; {outcome}")
 
     family = report.sections.get("family")
     if family and family["family"] != DEFAULT_FORMAT.name:     # the default format goes without saying
@@ -107,6 +113,9 @@ def _render_sections(report: Report) -> None:
                          f"({plural(data.get('rows_compared', 0), 'row')} compared)"
                          + "".join(f"; {w}" for w in execution.get("warnings", [])))
         serving = data["serving"]
+        if serving is None:
+            stdout.print(f"no serving command: {data.get('serving_withheld') or data['title'] + ' refuses this draft'}")
+            continue
         stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
                      f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "
                      "from config.json):")

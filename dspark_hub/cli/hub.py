@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from dspark_hub.cli._render import (
     render_package,
     render_publication,
 )
+
+if TYPE_CHECKING:
+    from dspark_hub.hub.publish import Transfer
 
 
 @command()
@@ -65,12 +69,15 @@ def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: st
 @click.option("--tag", metavar="TAG", help="Tag the new commit.")
 @click.option("--with-remote-code", is_flag=True, help="Also upload the modeling code and an auto_map.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every file, size, LFS or regular); send nothing.")
+@click.option("--transfer", type=click.Choice(["auto", "xet", "lfs"]), default="auto", show_default=True,
+              help="How large files travel: auto = Xet where hf_xet is installed and the endpoint offers it, "
+                   "else LFS.")
 @endpoint_option
 @quiet_option
 @json_option
 def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None, revision: str | None,
-            tag: str | None, with_remote_code: bool, dry_run: bool, endpoint: str | None, quiet: bool,
-            as_json: bool) -> None:
+            tag: str | None, with_remote_code: bool, dry_run: bool, transfer: Transfer, endpoint: str | None,
+            quiet: bool, as_json: bool) -> None:
     """Gate (verify + card lint), upload CKPT to ORG/NAME, then compare the Hub's files with the local ones.
 
     The token comes from huggingface_hub's usual sources (HF_TOKEN, 'hf auth login') and is never printed.
@@ -82,7 +89,7 @@ def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
     with progress("sha256", quiet=quiet or as_json) as bar:
         outcome = publish_checkpoint(ckpt, repo_id, drop_in=drop_in, private=private, revision=revision, tag=tag,
                                      with_remote_code=with_remote_code, endpoint=endpoint, dry_run=dry_run,
-                                     progress=bar)
+                                     transfer=transfer, progress=bar)
     emit(outcome, as_json=as_json, renderer=render_publication)
 
 

@@ -48,12 +48,25 @@ def family_findings(found: Fingerprint, config: Mapping[str, Any]) -> list[Findi
         return [error("WRONG_MODEL_TYPE", "config.json:model_type",
                       f"model_type is {json.dumps(model_type)}, not 'k3_dspark', and the config names no speculators "
                       "algorithm; this folder holds another kind of model", "point verify at a draft folder")]
-    claim = " although config.json says k3_dspark" if model_type == contract.MODEL_TYPE else ""
+    claimed = model_type == contract.MODEL_TYPE
+    claim = " although config.json says k3_dspark" if claimed else ""
     where = "config.json:speculators_model_type" if found.spec.speculators_type else "config.json:model_type"
     return [error("FOREIGN_DRAFT_FAMILY", where,
                   f"this is {found.spec.title}{claim}, not a draft format dspark-hub verifies "
                   f"({', '.join(f.title for f in FORMATS.values())}) ({'; '.join(found.evidence)})",
+                  _mismatched_config_hint(found) if claimed else
                   f"serve it with the method that fits ({methods_text(found.spec)}), or verify a DSpark draft")]
+
+
+def _mismatched_config_hint(found: Fingerprint) -> str:
+    """The step for weights under a config.json of another family: every runtime reads the config first, so
+    no serving method fits until the config matches the weights."""
+    if found.family == "gqa_dspark":
+        return ("the tensors are a GQA DSpark body (the speculators DSpark layout): restore the config.json "
+                "speculators saved with these weights (\"speculators_model_type\": \"dspark\"), then verify again; "
+                "a k3_dspark config makes every runtime build MLA layers these weights cannot fill")
+    return ("restore the config.json that was saved with these weights, then verify again; a k3_dspark config "
+            "makes every runtime build MLA layers these weights cannot fill")
 
 
 def check_config(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
