@@ -25,6 +25,15 @@ from typing import Any, Protocol, cast
 
 import click
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.segment import Segment
 from rich.text import Text
 
@@ -281,15 +290,6 @@ def progress(description: str, *, unit: str = "bytes", total: int | None = None,
         yield log
         log.finish()
         return
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
 
     columns = ((DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(),))
     with Progress(TextColumn("{task.description}"), BarColumn(), *columns, TimeRemainingColumn(),

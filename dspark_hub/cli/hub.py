@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 @json_option
 def checksums(folder: Path, check: bool, force: bool, quiet: bool, as_json: bool) -> None:
     """Write SHA256SUMS and checksums.json for FOLDER (or --check it against them)."""
-    from dspark_hub.hub.checksums import check_checksums, write_checksums
+    from dspark_hub.hub.checksums import (  # loads when the command runs (--help stays light)
+        check_checksums,
+        write_checksums,
+    )
 
     with progress("sha256", quiet=quiet or as_json) as bar:
         result = check_checksums(folder, progress=bar) if check else write_checksums(folder, force=force, progress=bar)
@@ -49,7 +52,7 @@ def checksums(folder: Path, check: bool, force: bool, quiet: bool, as_json: bool
 def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: str | None, force: bool,
             quiet: bool, as_json: bool) -> None:
     """Write SHA256SUMS, checksums.json, .gitattributes, a .torrent with Hub web seeds and its magnet link."""
-    from dspark_hub.hub.package import package as build
+    from dspark_hub.hub.package import package as build  # loads when the command runs (--help stays light)
 
     with progress("checksums", quiet=quiet or as_json) as bar:
         result = build(ckpt, repo_id, out_dir=out_dir, revision=revision, endpoint=endpoint, force=force,
@@ -79,7 +82,9 @@ def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
 
     The token comes from huggingface_hub's usual sources (HF_TOKEN, 'hf auth login') and is never printed.
     """
-    from dspark_hub.hub.release import publish_checkpoint
+    from dspark_hub.hub.release import (
+        publish_checkpoint,  # loads when the command runs (--help stays light)
+    )
 
     with progress("sha256", quiet=quiet or as_json) as bar:
         outcome = publish_checkpoint(ckpt, repo_id, drop_in=drop_in, private=private, revision=revision, tag=tag,
@@ -94,6 +99,6 @@ def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
 @json_option
 def export_code(folder: Path, force: bool, as_json: bool) -> None:
     """Copy the modeling files and an auto_map into FOLDER for trust_remote_code loading."""
-    from dspark_hub.format.remote_code import export_code as export
+    from dspark_hub.format.remote_code import export_code as export  # loads when the command runs (--help stays light)
 
     emit(export(folder, force=force), as_json=as_json, renderer=render_export)

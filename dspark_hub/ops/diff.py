@@ -158,7 +158,8 @@ class DiffReport:
         }
 
 
-def diff_configs(a: dict[str, Any], b: dict[str, Any]) -> tuple[dict, dict, dict]:
+def diff_configs(a: dict[str, Any],
+                 b: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple[Any, Any]]]:
     """(added, removed, changed) keys from config `a` to config `b`."""
     added = {k: b[k] for k in b if k not in a}
     removed = {k: a[k] for k in a if k not in b}
@@ -231,8 +232,9 @@ def _find_renames(report: DiffReport, va: CheckpointView, vb: CheckpointView,
     """
     kinds = set(report.tensors_removed.values()) & set(report.tensors_added.values())
 
-    def by_digest(names: dict[str, tuple[tuple[int, ...], str]], view: CheckpointView) -> dict[tuple, list[str]]:
-        out: dict[tuple, list[str]] = {}
+    def by_digest(names: dict[str, tuple[tuple[int, ...], str]],
+                  view: CheckpointView) -> dict[tuple[tuple[int, ...], str, str], list[str]]:
+        out: dict[tuple[tuple[int, ...], str, str], list[str]] = {}
         for name in sorted(n for n, kind in names.items() if kind in kinds):
             digest = tensor_digest(view_location(view, name), progress=progress)
             out.setdefault((*names[name], digest.sha256), []).append(name)

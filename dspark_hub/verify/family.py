@@ -45,6 +45,7 @@ from typing import Any
 
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.registry import FORMATS, K3, K3_DSPARK, SPECULATORS, DraftFormat
+from dspark_hub.report import FamilySection
 
 _NOT_SERVED = {"tokenspeed": None, "sglang": None, "atom": None}
 
@@ -111,7 +112,7 @@ class Fingerprint:
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FamilySection:
         return {"family": self.family, "title": self.spec.title, "confidence": self.confidence,
                 "evidence": self.evidence, "methods": dict(self.spec.methods),
                 "config_model_type": self.config_model_type, "format": self.spec.format,
