@@ -10,14 +10,18 @@ first and, where it has none (404: a self-hosted or test Hub), uploads through L
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote
 
 from dspark_hub import __version__
 from dspark_hub.errors import HubError, UsageError
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest
 from dspark_hub.format.remote import (
     HubSource,
@@ -31,10 +35,10 @@ from dspark_hub.progress import Progress
 from dspark_hub.verify.against_hub import compare_files, local_digests
 
 if TYPE_CHECKING:
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi
 
 #: Files uploaded last within the commit's listing order (the card and config describe the weights).
-_LAST = ("config.json", "README.md")
+_LAST = (CONFIG_NAME, "README.md")
 
 #: How the weights travel: `auto` (Xet where client and endpoint both have it, else LFS), or one forced.
 Transfer = Literal["auto", "xet", "lfs"]
@@ -221,36 +225,51 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
         raise UsageError(f"{where}: Xet was asked for, but this huggingface_hub cannot use it ({_NO_CLIENT_XET}); "
                          "install hf-xet and unset HF_HUB_DISABLE_XET, or publish through LFS", param="transfer")
     api = HfApi(endpoint=plan.endpoint, token=token, library_name="dspark-hub", library_version=__version__)
-
-    def errors(action: str) -> AbstractContextManager[None]:
-        return hub_errors(where, endpoint=plan.endpoint, token=token, action=action)
-
     quiet = hf_utils.disable_progress_bars() if not show_hub_progress else _nothing()
     with quiet:
-        with errors("create the repository"):
-            repo_url = str(api.create_repo(repo_id, private=private, exist_ok=True))
-        if plan.revision != "main":
-            with errors(f"create the branch {plan.revision}"):
-                api.create_branch(repo_id, branch=plan.revision, exist_ok=True)
-        with errors("read the branch head"):
-            head_before = api.model_info(repo_id, revision=plan.revision).sha
-        with errors("ask the endpoint for Xet storage"):
-            choice = choose_transfer(plan.transfer, client_xet,
-                                     lambda: endpoint_offers_xet(plan.endpoint, repo_id, plan.revision, token))
-        with errors("upload the files"), _xet_errors(where, plan.endpoint), _through(choice), _no_op_quiet():
-            info = api.create_commit(repo_id, operations=_operations(plan, manifest),
-                                     commit_message=plan.commit_message, commit_description=commit_description,
-                                     revision=plan.revision)
-        commit_oid = str(info.oid)
-        # When every file is already there the client skips the commit and returns the head.
-        status: PublishStatus = "unchanged" if commit_oid == head_before else "published"
-        if tag:
-            _tag(api, repo_id, tag, commit_oid, errors)
+        repo_url, info, status, choice = _commit(api, plan, manifest, private=private, token=token,
+                                                 client_xet=client_xet, commit_description=commit_description)
+    commit_oid = str(info.oid)
     source = HubSource(repo_id, commit_oid, endpoint=plan.endpoint, token=token)
     problems = compare_files(Path(folder), manifest.files, source.remote_files(),
                              location=hf_location(repo_id, commit_oid[:12]))
     return PublishResult(status=status, plan=plan, repo_url=repo_url, commit_oid=commit_oid,
                          commit_url=str(info.commit_url), tag=tag, problems=problems, transfer=choice)
+
+
+def _commit(api: HfApi, plan: PublishPlan, manifest: Manifest, *, private: bool | None, token: str | bool | None,
+            client_xet: bool, commit_description: str | None
+            ) -> tuple[str, CommitInfo, PublishStatus, TransferChoice]:
+    """Create the repository and branch, choose the transfer, make the one commit and tag it.
+
+    Returns the repository URL, the commit, whether anything changed, and the transfer.
+    """
+    repo_id = plan.repo_id
+    where = hf_location(repo_id, plan.revision)
+
+    def errors(action: str) -> AbstractContextManager[None]:
+        return hub_errors(where, endpoint=plan.endpoint, token=token, action=action)
+
+    with errors("create the repository"):
+        repo_url = str(api.create_repo(repo_id, private=private, exist_ok=True))
+    if plan.revision != "main":
+        with errors(f"create the branch {plan.revision}"):
+            api.create_branch(repo_id, branch=plan.revision, exist_ok=True)
+    with errors("read the branch head"):
+        head_before = api.model_info(repo_id, revision=plan.revision).sha
+    with errors("ask the endpoint for Xet storage"):
+        choice = choose_transfer(plan.transfer, client_xet,
+                                 lambda: endpoint_offers_xet(plan.endpoint, repo_id, plan.revision, token))
+    with errors("upload the files"), _xet_errors(where, plan.endpoint), _through(choice), _no_op_quiet():
+        info = api.create_commit(repo_id, operations=_operations(plan, manifest),
+                                 commit_message=plan.commit_message, commit_description=commit_description,
+                                 revision=plan.revision)
+    commit_oid = str(info.oid)
+    # When every file is already there the client skips the commit and returns the head.
+    status: PublishStatus = "unchanged" if commit_oid == head_before else "published"
+    if plan.tag:
+        _tag(api, repo_id, plan.tag, commit_oid, errors)
+    return repo_url, info, status, choice
 
 
 # --- token -------------------------------------------------------------------------------------------
@@ -275,8 +294,6 @@ _NO_CLIENT_XET = "hf_xet is not installed, or HF_HUB_DISABLE_XET is set"
 
 def client_has_xet() -> bool:
     """huggingface_hub's own rule: `hf_xet` importable and HF_HUB_DISABLE_XET not set (read at its import)."""
-    import importlib.util
-
     from huggingface_hub import constants
 
     return not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
@@ -287,8 +304,6 @@ def endpoint_offers_xet(endpoint: str, repo_id: str, revision: str, token: str |
 
     Raises huggingface_hub's HTTP errors for any other failure.
     """
-    from urllib.parse import quote
-
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     url = f"{endpoint}/api/models/{repo_id}/xet-write-token/{quote(revision, safe='')}"
@@ -343,8 +358,6 @@ def _xet_errors(where: str, endpoint: str) -> Iterator[None]:
 @contextmanager
 def _no_op_quiet() -> Iterator[None]:
     """Keep huggingface_hub's "No files have been modified" warning off the terminal: the result says `unchanged`."""
-    import logging
-
     hub_log = logging.getLogger("huggingface_hub.hf_api")
 
     def keep(record: logging.LogRecord) -> bool:

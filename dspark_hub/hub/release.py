@@ -18,18 +18,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
+from dspark_hub.cards import lint_card
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.digests import checkpoint_files, sha256_file
+from dspark_hub.format.jsonio import load_json_file
+from dspark_hub.format.provenance import TRAINING_ARGS_NAME, local_paths
+from dspark_hub.format.registry import FORMATS, titles
 from dspark_hub.format.remote import validate_repo_id
+from dspark_hub.format.remote_code import export_code
+from dspark_hub.hub.checksums import check_checksums, has_sidecars
+from dspark_hub.hub.publish import Transfer, publish
 from dspark_hub.report import Report
+from dspark_hub.verify.against_hub import local_digests
 from dspark_hub.verify.checks import verify
-
-if TYPE_CHECKING:
-    from dspark_hub.hub.publish import Transfer
+from dspark_hub.verify.family import detect
 
 CARD_NAME = "README.md"
 
@@ -37,7 +44,6 @@ CARD_NAME = "README.md"
 @dataclass
 class Gate:
     """What the preflight found: the verify report, the card lint, and the reasons to refuse."""
-
     verify: Report
     lint: Any | None
     refusals: list[str] = field(default_factory=list)
@@ -59,9 +65,6 @@ def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
     is hashed. Otherwise the folder is hashed once (returned as the manifest `hub.publish`
     reuses) and the card's checksum table is checked against those digests.
     """
-    from dspark_hub.cards import lint_card
-    from dspark_hub.verify.against_hub import local_digests
-
     folder = Path(folder)
     report = verify(folder, drop_in=drop_in)
     refusals = [f"verify: {f.where}: {f.message}" for f in report.sorted_findings() if f.severity == "error"]
@@ -84,9 +87,6 @@ def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
 
 def training_args_refusals(folder: Path) -> list[str]:
     """A `training_args.json` from an older finetune names its inputs by local path; publishing would show them."""
-    from dspark_hub.format.jsonio import load_json_file
-    from dspark_hub.format.provenance import TRAINING_ARGS_NAME, local_paths
-
     path = folder / TRAINING_ARGS_NAME
     if not path.is_file():
         return []
@@ -102,8 +102,6 @@ def training_args_refusals(folder: Path) -> list[str]:
 
 def sidecar_refusals(folder: Path, manifest: Any) -> list[str]:
     """Every file the folder's `SHA256SUMS` / `checksums.json` get wrong, checked against `manifest` (no rehash)."""
-    from dspark_hub.hub.checksums import check_checksums, has_sidecars
-
     if not has_sidecars(folder):
         return []
     problems = check_checksums(folder, manifest=manifest).problems
@@ -138,8 +136,6 @@ def staged_with_code(folder: Path) -> Iterator[Path]:
 
     The input folder is never modified; the stage is removed afterwards.
     """
-    from dspark_hub.format.remote_code import export_code
-
     stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.publish-", dir=folder.parent))
     try:
         for rel in checkpoint_files(folder):
@@ -158,7 +154,6 @@ def staged_with_code(folder: Path) -> Iterator[Path]:
 @dataclass
 class Publication:
     """The gate for publishing the folder `input` to `repo_id` and, when it passed, what `hub.publish` did."""
-
     input: str
     repo_id: str
     gate: Gate
@@ -193,8 +188,6 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         CheckpointNotFoundError: `folder` is not a directory.
         HubError: the Hub refused or could not be reached.
     """
-    from dspark_hub.hub.publish import publish
-
     validate_repo_id(repo_id)
     folder = Path(folder)
     if not folder.is_dir():
@@ -220,10 +213,6 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
 
 def _remote_code_refusal(folder: Path) -> str | None:
     """Why the k3_dspark modeling code may not ship with this checkpoint (None when it may)."""
-    from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
-    from dspark_hub.format.registry import FORMATS, titles
-    from dspark_hub.verify.family import detect
-
     view = open_checkpoint(LocalSource(folder))
     fmt, found = detect(view.config, view.tensors)
     if view.config is None or (fmt is not None and fmt.remote_code):
