@@ -39,7 +39,7 @@ def _config_with_duplicate(tmp_path: Path) -> Path:
 
 
 def test_card_config_reference_refuses_a_repeated_key(tmp_path):
-    from dspark_hub.cards.render import _load_config
+    from dspark_hub.cards.facts import _load_config
 
     _config_with_duplicate(tmp_path)
     with pytest.raises(UsageError, match=r"config.json: cannot read the config named by architecture.config "

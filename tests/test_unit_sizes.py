@@ -21,9 +21,6 @@ MAX_FUNCTION_LINES = 80
 EXEMPT = {"modeling/modeling_k3_dspark.py"}
 #: Over the limit today and being split on other branches; the lead empties this list.
 STILL_SPLITTING = {
-    "cards/lint.py",
-    "cards/render.py",
-    "cards/results.py",
     "verify/runtimes.py",
 }
 #: Functions over the limit in files other branches are editing (`file:function`); the lead empties this too.

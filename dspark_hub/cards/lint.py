@@ -3,18 +3,18 @@
 Checks, each finding naming the line (`where` = "README.md:LINE"):
 
 - front matter: present, valid YAML, accepted by `huggingface_hub.ModelCardData`, license /
-  pipeline tag / base-model relation among the Hub's ids (`cards.front_matter_problems`);
+  pipeline tag / base-model relation among the Hub's ids (`cards.front_matter.front_matter_problems`);
 - acceptance tables (columns `Pos N` plus `Acceptance length`): every acceptance length equals
   1 + the sum of its per-position rates to the table's rounding; rates lie in [0, 100%] and do
   not increase along a row;
 - no table repeats a row key (acceptance tables: the cells before `Pos 0`; others: the first cell);
 - all statements of the block size agree;
 - no line outside code fences prints a Python repr (a dataclass, a dict, a list of strings or
-  objects, `<... object at 0x...>`): facts print as text (`cards.render.reader_text`);
+  objects, `<... object at 0x...>`): facts print as text (`cards.templating.reader_text`);
 - every acceptance table (two or more `Pos N` columns, or a column `Acceptance length`) says which
   number it shows: the first non-blank line after it is `Acceptance numbers: measured (vLLM x.y,
   k=K, dtype, prompts F)` or `Acceptance numbers: simulated (definition, k=K, ...)`
-  (`cards.results.AcceptanceLabel`); a measured label states its engine (a vLLM one with its
+  (`cards.labels.AcceptanceLabel`); a measured label states its engine (a vLLM one with its
   version) and k, a simulated one its definition ("not stated" counts as stating); its k equals
   the table's `Pos` columns, and with `eval_json` the label agrees with that file (measured or
   simulated, vLLM version, k, dtype, prompts fingerprint), whether or not the table has `Pos` columns;
@@ -36,13 +36,25 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
-from dspark_hub.cards import render as cards
-from dspark_hub.cards.results import AcceptanceLabel, acceptance_label, parse_label
+from dspark_hub.cards.card_text import (
+    Card,
+    Statement,
+    Table,
+    cell_int,
+    expand_names,
+    parse_card,
+    plain,
+    statements,
+)
+from dspark_hub.cards.facts import card_facts
+from dspark_hub.cards.front_matter import FRONT_MATTER_CODES, front_matter_problems
+from dspark_hub.cards.labels import AcceptanceLabel, acceptance_label, parse_label
 from dspark_hub.cards.source import load_yaml
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.folder import read_regular
+from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
 
 SCHEMA = schemas.command("card-lint")
@@ -50,7 +62,7 @@ SCHEMA = schemas.command("card-lint")
 LINT_CODES: dict[str, str] = {
     "FRONT_MATTER_MISSING": "no YAML front matter between --- lines",
     "FRONT_MATTER_INVALID_YAML": "the front matter does not parse",
-    **cards.FRONT_MATTER_CODES,
+    **FRONT_MATTER_CODES,
     "ACCEPTANCE_UNREADABLE": "a rate or an acceptance length in an acceptance table is not a number",
     "RATE_OUT_OF_RANGE": "a per-position rate is outside [0, 100%]",
     "ACCEPTANCE_LENGTH_MISMATCH": "acceptance length differs from 1 + the sum of the row's rates",
@@ -78,11 +90,6 @@ LINT_CODES: dict[str, str] = {
 }
 _POSITION = re.compile(r"^pos(?:ition)?\s*(\d+)$", re.IGNORECASE)
 _NUMBER = re.compile(r"^[+-]?\d+(?:\.(\d+))?$")
-_PARAMETERS = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d{4,})\s+(?:\w+\s+)?parameters\b", re.IGNORECASE)
-_TENSORS = re.compile(r"(?<![\d.,])(\d[\d,]*)\s+tensors\b", re.IGNORECASE)
-_LAYER_IDS = re.compile(r"\blayers?(?:\s+ids?)?\s+`?\[(\d+(?:\s*,\s*\d+)*)\]`?", re.IGNORECASE)
-_BLOCK_SIZE = re.compile(r"block[-_ ]size`?\s*[=:]?\s*`?(\d+)", re.IGNORECASE)
-_DECODER_LAYERS = re.compile(r"^(\d+) x decoder layers?$", re.IGNORECASE)
 _SHAPE = re.compile(r"^\d+(?: x \d+)*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: How Python prints objects, never how a card should state a fact (outside code fences).
@@ -114,106 +121,6 @@ class CardLintReport(FindingsMixin):
                 "findings": [f.to_dict() for f in self.sorted_findings()]}
 
 
-@dataclass(frozen=True)
-class Table:
-    """A markdown table: header cells, and (line number, cells) per body row."""
-
-    line: int
-    headers: list[str]
-    rows: list[tuple[int, list[str]]]
-
-    def column(self, pattern: str) -> int | None:
-        return next((i for i, h in enumerate(self.headers) if re.search(pattern, h, re.IGNORECASE)), None)
-
-
-@dataclass
-class Card:
-    """A card split into front matter and body lines (1-based numbers kept)."""
-
-    name: str
-    front_matter: list[tuple[int, str]] | None
-    body: list[tuple[int, str]]          # prose and table lines outside code fences
-    tables: list[Table]
-
-    def where(self, line: int) -> str:
-        return f"{self.name}:{line}"
-
-
-# ------------------------------------------------------------------ parsing
-
-def _cells(line: str) -> list[str]:
-    inner = line.strip()
-    inner = inner[1:] if inner.startswith("|") else inner
-    inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
-    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
-
-
-def _is_separator(line: str) -> bool:
-    return bool(re.fullmatch(r"\|?(\s*:?-{3,}:?\s*\|)+\s*:?-{0,}:?\s*\|?", line.strip()))
-
-
-def parse_card(text: str, name: str = "README.md") -> Card:
-    """Split a card into front matter, body lines outside code fences, and tables."""
-    lines = text.splitlines()
-    front: list[tuple[int, str]] | None = None
-    start = 0
-    if lines and lines[0].strip() == "---":
-        end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
-        if end is not None:
-            front = [(i + 1, lines[i]) for i in range(1, end)]
-            start = end + 1
-    body: list[tuple[int, str]] = []
-    fenced = False
-    for i in range(start, len(lines)):
-        if lines[i].lstrip().startswith("```"):
-            fenced = not fenced
-            continue
-        if not fenced:
-            body.append((i + 1, lines[i]))
-    return Card(name=name, front_matter=front, body=body, tables=_tables(body))
-
-
-def _tables(body: list[tuple[int, str]]) -> list[Table]:
-    tables: list[Table] = []
-    i = 0
-    while i + 1 < len(body):
-        number, line = body[i]
-        if line.lstrip().startswith("|") and _is_separator(body[i + 1][1]):
-            rows = []
-            j = i + 2
-            while j < len(body) and body[j][1].lstrip().startswith("|"):
-                rows.append((body[j][0], _cells(body[j][1])))
-                j += 1
-            tables.append(Table(number, _cells(line), rows))
-            i = j
-        else:
-            i += 1
-    return tables
-
-
-def _plain(cell: str) -> str:
-    return cell.replace("**", "").replace("`", "").strip()
-
-
-def _int(text: str) -> int | None:
-    text = _plain(text).replace(",", "")
-    return int(text) if text.isdigit() else None
-
-
-def expand_names(pattern: str) -> list[str]:
-    """`layers.{0..2}.w{1,2}` -> the six names it stands for."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if not m:
-        return [pattern]
-    body = m.group(1)
-    if ".." in body:
-        lo, hi = body.split("..", 1)
-        choices = [str(i) for i in range(int(lo), int(hi) + 1)] if lo.isdigit() and hi.isdigit() else [body]
-    else:
-        choices = body.split(",")
-    return [n for c in choices for n in expand_names(pattern[:m.start()] + c.strip() + pattern[m.end():])]
-
-
 # ------------------------------------------------------------------ front matter
 
 def _front_matter_findings(card: Card) -> list[Finding]:
@@ -235,7 +142,7 @@ def _front_matter_findings(card: Card) -> list[Finding]:
                     card.front_matter[0][0] - 1 if card.front_matter else 1)
 
     out = []
-    for p in cards.front_matter_problems(data):
+    for p in front_matter_problems(data):
         make = error if p.severity == "error" else warning
         out.append(make(p.code, card.where(key_line(p.key)), p.message, "see https://huggingface.co/docs/hub/model-cards"))
     return out
@@ -245,7 +152,7 @@ def _front_matter_findings(card: Card) -> list[Finding]:
 
 def _rate(cell: str) -> tuple[float, float] | None:
     """A rate cell as (fraction, half a unit of its last printed digit, as a fraction)."""
-    text = _plain(cell)
+    text = plain(cell)
     percent = text.endswith("%")
     m = _NUMBER.match(text.rstrip("%").strip())
     if not m:
@@ -256,14 +163,14 @@ def _rate(cell: str) -> tuple[float, float] | None:
 
 
 def _acceptance_findings(card: Card, table: Table) -> list[Finding]:
-    positions = [i for i, h in enumerate(table.headers) if _POSITION.match(_plain(h))]
+    positions = [i for i, h in enumerate(table.headers) if _POSITION.match(plain(h))]
     length_col = table.column(r"acceptance\s+length")
     if len(positions) < 2 and not (positions and length_col is not None):
         return []
     out = []
     for line, cells in table.rows:
         where = card.where(line)
-        rates = [_rate(cells[i]) for i in positions if i < len(cells) and _plain(cells[i]) not in ("", "—", "-")]
+        rates = [_rate(cells[i]) for i in positions if i < len(cells) and plain(cells[i]) not in ("", "—", "-")]
         length = None if length_col is None else _rate(cells[length_col]) if length_col < len(cells) else None
         if any(r is None for r in rates) or (length_col is not None and length is None):
             out.append(error("ACCEPTANCE_UNREADABLE", where, "a rate or the acceptance length is not a number",
@@ -277,23 +184,23 @@ def _acceptance_findings(card: Card, table: Table) -> list[Finding]:
         tolerance = (length[1] if length else 0.0) + sum(r[1] for r in read) + 1e-9
         if length is not None and length_col is not None and abs(length[0] - total) > tolerance:
             out.append(error("ACCEPTANCE_LENGTH_MISMATCH", where,
-                             f"acceptance length {_plain(cells[length_col])} but 1 + the sum of the per-position "
+                             f"acceptance length {plain(cells[length_col])} but 1 + the sum of the per-position "
                              f"rates is {total:.4f} (tolerance {tolerance:.4f} at the table's rounding)",
                              "recompute the row: acceptance length = 1 + sum of per-position rates"))
         rises = [k for k in range(1, len(values)) if values[k] > values[k - 1]]
         if rises:
             k = rises[0]
-            out.append(error("RATES_INCREASE", where, f"rate at position {k} ({_plain(cells[positions[k]])}) exceeds "
-                             f"position {k - 1} ({_plain(cells[positions[k - 1]])}); a position is accepted only "
+            out.append(error("RATES_INCREASE", where, f"rate at position {k} ({plain(cells[positions[k]])}) exceeds "
+                             f"position {k - 1} ({plain(cells[positions[k - 1]])}); a position is accepted only "
                              "after every earlier one, so rates cannot rise along a row",
                              "check the row for swapped or conditional (per-position) rates"))
     return out
 
 
 def _row_key(table: Table, cells: list[str]) -> tuple[str, ...]:
-    first_position = next((i for i, h in enumerate(table.headers) if _POSITION.match(_plain(h))), None)
+    first_position = next((i for i, h in enumerate(table.headers) if _POSITION.match(plain(h))), None)
     width = first_position if first_position else 1
-    return tuple(_plain(c) for c in cells[:width])
+    return tuple(plain(c) for c in cells[:width])
 
 
 def _duplicate_findings(card: Card, table: Table) -> list[Finding]:
@@ -305,7 +212,7 @@ def _duplicate_findings(card: Card, table: Table) -> list[Finding]:
             continue
         if key in seen:
             first_line, first_cells = seen[key]
-            same = [_plain(c) for c in first_cells] == [_plain(c) for c in cells]
+            same = [plain(c) for c in first_cells] == [plain(c) for c in cells]
             detail = "with the same values" if same else "with different values"
             out.append(error("DUPLICATE_ROW", card.where(line), f"row {' | '.join(key)!r} repeats line {first_line} "
                              f"{detail}", "keep one row per key (and say which measurement is right)"))
@@ -321,7 +228,7 @@ def _label_after(card: Card, table: Table) -> tuple[int, str] | None:
 
 
 def _position_columns(table: Table) -> int:
-    return sum(1 for h in table.headers if _POSITION.match(_plain(h)))
+    return sum(1 for h in table.headers if _POSITION.match(plain(h)))
 
 
 def _is_acceptance_table(table: Table) -> bool:
@@ -389,48 +296,6 @@ def _label_differences(label: AcceptanceLabel, expected: AcceptanceLabel) -> lis
     return differences
 
 
-# ------------------------------------------------------------------ statements
-
-@dataclass(frozen=True)
-class Statement:
-    line: int
-    kind: str             # total | trained | frozen | tensors | layer_tensors | layer_ids | block_size
-    value: Any
-    text: str
-
-
-def _clause(text: str, start: int) -> str:
-    m = re.search(r"[.;:](?:\s|$)", text[start:])
-    return text[start:start + m.start()] if m else text[start:]
-
-
-def statements(card: Card) -> list[Statement]:
-    """Every number the card states about the weights, with its line."""
-    out: list[Statement] = []
-    for line, raw in card.body:
-        text = raw.replace("**", "")
-        for m in _PARAMETERS.finditer(text):
-            clause = _clause(text, m.start()).lower()
-            kind = "frozen" if "frozen" in clause else "trained" if "trained" in clause else "total"
-            out.append(Statement(line, kind, int(m.group(1).replace(",", "")), m.group(0)))
-        for m in _TENSORS.finditer(text):
-            before = text[:m.start()].lower()
-            kind = "layer_tensors" if re.search(r"\b(each|per)\b[^.]*$", before) else "tensors"
-            out.append(Statement(line, kind, int(m.group(1).replace(",", "")), m.group(0)))
-        for m in _LAYER_IDS.finditer(text):
-            out.append(Statement(line, "layer_ids", [int(x) for x in m.group(1).split(",")], m.group(0)))
-        for m in _BLOCK_SIZE.finditer(text):
-            out.append(Statement(line, "block_size", int(m.group(1)), m.group(0)))
-    for table in card.tables:
-        for line, cells in table.rows:
-            if len(cells) >= 2 and re.fullmatch(r"target layer ids?", _plain(cells[0]), re.IGNORECASE):
-                ids = [int(x) for x in re.findall(r"\d+", _plain(cells[1]))]
-                out.append(Statement(line, "layer_ids", ids, cells[1]))
-            if cells and (layers := _DECODER_LAYERS.match(_plain(cells[0]))):
-                out.append(Statement(line, "layers", int(layers.group(1)), cells[0]))
-    return out
-
-
 def _consistency_findings(card: Card, said: list[Statement]) -> list[Finding]:
     out = []
     blocks = [s for s in said if s.kind == "block_size"]
@@ -451,7 +316,7 @@ def _consistency_findings(card: Card, said: list[Statement]) -> list[Finding]:
 
 def _weight_findings(card: Card, said: list[Statement], view: CheckpointView,
                      hasher: Callable[[Path], str] = sha256_file) -> list[Finding]:
-    facts = cards.card_facts(view, hash_files=False)
+    facts = card_facts(view, hash_files=False)
     per_layer = sum(1 for n in view.tensors if n.startswith("layers.0."))
     truth: dict[str, Any] = {
         "total": facts.parameters.total if facts.parameters else None,
@@ -486,7 +351,7 @@ def _shape_findings(card: Card, table: Table, shapes: Mapping[str, tuple[int, ..
     out = []
     for line, cells in table.rows:
         named = re.fullmatch(r"`([^`]+)`", cells[0].strip()) if cells else None
-        shape_text = _plain(cells[shape_col]) if shape_col < len(cells) else ""
+        shape_text = plain(cells[shape_col]) if shape_col < len(cells) else ""
         if not named or not _SHAPE.match(shape_text):
             continue
         stated = tuple(int(x) for x in shape_text.split(" x "))
@@ -510,8 +375,8 @@ def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
     size_col = table.column(r"^size")
     out = []
     for line, cells in table.rows:
-        name = _plain(cells[file_col]) if file_col < len(cells) else ""
-        digest = _plain(cells[sha_col]).lower() if sha_col < len(cells) else ""
+        name = plain(cells[file_col]) if file_col < len(cells) else ""
+        digest = plain(cells[sha_col]).lower() if sha_col < len(cells) else ""
         where = card.where(line)
         if digest not in ("", "—", "-") and not _SHA256.match(digest):
             out.append(error("CHECKSUM_MALFORMED", where, f"{name}: {digest!r} is not a SHA-256 hex digest",
@@ -523,7 +388,7 @@ def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
             out.append(error("CHECKSUM_FILE_MISSING", where, f"the card lists {name} but the checkpoint has no such "
                              "file", "regenerate the checksum table from these files"))
             continue
-        size = _int(cells[size_col]) if size_col is not None and size_col < len(cells) else None
+        size = cell_int(cells[size_col]) if size_col is not None and size_col < len(cells) else None
         if size is not None and size != view.files[name]:
             out.append(error("CHECKSUM_SIZE_MISMATCH", where, f"{name}: the card says {size:,} bytes, the file has "
                              f"{view.files[name]:,}", "regenerate the checksum table from these files"))
@@ -593,8 +458,6 @@ def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
 
 
 def _expected_label(eval_json: str | Path) -> AcceptanceLabel:
-    from dspark_hub.format.jsonio import load_json_object
-
     path = Path(eval_json)
     try:
         doc = load_json_object(path)
