@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import yaml
+
 from dspark_hub.cards import hub_vocab
 
 #: Codes of `front_matter_problems`. Append-only: tools match on them.
@@ -41,7 +43,7 @@ def front_matter_problems(data: Any) -> list[FrontMatterProblem]:
     validator, plus the Hub's closed vocabularies in `hub_vocab` for license, pipeline tag and
     base-model relation, which `ModelCardData` accepts as any string.
     """
-    from huggingface_hub import ModelCardData
+    from huggingface_hub import ModelCardData  # 0.4 s to import, and a module-level ban (TID253)
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
@@ -92,8 +94,6 @@ def front_matter_problems(data: Any) -> list[FrontMatterProblem]:
 
 def front_matter_yaml(data: Mapping[str, Any]) -> str:
     """The front matter body (no `---` lines): Hub keys in a fixed order, lists indented."""
-    import yaml
-
     class _Dumper(yaml.SafeDumper):
         def increase_indent(self, flow: bool = False, indentless: bool = False) -> Any:
             return super().increase_indent(flow, False)

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dspark_hub import schemas
 from dspark_hub.cards.card_text import (
     Card,
@@ -124,8 +126,6 @@ class CardLintReport(FindingsMixin):
 # ------------------------------------------------------------------ front matter
 
 def _front_matter_findings(card: Card) -> list[Finding]:
-    import yaml
-
     if card.front_matter is None:
         return [error("FRONT_MATTER_MISSING", card.where(1), "the card has no YAML front matter between '---' lines",
                       "start the card with license, base_model, tags and pipeline_tag between '---' lines")]

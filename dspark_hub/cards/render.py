@@ -1,11 +1,11 @@
 """Model cards rendered from computed facts: weights (header level), evaluation JSON, training log.
 
-`card_facts(ckpt)` reads a checkpoint's headers and config (never tensor data, except to hash
-files for the checksum table) and returns `CardFacts`. `render_card(meta, ckpt, eval_json,
-train_log)` renders `templates/model_card.md.j2`; same inputs, same bytes.
+`render_card(meta, ckpt, eval_json, train_log)` renders `templates/model_card.md.j2` from the facts
+(`cards.facts.card_facts`), the results tables (`cards.results`) and the card source, through the
+environment and sandbox of `cards.templating`; same inputs, same bytes. `card_facts` is importable here too.
 
 Card source (`cards/<name>/card.yaml`; relative paths resolve against its folder): the keys are
-`dspark_hub.cards.source.CARD_KEYS`, listed in the README (Card source) and checked key by key when
+`dspark_hub.cards.source.CARD_KEYS`, listed in docs/cards.md and checked key by key when
 the file is read. Every string outside `front_matter` is itself a jinja template rendered with
 `facts` (CardFacts.to_dict()), `config` (the draft config) and `results`, so numbers in prose are
 computed, not typed.

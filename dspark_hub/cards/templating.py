@@ -61,7 +61,7 @@ def reader_text(value: Any) -> Any:
     separators (`136,753`; its fields `.total`, `.trained`, `.frozen`, `.maps` are numbers); a component
     by its name, a checksum row by its file; a list of numbers as `[2, 23, 47]`, any other list as its
     items' texts joined by ", ". Anything else (a mapping, another object) raises `NotReaderText`."""
-    import jinja2
+    import jinja2  # heavy (TID253): loads when a card renders
 
     if isinstance(value, jinja2.Undefined):
         return value                            # strict: printing it raises, naming what is undefined
@@ -83,7 +83,7 @@ def reader_text(value: Any) -> Any:
 def environment() -> Any:
     """The jinja2 environment cards render with (strict undefined, trailing newline kept; every
     `{{ }}` goes through `reader_text`, so no Python repr reaches a card)."""
-    import jinja2
+    import jinja2  # heavy (TID253): loads when a card renders
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
@@ -112,7 +112,7 @@ def source_environment() -> Any:
     A card source is someone else's text that runs where the token is; it sees only the context it is
     given (`facts`, `config`, `results`) and the card filters.
     """
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError  # heavy: loads when a card renders
 
     class CardSourceSandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["*", "**"])
@@ -138,7 +138,7 @@ def source_environment() -> Any:
 
 def render_strings(value: Any, env: Any, context: Mapping[str, Any], where: str) -> Any:
     """Render every string of the card source as a sandboxed template (facts in prose are computed)."""
-    import jinja2
+    import jinja2  # heavy (TID253): loads when a card renders
     from jinja2.sandbox import SecurityError
 
     if isinstance(value, str):

@@ -215,7 +215,7 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
     if dry_run:
         return PublishResult(status="dry_run", plan=plan)
     require_huggingface_hub()
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # 0.4 s to import (TID253): only a publish that sends loads it
     from huggingface_hub import utils as hf_utils
 
     where = hf_location(repo_id, plan.revision)
@@ -278,7 +278,7 @@ def require_token(token: str | bool | None, where: str) -> None:
     """Refuse before any request when no token is given and huggingface_hub finds none (a publish needs one)."""
     if isinstance(token, str) and token:
         return
-    from huggingface_hub import constants, get_token
+    from huggingface_hub import constants, get_token  # deferred (TID253), as in publish
 
     if token is None and get_token() is not None:
         return
@@ -294,7 +294,7 @@ _NO_CLIENT_XET = "hf_xet is not installed, or HF_HUB_DISABLE_XET is set"
 
 def client_has_xet() -> bool:
     """huggingface_hub's own rule: `hf_xet` importable and HF_HUB_DISABLE_XET not set (read at its import)."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # deferred (TID253), as in publish
 
     return not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
 
@@ -304,6 +304,7 @@ def endpoint_offers_xet(endpoint: str, repo_id: str, revision: str, token: str |
 
     Raises huggingface_hub's HTTP errors for any other failure.
     """
+    # deferred (TID253), as in publish
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     url = f"{endpoint}/api/models/{repo_id}/xet-write-token/{quote(revision, safe='')}"
@@ -331,7 +332,7 @@ def choose_transfer(requested: Transfer, client_xet: bool, endpoint_xet: Callabl
 @contextmanager
 def _through(choice: TransferChoice) -> Iterator[None]:
     """Make huggingface_hub upload through `choice`: for LFS, its Xet switch is off for the block."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # deferred (TID253), as in publish
 
     before = constants.HF_HUB_DISABLE_XET
     constants.HF_HUB_DISABLE_XET = before or choice.name == "lfs"
@@ -376,7 +377,7 @@ def _nothing() -> Iterator[None]:
 
 
 def _operations(plan: PublishPlan, manifest: Manifest) -> list[CommitOperationAdd]:
-    from huggingface_hub import CommitOperationAdd
+    from huggingface_hub import CommitOperationAdd  # deferred (TID253), as in publish
 
     digests = manifest.by_path()
     operations = []
