@@ -24,7 +24,6 @@ STILL_SPLITTING = {
     "cards/lint.py",
     "cards/render.py",
     "cards/results.py",
-    "verify/runtimes.py",
 }
 #: Functions over the limit in files other branches are editing (`file:function`); the lead empties this too.
 FUNCTIONS_STILL_SPLITTING = {"hub/publish.py:publish"}
