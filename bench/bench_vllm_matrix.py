@@ -3,7 +3,7 @@
 Usage: $(.ci/venv-vllm.sh) bench/bench_vllm_matrix.py
 
 Every case is built in a temporary folder and loaded through vLLM's real loader by
-`verify.execute_vllm.execute`, as tests/test_vllm_conformance.py does (the research ran one process
+`verify.runtimes.execute_vllm.execute`, as tests/test_vllm_conformance.py does (the research ran one process
 per case; one process imports vLLM once). Reported: drafts, total seconds, seconds per draft and the
 load average; tests/test_vllm_conformance.py checks the rows, never the time.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dspark_hub.verify.execute_vllm import execute  # noqa: E402 (after the repository joins the path)
+from dspark_hub.verify.runtimes.execute_vllm import execute  # noqa: E402 (after the repository joins the path)
 from tests.vllm_matrix import CASES, build  # noqa: E402
 
 

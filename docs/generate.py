@@ -41,7 +41,7 @@ CODE_TABLES: dict[str, str] = {
     "codes-json": "dspark_hub.format.jsonio",
     "codes-digests": "dspark_hub.format.digests",
     "codes-load": "dspark_hub.format.remote_code",
-    "codes-vllm": "dspark_hub.verify.execute_vllm",
+    "codes-vllm": "dspark_hub.verify.runtimes.execute_vllm",
 }
 
 
@@ -67,8 +67,9 @@ def registry_name(module: str) -> str:
 
 def code_table(module: str) -> str:
     name = registry_name(module)
-    codes: dict[str, str] = getattr(importlib.import_module(module), name)
-    source = module.replace(".", "/") + ".py"
+    imported = importlib.import_module(module)
+    codes: dict[str, str] = getattr(imported, name)
+    source = Path(imported.__file__ or "").relative_to(ROOT).as_posix()    # a package: its __init__.py
     return (f"From `{source}:{name}`.\n\n"
             + table(("code", "meaning"), [(f"`{code}`", cell(meaning)) for code, meaning in codes.items()]))
 
@@ -120,23 +121,23 @@ def speculators_config_rules() -> str:
 
 
 def vllm_k3_rules() -> str:
-    from dspark_hub.verify.runtimes_vllm import RULES
+    from dspark_hub.verify.runtimes.vllm_rules import RULES
 
-    return ("From `dspark_hub/verify/runtimes_vllm.py:RULES`.\n\n"
+    return ("From `dspark_hub/verify/runtimes/vllm_rules.py:RULES`.\n\n"
             + table(("rule", "what vLLM does", "source", "evidence"), _cited_rows(RULES)))
 
 
 def vllm_speculators_rules() -> str:
-    from dspark_hub.verify.runtimes_speculators import RULES
+    from dspark_hub.verify.runtimes.speculators_rules import RULES
 
-    return ("From `dspark_hub/verify/runtimes_speculators.py:RULES`.\n\n"
+    return ("From `dspark_hub/verify/runtimes/speculators_rules.py:RULES`.\n\n"
             + table(("rule", "what vLLM does", "source", "evidence"), _cited_rows(RULES)))
 
 
 def other_runtime_rules() -> str:
-    from dspark_hub.verify.runtimes import RUNTIMES, RuntimeSpec
+    from dspark_hub.verify.runtimes.loaders import RUNTIMES, RuntimeSpec
 
-    parts = ["From `dspark_hub/verify/runtimes.py:RUNTIMES` (each runtime's `rules`).\n"]
+    parts = ["From `dspark_hub/verify/runtimes/loaders.py:RUNTIMES` (each runtime's `rules`).\n"]
     for name, loader in RUNTIMES.items():
         if isinstance(loader, RuntimeSpec) and name != "vllm":
             rows = [row[1:] for row in _cited_rows(loader.rules)]

@@ -25,7 +25,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "tensorio": ("format.tensorio",), "writer": ("format.writer", "ops.init"),
     "checkpoint": ("format.checkpoint",), "checksums": ("hub.checksums", "format.digests", "format.jsonio"),
     "checks": ("verify.checks", "format.taps", "verify.dropin"), "deep": ("verify.deep",),
-    "runtimes": ("verify.runtimes",),
+    "runtimes": ("verify.runtimes.loaders", "verify.runtimes.report", "verify.runtimes.verdicts"),
     "pairing": ("verify.pairing",), "family": ("verify.family",), "golden": ("verify.golden",),
     "convert": ("ops.convert",), "diff": ("ops.diff",),
     "teacher": ("train.teacher",), "rollouts": ("train.rollouts",), "objective": ("train.objective",),

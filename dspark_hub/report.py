@@ -155,7 +155,7 @@ class Sections(TypedDict, total=False):
     deep: DeepSection
     frozen_embed: FrozenEmbedSection
     family: FamilySection
-    runtimes: dict[str, dict[str, Any]]   # verify.runtimes' per-runtime records
+    runtimes: dict[str, dict[str, Any]]   # verify.runtimes.report's per-runtime records
     pairing: PairingSection
     against_hub: dict[str, Any]           # verify.against_hub
 

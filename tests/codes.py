@@ -17,7 +17,7 @@ REGISTRIES: dict[str, str] = {
     "dspark_hub.verify.codes": "FINDING_CODES",
     "dspark_hub.cards.lint": "LINT_CODES",
     "dspark_hub.format.remote_code": "LOAD_CODES",
-    "dspark_hub.verify.execute_vllm": "ERROR_CODES",
+    "dspark_hub.verify.runtimes.execute_vllm": "ERROR_CODES",
 }
 
 

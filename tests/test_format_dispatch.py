@@ -179,7 +179,7 @@ def test_the_allow_list_has_no_stale_entry():
 
 def test_every_extension_table_covers_every_format():
     from dspark_hub.verify.checks import CONFIG_RULES
-    from dspark_hub.verify.runtimes import loaders_for
+    from dspark_hub.verify.runtimes.loaders import loaders_for
 
     assert set(CONFIG_RULES) == set(FORMATS)
     assert all(loaders_for(fmt) for fmt in FORMATS.values())
@@ -204,7 +204,7 @@ def _sample_configs() -> list[tuple[DraftFormat, dict]]:
 
 def test_the_vllm_stub_target_is_sized_from_the_formats_pairing_keys(tmp_path):
     """verify --execute's stand-in target takes the draft's tap width, vocabulary and enough layers for its taps."""
-    from dspark_hub.verify.execute_vllm.stubs import stub_target_config
+    from dspark_hub.verify.runtimes.execute_vllm.stubs import stub_target_config
 
     for fmt, config in _sample_configs():
         _, stub = stub_target_config(config, fmt.name, tmp_path)

@@ -167,14 +167,26 @@ def test_the_documented_architecture_table_mirrors_allowed():
 
 
 
+def area_modules(folder: Path) -> set[str]:
+    """Every module of an area, its sub-packages' included (`verify/runtimes/execute_vllm/runner.py`), and the
+    sub-packages themselves; `__init__` and `__main__` are the packages'."""
+    modules = {p.stem for p in folder.rglob("*.py") if p.stem not in ("__init__", "__main__")}
+    return modules | {p.parent.name for p in folder.rglob("*/__init__.py")}
+
+
+def test_area_modules_walks_sub_packages():
+    modules = area_modules(PACKAGE / "verify")
+    assert {"checks", "runtimes", "loaders", "execute_vllm", "runner"} <= modules
+    assert not {"__init__", "__main__", "verify"} & modules
+
+
 def test_the_readme_drawing_names_every_module_of_every_area():
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Architecture"):]
     drawing = section[section.index("```text"):section.index("```", section.index("```text") + 7)]
     blocks = re.split(r"\n  (?=[a-z_]+ {2,})", drawing)
     named = {block.split()[0]: set(re.findall(r"\b\w+\b", block)) for block in blocks[1:]}
-    missing = {area: sorted({p.stem for p in (PACKAGE / area).glob("*.py") if p.stem != "__init__"} - named[area])
-               for area in named if (PACKAGE / area).is_dir()}
+    missing = {area: sorted(area_modules(PACKAGE / area) - named[area]) for area in named if (PACKAGE / area).is_dir()}
     assert set(named) >= {"cli", "train", "hub", "ops", "cards", "verify", "modeling", "format"}
     assert {area: m for area, m in missing.items() if m} == {}
 

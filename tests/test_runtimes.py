@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from dspark_hub.cli.main import cli
 from dspark_hub.format import contract
 from dspark_hub.verify.checks import verify
-from dspark_hub.verify.runtimes import RUNTIMES, runtime_verdicts, serving_parameters
+from dspark_hub.verify.runtimes.loaders import RUNTIMES, runtime_verdicts, serving_parameters
 
 from .factories import tensors_for, write_checkpoint
 

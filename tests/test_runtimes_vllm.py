@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
-from dspark_hub.verify import execute_vllm
 from dspark_hub.verify.checks import verify
-from dspark_hub.verify.runtimes_vllm import RULES
+from dspark_hub.verify.runtimes import execute_vllm
+from dspark_hub.verify.runtimes.vllm_rules import RULES
 from dspark_hub.vllm import availability
 
 from .factories import write_checkpoint

@@ -8,7 +8,7 @@ from dspark_hub.errors import ContractError
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.verify.family import FAMILIES, family_from_names, fingerprint
-from dspark_hub.verify.runtimes import loaders_for
+from dspark_hub.verify.runtimes.loaders import loaders_for
 
 from .spec_fixtures import DSPARK, FAMILY_OF, MANIFEST, fixture, read_config
 

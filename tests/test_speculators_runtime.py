@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.verify.checks import verify
-from dspark_hub.verify.runtimes_speculators import RULES, serving_parameters
+from dspark_hub.verify.runtimes.speculators_rules import RULES, serving_parameters
 
 from .spec_fixtures import DSPARK, copy_fixture, edit_config, fixture, read_config, set_key
 

@@ -2,7 +2,7 @@
 
 Every case of `tests/vllm_matrix.py` (both DSpark formats: the conforming drafts, each class of defect,
 each config refusal) is built in a temporary folder and loaded through vLLM's real loader by
-`verify.execute_vllm.execute`, all in this one process (vLLM is imported once). Each row (the start-up
+`verify.runtimes.execute_vllm.execute`, all in this one process (vLLM is imported once). Each row (the start-up
 refusal, every tensor's verdict, every parameter's fate) must equal what the static rules say.
 
 Needs vLLM: `$(.ci/venv-vllm.sh) -m pytest -m vllm tests/test_vllm_conformance.py` (`.ci/run` does).
@@ -17,10 +17,11 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
-from dspark_hub.verify.execute_vllm import PINNED_VERSION, as_verdicts, execute
 from dspark_hub.verify.family import detect
-from dspark_hub.verify.runtimes import findings, loaders_for
-from dspark_hub.verify.verdicts import compare
+from dspark_hub.verify.runtimes.execute_vllm import PINNED_VERSION, as_verdicts, execute
+from dspark_hub.verify.runtimes.loaders import loaders_for
+from dspark_hub.verify.runtimes.report import findings
+from dspark_hub.verify.runtimes.verdicts import compare
 
 from .factories import write_checkpoint
 from .vllm_matrix import CASES, build
@@ -120,7 +121,7 @@ def test_cli_execute_names_every_never_written_parameter(tmp_path):
 def test_an_internal_that_moved_fails_loudly(monkeypatch):
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-    from dspark_hub.verify.execute_vllm import VllmInternalsMoved, check_internals
+    from dspark_hub.verify.runtimes.execute_vllm import VllmInternalsMoved, check_internals
 
     monkeypatch.delattr(DefaultModelLoader, "track_weights_loading")
     with pytest.raises(VllmInternalsMoved, match=r"DefaultModelLoader\.track_weights_loading"):

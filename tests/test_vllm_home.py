@@ -212,7 +212,7 @@ def test_the_log_tail_is_the_last_non_blank_lines(tmp_path, text, lines, tail):
 
 
 def test_the_loader_executions_child_refuses_an_unknown_request():
-    from dspark_hub.verify.execute_vllm.runner import handle
+    from dspark_hub.verify.runtimes.execute_vllm.runner import handle
 
     assert handle({"op": "exit"}) == {}
     for request in ({"op": "load"}, {"op": "execute"}, {"op": "execute", "folder": 3}):
@@ -230,10 +230,10 @@ def test_the_measured_evals_child_refuses_an_unknown_request():
 
 
 def test_every_vllm_user_launches_its_child_through_the_home():
-    for module in ("verify/execute_vllm/runner.py", "train/vllm_engine.py", "train/vllm_eval.py"):
+    for module in ("verify/runtimes/execute_vllm/runner.py", "train/vllm_engine.py", "train/vllm_eval.py"):
         source = (PACKAGE / module).read_text()
         assert "Child(" in source and "subprocess" not in source, module
-    for module in ("verify/execute_vllm/__main__.py", "train/vllm_worker.py", "train/vllm_eval_worker.py"):
+    for module in ("verify/runtimes/execute_vllm/__main__.py", "train/vllm_worker.py", "train/vllm_eval_worker.py"):
         assert "serve(" in (PACKAGE / module).read_text(), module
 
 
@@ -254,7 +254,7 @@ def test_each_user_refuses_a_vllm_outside_the_series_before_any_work(vllm_as, tm
     from dspark_hub.errors import VllmNotAvailable
     from dspark_hub.train.vllm_eval_worker import run
     from dspark_hub.train.vllm_worker import Worker
-    from dspark_hub.verify.execute_vllm import check_internals
+    from dspark_hub.verify.runtimes.execute_vllm import check_internals
 
     refused = r"vLLM 0\.33\.0 is outside the tested 0\.32 series"
     vllm_as("0.33.0")

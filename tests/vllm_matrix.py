@@ -5,7 +5,7 @@ returns it. k3_dspark drafts are built from `contract.TINY_CONFIG` with our fact
 loads on vLLM's CPU build: MLA head dims and ranks it accepts); speculators drafts are copies of the
 checked-in fixtures the real speculators library saved, and mutants of them.
 
-`tests/test_vllm_conformance.py` runs vLLM's own loader over every case (`verify.execute_vllm`) and
+`tests/test_vllm_conformance.py` runs vLLM's own loader over every case (`verify.runtimes.execute_vllm`) and
 compares each row with the static rules; `tests/test_runtimes_vllm.py` checks what the rules say about
 selected cases without vLLM.
 """

@@ -12,7 +12,7 @@ from dspark_hub.cli._render import render_convert, render_diff, render_init, ren
 from dspark_hub.format import contract
 from dspark_hub.format.registry import FORMATS
 from dspark_hub.ops.init import INIT_KINDS, init_checkpoint
-from dspark_hub.verify.runtimes import RUNTIMES
+from dspark_hub.verify.runtimes.loaders import RUNTIMES
 
 
 def runtime_choices() -> list[str]:

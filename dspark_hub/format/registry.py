@@ -16,7 +16,7 @@ does the exported modeling code load it, which vLLM class loads it, ...). Code o
 asks these fields; it never compares a format's name (`tests/test_format_dispatch.py`).
 
 The layers above extend an entry where the format core cannot reach: verify's config rules
-(`verify.checks.config_findings`) and runtime loader rules (`verify.runtimes.loaders_for`), each a
+(`verify.checks.config_findings`) and runtime loader rules (`verify.runtimes.loaders.loaders_for`), each a
 table keyed by `DraftFormat.name`. `verify.family.detect(config, names)` picks the entry from the
 family fingerprint; a folder of any other family has no entry and gets one family finding. A later
 format plugs in as one more `DraftFormat` here (plus a row in those two tables).

@@ -4,12 +4,9 @@
 - `family`: which draft family a folder is (k3_dspark, every speculators type, DFlash, EAGLE-3, MTP), and
   `detect`, its registered draft format (`format.registry`).
 - `speculators`: the config rules of a speculators DSpark (speculators 0.9.0, vLLM 0.32.0; sourced).
-- `runtimes`: what each serving runtime's loader does with every tensor (tokenspeed, SGLang, ATOM: read).
-- `runtimes_vllm`: vLLM's loader for a k3_dspark draft, as rules executed against vLLM 0.32.0, and the
-  module-tree lookup both vLLM loaders share.
-- `runtimes_speculators`: vLLM's loader for a speculators DSpark, as sourced rules, and its serving command.
-- `verdicts`: the verdict vocabulary every loader spec shares, and the row-by-row comparison.
-- `execute_vllm`: the engine that runs vLLM's own draft loader on CPU (`verify --execute`, the harness).
+- `runtimes` (a sub-package): what each serving runtime's loader does with every tensor, by rules
+  (tokenspeed, SGLang, ATOM: read; vLLM: executed) or by running vLLM's own loader (`execute_vllm`),
+  and the `sections["runtimes"]` of `verify --runtime`.
 - `pairing`: a draft against its target model.
 - `deep`: every byte streamed once (digests, NaN/inf, all-zero matrices).
 - `against_hub`: local files against a Hub revision.

@@ -267,7 +267,7 @@ def check_against_hub(report: Report, folder: str, hub_ref: str, *,
 
 def _execute_runtimes(runtime: str | list[str] | None, *, local: bool) -> str | list[str]:
     """The runtimes to judge when vLLM's loader is to be executed (vllm unless named); refuse what cannot run."""
-    from dspark_hub.verify.execute_vllm import require_vllm  # optional: loads with its flag
+    from dspark_hub.verify.runtimes.execute_vllm import require_vllm  # optional: loads with its flag
 
     if not local:
         raise UsageError("runs vLLM's loader over the tensors of a local folder; pass a local folder", param="execute")
@@ -292,13 +292,13 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         frozen_embed: a teacher checkpoint (folder or file) whose embedding `embed_tokens.weight` must
             equal bit for bit (local only).
         runtime: also judge the checkpoint through these runtimes' loaders (`all`, or names from
-            `runtimes.RUNTIMES`) and add their serving commands.
+            `runtimes.loaders.RUNTIMES`) and add their serving commands.
         target: also check the pairing with this target (folder or `hf://`); hashes both embeddings.
         block_size: draft tokens per block for the serving commands (default: the reference's 7).
         against_hub: `ORG/NAME[@REV]`: also compare every local file with the Hub's digests and sizes.
         endpoint: the Hub endpoint for `hf://` paths and `against_hub` (default: HF_ENDPOINT).
         execute: run vLLM's own draft loader on the folder (CPU, a child process of this Python;
-            `verify.execute_vllm`) and report what it did for `vllm` instead of the rules' verdicts;
+            `verify.runtimes.execute_vllm`) and report what it did for `vllm` instead of the rules' verdicts;
             implies `runtime="vllm"` when no runtime is given. Needs vLLM importable here.
         progress: called with bytes read by the deep and frozen-embed passes.
 
@@ -329,8 +329,8 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         from dspark_hub.verify import deep as byte_level  # numpy only when tensor bytes are read
         byte_level.extend_report(report, view, deep=deep, frozen_embed=frozen_embed, progress=progress)
     if runtime is not None:
-        from dspark_hub.verify import runtimes  # optional: loads with its flag
-        runtimes.extend_report(report, view, runtime, block_size=block_size, execute=execute)
+        from dspark_hub.verify.runtimes.report import extend_report  # optional: loads with its flag
+        extend_report(report, view, runtime, block_size=block_size, execute=execute)
     if target is not None:
         from dspark_hub.verify import pairing  # optional: loads with its flag
         pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)

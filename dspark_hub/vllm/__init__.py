@@ -6,7 +6,7 @@
 - `child`: a Python child process in vLLM's virtualenv (possibly another one), its JSON-lines
   protocol, its log and the mapping of its failures to `dspark_hub.errors` types.
 
-Its users: `verify.execute_vllm` (vLLM's draft loader, executed), `train.vllm_engine` (the teacher
+Its users: `verify.runtimes.execute_vllm` (vLLM's draft loader, executed), `train.vllm_engine` (the teacher
 engine) and `train.vllm_eval` (acceptance measured by vLLM). Imports only the bottom and `format`;
 never vLLM itself (the children import it).
 """

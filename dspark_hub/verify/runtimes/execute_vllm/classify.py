@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from dspark_hub.verify.execute_vllm.result import TENSOR_VERDICTS
-from dspark_hub.verify.execute_vllm.trace import Trace
-from dspark_hub.verify.runtimes_vllm import ShardId
+from dspark_hub.verify.runtimes.execute_vllm.result import TENSOR_VERDICTS
+from dspark_hub.verify.runtimes.execute_vllm.trace import Trace
+from dspark_hub.verify.runtimes.vllm_rules import ShardId
 
 if TYPE_CHECKING:
     import torch

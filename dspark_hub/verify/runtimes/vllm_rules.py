@@ -1,7 +1,7 @@
 """How vLLM 0.32.0 loads a `k3_dspark` draft (`K3DSparkForCausalLM`), as rules found by running it.
 
 Every rule is a `Cited` with an `id`, its `source` (vLLM 0.32.0 file:line) and its `evidence`:
-**executed** means `verify.execute_vllm` ran vLLM's own draft loader on CPU over a draft showing the
+**executed** means `verify.runtimes.execute_vllm` ran vLLM's own draft loader on CPU over a draft showing the
 behaviour (the conformance matrix in `tests/test_vllm_conformance.py` re-runs every one in CI);
 **read** means it was only read in the code. Each verdict names the rule that decided it.
 
@@ -33,7 +33,7 @@ from typing import Any, TypeAlias
 
 from dspark_hub.format import contract
 from dspark_hub.report import Finding
-from dspark_hub.verify.verdicts import (
+from dspark_hub.verify.runtimes.verdicts import (
     Cited,
     Evidence,
     RuntimeVerdicts,
@@ -317,15 +317,16 @@ _UNFILLED_SILENT = ("no tensor fills it: vLLM starts and serves with it uninitia
 
 @dataclass(frozen=True)
 class VllmK3Loader:
-    """vLLM's `K3DSparkForCausalLM` loader, as the spec `verify.runtimes` walks (`runtimes.RUNTIMES["vllm"]`)."""
+    """vLLM's `K3DSparkForCausalLM` loader, as the spec `report.runtimes_section` walks (`loaders.RUNTIMES["vllm"]`)."""
 
     name: str = "vllm"
     title: str = "vLLM"
     rules: tuple[Cited, ...] = tuple(RULES.values())
     notes: tuple[str, ...] = (f"{VERSION} model class K3DSparkForCausalLM ({_MLA}); every loader rule was "
-                              "executed on CPU through vLLM's own draft loader (dspark_hub.verify.execute_vllm); "
-                              "serving was executed on CPU too and fails at load in the MLA path (cpu_serving), so "
-                              "serving a k3_dspark draft needs a GPU (not run here)",)
+                              "executed on CPU through vLLM's own draft loader "
+                              "(dspark_hub.verify.runtimes.execute_vllm); serving was executed on CPU too and fails at "
+                              "load in the MLA path (cpu_serving), so serving a k3_dspark draft needs a GPU "
+                              "(not run here)",)
     drop_hint: str = "export every contract tensor under its contract name ('dspark-hub convert') and verify again"
     fatal_hint: str = "export exactly the contract names and shapes, with a config vLLM accepts"
     unfilled_state: str = "uninitialised"

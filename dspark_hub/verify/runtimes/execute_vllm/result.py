@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dspark_hub.verify.execute_vllm.stubs import WORKER_SETUP
-from dspark_hub.verify.verdicts import RuntimeLoader, RuntimeVerdicts
+from dspark_hub.verify.runtimes.execute_vllm.stubs import WORKER_SETUP
+from dspark_hub.verify.runtimes.verdicts import RuntimeLoader, RuntimeVerdicts
 from dspark_hub.vllm.pin import PINNED_VERSION
 
 #: Executed status -> the verdict `verify --runtime` reports (tensors).
@@ -73,10 +73,10 @@ class ExecutedLoad:
 def as_verdicts(executed: ExecutedLoad, runtime: RuntimeLoader) -> RuntimeVerdicts:
     """An executed load as the verdicts `verify --runtime` reports (same words, same finding codes).
 
-    `runtime` is the rules' loader spec for the same format (`runtimes_vllm.VLLM`,
-    `runtimes_speculators.RUNTIMES["vllm"]`): its title, hints and rules go with the result. Every row's
+    `runtime` is the rules' loader spec for the same format (`vllm_rules.VLLM`,
+    `speculators_rules.RUNTIMES["vllm"]`): its title, hints and rules go with the result. Every row's
     evidence is ``executed``; the rule ids come from the rules' verdicts for the same checkpoint
-    (`RuntimeVerdicts.adopt_rule_ids`, which `runtimes.runtimes_section` applies).
+    (`RuntimeVerdicts.adopt_rule_ids`, which `report.runtimes_section` applies).
     """
     result = RuntimeVerdicts(runtime=runtime)
     for name, t in executed.tensors.items():

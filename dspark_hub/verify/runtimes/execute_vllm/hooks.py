@@ -16,7 +16,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from dspark_hub.verify.execute_vllm.trace import INT_SENTINEL, STATE, current_trace, record_write, snapshot, tracing
+from dspark_hub.verify.runtimes.execute_vllm.trace import (
+    INT_SENTINEL,
+    STATE,
+    current_trace,
+    record_write,
+    snapshot,
+    tracing,
+)
 
 if TYPE_CHECKING:
     import torch

@@ -8,7 +8,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dspark_hub.verify.runtimes_vllm import ShardId
+from dspark_hub.verify.runtimes.vllm_rules import ShardId
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +86,7 @@ def current_trace() -> Trace | None:
 def tracing() -> Trace:
     """The round being traced, from a hook that only `execute` triggers."""
     if STATE.trace is None:
-        raise RuntimeError("a vLLM loader hook ran outside dspark_hub.verify.execute_vllm.execute")
+        raise RuntimeError("a vLLM loader hook ran outside dspark_hub.verify.runtimes.execute_vllm.execute")
     return STATE.trace
 
 

@@ -3,7 +3,7 @@
 The loader is `Qwen3DSparkForCausalLM.load_weights` (`vllm/model_executor/models/qwen3_dspark.py`,
 on top of `qwen3_dflash.py` and `models/utils.py` `AutoWeightsLoader`) in vLLM 0.32.0. Every rule
 below is a `Cited` with an `id`, its `source` (file:line in vLLM 0.32.0) and its `evidence`:
-**executed** means `verify.execute_vllm` ran vLLM's own draft loader on CPU over the fixtures in
+**executed** means `verify.runtimes.execute_vllm` ran vLLM's own draft loader on CPU over the fixtures in
 `tests/fixtures/speculators/` and mutated copies showing the behaviour (the conformance matrix in
 `tests/test_vllm_conformance.py` re-runs them in CI); **read** means it was only read in the code.
 Each verdict names the rule that decided it (`"rule"` in the JSON).
@@ -19,7 +19,7 @@ What vLLM does, in order:
    the head (adaptive verification is then off) rather than leaving it unfilled;
 4. ``q/k/v_proj`` stack into ``qkv_proj`` and ``gate/up_proj`` into ``gate_up_proj`` (also under
    ``markov_head``: a gated head's ``gate_proj`` becomes an unknown ``gate_up_proj``);
-5. the name is looked up in the module tree (`runtimes_vllm.ModuleTree`): loaded when the shape
+5. the name is looked up in the module tree (`vllm_rules.ModuleTree`): loaded when the shape
    matches, a ``.bias`` on an existing module without one ignored, anything else raises; an
    ``embed_tokens`` or a full-vocabulary ``lm_head`` in the file is loaded and kept as the draft's own;
 6. **no strict check runs** (``load_weights`` returns None): every parameter no tensor fills, norms
@@ -39,9 +39,9 @@ from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.registry import serving_facts
 from dspark_hub.format.taps import taps_from_aux_ids
 from dspark_hub.report import Finding, warning
-from dspark_hub.verify.runtimes_vllm import ROTARY_BUFFERS, VERSION, ModuleTree, ShardId, stacked_module, truthy
-from dspark_hub.verify.runtimes_vllm import rule as _rule
-from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, by_id, draft_id
+from dspark_hub.verify.runtimes.verdicts import Cited, RuntimeVerdicts, by_id, draft_id
+from dspark_hub.verify.runtimes.vllm_rules import ROTARY_BUFFERS, VERSION, ModuleTree, ShardId, stacked_module, truthy
+from dspark_hub.verify.runtimes.vllm_rules import rule as _rule
 
 _DSPARK = "vllm/model_executor/models/qwen3_dspark.py"
 _DFLASH = "vllm/model_executor/models/qwen3_dflash.py"
@@ -205,16 +205,16 @@ _SKIPPED = {"t2d_skipped": "skipped: vLLM maps draft ids with d2t",
 
 @dataclass(frozen=True)
 class SpeculatorsLoader:
-    """vLLM's loader for a speculators DSpark, as the same kind of spec `verify.runtimes` walks."""
+    """vLLM's loader for a speculators DSpark, as the same kind of spec `loaders.runtime_verdicts` walks."""
 
     name: str = "vllm"
     title: str = "vLLM"
     method: str = "dspark"
     rules: tuple[Cited, ...] = tuple(RULES.values())
     notes: tuple[str, ...] = (f"{VERSION} model class Qwen3DSparkForCausalLM ({_DSPARK}); every loader rule was "
-                              "executed on CPU through vLLM's own draft loader (dspark_hub.verify.execute_vllm); "
-                              "serving it was executed on CPU too (dspark_hub.train.vllm_eval: Model Runner V2 "
-                              "through Triton's interpreter)",)
+                              "executed on CPU through vLLM's own draft loader "
+                              "(dspark_hub.verify.runtimes.execute_vllm); serving it was executed on CPU too "
+                              "(dspark_hub.train.vllm_eval: Model Runner V2 through Triton's interpreter)",)
     drop_hint: str = "save the checkpoint with the speculators library's names"
     fatal_hint: str = "save the names and shapes the config implies (vLLM loads only the vanilla Markov head)"
     unfilled_state: str = "uninitialised"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.registry import FORMATS
-from dspark_hub.verify.execute_vllm.trace import STATE
+from dspark_hub.verify.runtimes.execute_vllm.trace import STATE
 
 if TYPE_CHECKING:
     import torch

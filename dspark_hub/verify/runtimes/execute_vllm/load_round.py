@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dspark_hub.verify.execute_vllm.stubs import distributed, stub_target_config, stub_target_model
-from dspark_hub.verify.execute_vllm.trace import STATE, Trace
+from dspark_hub.verify.runtimes.execute_vllm.stubs import distributed, stub_target_config, stub_target_model
+from dspark_hub.verify.runtimes.execute_vllm.trace import STATE, Trace
 
 if TYPE_CHECKING:
     import torch

@@ -1,11 +1,11 @@
-"""`python -m dspark_hub.verify.execute_vllm`: the child process of `run_isolated` (`vllm.child.serve`)."""
+"""`python -m dspark_hub.verify.runtimes.execute_vllm`: the child process of `run_isolated` (`vllm.child.serve`)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from dspark_hub.verify.execute_vllm.runner import handle
+from dspark_hub.verify.runtimes.execute_vllm.runner import handle
 from dspark_hub.vllm.child import serve
 
 

@@ -29,7 +29,7 @@ internals it hooks are checked first (`check_internals`): if they moved, it rais
 
 `run_isolated(folder)` runs `execute` in a child process of the same interpreter (vLLM patches torch
 at import and takes seconds to import; its process-wide state stays in the child) and returns the
-same `ExecutedLoad`; the child is `python -m dspark_hub.verify.execute_vllm`, speaking the protocol of
+same `ExecutedLoad`; the child is `python -m dspark_hub.verify.runtimes.execute_vllm`, speaking the protocol of
 `dspark_hub.vllm.child`. The vLLM version policy is `dspark_hub.vllm.pin`'s.
 
 One concern a module: `internals` (what is hooked, checked first), `trace` (what one load records),
@@ -41,10 +41,10 @@ and a GPU), `load_round` (one load), `classify` (its verdicts), `result` (`Execu
 from __future__ import annotations
 
 from dspark_hub.errors import ExecutionFailed, VllmInternalsMoved, VllmNotAvailable
-from dspark_hub.verify.execute_vllm.internals import INTERNALS, check_internals, require_vllm
-from dspark_hub.verify.execute_vllm.result import TENSOR_VERDICTS, ExecutedLoad, as_verdicts
-from dspark_hub.verify.execute_vllm.runner import execute, run_isolated
-from dspark_hub.verify.execute_vllm.stubs import SHIMS, STUBS, WORKER_SETUP
+from dspark_hub.verify.runtimes.execute_vllm.internals import INTERNALS, check_internals, require_vllm
+from dspark_hub.verify.runtimes.execute_vllm.result import TENSOR_VERDICTS, ExecutedLoad, as_verdicts
+from dspark_hub.verify.runtimes.execute_vllm.runner import execute, run_isolated
+from dspark_hub.verify.runtimes.execute_vllm.stubs import SHIMS, STUBS, WORKER_SETUP
 from dspark_hub.vllm.pin import PINNED_VERSION
 
 #: The `error_code`s of the engine's exceptions (the README's error-code table lists them).

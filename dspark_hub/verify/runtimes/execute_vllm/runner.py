@@ -18,19 +18,19 @@ from typing import Any
 from dspark_hub.errors import ExecutionFailed, UsageError
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.registry import FORMATS
-from dspark_hub.verify.execute_vllm.classify import checkpoint_name, classify, parameters
-from dspark_hub.verify.execute_vllm.hooks import install
-from dspark_hub.verify.execute_vllm.internals import check_internals, require_vllm
-from dspark_hub.verify.execute_vllm.load_round import one_round
-from dspark_hub.verify.execute_vllm.result import ExecutedLoad
-from dspark_hub.verify.execute_vllm.stubs import SHIMS, STUBS
-from dspark_hub.verify.execute_vllm.trace import STATE, Trace
 from dspark_hub.verify.family import detect
+from dspark_hub.verify.runtimes.execute_vllm.classify import checkpoint_name, classify, parameters
+from dspark_hub.verify.runtimes.execute_vllm.hooks import install
+from dspark_hub.verify.runtimes.execute_vllm.internals import check_internals, require_vllm
+from dspark_hub.verify.runtimes.execute_vllm.load_round import one_round
+from dspark_hub.verify.runtimes.execute_vllm.result import ExecutedLoad
+from dspark_hub.verify.runtimes.execute_vllm.stubs import SHIMS, STUBS
+from dspark_hub.verify.runtimes.execute_vllm.trace import STATE, Trace
 from dspark_hub.vllm.child import Child, session
 from dspark_hub.vllm.pin import judge_version
 
 #: The child process's module (`python -m`).
-CHILD_MODULE = "dspark_hub.verify.execute_vllm"
+CHILD_MODULE = "dspark_hub.verify.runtimes.execute_vllm"
 
 
 def execute(folder: str | os.PathLike[str], *, num_speculative_tokens: int = 7) -> ExecutedLoad:

@@ -2,8 +2,8 @@
 
 A runtime's loader, walked over a checkpoint, gives every tensor one verdict and every parameter it
 builds that no tensor fills an "unfilled" verdict. The words are the same whether the verdict comes
-from rules (`verify.runtimes`, `verify.runtimes_vllm`, `verify.runtimes_speculators`) or from running
-vLLM's loader (`verify.execute_vllm`), which observes the four outcomes on the left:
+from rules (`loaders`, `vllm_rules`, `speculators_rules`) or from running vLLM's loader
+(`execute_vllm`), which observes the four outcomes on the left:
 
 =====================  ===========  ==================================================================
 executed (per tensor)  verdict      meaning
@@ -73,8 +73,8 @@ def by_id(rules: Iterable[Cited]) -> dict[str, Cited]:
 
 
 class RuntimeLoader(Protocol):
-    """A runtime's loader as `verify.runtimes` walks it (`runtimes.RuntimeSpec`, `runtimes_vllm.VllmK3Loader`,
-    `runtimes_speculators.SpeculatorsLoader`)."""
+    """A runtime's loader as `report.runtimes_section` walks it (`loaders.RuntimeSpec`, `vllm_rules.VllmK3Loader`,
+    `speculators_rules.SpeculatorsLoader`)."""
 
     @property
     def name(self) -> str: ...
