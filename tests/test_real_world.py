@@ -35,3 +35,27 @@ def test_prompt_split_has_every_kind_in_equal_shares_and_no_repeats(split, count
 def test_heldout_prompts_are_not_in_train():
     train = {text for _, text in _prompt_texts("train")}
     assert not train & {text for _, text in _prompt_texts("heldout")}
+
+
+@pytest.mark.real
+@needs_world
+@pytest.mark.parametrize("fmt, extra", [("k3_dspark", ()), ("speculators", ("--draft-vocab", "4096"))])
+def test_init_target_sizes_a_draft_for_smollm2_that_pairs(tmp_path, fmt, extra):
+    from click.testing import CliRunner
+
+    from dspark_hub.cli.main import cli
+    from dspark_hub.verify.checks import verify
+
+    target = WORLD / "bf16"
+    args = ["init", str(tmp_path / "d"), "--target", str(target), "--format", fmt, "--json", *extra]
+    if extra:
+        args += ["--vocab-from", str(PROMPTS / "smollm2-train.jsonl")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["target_layer_ids"] == ([1, 7, 14, 22, 27] if fmt == "k3_dspark" else [7, 14, 22, 27, 28])
+    assert doc["mask_token"]["id"] == 16     # <empty_output>: special, not bos/eos/pad/unk, not in the template
+    report = verify(tmp_path / "d", target=target)
+    assert report.ok, [f.to_dict() for f in report.findings]
+    if fmt == "k3_dspark":
+        assert report.sections["pairing"]["embedding"]["verdict"] == "bit-identical"

@@ -128,7 +128,7 @@ def convert(src: Path, dst: Path, to: str | None, from_: str | None, force: bool
                    "frozen embedding is random and 'verify --target' fails until it is copied.")
 @click.option("--target", metavar="T", help="Size the draft for this transformers causal LM (its config and "
               "embedding only): hidden size, vocabulary, embedding, taps and mask token from T (instead of --profile).")
-@click.option("--format", "fmt", type=click.Choice(["k3_dspark", "speculators"]), default="k3_dspark",
+@click.option("--format", "fmt", type=click.Choice(format_choices()), default="k3_dspark",
               show_default=True, help="With --target: the draft format.")
 @click.option("--taps", metavar="IDS", help="With --target: T's layers to tap, e.g. 1,7,14 (default: spread as "
               "the K3 recipes place them).")

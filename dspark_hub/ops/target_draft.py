@@ -27,25 +27,26 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract, speculators
+from dspark_hub.verify.formats import FORMATS, K3, SPECULATORS, DraftFormat, by_cli_name
 from dspark_hub.verify.rules import residual_index, text_config
 
 #: The reference target's layer count and the recipes' taps on it (our convention: layer outputs, 0-based).
 REFERENCE_TARGET_LAYERS = 93
 RECIPE_TAPS: dict[str, tuple[int, ...]] = {
-    "k3_dspark": (2, 23, 47, 71, 89),          # contract.REFERENCE_CONFIG target_layer_ids
-    "speculators": (23, 47, 71, 87, 91),       # RedHatAI/Kimi-K3-speculator.dspark: aux ids 24 48 72 88 92
+    K3.name: (2, 23, 47, 71, 89),              # contract.REFERENCE_CONFIG target_layer_ids
+    SPECULATORS.name: (23, 47, 71, 87, 91),    # RedHatAI/Kimi-K3-speculator.dspark: aux ids 24 48 72 88 92
 }
 DEFAULT_DRAFT_LAYERS = 2
 DEFAULT_BLOCK_SIZE = 8
 
 
-def tap_layers(target_layers: int, fmt: str) -> list[int]:
+def tap_layers(target_layers: int, fmt: DraftFormat) -> list[int]:
     """The recipe's taps for a target of `target_layers` decoder layers (ascending, distinct, our convention)."""
     if target_layers < 1:
         raise UsageError(f"the target has {target_layers} decoder layers; a draft taps at least one")
     top = REFERENCE_TARGET_LAYERS - 2
     span = max(0, target_layers - 2)
-    return sorted({math.floor(layer * span / top + 0.5) for layer in RECIPE_TAPS[fmt]})
+    return sorted({math.floor(layer * span / top + 0.5) for layer in RECIPE_TAPS[fmt.name]})
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,6 @@ def speculators_config(target: TargetFacts, *, layers: int, taps: Sequence[int],
 
 #: Beside the weights: how `init --target` sized the draft (taps, mask token and why, draft vocabulary).
 PROVENANCE_NAME = "dspark_init.json"
-FORMATS = ("k3_dspark", "speculators")
 
 
 @dataclass(frozen=True)
@@ -329,8 +329,9 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
     """Write an untrained draft sized for `target` (a transformers causal-LM folder).
 
     Args:
-        fmt: `k3_dspark` (full vocabulary, `embed_tokens` copied from T) or `speculators` (a DSpark in the
-            speculators 0.9.0 layout; with `draft_vocab` a pruned vocabulary: `lm_head` rows copied from T).
+        fmt: a format's command-line name: `k3_dspark` (full vocabulary, `embed_tokens` copied from T) or
+            `speculators` (a DSpark in the speculators 0.9.0 layout; with `draft_vocab` a pruned vocabulary:
+            `lm_head` rows copied from T).
         taps: T's layers to tap (our convention); default `tap_layers(T's layers, fmt)`.
         draft_vocab: speculators only: keep the `draft_vocab` most frequent ids of `token_counts`.
         token_counts: target id -> count in some data (needed with `draft_vocab`; also keeps the mask off them).
@@ -341,23 +342,29 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
     """
     from dspark_hub.format.writer import check_writable
 
-    if fmt not in FORMATS:
-        raise UsageError(f"{fmt!r} is not one of {', '.join(FORMATS)}", param="format")
+    try:
+        draft_format = by_cli_name(fmt)
+    except (KeyError, StopIteration):
+        names = ", ".join(f.cli_name for f in FORMATS.values())
+        raise UsageError(f"{fmt!r} is not one of {names}", param="format") from None
     if layers < 1 or block_size < 1:
         raise UsageError("a draft needs at least one layer and a block of at least one token", param="layers")
     check_writable(Path(dst), force=force)
     facts = read_target(target)
-    chosen = sorted(set(taps)) if taps else tap_layers(facts.num_layers, fmt)
+    chosen = sorted(set(taps)) if taps else tap_layers(facts.num_layers, draft_format)
     if any(not 0 <= t < facts.num_layers for t in chosen):
         raise UsageError(f"taps {list(chosen)} are not all in [0, {facts.num_layers}) for {target}", param="taps")
-    if draft_vocab is not None and fmt != "speculators":
+    if draft_vocab is not None and draft_format is not SPECULATORS:
         raise UsageError("a pruned draft vocabulary is a speculators-format feature; k3_dspark keeps the target's",
+                         param="draft_vocab")
+    if draft_vocab is not None and not 0 < draft_vocab <= facts.vocab_size:
+        raise UsageError(f"a draft vocabulary of {draft_vocab} does not fit the target's {facts.vocab_size}",
                          param="draft_vocab")
     if draft_vocab is not None and draft_vocab < facts.vocab_size and token_counts is None:
         raise UsageError("a pruned draft vocabulary needs token frequencies from some data", param="vocab_from")
     mask = pick_mask_token(facts, seen=sorted(token_counts or ()))
     common = {"target": str(target), "layers": layers, "taps": chosen, "block_size": block_size, "mask": mask}
-    if fmt == "k3_dspark":
+    if draft_format is K3:
         return _write_k3(dst, facts, common, seed=seed, force=force, progress=progress)
     return _write_speculators(dst, facts, common, draft_vocab=draft_vocab or facts.vocab_size,
                               counts=token_counts or {}, seed=seed, force=force)
@@ -369,7 +376,7 @@ def _write_k3(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, se
 
     cfg = k3_config(facts, layers=common["layers"], taps=common["taps"], mask_token_id=common["mask"].id)
     embedding = f"embed_tokens.weight copied from {Path(common['target']).name}"
-    draft = TargetInitResult(path=Path(dst), format="k3_dspark", draft_vocab_size=facts.vocab_size,
+    draft = TargetInitResult(path=Path(dst), format=K3.cli_name, draft_vocab_size=facts.vocab_size,
                              vocab_coverage=None, weights_bytes=0, embedding=embedding, **common)
     result = init_checkpoint(dst, config=cfg, seed=seed, force=force, embed_from=facts.path, progress=progress,
                              extra_files={PROVENANCE_NAME: _provenance_bytes(draft)})
@@ -402,7 +409,7 @@ def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, An
     embedding = (f"lm_head.weight: rows of {facts.path.name}:{head.name} picked by t2d"
                  + ("" if head.info.dtype == dtype else f" (cast from {head.info.dtype} to {dtype})")
                  if vocab else "none saved: the draft scores through the target's own lm_head")
-    result = TargetInitResult(path=Path(dst), format="speculators", draft_vocab_size=draft_vocab,
+    result = TargetInitResult(path=Path(dst), format=SPECULATORS.cli_name, draft_vocab_size=draft_vocab,
                               vocab_coverage=vocab.covered if vocab else None, weights_bytes=0,
                               embedding=embedding, **common)
     with atomic_dir(dst, force=force) as tmp:
