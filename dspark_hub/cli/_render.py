@@ -334,6 +334,11 @@ def render_init_target(result: Any) -> None:
                  f"--target {result.target}")
 
 
+def render_threads(choice: Any) -> None:
+    """The CPU threads a training command uses, and why (stderr, before the work starts)."""
+    stderr.print(f"threads: {choice.threads} ({choice.reason}; --threads N to choose)")
+
+
 def render_init_teacher(result: Any) -> None:
     """Human view of a `TeacherInitResult`."""
     source = f"shapes and embedding of {result.draft}" if result.draft else f"profile {result.profile}"
