@@ -18,9 +18,7 @@ per-round ratios (default / one thread: above 1 means one thread is faster), wit
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -30,26 +28,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MIN_REPEAT = 5
-
-
-def build_world(root: Path) -> None:
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from dspark_hub.ops.init import init_checkpoint
-    from dspark_hub.train.rollouts import make_rollouts
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from teacher_factory import teacher_config
-
-    torch.manual_seed(0)
-    LlamaForCausalLM(teacher_config()).save_pretrained(str(root / "teacher"))
-    init_checkpoint(root / "base", profile="tiny", embed_from=root / "teacher")
-    rng = random.Random(0)
-    (root / "p.jsonl").write_text("".join(json.dumps({"input_ids": [rng.randrange(10, 500) for _ in range(16)]})
-                                          + "\n" for _ in range(64)))
-    make_rollouts(root / "teacher", root / "p.jsonl", root / "base" / "config.json", root / "data",
-                  max_new_tokens=112, ignore_eos=True, batch_size=64)
 
 
 def child(kind: str, root: Path, threads: int | None, steps: int, prompts: int) -> float:
@@ -109,7 +87,10 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.1f} at start")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        build_world(root)
+        sys.path.insert(0, str(ROOT / "bench"))
+        from bench_train import tiny_world
+
+        tiny_world(root)
         for kind in ("finetune", "rollouts"):
             default, one = [], []
             for i in range(args.repeat):

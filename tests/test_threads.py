@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -81,3 +84,22 @@ def test_training_commands_apply_and_print_the_choice(machine, tmp_path, command
 def test_threads_zero_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(cli, ["eval", "--draft", str(tmp_path), "--threads", "0"])
     assert result.exit_code == 2 and "--threads" in result.stderr
+
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def test_bench_threads_reports_the_median_of_per_round_ratios(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_threads
+
+    # a round disturbed by another process must not decide: the median of 2, 1, 3, 2.5, 2 is 2
+    default, one = [4.0, 1.0, 3.0, 5.0, 2.0], [2.0, 1.0, 1.0, 2.0, 1.0]
+    assert bench_threads.round_ratios(default, one) == pytest.approx((2.0, 1.0, 3.0))
+    assert bench_threads.MIN_REPEAT >= 5
+
+
+def test_bench_threads_refuses_fewer_than_five_rounds():
+    run = subprocess.run([sys.executable, str(BENCH / "bench_threads.py"), "--repeat", "4"], capture_output=True,
+                         text=True)
+    assert run.returncode == 2 and "at least 5" in run.stderr
