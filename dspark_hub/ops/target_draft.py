@@ -242,10 +242,20 @@ def k3_config(target: TargetFacts, *, layers: int, taps: Sequence[int], mask_tok
         "target_layer_ids": list(taps), "mask_token_id": mask_token_id, "markov_rank": min(256, max(1, h // 4)),
         "draft_vocab_size": target.vocab_size,
     })
+    rope = cfg["rope_parameters"]    # the reference's YaRN, its factor kept, sized to T's context and base
+    rope.update({"original_max_position_embeddings": max(1, int(cfg["max_position_embeddings"] // rope["factor"])),
+                 "rope_theta": _rope_theta(target.config, rope["rope_theta"])})
+    cfg["rope_theta"] = rope["rope_theta"]
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = target.config.get(key)
         cfg[key] = value[0] if isinstance(value, list) and value else value
     return cfg
+
+
+def _rope_theta(config: Mapping[str, Any], default: float) -> float:
+    nested = config.get("rope_parameters")
+    theta = nested.get("rope_theta") if isinstance(nested, Mapping) else config.get("rope_theta")
+    return float(theta) if isinstance(theta, int | float) and not isinstance(theta, bool) else default
 
 
 def speculators_config(target: TargetFacts, *, layers: int, taps: Sequence[int], mask_token_id: int,
