@@ -11,7 +11,7 @@ writes OUT/recipe.json. The k3_dspark draft is sized by `init --target`, trained
 train prompts, and measured (simulated, vLLM's verify loop) on rollouts of the held-out prompts,
 against the untrained draft (`--reference`) and prompt lookup (eval's n-gram baseline).
 
-`--ci` is the CI-sized run: 24 train and 8 held-out prompts, 48 new tokens, 30 steps.
+`--ci` is the CI-sized run: 24 train and 8 held-out prompts, 48 new tokens, 30 steps of 4 sequences x 8 anchors.
 TARGET defaults to the f32 folder `.ci/real-target.sh` builds.
 """
 
@@ -64,13 +64,14 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--anchors", type=int, default=16, help="finetune --anchors: anchors per sequence")
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     parser.add_argument("--engine-python", help="vllm: the vLLM virtualenv's python ($(.ci/venv-vllm.sh))")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--ci", action="store_true", help="the CI-sized run")
     args = parser.parse_args()
     if args.ci:
-        args.train, args.heldout, args.max_new_tokens, args.steps = 24, 8, 48, 30
+        args.train, args.heldout, args.max_new_tokens, args.steps, args.batch_size, args.anchors = 24, 8, 48, 30, 4, 8
     if not (args.target / "config.json").is_file():
         sys.exit(f"real_recipe: {args.target} has no config.json; build the world: .ci/real-target.sh")
     out = args.out
@@ -89,6 +90,7 @@ def main() -> None:
                                str(out / "base" / "config.json"), "--out", str(out / "heldout-data"), *rollout]),
         ("finetune", ["finetune", "--base", str(out / "base"), "--data", str(out / "train-data"), "--teacher", target,
                       "--out", str(out / "draft"), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+                      "--anchors", str(args.anchors),
                       "--warmup", str(max(1, args.steps // 20)), "--lr", "1e-3", *threads, "--force"]),
         ("eval", ["eval", "--draft", str(out / "draft"), "--data", str(out / "heldout-data"), "--reference",
                   str(out / "base"), "--json", *threads]),
