@@ -65,20 +65,40 @@ def test_a_thread_count_below_one_is_refused(bad):
 @pytest.mark.parametrize("command", [["eval", "--draft", "NOPE"], ["finetune", "--base", "NOPE", "--out", "OUT"],
                                      ["rollouts", "--teacher", "NOPE", "--prompts", "NOPE", "--draft-config", "NOPE",
                                       "--out", "OUT"]])
-@pytest.mark.parametrize("requested, load, threads, reason", [
-    ([], 0.0, 2, "2 cores at load average 0.0"),
-    ([], 3.7, 1, "2 cores at load average 3.7"),
-    (["--threads", "2"], 3.7, 2, "as requested"),
-])
-def test_training_commands_apply_and_print_the_choice(machine, tmp_path, command, requested, load, threads, reason):
+@pytest.mark.parametrize("requested, load, threads", [([], 0.0, 2), ([], 3.7, 1), (["--threads", "2"], 3.7, 2)])
+def test_training_commands_apply_the_choice_and_a_refusal_stays_one_line(machine, tmp_path, command, requested,
+                                                                           load, threads):
     import torch
 
     machine(load)
     args = [str(tmp_path / a) if a in ("NOPE", "OUT") else a for a in command]
     result = CliRunner().invoke(cli, [*args, *requested])
-    assert result.exit_code == 2          # the inputs do not exist: the thread choice came first
-    assert f"threads: {threads} ({reason}" in result.stderr
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "threads:" not in result.stderr
     assert torch.get_num_threads() == threads and os.environ["OMP_NUM_THREADS"] == str(threads)
+
+
+@pytest.mark.parametrize("requested, load, line", [
+    ([], 3.7, "threads: 1 (2 cores at load average 3.7; --threads N to choose)"),
+    (["--threads", "2"], 3.7, "threads: 2 (as requested"),
+    (["--quiet"], 3.7, None),
+])
+def test_rollouts_says_its_thread_choice_once_work_starts(machine, tmp_path, requested, load, line):
+    import json
+
+    machine(load)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["init-teacher", str(tmp_path / "teacher"), "-q"]).exit_code == 0
+    assert runner.invoke(cli, ["init", str(tmp_path / "draft"), "--target", str(tmp_path / "teacher")]).exit_code == 0
+    (tmp_path / "p.jsonl").write_text(json.dumps({"input_ids": [5, 6, 7]}) + "\n")
+    result = runner.invoke(cli, ["rollouts", "--teacher", str(tmp_path / "teacher"), "--prompts",
+                                 str(tmp_path / "p.jsonl"), "--draft-config", str(tmp_path / "draft" / "config.json"),
+                                 "--out", str(tmp_path / "out"), "--max-new-tokens", "2", *requested])
+    assert result.exit_code == 0, result.output
+    if line is None:
+        assert "threads:" not in result.stderr
+    else:
+        assert result.stderr.count("threads:") == 1 and line in result.stderr
 
 
 def test_threads_zero_is_a_usage_error(tmp_path):

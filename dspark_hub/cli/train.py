@@ -79,15 +79,14 @@ threads_option = click.option("--threads", type=POSITIVE, metavar="N",
                                    "load average, at most every core].")
 
 
-def use_threads(threads: int | None, *, quiet: bool) -> None:
-    """Choose and apply the thread count; say which (stderr) unless quiet."""
-    from dspark_hub.cli._render import render_threads
+def use_threads(threads: int | None) -> Any:
+    """Choose and apply the thread count; the `ThreadChoice`, which `_Planned` shows once work starts (so a
+    command refused before any work still says one line)."""
     from dspark_hub.train.threads import apply_threads, choose_threads
 
     choice = choose_threads(threads)
     apply_threads(choice)
-    if not quiet:
-        render_threads(choice)
+    return choice
 
 
 @contextmanager
@@ -129,12 +128,13 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
     from dspark_hub.train.rollouts import make_rollouts
 
     quiet_transformers(quiet or as_json)
-    use_threads(threads, quiet=quiet or as_json)
+    choice = use_threads(threads)
     engine_name, engine_options = pop_engine_options(engine)
     with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar, engine_option_flags():
         summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
-                                mode=mode, engine=engine_name, engine_options=engine_options, progress=bar)
+                                mode=mode, engine=engine_name, engine_options=engine_options,
+                                progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
     emit(summary, as_json=as_json, renderer=render_rollouts)
 
 
@@ -200,31 +200,50 @@ def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: 
     from dspark_hub.train.trainer import finetune as run
 
     quiet_transformers(quiet or as_json)
-    use_threads(threads, quiet=quiet or as_json)
+    choice = use_threads(threads)
     engine, engine_options = pop_engine_options(options)
     config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
-        result = run(config, progress=_Planned(bar, show=not (quiet or as_json)))
+        result = run(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer=render_training)
 
 
 class _Planned:
-    """The progress bar, plus the trainer's plan shown (on stderr) before step 1."""
+    """The progress bar, plus the trainer's plan shown (on stderr) before step 1, and the thread choice shown
+    once: after the plan, or when the work starts (its first progress event)."""
 
-    def __init__(self, bar: Any, *, show: bool) -> None:
-        self.bar, self.show = bar, show
+    def __init__(self, bar: Any, *, show: bool, threads: Any = None) -> None:
+        self.bar, self.show, self.threads = bar, show, threads
+
+    def _say_threads(self) -> None:
+        if self.show and self.threads is not None:
+            from dspark_hub.cli._render import render_threads
+
+            render_threads(self.threads)
+        self.threads = None
 
     def __call__(self, n: int) -> None:
+        self._say_threads()
         self.bar(n)
 
     def set_total(self, total: int) -> None:
+        self._say_threads()
         self.bar.set_total(total)
+
+    def stage(self, description: str, done: int, total: int) -> None:
+        self._say_threads()
+        stage = getattr(self.bar, "stage", None)
+        if callable(stage):
+            stage(description, done, total)
+        else:
+            self.bar.set_total(total)
 
     def plan(self, plan: Any) -> None:
         if self.show:
             render_plan(plan)
+        self._say_threads()
 
 
 @command(name="init-teacher")
@@ -284,10 +303,10 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
     from dspark_hub.train.evaluate import evaluate
 
     quiet_transformers(quiet or as_json)
-    use_threads(threads, quiet=quiet or as_json)
+    choice = use_threads(threads)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
-                          progress=bar)
+                          progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
     emit(result, as_json=as_json, renderer=render_eval)
