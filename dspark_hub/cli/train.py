@@ -80,8 +80,7 @@ threads_option = click.option("--threads", type=POSITIVE, metavar="N",
 
 
 def use_threads(threads: int | None) -> Any:
-    """Choose and apply the thread count; the `ThreadChoice`, which `_Planned` shows once work starts (so a
-    command refused before any work still says one line)."""
+    """Choose and apply the thread count; the `ThreadChoice` (`say_threads` shows it)."""
     from dspark_hub.train.threads import apply_threads, choose_threads
 
     choice = choose_threads(threads)
@@ -133,8 +132,8 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
     with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar, engine_option_flags():
         summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
-                                mode=mode, engine=engine_name, engine_options=engine_options,
-                                progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
+                                mode=mode, engine=engine_name, engine_options=engine_options, progress=bar)
+    say_threads(choice, show=not (quiet or as_json))
     emit(summary, as_json=as_json, renderer=render_rollouts)
 
 
@@ -211,39 +210,29 @@ def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: 
 
 
 class _Planned:
-    """The progress bar, plus the trainer's plan shown (on stderr) before step 1, and the thread choice shown
-    once: after the plan, or when the work starts (its first progress event)."""
+    """The progress bar, plus the trainer's plan shown (on stderr) before step 1, with the thread choice."""
 
     def __init__(self, bar: Any, *, show: bool, threads: Any = None) -> None:
         self.bar, self.show, self.threads = bar, show, threads
 
-    def _say_threads(self) -> None:
-        if self.show and self.threads is not None:
-            from dspark_hub.cli._render import render_threads
-
-            render_threads(self.threads)
-        self.threads = None
-
     def __call__(self, n: int) -> None:
-        self._say_threads()
         self.bar(n)
 
     def set_total(self, total: int) -> None:
-        self._say_threads()
         self.bar.set_total(total)
-
-    def stage(self, description: str, done: int, total: int) -> None:
-        self._say_threads()
-        stage = getattr(self.bar, "stage", None)
-        if callable(stage):
-            stage(description, done, total)
-        else:
-            self.bar.set_total(total)
 
     def plan(self, plan: Any) -> None:
         if self.show:
             render_plan(plan)
-        self._say_threads()
+            say_threads(self.threads, show=True)
+
+
+def say_threads(choice: Any, *, show: bool) -> None:
+    """The thread choice on stderr, said only once work has begun or ended (a refusal stays one line)."""
+    from dspark_hub.cli._render import render_threads
+
+    if show and choice is not None:
+        render_threads(choice)
 
 
 @command(name="init-teacher")
@@ -308,5 +297,6 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
         result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
-                          progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
+                          progress=bar)
+    say_threads(choice, show=not (quiet or as_json))
     emit(result, as_json=as_json, renderer=render_eval)

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract, speculators
+from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.verify.formats import FORMATS, K3, SPECULATORS, DraftFormat, by_cli_name
 from dspark_hub.verify.rules import residual_index, text_config
 
@@ -73,12 +74,13 @@ class TargetFacts:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """The parsed file, or None when it does not exist (`UsageError` when it is not strict JSON)."""
+    if not path.is_file():
         return None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: not readable JSON ({e}); pass a transformers model folder") from None
+    try:
+        return loads_strict(path.read_bytes(), path=str(path))
+    except CheckpointFormatError as e:
+        raise UsageError(f"{path}: not readable JSON ({e.message}); pass a transformers model folder") from None
 
 
 def _positive(config: Mapping[str, Any], key: str, where: Path) -> int:
