@@ -5,8 +5,8 @@ Usage:
                                     [--engine transformers|vllm] [--engine-python PY] [--threads N] [--ci]
 
 Each step is one `dspark-hub` command run as written in the docs, in its own process; the script
-records its wall time and the peak resident memory of that process (os.wait4's ru_maxrss, so the
-engine's subprocess, when there is one, is not included: see `children`), then prints a table and
+records its wall time and peak resident memory (os.wait4's ru_maxrss: the largest of that process and
+the processes it reaped, so a vLLM engine process is counted on its own, not added), then prints a table and
 writes OUT/recipe.json. The k3_dspark draft is sized by `init --target`, trained on rollouts of the
 train prompts, and measured (simulated, vLLM's verify loop) on rollouts of the held-out prompts,
 against the untrained draft (`--reference`) and prompt lookup (eval's n-gram baseline).
