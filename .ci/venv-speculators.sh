@@ -7,7 +7,9 @@
 #   bash .ci/venv-speculators.sh --check    # ... then rebuild every fixture and compare bytes
 #   bash .ci/venv-speculators.sh --write    # ... then regenerate the fixtures in place
 #   bash .ci/venv-speculators.sh --check-specdec / --write-specdec   # the same for tests/fixtures/specdec/
-#                                           # (the acceptance-parity target and trained DSpark, make_specdec_fixtures.py)
+#                                           # (the acceptance-parity target and trained DSpark, make_specdec_fixtures.py;
+#                                           # it pins torch's float32 kernels to one code path, ATEN_CPU_CAPABILITY=default
+#                                           # and MKL_CBWR=COMPATIBLE, so an AVX2 and an AVX512 machine write the same bytes)
 #
 # It lives outside the clone (speculators pins its own torch, so it is never a dependency of
 # dspark-hub): ${DSPARK_VENV_CACHE:-$HOME/.cache/dspark-hub}/speculators-0.9.0.
@@ -28,6 +30,8 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import speculators" 2
     # (they are built against another torch) and are never imported by the fixture script.
     "$VENV/bin/pip" uninstall -q -y torchvision torchaudio
 fi
+# The equality tests against the library (tests/test_speculators_objective.py) run in this venv.
+"$VENV/bin/python" -c "import pytest, hypothesis" 2>/dev/null || "$VENV/bin/pip" install -q "pytest>=8" "hypothesis>=6.100" >&2
 "$VENV/bin/python" -c "from speculators.version import version; import torch, transformers; print('speculators', version, 'torch', torch.__version__, 'transformers', transformers.__version__)" >&2
 echo "$VENV/bin/python"
 

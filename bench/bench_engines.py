@@ -197,7 +197,7 @@ print("BENCH-RESULT " + json.dumps({
 
 
 def one_step_speculators(root: Path, python: str) -> dict:
-    from dspark_hub.verify.rules import residual_index
+    from dspark_hub.format.taps import residual_index
 
     config = json.loads((root / "base" / "config.json").read_text())
     taps = [residual_index(layer) for layer in config["target_layer_ids"]]     # their ids = ours + 1

@@ -60,7 +60,7 @@ def test_k3_dspark_and_its_trainer_named_export_stay_k3():
     assert fingerprint(contract.TINY_CONFIG, names).family == "k3_dspark"
     trainer = [{"context_proj.weight": "fc.weight", "context_norm.weight": "hidden_norm.weight",
                 "final_norm.weight": "norm.weight"}.get(n, n) for n in names]
-    assert fingerprint(None, trainer).is_k3_dspark
+    assert fingerprint(None, trainer).family == "k3_dspark"
     assert fingerprint({"model_type": "mystery"}, []).family == "unknown"
 
 

@@ -11,9 +11,9 @@ from dspark_hub.cli.main import cli
 from dspark_hub.errors import ConversionRefusedError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
+from dspark_hub.format.registry import K3, SPECULATORS
 from dspark_hub.ops.convert import convert
 from dspark_hub.ops.crosswalk import crosswalk, grouped
-from dspark_hub.verify.formats import K3, SPECULATORS
 
 from .factories import write_checkpoint
 from .spec_fixtures import FAMILY_OF, copy_fixture, fixture

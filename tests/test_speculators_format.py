@@ -126,7 +126,9 @@ def test_crosswalk_maps_context_norms_mlp_and_heads_but_not_attention():
 
 
 def test_every_registered_format_answers_the_same_questions():
-    from dspark_hub.verify.formats import FORMATS, detect
+    from dspark_hub.format.registry import FORMATS
+    from dspark_hub.verify.checks import config_findings
+    from dspark_hub.verify.family import detect
 
     configs = {"k3_dspark": contract.TINY_CONFIG, "speculators_dspark": read_config(fixture("dspark"))}
     assert set(FORMATS) == set(configs)
@@ -136,8 +138,8 @@ def test_every_registered_format_answers_the_same_questions():
         roster = fmt.roster(config)
         counts = fmt.counts({n: s.shape for n, s in roster.items()})
         assert counts.trained + counts.frozen == counts.total > 0
-        assert fmt.config_findings(config) == [] or (name == "k3_dspark" and all(
-            f.severity != "error" for f in fmt.config_findings(config)))
+        assert config_findings(fmt, config) == [] or (name == "k3_dspark" and all(
+            f.severity != "error" for f in config_findings(fmt, config)))
         keys = fmt.pairing_keys(config)
         assert keys.taps and all(isinstance(i, int) for i in keys.taps)
         assert fmt.serving(config).method == "dspark"

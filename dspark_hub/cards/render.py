@@ -44,6 +44,7 @@ a local path an older `finetune` recorded is left out). Lines carrying evaluatio
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -62,9 +63,10 @@ from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_check
 from dspark_hub.format.digests import FileDigest, read_digest_file, sha256_file
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.reader import read_header
+from dspark_hub.format.registry import K3, DraftFormat
 from dspark_hub.format.writer import atomic_file, check_writable
 from dspark_hub.schemas import GOLDEN_FIXTURE, command, current
-from dspark_hub.verify.formats import K3, DraftFormat, detect
+from dspark_hub.verify.family import detect
 
 TEMPLATE = "model_card.md.j2"
 #: Files of a checkpoint folder that are not part of the published weights' checksum table.
@@ -114,7 +116,7 @@ class CardFacts:
     source: FactsSource
     location: str | None = None
     model_type: str | None = None
-    format: str | None = None                 # the draft format (`verify.formats`), e.g. "speculators_dspark"
+    format: str | None = None                 # the draft format (`format.registry`), e.g. "speculators_dspark"
     parameters: contract.ParameterCounts | None = None
     tensor_count: int | None = None
     dtype: str | None = None
@@ -218,7 +220,7 @@ def _int_or_none(value: Any) -> int | None:
 
 def _facts_from_shapes(source: FactsSource, shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any],
                        dtypes: Counter[str]) -> CardFacts:
-    """Facts of a roster in whatever draft format the config and names say (`verify.formats`; k3_dspark
+    """Facts of a roster in whatever draft format the config and names say (`format.registry`; k3_dspark
     when neither says)."""
     fmt = detect(config, shapes)[0] or K3
     # Per-layer rows follow the format's module order, not the alphabetical file order.
@@ -522,12 +524,59 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+class NotReaderText(ValueError):
+    """`{{ expression }}` named an object that has no text a reader expects (it would print as Python)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        super().__init__(f"it prints a {type(value).__name__} as Python text ({_clip(repr(value))}); "
+                         f"print {_what_to_print(value)} instead")
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _what_to_print(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "one of its keys (" + ", ".join(f"`.{k}`" for k in list(value)[:6]) + ")"
+    if dataclasses.is_dataclass(value):
+        return "one of its fields (" + ", ".join(f"`.{f.name}`" for f in dataclasses.fields(value)) + ")"
+    return "one of its fields"
+
+
+def reader_text(value: Any) -> Any:
+    """What `{{ value }}` prints in a card: scalars as they are; `facts.parameters` as the total with
+    separators (`136,753`; its fields `.total`, `.trained`, `.frozen`, `.maps` are numbers); a component
+    by its name, a checksum row by its file; a list of numbers as `[2, 23, 47]`, any other list as its
+    items' texts joined by ", ". Anything else (a mapping, another object) raises `NotReaderText`."""
+    import jinja2
+
+    if isinstance(value, jinja2.Undefined):
+        return value                            # strict: printing it raises, naming what is undefined
+    if isinstance(value, contract.ParameterCounts):
+        return f"{value.total:,}"
+    if isinstance(value, Component):
+        return value.name
+    if isinstance(value, FileChecksum):
+        return value.file
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            return value
+        return ", ".join(str(reader_text(v)) for v in value)
+    raise NotReaderText(value)
+
+
 def environment() -> Any:
-    """The jinja2 environment cards render with (strict undefined, trailing newline kept)."""
+    """The jinja2 environment cards render with (strict undefined, trailing newline kept; every
+    `{{ }}` goes through `reader_text`, so no Python repr reaches a card)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                             finalize=reader_text)
     env.filters.update(
         thousands=lambda n: f"{n:,}",
         shape=lambda s: " x ".join(map(str, s)) if s else "—",
@@ -540,18 +589,64 @@ def environment() -> Any:
     return env
 
 
+#: The largest string or list a card source may build with `*`, and the largest exponent of `**`.
+MAX_SOURCE_PRODUCT = 100_000
+MAX_SOURCE_EXPONENT = 64
+
+
+def source_environment() -> Any:
+    """The sandbox card.yaml strings render in: `environment()`'s settings and filters, but no loader, no
+    globals, no `_` attribute, no mutation, and bounded `*` and `**`.
+
+    A card source is someone else's text that runs where the token is; it sees only the context it is
+    given (`facts`, `config`, `results`) and the card filters.
+    """
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class CardSourceSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**" and isinstance(right, int) and abs(right) > MAX_SOURCE_EXPONENT:
+                raise SecurityError(f"an exponent above {MAX_SOURCE_EXPONENT} is not allowed")
+            if operator == "*":
+                size = next((len(x) * y for x, y in ((left, right), (right, left))
+                             if isinstance(x, (str, list, tuple)) and isinstance(y, int)), 0)
+                if size > MAX_SOURCE_PRODUCT:
+                    raise SecurityError(f"a product longer than {MAX_SOURCE_PRODUCT:,} is not allowed")
+            return super().call_binop(context, operator, left, right)
+
+    ours = environment()
+    env = CardSourceSandbox(undefined=ours.undefined, finalize=ours.finalize, autoescape=False,
+                            keep_trailing_newline=ours.keep_trailing_newline, trim_blocks=ours.trim_blocks,
+                            lstrip_blocks=ours.lstrip_blocks)
+    env.filters.update(ours.filters)
+    env.globals.clear()        # range, lipsum, cycler, joiner, namespace, dict: a card source needs none
+    return env
+
+
 def _render_strings(value: Any, env: Any, context: Mapping[str, Any], where: str) -> Any:
-    """Render every string of the card source as a template (facts in prose are computed)."""
+    """Render every string of the card source as a sandboxed template (facts in prose are computed)."""
     import jinja2
+    from jinja2.sandbox import SecurityError
 
     if isinstance(value, str):
         if "{{" not in value and "{%" not in value:
             return value
         try:
             return env.from_string(value).render(**context)
+        except (TypeError, ArithmeticError, AttributeError, LookupError) as e:    # Python under the expression
+            raise UsageError(f"card.yaml:{where}: the expression fails ({type(e).__name__}: {e}); "
+                             "fix the expression") from None
+        except SecurityError as e:
+            reason = str(e).rstrip(".")
+            raise UsageError(f"card.yaml:{where}: refused by the card-source sandbox ({reason}); a card source may "
+                             "use only the documented facts, config and results") from None
         except jinja2.TemplateError as e:
             raise UsageError(f"card.yaml:{where}: {e}; the fact is not known for this card (no checkpoint?) "
                              "or the expression is wrong") from None
+        except NotReaderText as e:
+            raise UsageError(f"card.yaml:{where}: {e}") from None
     if isinstance(value, dict):
         return {k: _render_strings(v, env, context, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -612,11 +707,10 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
     else:
         facts = facts_from_metadata(meta, base)
     results = collect_results(meta, base, eval_json, train_log)
-    env = environment()
     context = {"facts": facts, "config": facts.config, "results": results}
     front_matter = meta["front_matter"]
-    card = _render_strings({k: v for k, v in meta.items() if k != "front_matter"}, env, context, "")
-    text = env.get_template(TEMPLATE).render(card=card, front_matter=front_matter,
+    card = _render_strings({k: v for k, v in meta.items() if k != "front_matter"}, source_environment(), context, "")
+    text = environment().get_template(TEMPLATE).render(card=card, front_matter=front_matter,
                                              front_matter_yaml=front_matter_yaml(front_matter), **context)
     return tidy_markdown(text)
 

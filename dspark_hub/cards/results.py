@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
+from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME, describe, is_hub_id
 
@@ -163,7 +164,9 @@ def acceptance_label(*sources: Mapping[str, Any] | None) -> AcceptanceLabel | No
         if what == "vLLM" and not version:
             what = "vLLM, version not stated"
     else:
-        version, what = None, first("simulation", "simulated_by", "definition")
+        # The short name of the simulation is the label; a `definition` (the metric's whole paragraph in an
+        # eval file) stands in only where nothing names the simulation.
+        version, what = None, first("simulation", "simulated_by") or first("definition")
     dtype = measured.get("dtype") or first("dtype")
     return AcceptanceLabel(kind=kind, what=str(what) if what else None, version=str(version) if version else None,
                            k=int(k) if isinstance(k, int) and not isinstance(k, bool) else None,
@@ -475,7 +478,7 @@ def _log_lines(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:
     """
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = read_regular(p).decode("utf-8").splitlines()
     except FileNotFoundError:
         raise UsageError(f"{p}: no such file; pass the training log (JSON lines)") from None
     out: list[Mapping[str, Any]] = []

@@ -83,7 +83,8 @@ def read_metadata(folder: str | os.PathLike[str]) -> dict[str, str] | None:
     if not path.is_file():
         return None
     with safe_open(str(path), framework="pt") as handle:
-        return handle.metadata()
+        metadata: dict[str, str] | None = handle.metadata()
+    return metadata
 
 
 def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,

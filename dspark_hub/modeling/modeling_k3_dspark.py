@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput
-from transformers.utils import ModelOutput
+from transformers.utils.generic import ModelOutput
 
 from .configuration_k3_dspark import K3DSparkConfig
 from .roster_k3_dspark import confidence_head_width, confidence_head_with_markov, tensor_shapes
@@ -61,7 +61,7 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def _uses_yarn(params: dict[str, Any]) -> bool:
-    return params["rope_type"] == "yarn"
+    return bool(params["rope_type"] == "yarn")
 
 
 def yarn_correction_range(config: K3DSparkConfig) -> tuple[float, float]:
@@ -90,7 +90,7 @@ def rope_inv_freq(config: K3DSparkConfig, device: torch.device | str | None = No
     params = _rope_parameters(config)
     dim, base = config.qk_rope_head_dim, params["rope_theta"]
     exponents = torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim
-    extrapolated = 1.0 / (base ** exponents)
+    extrapolated: torch.Tensor = 1.0 / (base ** exponents)
     if not _uses_yarn(params):
         return extrapolated
     interpolated = extrapolated / params["factor"]
@@ -99,7 +99,8 @@ def rope_inv_freq(config: K3DSparkConfig, device: torch.device | str | None = No
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
     # ramp 0 (high-frequency pairs) keeps the original frequency; ramp 1 fully interpolates.
-    return extrapolated * (1 - ramp) + interpolated * ramp
+    blended: torch.Tensor = extrapolated * (1 - ramp) + interpolated * ramp
+    return blended
 
 
 def rope_cos_sin_multiplier(config: K3DSparkConfig) -> float:
@@ -120,11 +121,11 @@ def softmax_scale(config: K3DSparkConfig) -> float:
 
     0.1308608 for the reference config. Dropping the mscale**2 makes logits 1.81x too cold.
     """
-    scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+    scale = float((config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5)
     params = _rope_parameters(config)
     mscale_all_dim = params.get("mscale_all_dim") or 0
     if params["rope_type"] != "default" and mscale_all_dim:
-        scale *= yarn_get_mscale(params["factor"], mscale_all_dim) ** 2
+        scale *= float(yarn_get_mscale(params["factor"], mscale_all_dim)) ** 2
     return scale
 
 
@@ -196,7 +197,8 @@ class K3DSparkMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class K3DSparkAttention(nn.Module):
@@ -265,7 +267,8 @@ class K3DSparkAttention(nn.Module):
         query = torch.cat((q_nope, q_pe), dim=-1)
         key = torch.cat((k_nope, k_pe), dim=-1)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=self.scaling)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.v_head_dim))
+        projected: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.v_head_dim))
+        return projected
 
 
 class K3DSparkDecoderLayer(GradientCheckpointingLayer):
@@ -299,7 +302,8 @@ class K3DSparkDecoderLayer(GradientCheckpointingLayer):
         attn = self.self_attn(self.input_layernorm(hidden_states), block_cos, block_sin, context_latent,
                               attention_mask)
         hidden_states = residual + attn
-        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        out: torch.Tensor = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        return out
 
 
 class K3DSparkMarkovHead(nn.Module):
@@ -311,7 +315,8 @@ class K3DSparkMarkovHead(nn.Module):
         self.markov_w2 = nn.Linear(config.markov_rank, config.draft_vocab_size, bias=False)
 
     def forward(self, prev_ids: torch.Tensor) -> torch.Tensor:
-        return self.markov_w2(self.markov_w1(prev_ids))
+        bias: torch.Tensor = self.markov_w2(self.markov_w1(prev_ids))
+        return bias
 
 
 class K3DSparkConfidenceHead(nn.Module):
@@ -480,7 +485,7 @@ class K3DSparkPreTrainedModel(PreTrainedModel):
     _tied_weights_keys: dict[str, str] = {}  # noqa: RUF012
 
     def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
+        super()._init_weights(module)  # type: ignore[no-untyped-call]  # transformers leaves it untyped
         if isinstance(module, K3DSparkRotary):
             module.reset_frequencies()
 
@@ -515,7 +520,7 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
         self.confidence_head = K3DSparkConfidenceHead(width) if width is not None else None
         self._check_roster(config)
         self.gradient_checkpointing = False
-        self.post_init()
+        self.post_init()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
 
     def _check_roster(self, config: K3DSparkConfig) -> None:
         """Refuse to build a model whose state dict differs from the checkpoint roster of its config."""
@@ -542,7 +547,8 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
             ValueError: `context_states` is not `[B, C, num_target_layers x target_hidden_size]`.
         """
         self.check_context(context_states)
-        return self.context_norm(self.context_proj(context_states.to(self.context_proj.weight.dtype)))
+        context: torch.Tensor = self.context_norm(self.context_proj(context_states.to(self.context_proj.weight.dtype)))
+        return context
 
     def check_context(self, context_states: torch.Tensor) -> None:
         """Refuse context states whose width is not `num_target_layers x target_hidden_size`.
@@ -591,7 +597,7 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs: Any,
-    ) -> BaseModelOutput | tuple:
+    ) -> BaseModelOutput | tuple[Any, ...]:
         """Run the block rows through the draft, attending to the context.
 
         Args:
@@ -665,7 +671,8 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
 
     def markov_bias(self, prev_ids: torch.Tensor) -> torch.Tensor:
         """Vanilla Markov bias `markov_w2(markov_w1[prev_ids])`: `[...]` -> `[..., draft_vocab_size]`."""
-        return self.markov_head(prev_ids)
+        bias: torch.Tensor = self.markov_head(prev_ids)
+        return bias
 
     def confidence_logits(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
         """Pre-sigmoid confidence `proj([hidden ; markov_w1[prev_ids]])`, float32, shape `hidden[..., 0]`."""
@@ -675,7 +682,8 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
         if confidence_head_with_markov(self.config):
             markov = self.markov_head.markov_w1(prev_ids)
             features = torch.cat((hidden.float(), markov.float()), dim=-1)
-        return self.confidence_head(features)
+        confidence: torch.Tensor = self.confidence_head(features)
+        return confidence
 
     def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
         """Estimated acceptance probability of each slot's draft, given its Markov predecessor.

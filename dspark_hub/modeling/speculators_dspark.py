@@ -48,13 +48,25 @@ import torch.nn.functional as F
 
 from dspark_hub.errors import UsageError
 from dspark_hub.format import speculators as spec_format
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.jsonio import load_json_object
+from dspark_hub.format.tensorio import tensor_files
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' Qwen3 RMSNorm: statistics in float32, the weight applied in the input dtype."""
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def rotary_embedding(layer: Mapping[str, Any]) -> Any:
+    """transformers' Qwen3 rotary embedding for a draft's `transformer_layer_config` (what the library builds)."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+            "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor")
+    return Qwen3RotaryEmbedding(Qwen3Config(**{k: layer[k] for k in keys if layer.get(k) is not None}))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -66,15 +78,9 @@ def read_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder (one file, or an index and its shards)."""
     from safetensors.torch import load_file
 
-    folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(load_json_object(index)["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
     tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors.update(load_file(str(folder / name)))
+    for file in sorted(set(tensor_files(folder).values())):
+        tensors.update(load_file(str(file)))
     return tensors
 
 
@@ -119,12 +125,12 @@ class SpeculatorsDSpark:
         self.layer_types = list(layer.get("layer_types") or ["full_attention"] * self.geometry.layers)
         self.window = layer.get("sliding_window")
         self.non_causal_sliding = bool(config.get("sliding_window_non_causal", False))
-        self._rotary = self._build_rotary(layer)
+        self._rotary = rotary_embedding(layer)
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike[str], embed: torch.Tensor, lm_head: torch.Tensor,
                     **options: Any) -> SpeculatorsDSpark:
-        return cls(load_json_object(Path(folder) / "config.json"), read_tensors(folder), embed, lm_head, **options)
+        return cls(load_json_object(Path(folder) / CONFIG_NAME), read_tensors(folder), embed, lm_head, **options)
 
     # -- config facts -------------------------------------------------------------------------
 
@@ -145,14 +151,6 @@ class SpeculatorsDSpark:
         return list(self.config[spec_format.AUX_IDS_KEY])
 
     # -- pieces --------------------------------------------------------------------------------
-
-    def _build_rotary(self, layer: Mapping[str, Any]) -> Any:
-        from transformers import Qwen3Config
-        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
-
-        keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
-                "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor")
-        return Qwen3RotaryEmbedding(Qwen3Config(**{k: layer[k] for k in keys if layer.get(k) is not None}))
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin `[n, d]` for absolute positions (transformers' computation, float32, then the dtype)."""

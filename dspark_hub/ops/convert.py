@@ -49,12 +49,13 @@ from dspark_hub.errors import ConversionRefusedError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.contract import TensorSpec
+from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS, by_cli_name, titles
 from dspark_hub.format.tensorio import BytesLike, TensorLocation, cast_bytes, iter_elements, view_location
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
 from dspark_hub.ops.crosswalk import crosswalk
 from dspark_hub.progress import Progress, announce_total
-from dspark_hub.verify.family import methods_text
-from dspark_hub.verify.formats import K3, by_cli_name, detect
+from dspark_hub.verify.checks import verify
+from dspark_hub.verify.family import detect, methods_text
 
 SCHEMA = schemas.command("convert")
 #: Float dtypes convert casts to BF16 (`tensorio.EXACT_CASTS`).
@@ -233,6 +234,10 @@ def repair_config(config: dict[str, Any], tensor_dtypes: set[str]) -> tuple[dict
 
 # ---------------------------------------------------------------- entry point
 
+_REPAIRABLE_TITLES = titles(f for f in FORMATS.values() if f.repairable)
+_TRAINABLE_TITLES = titles(f for f in FORMATS.values() if f.trainable)
+
+
 def _check_paths(src: Path, dst: Path) -> None:
     s, d = src.resolve(), dst.resolve()
     if d == s or s in d.parents:
@@ -256,7 +261,7 @@ def _open_source(src: Path, *, to: str | None = None, from_: str | None = None) 
         raise UsageError(f"{src}/{f.where}: {f.message}; convert cannot repair this (see 'dspark-hub verify {src}')")
     config = view.config or {}
     fmt, found = detect(config, view.tensors)
-    target = by_cli_name(to) if to else K3
+    target = by_cli_name(to) if to else DEFAULT_FORMAT
     if from_ is not None and (fmt is None or fmt.cli_name != from_):
         raise ConversionRefusedError(f"{src}: is {found.spec.title}, not a {by_cli_name(from_).title} checkpoint "
                                      f"({'; '.join(found.evidence) or 'nothing identifies it'})",
@@ -265,9 +270,9 @@ def _open_source(src: Path, *, to: str | None = None, from_: str | None = None) 
         claim = " although config.json says k3_dspark" if config.get("model_type") == contract.MODEL_TYPE else ""
         raise ConversionRefusedError(
             f"{src}: is {found.spec.title}{claim} ({'; '.join(found.evidence) or 'nothing identifies it'}); "
-            f"convert only rewrites {K3.title} exports and cannot make one of it",
+            f"convert only rewrites {_REPAIRABLE_TITLES} exports and cannot make one of it",
             family=found.family, target=target.name,
-            hint=f"serve it as it is ({methods_text(found.spec)}), or train a {K3.title} draft")
+            hint=f"serve it as it is ({methods_text(found.spec)}), or train a {_TRAINABLE_TITLES} draft")
     if fmt is not target:
         walk = crosswalk(list(view.tensors), config, fmt, target)
         if not walk.lossless:
@@ -276,9 +281,9 @@ def _open_source(src: Path, *, to: str | None = None, from_: str | None = None) 
                 "(the context path, norms, MLP, Markov and confidence heads map one to one; the attention does not)",
                 family=found.family, target=target.name, detail=walk.to_dict(),
                 hint=f"serve it as it is ({methods_text(found.spec)}), or train a {target.title} draft")
-    if target is not K3:
+    if not target.repairable:
         raise ConversionRefusedError(f"{src}: is already {found.spec.title}, so there is nothing to convert "
-                                     f"(renames and layout repairs are for {K3.title} exports)",
+                                     f"(renames and layout repairs are for {_REPAIRABLE_TITLES} exports)",
                                      family=found.family, target=target.name)
     model_type = config.get("model_type", contract.MODEL_TYPE)
     if model_type != contract.MODEL_TYPE:
@@ -331,7 +336,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: 
             two tensors map to one contract name.
         ConversionRefusedError: SRC is of another draft family, or the format conversion is not lossless.
     """
-    from dspark_hub.verify.checks import verify
 
     src_p, dst_p = Path(src), Path(dst)
     _check_paths(src_p, dst_p)

@@ -11,7 +11,7 @@ not: MLA (`q_a_proj`, `q_a_layernorm`, `q_b_proj`, `kv_a_proj_with_mqa`, `kv_a_l
 at least one layer, so no k3_dspark <-> speculators conversion is lossless and both directions
 are refused with the tensors that have no counterpart named; `Crosswalk` keeps the analysis as
 data. A mapping would also shift the taps: our `target_layer_ids` = speculators aux ids - 1
-(`verify.rules`).
+(`format.taps`).
 """
 
 from __future__ import annotations
@@ -23,19 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_hub.errors import UsageError
-from dspark_hub.format import contract, speculators
-from dspark_hub.verify.formats import K3, SPECULATORS, DraftFormat
-from dspark_hub.verify.rules import residual_index, taps_from_aux_ids
+from dspark_hub.format.jsonio import is_int
+from dspark_hub.format.registry import DraftFormat
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-#: Per-layer modules of each format that have no counterpart in the other (its attention).
-ATTENTION = {
-    K3.name: ("self_attn.q_a_proj.weight", "self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight",
-              "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight",
-              "self_attn.o_proj.weight"),
-    SPECULATORS.name: ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                       "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"),
-}
 
 
 def grouped(names: list[str]) -> list[str]:
@@ -90,6 +81,15 @@ class Crosswalk:
                 "no_source": grouped(self.no_source), "taps": self.taps}
 
 
+def _target_taps(config: Mapping[str, Any], source: DraftFormat, target: DraftFormat) -> dict[str, Any]:
+    """The tap ids the target config would carry, and the source ids they come from (empty when unreadable)."""
+    native = config.get(source.taps_key)
+    ours = source.pairing_keys(config).taps
+    if ours is None or not isinstance(native, list) or not all(is_int(i) for i in native):
+        return {}
+    return {target.taps_key: target.to_native_taps(ours), "from": {source.taps_key: native}}
+
+
 def crosswalk(tensors: list[str], config: Mapping[str, Any], source: DraftFormat, target: DraftFormat) -> Crosswalk:
     """Map a `source`-format checkpoint's tensor names onto the `target` format's layout.
 
@@ -99,27 +99,19 @@ def crosswalk(tensors: list[str], config: Mapping[str, Any], source: DraftFormat
     if source is target:
         raise UsageError(f"source and target are both {source.title}; nothing to convert between")
     walk = Crosswalk(source=source, target=target)
-    to_k3 = target is K3
-    counterpart = speculators.k3_counterpart if to_k3 else speculators.speculators_counterpart
     layers: set[int] = set()
     for name in tensors:
-        other = counterpart(name)
+        other = target.counterpart(name)
         if other is None:
-            if to_k3 or name not in contract.FROZEN_TENSORS:   # k3's embed_tokens is the target's: not a loss
+            if name != source.target_embedding:     # the target's own embedding is not a loss
                 walk.no_counterpart.append(name)
         else:
             walk.mapped[name] = other
         m = _LAYER.match(name)
         if m:
             layers.add(int(m.group(1)))
-    walk.no_source = [f"layers.{i}.{module}" for i in sorted(layers) for module in ATTENTION[target.name]]
-    if to_k3:
-        walk.no_source.append(contract.FROZEN_TENSORS[0])   # speculators never saves the target's embedding
-        ids = config.get(speculators.AUX_IDS_KEY)
-        if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
-            walk.taps = {"target_layer_ids": taps_from_aux_ids(ids), "from": {speculators.AUX_IDS_KEY: ids}}
-    else:
-        ids = config.get("target_layer_ids")
-        if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
-            walk.taps = {speculators.AUX_IDS_KEY: [residual_index(i) for i in ids], "from": {"target_layer_ids": ids}}
+    walk.no_source = [f"layers.{i}.{module}" for i in sorted(layers) for module in target.attention_modules]
+    if target.target_embedding is not None and source.target_embedding is None:
+        walk.no_source.append(target.target_embedding)     # the source never saves the target's embedding
+    walk.taps = _target_taps(config, source, target)
     return walk

@@ -16,7 +16,7 @@ FP8 files (the hs-connectors FP8 backend: float8_e4m3fn `hidden_states` and floa
 `hidden_states_scales [T, 1, 1]`) are dequantized. The files do not say which ids they hold:
 `layer_ids` (theirs, e.g. `[3, 24, 48, 72, 90]`, with or without the last layer) says it, and
 without it the files must hold exactly the draft's taps plus the last layer, which only their
-count can check. Their id `k` is our `target_layer_ids` entry `verify.rules.layer_id_from_residual(k)`
+count can check. Their id `k` is our `target_layer_ids` entry `format.taps.layer_id_from_residual(k)`
 = `k - 1`; a draft tap the files lack, or a hidden size other than the draft's
 `target_hidden_size`, is refused in one line naming the file. Files with more taps than the draft
 needs are fine: the draft's columns are picked.
@@ -36,9 +36,12 @@ from typing import Any, Literal
 from dspark_hub.errors import CheckpointFormatError, MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.reader import read_header
+from dspark_hub.format.taps import layer_id_from_residual, residual_index
 from dspark_hub.train.rollouts import MANIFEST, Rollout, RolloutData
-from dspark_hub.train.teacher import FinalNorm, check_teacher_matches, read_final_norm, read_json
-from dspark_hub.verify.rules import layer_id_from_residual, residual_index
+from dspark_hub.train.teacher import FinalNorm, check_teacher_matches, read_final_norm, read_json, read_teacher_config
+
+# torch, safetensors and pyarrow (speculators' Arrow files) are imported inside the readers: the
+# CLI imports this module (`parse_layer_ids`) for `--help`.
 
 DataFormat = Literal["rollouts", "speculators", "vllm-extraction"]
 FLOAT_DTYPES = {"F32", "BF16", "F16", "F8_E4M3"}
@@ -193,9 +196,7 @@ class HiddenStateData:
         if self.format == "rollouts":
             raise UsageError(f"{folder}: is a rollouts folder; read it with RolloutData")
         self.teacher_path = str(teacher)
-        check_teacher_matches(read_json(Path(teacher) / "config.json",
-                                        what="a teacher folder that holds config.json"), draft_config,
-                              teacher_name=str(teacher))
+        check_teacher_matches(read_teacher_config(teacher), draft_config, teacher_name=str(teacher))
         self.final_norm = final_norm or read_final_norm(teacher)
         hidden = int(draft_config["target_hidden_size"])
         num_layers = int(draft_config["target_num_hidden_layers"])

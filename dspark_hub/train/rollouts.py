@@ -42,11 +42,12 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
+from dspark_hub.format.taps import TAP_CONVENTION
 from dspark_hub.format.writer import atomic_file, atomic_path
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TeacherEngine, open_engine
@@ -62,14 +63,13 @@ from dspark_hub.train.teacher import (
     check_teacher_matches,
     load_tokenizer,
     read_json,
+    read_teacher_config,
     sha256_file,
     teacher_identity,
 )
-from dspark_hub.verify.rules import TAP_CONVENTION
 
-if TYPE_CHECKING:
-
-    pass
+# safetensors (and torch through it) is imported inside the shard readers and writers: the CLI
+# imports this module for `--help`.
 
 #: `manifest.json` and shard metadata of a rollouts folder.
 SCHEMA = schemas.ROLLOUTS_DATA
@@ -301,10 +301,10 @@ def require_k3_taps(draft: dict[str, Any], where: str) -> None:
     Raises:
         UsageError: a speculators-format or other-family config (one line naming the format).
     """
-    from dspark_hub.verify.formats import K3, detect
+    from dspark_hub.verify.family import detect
 
     fmt, found = detect(draft)
-    if fmt is K3 or found.family == "unknown":
+    if (fmt is not None and fmt.trainable) or found.family == "unknown":
         return
     name = fmt.title if fmt is not None else found.family
     raise UsageError(f"{where}: a {name} draft config; rollouts record the taps of a k3_dspark draft "
@@ -346,8 +346,7 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file", param="draft_config"))
     require_k3_taps(draft, "the draft's config" if isinstance(draft_config, dict) else str(draft_config))
-    teacher_config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json",
-                               param="teacher")
+    teacher_config = read_teacher_config(teacher, param="teacher")
     check_teacher_matches(teacher_config, draft, teacher_name=str(teacher))
     # The inputs are checked before the engine starts (a vLLM start takes seconds to minutes).
     all_prompts = read_prompts(prompts, teacher, param="prompts")

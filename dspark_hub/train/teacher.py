@@ -29,9 +29,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dspark_hub._text import plural
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import json_type, load_json_object
-from dspark_hub.verify.rules import require_tap_layers, text_config
+from dspark_hub.format.taps import require_tap_layers, text_config
+from dspark_hub.format.tensorio import tensor_files
+
+# torch, transformers and safetensors are imported inside the functions that load weights: config
+# checks and identities (and the CLI's `--help`) import this module without them.
 
 if TYPE_CHECKING:
     import torch
@@ -75,12 +80,22 @@ def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder
         raise UsageError(f"{e.message}; pass {what}", param=param) from None
 
 
+def read_teacher_config(folder: str | os.PathLike[str], *, param: str | None = None) -> dict[str, Any]:
+    """The target folder's `config.json`: the one way every part of `train` reads it.
+
+    Raises:
+        CheckpointNotFoundError, UsageError: as `read_json`'s, asking for a folder that holds config.json
+            (about `param`, the caller's argument, when given).
+    """
+    return read_json(Path(folder) / CONFIG_NAME, what="a teacher folder that holds config.json", param=param)
+
+
 def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
                           teacher_name: str = "teacher") -> list[int]:
     """Refuse a teacher whose hidden size, layer count or vocabulary disagree with the draft config.
 
     Returns:
-        The draft's tap ids (checked by `verify.rules`, the rule `verify` applies).
+        The draft's tap ids (checked by `format.taps`, the rule `verify` applies).
 
     Raises:
         UsageError: either config is not an object, or `target_layer_ids` break the tap rule.
@@ -148,20 +163,6 @@ def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
 # ----------------------------------------------------------------------------- lm_head
 
 
-def _weight_files(folder: Path) -> dict[str, Path]:
-    """Tensor name -> file, from the index or from every safetensors file's header."""
-    from dspark_hub.format.reader import parse_index, read_header
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = parse_index(index.read_bytes(), path=str(index)).weight_map
-        return {name: folder / file for name, file in weight_map.items()}
-    out: dict[str, Path] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        out.update({name: file for name in read_header(file).tensors})
-    return out
-
-
 def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
     """The tensor holding the teacher's output projection (its input embedding when tied)."""
     names = list(names)
@@ -184,8 +185,8 @@ def read_lm_head(folder: str | os.PathLike[str]) -> torch.Tensor:
     from safetensors import safe_open
 
     folder = Path(folder)
-    config = read_json(folder / "config.json")
-    files = _weight_files(folder)
+    config = read_teacher_config(folder)
+    files = tensor_files(folder)
     name = lm_head_name(files, config)
     with safe_open(str(files[name]), framework="pt") as handle:
         return handle.get_tensor(name)
@@ -232,12 +233,12 @@ def read_final_norm(folder: str | os.PathLike[str]) -> FinalNorm:
     from safetensors import safe_open
 
     folder = Path(folder)
-    config = read_json(folder / "config.json", what="a teacher folder that holds config.json")
+    config = read_teacher_config(folder)
     text = text_config(config)
     if text.get("model_type") in _ONE_PLUS_WEIGHT_NORMS or config.get("model_type") in _ONE_PLUS_WEIGHT_NORMS:
         raise UsageError(f"{folder}: model_type {text.get('model_type') or config.get('model_type')} scales its "
                          "norm by (1 + weight); its final states cannot be rebuilt from a pre-norm capture here")
-    files = _weight_files(folder)
+    files = tensor_files(folder)
     names = [n for n in files if any(n == suffix or n.endswith("." + suffix) for suffix in _FINAL_NORM_NAMES)]
     if len(names) != 1:
         raise UsageError(f"{folder}: no unique final norm tensor ({' or '.join(_FINAL_NORM_NAMES)}) among "
@@ -258,7 +259,7 @@ def teacher_eos_ids(folder: str | os.PathLike[str]) -> list[int]:
     if (folder / "generation_config.json").is_file():
         eos = read_json(folder / "generation_config.json").get("eos_token_id")
     if eos is None:
-        config = read_json(folder / "config.json", what="a teacher folder that holds config.json")
+        config = read_teacher_config(folder)
         eos = text_config(config).get("eos_token_id", config.get("eos_token_id"))
     if eos is None:
         return []

@@ -1,9 +1,8 @@
 """`verify`: every check dspark-hub makes of a draft, returning a `Report` of findings.
 
-- `checks`: the entry point `verify()`, config rules, roster, drop-in identity.
-- `rules`: the rules that have one home (which target layers a draft may tap).
-- `formats`: the registry of draft formats verify checks end to end (k3_dspark, speculators DSpark).
-- `family`: which draft family a folder is (k3_dspark, every speculators type, DFlash, EAGLE-3, MTP).
+- `checks`: the entry point `verify()`, each format's config rules, roster, drop-in identity.
+- `family`: which draft family a folder is (k3_dspark, every speculators type, DFlash, EAGLE-3, MTP), and
+  `detect`, its registered draft format (`format.registry`).
 - `speculators`: the config rules of a speculators DSpark (speculators 0.9.0, vLLM 0.32.0; sourced).
 - `runtimes`: what each serving runtime's loader does with every tensor (tokenspeed, SGLang, ATOM: read).
 - `runtimes_vllm`: vLLM's loader for a k3_dspark draft, as rules executed against vLLM 0.32.0, and the
@@ -15,7 +14,7 @@
 - `deep`: every byte streamed once (digests, NaN/inf, all-zero matrices).
 - `against_hub`: local files against a Hub revision.
 - `golden`: golden vectors of the reference forward (needs torch).
-- `codes`: every finding code the checks emit, with its meaning (the README's table).
+- `codes`: every finding code the checks emit, with its meaning (docs/codes.md's table).
 
 Imports the format core (and `modeling` for golden vectors), never `train`, `cards`, `hub` or `cli`.
 """

@@ -17,14 +17,27 @@ from dspark_hub._text import plural
 from dspark_hub.errors import ContractError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
-from dspark_hub.format.remote import source_for
+from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS, K3, SPECULATORS, DraftFormat, RosterHints
+from dspark_hub.format.remote import parse_hf_url, source_for
 from dspark_hub.report import Finding, Report, Summary, error, warning
 from dspark_hub.verify.codes import HUB_FILE_CODES
 from dspark_hub.verify.dropin import DropInReference, check_drop_in, dropin_family_finding, resolve_reference
-from dspark_hub.verify.family import Fingerprint, methods_text
-from dspark_hub.verify.formats import FORMATS, K3, DraftFormat, RosterHints, detect
+from dspark_hub.verify.family import Fingerprint, detect, methods_text
+from dspark_hub.verify.k3_config import k3_config_findings
+from dspark_hub.verify.speculators import check_config as speculators_config_findings
 
 # ---------------------------------------------------------------- config rules
+
+#: Every config rule each format's library and runtimes enforce, by `DraftFormat.name` (the format
+#: core cannot hold them: the rules live in verify). A test keeps one row per registered format.
+CONFIG_RULES: dict[str, Callable[[Mapping[str, Any]], list[Finding]]] = {
+    K3.name: k3_config_findings, SPECULATORS.name: speculators_config_findings}
+
+
+def config_findings(fmt: DraftFormat, config: Mapping[str, Any]) -> list[Finding]:
+    """Every config rule of `fmt` that `config` breaks."""
+    return CONFIG_RULES[fmt.name](config)
+
 
 def family_findings(found: Fingerprint, config: Mapping[str, Any]) -> list[Finding]:
     """One finding naming the family of a folder no draft format covers (none for a covered one)."""
@@ -35,22 +48,35 @@ def family_findings(found: Fingerprint, config: Mapping[str, Any]) -> list[Findi
         return [error("WRONG_MODEL_TYPE", "config.json:model_type",
                       f"model_type is {json.dumps(model_type)}, not 'k3_dspark', and the config names no speculators "
                       "algorithm; this folder holds another kind of model", "point verify at a draft folder")]
-    claim = " although config.json says k3_dspark" if model_type == contract.MODEL_TYPE else ""
+    claimed = model_type == contract.MODEL_TYPE
+    claim = " although config.json says k3_dspark" if claimed else ""
     where = "config.json:speculators_model_type" if found.spec.speculators_type else "config.json:model_type"
     return [error("FOREIGN_DRAFT_FAMILY", where,
                   f"this is {found.spec.title}{claim}, not a draft format dspark-hub verifies "
                   f"({', '.join(f.title for f in FORMATS.values())}) ({'; '.join(found.evidence)})",
+                  _mismatched_config_hint(found) if claimed else
                   f"serve it with the method that fits ({methods_text(found.spec)}), or verify a DSpark draft")]
 
 
+def _mismatched_config_hint(found: Fingerprint) -> str:
+    """The step for weights under a config.json of another family: every runtime reads the config first, so
+    no serving method fits until the config matches the weights."""
+    if found.family == "gqa_dspark":
+        return ("the tensors are a GQA DSpark body (the speculators DSpark layout): restore the config.json "
+                "speculators saved with these weights (\"speculators_model_type\": \"dspark\"), then verify again; "
+                "a k3_dspark config makes every runtime build MLA layers these weights cannot fill")
+    return ("restore the config.json that was saved with these weights, then verify again; a k3_dspark config "
+            "makes every runtime build MLA layers these weights cannot fill")
+
+
 def check_config(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
-    """The config rules of the draft format the folder is in (`verify.formats`).
+    """The config rules of the draft format the folder is in (`format.registry`).
 
     `names` (the checkpoint's tensor names) sharpen the family check: a folder of another
     draft family gets one finding naming it instead of a format's rules.
     """
     fmt, found = detect(config, names)
-    return fmt.config_findings(config) if fmt is not None else family_findings(found, config)
+    return config_findings(fmt, config) if fmt is not None else family_findings(found, config)
 
 
 # ---------------------------------------------------------------- roster
@@ -69,7 +95,7 @@ def check_roster(present: Mapping[str, tuple[tuple[int, ...], str]],
 
     `hints` are the format's words for known wrong layouts (default: the k3_dspark contract's).
     """
-    hints = hints or K3.hints
+    hints = hints or DEFAULT_FORMAT.hints
     out: list[Finding] = []
     missing = [n for n in expected if n not in present]
     unexpected = [n for n in present if n not in expected]
@@ -138,7 +164,7 @@ def summarize(view: CheckpointView, fmt: DraftFormat | None = None) -> Summary:
         layout=view.layout,
         files=[{"name": name, "size": view.files[name]} for name in view.headers],
         tensors=len(view.tensors),
-        parameters=(fmt or K3).counts(shapes).to_dict() if shapes else None,
+        parameters=(fmt or DEFAULT_FORMAT).counts(shapes).to_dict() if shapes else None,
         bytes=sum(view.files[name] for name in view.headers),
         dtypes=dict(Counter(info.dtype for _, info in view.tensors.values())),
         metadata=metas[0] if len(metas) == 1 else None,
@@ -165,7 +191,7 @@ def _metadata_findings(view: CheckpointView, fmt: DraftFormat | None = None) -> 
             out.append(warning("EMPTY_METADATA", name, "__metadata__ is an empty map, which crashes some loaders "
                                "(fastsafetensors)", "write {\"torchspec_version\": \"0.1.0\"} or no metadata"))
         order = list(header.tensors)
-        if (fmt or K3).sorted_data and view.layout == "single" and order != sorted(order):
+        if (fmt or DEFAULT_FORMAT).sorted_data and view.layout == "single" and order != sorted(order):
             out.append(warning("TENSOR_ORDER", name, "tensor data is not in sorted-name order, unlike the "
                                "published file; the bytes (and so the SHA-256) cannot match a drop-in",
                                "re-export with safetensors (which sorts names)"))
@@ -177,14 +203,14 @@ def _metadata_findings(view: CheckpointView, fmt: DraftFormat | None = None) -> 
 def _check_format(report: Report, view: CheckpointView, fmt: DraftFormat, *, drop_in: bool) -> None:
     """A format's config rules, its roster and the declared dtype, into `report`."""
     config = view.config or {}
-    config_findings = fmt.config_findings(config)
-    report.findings.extend(config_findings)
+    broken = config_findings(fmt, config)
+    report.findings.extend(broken)
     try:
         expected = fmt.roster(config)
     except ContractError as e:
         expected = None
         where = f"config.json:{e.key}"
-        said = any(f.where == where and f.severity == "error" for f in config_findings)
+        said = any(f.where == where and f.severity == "error" for f in broken)
         if view.tensors and not said:   # said once
             report.findings.append(error("ROSTER_UNDECIDABLE", where, str(e),
                                          "fix the config; the tensor roster depends on it"))
@@ -202,7 +228,7 @@ def _check_format(report: Report, view: CheckpointView, fmt: DraftFormat, *, dro
 def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None = None) -> Report:
     """Run every header-level check on an opened checkpoint, against the draft format it is in.
 
-    The format comes from `verify.formats.detect` (a declared type first, tensor names second);
+    The format comes from `verify.family.detect` (a declared type first, tensor names second);
     a folder of another family gets one finding naming it, and with a drop-in reference of
     another family one finding naming both.
     """
@@ -229,8 +255,7 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
 def check_against_hub(report: Report, folder: str, hub_ref: str, *,
                       endpoint: str | None = None) -> None:
     """Compare local files with a Hub revision's LFS SHA-256 / blob ids and sizes (into `report`)."""
-    from dspark_hub.format.remote import parse_hf_url
-    from dspark_hub.verify.against_hub import compare_with_hub
+    from dspark_hub.verify.against_hub import compare_with_hub  # optional: loads with its flag
 
     repo_id, revision = parse_hf_url(hub_ref if hub_ref.startswith("hf://") else f"hf://{hub_ref}")
     comparison = compare_with_hub(folder, repo_id, revision, endpoint=endpoint)
@@ -242,17 +267,14 @@ def check_against_hub(report: Report, folder: str, hub_ref: str, *,
 
 def _execute_runtimes(runtime: str | list[str] | None, *, local: bool) -> str | list[str]:
     """The runtimes to judge when vLLM's loader is to be executed (vllm unless named); refuse what cannot run."""
-    from dspark_hub.verify.execute_vllm import HOW_TO_GET_VLLM, VllmNotAvailable, vllm_available
+    from dspark_hub.verify.execute_vllm import require_vllm  # optional: loads with its flag
 
     if not local:
         raise UsageError("runs vLLM's loader over the tensors of a local folder; pass a local folder", param="execute")
     names = ["vllm"] if runtime is None else runtime
     if "vllm" not in names and "all" not in names and names != "all":
         raise UsageError("runs vLLM's loader; add vllm to `runtime`", param="execute")
-    if not vllm_available():
-        import sys
-
-        raise VllmNotAvailable(f"vLLM is not importable in {sys.executable}; {HOW_TO_GET_VLLM}", param="execute")
+    require_vllm()
     return names
 
 
@@ -307,10 +329,10 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         from dspark_hub.verify import deep as byte_level  # numpy only when tensor bytes are read
         byte_level.extend_report(report, view, deep=deep, frozen_embed=frozen_embed, progress=progress)
     if runtime is not None:
-        from dspark_hub.verify import runtimes
+        from dspark_hub.verify import runtimes  # optional: loads with its flag
         runtimes.extend_report(report, view, runtime, block_size=block_size, execute=execute)
     if target is not None:
-        from dspark_hub.verify import pairing
+        from dspark_hub.verify import pairing  # optional: loads with its flag
         pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)
     if against_hub is not None:
         check_against_hub(report, source.location, against_hub, endpoint=endpoint)

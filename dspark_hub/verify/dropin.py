@@ -6,16 +6,17 @@ layout must not be able to tell the files apart by anything but their bytes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark_hub._text import short_json
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
+from dspark_hub.format.registry import K3_DSPARK
 from dspark_hub.report import Finding, error, info
-from dspark_hub.verify.family import FAMILIES, K3_DSPARK, Fingerprint, fingerprint, methods_text
+from dspark_hub.verify.family import FAMILIES, Fingerprint, fingerprint, methods_text
 
 #: Keys that may appear in a drop-in's config beyond the reference's (reported as info).
 #: The `__metadata__` transformers' `save_pretrained` writes.
@@ -24,7 +25,7 @@ ALLOWED_EXTRA_KEYS = {"auto_map": "added by 'dspark-hub export-code' for trust_r
 
 
 def _fmt(value: Any) -> str:
-    return json.dumps(value)
+    return short_json(value)   # the reference's config is someone else's file: a value may be 50 MB
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,9 @@ def reference_from_view(view: CheckpointView) -> DropInReference:
 def dropin_family_finding(found: Fingerprint, ref: DropInReference) -> Finding:
     """The one finding for a drop-in check across draft families: nothing else about it is comparable."""
     theirs = FAMILIES[ref.family].title
-    return error("DROPIN_FAMILY", "config.json", f"this is {found.spec.title}, {ref.name} is {theirs}: a checkpoint "
-                 f"of another draft family is never a drop-in replacement ({'; '.join(found.evidence)})",
+    return error("DROPIN_FAMILY", contract.CONFIG_NAME,
+                 f"this is {found.spec.title}, {ref.name} is {theirs}: a checkpoint of another draft "
+                 f"family is never a drop-in replacement ({'; '.join(found.evidence)})",
                  f"compare it with a reference of its own family; it is served by {methods_text(found.spec)}")
 
 

@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_hub.format import contract, speculators
-
-K3_DSPARK = "k3_dspark"
-SPECULATORS_DSPARK = "speculators_dspark"
+from dspark_hub.format.registry import FORMATS, K3, K3_DSPARK, SPECULATORS, DraftFormat
+from dspark_hub.report import FamilySection
+from dspark_hub.vllm.pin import PINNED_VERSION
 
 _NOT_SERVED = {"tokenspeed": None, "sglang": None, "atom": None}
 
@@ -60,32 +60,31 @@ class FamilySpec:
     methods: Mapping[str, str | None]     # runtime -> method flag value (None: no method serves it)
     speculators_type: str | None = None   # the declared speculators_model_type, for speculators families
     serving_note: str | None = None
-
-    @property
-    def format(self) -> str:
-        """`k3_dspark`, `speculators` (the library's own checkpoint format) or `native` (other exports)."""
-        return "speculators" if self.speculators_type else (K3_DSPARK if self.name == K3_DSPARK else "native")
+    format: str = "native"                # `k3_dspark`, `speculators` (the library's own format) or `native`
+    claim_yields_to_names: bool = False   # a config that only claims it loses to tensor names of another family
 
 
 def _speculators(kind: str, title: str, vllm: str | None, note: str | None = None) -> FamilySpec:
     return FamilySpec(f"speculators_{kind}", f"a speculators-format {title} checkpoint",
-                      {"vllm": vllm, **_NOT_SERVED}, speculators_type=kind, serving_note=note)
+                      {"vllm": vllm, **_NOT_SERVED}, speculators_type=kind, serving_note=note,
+                      format=SPECULATORS.cli_name)
 
 
 FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (
     FamilySpec(K3_DSPARK, "an MLA k3_dspark draft",
-               {"vllm": "dspark", "tokenspeed": "DSPARK", "sglang": "DSPARK", "atom": "dspark"}),
+               {"vllm": "dspark", "tokenspeed": "DSPARK", "sglang": "DSPARK", "atom": "dspark"},
+               format=K3.cli_name, claim_yields_to_names=True),     # a GQA body under a k3_dspark config is not one
     # sglang dspark.py refuses the speculators convention (slot j predicts anchor+j)
     _speculators("dspark", "DSpark", "dspark"),
     _speculators("dflash", "DFlash", "dflash"),
-    _speculators("dflash2", "DFlash2", "dflash", "vLLM 0.32.0 serves dflash2 through the dflash method "
+    _speculators("dflash2", "DFlash2", "dflash", f"vLLM {PINNED_VERSION} serves dflash2 through the dflash method "
                  "(update_dflash2, algos.py:129-149)"),
-    _speculators("xpress", "XPress", None, "vLLM 0.32.0 rejects speculators_model_type 'xpress' "
+    _speculators("xpress", "XPress", None, f"vLLM {PINNED_VERSION} rejects speculators_model_type 'xpress' "
                  "(SpeculatorsConfig, base.py:51-56)"),
     _speculators("eagle3", "EAGLE-3", "eagle3"),
-    _speculators("peagle", "P-EAGLE", "eagle3", "vLLM 0.32.0 serves peagle as eagle3 with parallel_drafting "
+    _speculators("peagle", "P-EAGLE", "eagle3", f"vLLM {PINNED_VERSION} serves peagle as eagle3 with parallel_drafting "
                  "(update_peagle, algos.py:53-87)"),
-    _speculators("mtp", "MTP", None, "vLLM 0.32.0 rejects speculators_model_type 'mtp' "
+    _speculators("mtp", "MTP", None, f"vLLM {PINNED_VERSION} rejects speculators_model_type 'mtp' "
                  "(SpeculatorsConfig, base.py:51-56)"),
     FamilySpec("gqa_dspark", "a GQA DSpark draft (Qwen3-style attention, not MLA)",
                {"vllm": "dspark", "tokenspeed": "DSPARK", "sglang": "DSPARK", "atom": "dspark"}),
@@ -114,11 +113,7 @@ class Fingerprint:
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
 
-    @property
-    def is_k3_dspark(self) -> bool:
-        return self.family == K3_DSPARK
-
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FamilySection:
         return {"family": self.family, "title": self.spec.title, "confidence": self.confidence,
                 "evidence": self.evidence, "methods": dict(self.spec.methods),
                 "config_model_type": self.config_model_type, "format": self.spec.format,
@@ -219,7 +214,7 @@ def fingerprint(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> 
         declared = (config or {}).get(speculators.TYPE_KEY) in speculators.REGISTERED_TYPES
         # names beat a claimed k3_dspark, and beat an architecture guess when they name a speculators
         # layout (`DFlash2...` reads as DFlash; its candidate_selector says DFlash2)
-        names_win = by_config == K3_DSPARK or (not declared and by_names.startswith("speculators_"))
+        names_win = FAMILIES[by_config].claim_yields_to_names or (not declared and by_names.startswith("speculators_"))
         winner = by_names if names_win else by_config
         return Fingerprint(winner, "config+names", config_evidence + name_evidence, model_type)
     family = by_config or by_names
@@ -227,3 +222,9 @@ def fingerprint(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> 
         source = "config+names" if by_config and by_names else ("config" if by_config else "names")
         return Fingerprint(family, source, config_evidence + name_evidence, model_type)
     return Fingerprint("unknown", "none", [], model_type)
+
+
+def detect(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> tuple[DraftFormat | None, Fingerprint]:
+    """The registered format a checkpoint is in (None for another family), and the fingerprint that decided it."""
+    found = fingerprint(config, names)
+    return FORMATS.get(found.family), found

@@ -36,9 +36,9 @@ from typing import Any
 
 from dspark_hub.format import speculators
 from dspark_hub.format.jsonio import is_int
+from dspark_hub.format.registry import serving_facts
+from dspark_hub.format.taps import taps_from_aux_ids
 from dspark_hub.report import Finding, warning
-from dspark_hub.verify.formats import serving_facts
-from dspark_hub.verify.rules import taps_from_aux_ids
 from dspark_hub.verify.runtimes_vllm import ROTARY_BUFFERS, VERSION, ModuleTree, ShardId, stacked_module, truthy
 from dspark_hub.verify.runtimes_vllm import rule as _rule
 from dspark_hub.verify.verdicts import Cited, RuntimeVerdicts, by_id, draft_id

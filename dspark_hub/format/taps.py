@@ -1,8 +1,10 @@
-"""Rules that several commands apply, each written once.
+"""The tap-id rule: which target layers a draft reads, in both conventions, checked once.
 
 `tap_layer_findings` is the rule for `target_layer_ids`; `verify`, `verify --target`,
 `rollouts` and `finetune` all call it, so they cannot disagree about a config. The tap
-convention (which residual stream an id names) is also here, with its conversions.
+convention (which residual stream an id names) is also here, with its conversions, and the
+speculators aux-id rule (`aux_id_findings`). It is a fact of the format, so it sits in the
+format core: `ops`, `cards`, `train` and `hub` learn it without importing `verify`.
 """
 
 from __future__ import annotations

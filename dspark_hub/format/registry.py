@@ -1,4 +1,4 @@
-"""The draft formats dspark-hub verifies, as a registry: every entry answers the same questions.
+"""The draft formats dspark-hub knows, as a registry: every entry answers the same questions.
 
 - ``k3_dspark``: the MLA contract of `Inferact/Kimi-K3-DSpark` (`format.contract`).
 - ``speculators_dspark``: a DSpark saved by the `speculators` library (`format.speculators`).
@@ -7,17 +7,19 @@ Each `DraftFormat` gives, for a config:
 
 - `roster(config)`: the tensors (names, shapes, dtypes) the config implies;
 - `counts(shapes)`: total / trained / frozen parameters (vocabulary maps apart);
-- `config_findings(config)`: every config rule the format's library and runtimes enforce;
 - `pairing_keys(config)`: what the config says about its target (tap width, layer count,
-  vocabulary, taps in OUR `target_layer_ids` convention via `verify.rules`);
-- `serving(config)`: the runtime method and the number of speculative tokens.
+  vocabulary, taps in OUR `target_layer_ids` convention via `format.taps`);
+- `serving(config)`: the runtime method and the number of speculative tokens;
 
-The per-runtime loader rules of each format sit above this registry (`verify.runtimes.loaders_for`),
-since they are built from it.
+and, as plain fields, what the commands branch on (is it trainable here, does convert repair it,
+does the exported modeling code load it, which vLLM class loads it, ...). Code outside `format/`
+asks these fields; it never compares a format's name (`tests/test_format_dispatch.py`).
 
-`detect(config, names)` picks the entry from `verify.family.fingerprint` (a declared type
-first, names second); a folder of any other family has no entry and gets one family finding.
-A later format plugs in as one more `DraftFormat` here: nothing else dispatches on formats.
+The layers above extend an entry where the format core cannot reach: verify's config rules
+(`verify.checks.config_findings`) and runtime loader rules (`verify.runtimes.loaders_for`), each a
+table keyed by `DraftFormat.name`. `verify.family.detect(config, names)` picks the entry from the
+family fingerprint; a folder of any other family has no entry and gets one family finding. A later
+format plugs in as one more `DraftFormat` here (plus a row in those two tables).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_hub.errors import ContractError
-from dspark_hub.format import contract, speculators
+from dspark_hub.format import contract, speculators, taps
 from dspark_hub.format.contract import ParameterCounts, TensorSpec
 from dspark_hub.report import Finding
-from dspark_hub.verify import rules
-from dspark_hub.verify.family import K3_DSPARK, SPECULATORS_DSPARK, Fingerprint, fingerprint
-from dspark_hub.verify.k3_config import k3_config_findings
+
+#: The family names (`verify.family`) of the registered formats.
+K3_DSPARK = "k3_dspark"
+SPECULATORS_DSPARK = "speculators_dspark"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -96,7 +99,6 @@ class DraftFormat:
     title: str
     roster: Callable[[Mapping[str, Any]], dict[str, TensorSpec]]
     counts: Callable[[Mapping[str, Any]], ParameterCounts]
-    config_findings: Callable[[Mapping[str, Any]], list[Finding]]
     pairing_keys: Callable[[Mapping[str, Any]], PairingKeys]
     tap_findings: Callable[[Mapping[str, Any], int], list[Finding]]   # taps against a target's layer count
     serving: Callable[[Mapping[str, Any]], ServingFacts]
@@ -106,8 +108,20 @@ class DraftFormat:
     tap_convention: str
     layer_order: Callable[[Mapping[str, Any]], list[str]]              # layer 0's tensor names, module order
     block_size: Callable[[Mapping[str, Any]], int | None]              # the trained block size, if a config key
+    taps_key: str                      # the config key that lists the taps, in the format's own convention
+    to_native_taps: Callable[[list[int]], list[int]]   # taps in OUR convention, as this format writes them
+    attention_modules: tuple[str, ...]  # per-layer attention tensors (no counterpart in another format)
+    counterpart: Callable[[str], str | None]   # this format's name for a tensor of the other format (crosswalk)
     sorted_data: bool = False          # the reference file stores tensor data in sorted-name order
     tap_note: str | None = None        # a short reading of the tap ids, where they are not layer outputs
+    target_embedding: str | None = None  # the tensor that must equal the target's embedding (None: never saved)
+    trainable: bool = False            # rollouts and finetune train it (its taps are `target_layer_ids`)
+    repairable: bool = False           # convert repairs near-miss exports of it (renames, layout, dtype)
+    remote_code: bool = False          # the exported transformers modeling code (export-code) loads it
+    records_target_config: bool = False  # the config copies the target's keys, checked one by one on pairing
+    markov_optional: bool = False      # it can draft with its Markov head switched off
+    anchor_layout_key: str | None = None  # a config key eval needs written (its trainer and vLLM defaults differ)
+    vllm_model_class: str | None = None   # the vLLM 0.32.0 class that loads it (None: vLLM has no loader)
 
     def try_roster(self, config: Mapping[str, Any]) -> dict[str, TensorSpec] | None:
         try:
@@ -118,6 +132,8 @@ class DraftFormat:
 
 # ---------------------------------------------------------------- k3_dspark
 
+_K3_EMBEDDING = contract.FROZEN_TENSORS[0]
+
 def _k3_pairing(config: Mapping[str, Any]) -> PairingKeys:
     ids = config.get("target_layer_ids")
     ids = list(ids) if isinstance(ids, list) else None
@@ -127,7 +143,7 @@ def _k3_pairing(config: Mapping[str, Any]) -> PairingKeys:
         draft_vocab_size=_int_or_none(config.get("draft_vocab_size")),
         target_layers=config.get("target_num_hidden_layers"), target_layers_key="target_num_hidden_layers",
         taps=ids, native_taps=ids, taps_key="target_layer_ids",
-        mask_token_id=_int_or_none(config.get("mask_token_id")), embedding=contract.FROZEN_TENSORS[0])
+        mask_token_id=_int_or_none(config.get("mask_token_id")), embedding=_K3_EMBEDDING)
 
 
 def _k3_serving(config: Mapping[str, Any]) -> ServingFacts:
@@ -138,9 +154,9 @@ def _k3_serving(config: Mapping[str, Any]) -> ServingFacts:
 
 K3 = DraftFormat(
     name=K3_DSPARK, cli_name="k3_dspark", title="k3_dspark",
-    roster=contract.roster, counts=contract.count_parameters, config_findings=k3_config_findings,
+    roster=contract.roster, counts=contract.count_parameters,
     pairing_keys=_k3_pairing,
-    tap_findings=lambda config, layers: rules.tap_layer_findings(config, target_layers=layers,
+    tap_findings=lambda config, layers: taps.tap_layer_findings(config, target_layers=layers,
                                                                  code="PAIRING_LAYER_ID"),
     serving=_k3_serving,
     hints=RosterHints(misnames=contract.KNOWN_MISNAMES,
@@ -150,20 +166,20 @@ K3 = DraftFormat(
                       missing_hint="export every contract tensor; 'dspark-hub verify --json' lists the full roster "
                                    "(sections.roster)"),
     frozen_tensors=contract.FROZEN_TENSORS, frozen_note="`embed_tokens` is frozen and shared with the teacher",
-    tap_convention=rules.TAP_CONVENTION,
+    tap_convention=taps.TAP_CONVENTION,
     layer_order=lambda config: [s.name for s in contract.layer_roster(config, 0)],
     block_size=lambda config: None,    # not a config key: serving engines take it from the command line
-    sorted_data=True,
+    taps_key="target_layer_ids", to_native_taps=list,
+    attention_modules=("self_attn.q_a_proj.weight", "self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight",
+                       "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight",
+                       "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight"),
+    counterpart=speculators.k3_counterpart,
+    sorted_data=True, target_embedding=_K3_EMBEDDING, trainable=True, repairable=True, remote_code=True,
+    records_target_config=True, vllm_model_class="K3DSparkForCausalLM",
 )
 
 
 # ---------------------------------------------------------------- speculators DSpark
-
-def _speculators_config_findings(config: Mapping[str, Any]) -> list[Finding]:
-    from dspark_hub.verify.speculators import check_config
-
-    return check_config(config)
-
 
 def _speculators_pairing(config: Mapping[str, Any]) -> PairingKeys:
     tl = config.get(speculators.LAYER_CONFIG_KEY)
@@ -181,7 +197,7 @@ def _speculators_pairing(config: Mapping[str, Any]) -> PairingKeys:
         vocab_size=tl.get("vocab_size"), vocab_key=f"{speculators.LAYER_CONFIG_KEY}.vocab_size",
         draft_vocab_size=_int_or_none(config.get("draft_vocab_size")),
         target_layers=None, target_layers_key=None,     # speculators configs do not record the target's depth
-        taps=rules.taps_from_aux_ids(ids) if ids is not None else None, native_taps=ids,
+        taps=taps.taps_from_aux_ids(ids) if ids is not None else None, native_taps=ids,
         taps_key=speculators.AUX_IDS_KEY, mask_token_id=_int_or_none(config.get("mask_token_id")),
         embedding=None,                                  # embed_tokens is never saved (the verifier's is used)
         verifier=speculators.verifier_name(config),
@@ -189,7 +205,7 @@ def _speculators_pairing(config: Mapping[str, Any]) -> PairingKeys:
 
 
 def _speculators_taps(config: Mapping[str, Any], layers: int) -> list[Finding]:
-    return rules.aux_id_findings(config.get(speculators.AUX_IDS_KEY), target_layers=layers, code="PAIRING_LAYER_ID")
+    return taps.aux_id_findings(config.get(speculators.AUX_IDS_KEY), target_layers=layers, code="PAIRING_LAYER_ID")
 
 
 def serving_facts(config: Mapping[str, Any]) -> ServingFacts:
@@ -214,7 +230,7 @@ def serving_facts(config: Mapping[str, Any]) -> ServingFacts:
 
 SPECULATORS = DraftFormat(
     name=SPECULATORS_DSPARK, cli_name="speculators", title="speculators DSpark",
-    roster=speculators.roster, counts=speculators.count_parameters, config_findings=_speculators_config_findings,
+    roster=speculators.roster, counts=speculators.count_parameters,
     pairing_keys=_speculators_pairing, tap_findings=_speculators_taps, serving=serving_facts,
     hints=RosterHints(misnames={v: k for k, v in contract.KNOWN_MISNAMES.items()},
                       misname_why="it is the k3_dspark name; speculators and vLLM look up the speculators name and "
@@ -224,14 +240,26 @@ SPECULATORS = DraftFormat(
                                    "roster tensor; 'dspark-hub verify --json' lists it in sections.roster)"),
     frozen_tensors=speculators.FROZEN_TENSORS,
     frozen_note="`lm_head` holds the verifier's rows for the pruned draft vocabulary and is frozen",
-    tap_convention=rules.AUX_ID_CONVENTION,
+    tap_convention=taps.AUX_ID_CONVENTION,
     layer_order=lambda config: list(speculators.layer_shapes(speculators.geometry(config), 0)),
     block_size=lambda config: _int_or_none(config.get("block_size")),
+    taps_key=speculators.AUX_IDS_KEY, to_native_taps=lambda ids: [taps.residual_index(i) for i in ids],
+    attention_modules=("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                       "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"),
+    counterpart=speculators.speculators_counterpart,
     tap_note="speculators aux ids: id k is the residual stream after k teacher layers, the output of layer k - 1",
+    markov_optional=True, anchor_layout_key="sample_from_anchor", vllm_model_class="Qwen3DSparkForCausalLM",
 )
 
 #: Every draft format, by family name. CLI choices derive from it (`cli_name`).
 FORMATS: dict[str, DraftFormat] = {f.name: f for f in (K3, SPECULATORS)}
+#: The format commands assume when none is named (`convert`'s target, the one verify's summary leaves unsaid).
+DEFAULT_FORMAT = K3
+
+
+def titles(formats: Iterable[DraftFormat]) -> str:
+    """`k3_dspark or speculators DSpark`: the titles of `formats`, for messages."""
+    return " or ".join(f.title for f in formats)
 
 
 def by_cli_name(name: str) -> DraftFormat:
@@ -240,10 +268,8 @@ def by_cli_name(name: str) -> DraftFormat:
     Raises:
         KeyError: no format has that name.
     """
-    return next(f for f in FORMATS.values() if f.cli_name == name)
+    found = next((f for f in FORMATS.values() if f.cli_name == name), None)
+    if found is None:
+        raise KeyError(name)
+    return found
 
-
-def detect(config: Mapping[str, Any] | None, names: Iterable[str] = ()) -> tuple[DraftFormat | None, Fingerprint]:
-    """The format a checkpoint is in (None for another family), and the fingerprint that decided it."""
-    found = fingerprint(config, names)
-    return FORMATS.get(found.family), found
