@@ -13,7 +13,14 @@ import click
 
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
-from dspark_hub.cli._render import render_eval, render_init_teacher, render_plan, render_rollouts, render_training
+from dspark_hub.cli._render import (
+    render_eval,
+    render_init_teacher,
+    render_plan,
+    render_rollouts,
+    render_threads,
+    render_training,
+)
 from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
@@ -29,6 +36,7 @@ from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode,
 from dspark_hub.train.evaluate import DTYPES, ENGINES, evaluate
 from dspark_hub.train.hidden_state_files import parse_layer_ids
 from dspark_hub.train.rollouts import make_rollouts
+from dspark_hub.train.threads import apply_threads, choose_threads
 from dspark_hub.train.toy import init_teacher as write_init_teacher
 
 
@@ -146,8 +154,6 @@ threads_option = click.option("--threads", type=POSITIVE, metavar="N",
 
 def use_threads(threads: int | None) -> Any:
     """Choose and apply the thread count; the `ThreadChoice` (`say_threads` shows it)."""
-    from dspark_hub.train.threads import apply_threads, choose_threads
-
     choice = choose_threads(threads)
     apply_threads(choice)
     return choice
@@ -295,8 +301,6 @@ class _Planned:
 
 def say_threads(choice: Any, *, show: bool) -> None:
     """The thread choice on stderr, said only once work has begun or ended (a refusal stays one line)."""
-    from dspark_hub.cli._render import render_threads
-
     if show and choice is not None:
         render_threads(choice)
 

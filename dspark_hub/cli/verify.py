@@ -8,10 +8,12 @@ import click
 
 from dspark_hub.cli._framework import command, endpoint_option, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress
-from dspark_hub.cli._render import render_convert, render_diff, render_init, render_verify
+from dspark_hub.cli._render import render_convert, render_diff, render_init, render_init_target, render_verify
 from dspark_hub.format import contract
 from dspark_hub.format.registry import FORMATS
 from dspark_hub.ops.init import INIT_KINDS, init_checkpoint
+from dspark_hub.ops.target_draft import init_for_target
+from dspark_hub.train.rollouts import token_counts
 from dspark_hub.verify.runtimes import RUNTIMES
 
 
@@ -166,9 +168,6 @@ def _tap_list(text: str) -> list[int]:
 def _init_for_target(dst: Path, target: str, *, fmt: str, taps: str | None, layers: int, block_size: int,
                      draft_vocab: int | None, vocab_from: str | None, seed: int, force: bool, quiet: bool,
                      as_json: bool) -> None:
-    from dspark_hub.cli._render import render_init_target
-    from dspark_hub.ops.target_draft import init_for_target
-    from dspark_hub.train.rollouts import token_counts
 
     counts = token_counts(vocab_from, target, param="vocab_from") if vocab_from else None
     with progress(f"init --target {Path(target).name}", quiet=quiet or as_json) as bar:

@@ -30,6 +30,9 @@ from dspark_hub.format import contract, speculators
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.registry import FORMATS, K3, SPECULATORS, DraftFormat, by_cli_name
 from dspark_hub.format.taps import residual_index, text_config
+from dspark_hub.format.tensorio import locate_tensor
+from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+from dspark_hub.ops.init import INIT_STD, init_checkpoint
 
 #: The reference target's layer count and the recipes' taps on it (our convention: layer outputs, 0-based).
 REFERENCE_TARGET_LAYERS = 93
@@ -354,8 +357,6 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
         UsageError: a bad option, or a target that is not a transformers causal LM.
         RefusedOverwriteError: `dst` exists and `force` is False.
     """
-    from dspark_hub.format.writer import check_writable
-
     try:
         draft_format = by_cli_name(fmt)
     except (KeyError, StopIteration):
@@ -368,7 +369,7 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
     chosen = sorted(set(taps)) if taps else tap_layers(facts.num_layers, draft_format)
     if any(not 0 <= t < facts.num_layers for t in chosen):
         raise UsageError(f"taps {list(chosen)} are not all in [0, {facts.num_layers}) for {target}", param="taps")
-    if draft_vocab is not None and draft_format is not SPECULATORS:
+    if draft_vocab is not None and speculators.FROZEN_TENSORS[0] not in draft_format.frozen_tensors:
         raise UsageError("a pruned draft vocabulary is a speculators-format feature; k3_dspark keeps the target's",
                          param="draft_vocab")
     if draft_vocab is not None and not 0 < draft_vocab <= facts.vocab_size:
@@ -378,7 +379,7 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
         raise UsageError("a pruned draft vocabulary needs token frequencies from some data", param="vocab_from")
     mask = pick_mask_token(facts, seen=sorted(token_counts or ()))
     common = {"target": str(target), "layers": layers, "taps": chosen, "block_size": block_size, "mask": mask}
-    if draft_format is K3:
+    if draft_format.target_embedding is not None:     # it saves the target's embedding: k3_dspark
         return _write_k3(dst, facts, common, seed=seed, force=force, progress=progress)
     return _write_speculators(dst, facts, common, draft_vocab=draft_vocab or facts.vocab_size,
                               counts=token_counts or {}, seed=seed, force=force)
@@ -386,8 +387,6 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
 
 def _write_k3(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, seed: int, force: bool,
               progress: Any) -> TargetInitResult:
-    from dspark_hub.ops.init import init_checkpoint
-
     cfg = k3_config(facts, layers=common["layers"], taps=common["taps"], mask_token_id=common["mask"].id)
     embedding = f"embed_tokens.weight copied from {Path(common['target']).name}"
     draft = TargetInitResult(path=Path(dst), format=K3.cli_name, draft_vocab_size=facts.vocab_size,
@@ -407,9 +406,6 @@ _SPECULATORS_DTYPES = {"F32": "float32", "BF16": "bfloat16"}
 
 def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, draft_vocab: int,
                        counts: Mapping[int, int], seed: int, force: bool) -> TargetInitResult:
-    from dspark_hub.format.tensorio import locate_tensor
-    from dspark_hub.format.writer import atomic_dir, write_safetensors
-
     tied = facts.config.get("tie_word_embeddings", False) is True
     head = locate_tensor(facts.path, contract.TEACHER_EMBED_NAMES if tied else ("lm_head.weight",))
     dtype = head.info.dtype if head.info.dtype in _SPECULATORS_DTYPES else contract.CONTRACT_DTYPE
@@ -446,8 +442,6 @@ def _speculators_tensors(specs: Mapping[str, contract.TensorSpec], head: Any, vo
     """Random weights (norms ones, biases zeros, matrices N(0, 0.02)), T's lm_head rows, d2t and t2d."""
     import torch
     from safetensors import safe_open
-
-    from dspark_hub.ops.init import INIT_STD
 
     torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16}[next(
         s.dtype for s in specs.values() if s.name.endswith("norm.weight"))]
