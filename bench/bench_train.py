@@ -39,26 +39,32 @@ STEP_CONFIG = {**contract.TINY_CONFIG, "hidden_size": 512, "intermediate_size": 
                "torch_dtype": "float32"}
 
 
-def throughput(steps: int) -> float:
+def tiny_world(root: Path) -> None:
+    """The tiny config's random Llama teacher, a tiny-profile draft and 64 rollouts of 16 + 112 tokens in `root`."""
     from transformers import LlamaForCausalLM
 
     from dspark_hub.ops.init import init_checkpoint
     from dspark_hub.train.rollouts import make_rollouts
-    from dspark_hub.train.trainer import TrainConfig, finetune
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from teacher_factory import teacher_config
 
+    torch.manual_seed(0)
+    LlamaForCausalLM(teacher_config()).save_pretrained(str(root / "teacher"))
+    init_checkpoint(root / "base", profile="tiny", embed_from=root / "teacher")
+    rng = random.Random(0)
+    (root / "p.jsonl").write_text("".join(json.dumps({"input_ids": [rng.randrange(10, 500) for _ in range(16)]})
+                                          + "\n" for _ in range(64)))
+    make_rollouts(root / "teacher", root / "p.jsonl", root / "base" / "config.json", root / "data",
+                  max_new_tokens=112, ignore_eos=True, batch_size=64)
+
+
+def throughput(steps: int) -> float:
+    from dspark_hub.train.trainer import TrainConfig, finetune
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        torch.manual_seed(0)
-        LlamaForCausalLM(teacher_config()).save_pretrained(str(root / "teacher"))
-        init_checkpoint(root / "base", profile="tiny", embed_from=root / "teacher")
-        rng = random.Random(0)
-        (root / "p.jsonl").write_text("".join(json.dumps({"input_ids": [rng.randrange(10, 500) for _ in range(16)]})
-                                              + "\n" for _ in range(64)))
-        make_rollouts(root / "teacher", root / "p.jsonl", root / "base" / "config.json", root / "data",
-                      max_new_tokens=112, ignore_eos=True, batch_size=64)
+        tiny_world(root)
         config = TrainConfig(base=str(root / "base"), out=str(root / "out"), data=str(root / "data"), steps=steps,
                              batch_size=8, max_anchors=64, teacher=str(root / "teacher"))
         result = finetune(config)

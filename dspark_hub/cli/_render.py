@@ -8,7 +8,7 @@ does not pass through here: `emit` prints the result's own `to_dict()`. Each con
 
 from __future__ import annotations
 
-from dspark_hub.cli._render_ops import render_convert, render_diff, render_init
+from dspark_hub.cli._render_ops import render_convert, render_diff, render_init, render_init_target
 from dspark_hub.cli._render_release import (
     render_card_lint,
     render_checksum_check,
@@ -26,6 +26,7 @@ from dspark_hub.cli._render_train import (
     render_init_teacher,
     render_plan,
     render_rollouts,
+    render_threads,
     render_training,
 )
 from dspark_hub.cli._render_verify import render_verify
@@ -34,7 +35,7 @@ from dspark_hub.cli._table import Column, print_table
 __all__ = [
     "Column", "plan_lines", "print_table", "render_card_lint", "render_checksum_check",
     "render_checksums", "render_convert", "render_diff", "render_eval", "render_export",
-    "render_golden_check", "render_golden_write", "render_init", "render_init_teacher", "render_package",
-    "render_plan", "render_publication", "render_rollouts", "render_training", "render_verify",
-    "render_written_card",
+    "render_golden_check", "render_golden_write", "render_init", "render_init_target", "render_init_teacher",
+    "render_package", "render_plan", "render_publication", "render_rollouts", "render_threads", "render_training",
+    "render_verify", "render_written_card",
 ]

@@ -123,3 +123,13 @@ def render_init(result: InitResult) -> None:
                                    f"is copied: write the draft with 'dspark-hub init {result.path} --embed-from "
                                    "TARGET --force'"))
 
+
+
+def render_init_target(result: Any) -> None:
+    """Human view of a `TargetInitResult` (`init --target`)."""
+    vocab = (f", draft vocabulary {result.draft_vocab_size:,} ({result.vocab_coverage:.1%} of the data's tokens)"
+             if result.vocab_coverage is not None else "")
+    stdout.print(f"wrote {result.path} ({result.format} for {result.target}: {plural(result.layers, 'layer')}, taps "
+                 f"{result.taps}, mask token {result.mask.id} {result.mask.content!r}{vocab}; "
+                 f"{plural(result.weights_bytes, 'byte')}); check it with: dspark-hub verify {result.path} "
+                 f"--target {result.target}")

@@ -134,3 +134,8 @@ def render_eval(result: Any) -> None:
     stdout.print(f"definition: {data['definition']}")
 
 
+
+
+def render_threads(choice: Any) -> None:
+    """The CPU threads a training command uses, and why (stderr)."""
+    stderr.print(f"threads: {choice.threads} ({choice.reason}; --threads N to choose)")

@@ -13,7 +13,14 @@ import click
 
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
-from dspark_hub.cli._render import render_eval, render_init_teacher, render_plan, render_rollouts, render_training
+from dspark_hub.cli._render import (
+    render_eval,
+    render_init_teacher,
+    render_plan,
+    render_rollouts,
+    render_threads,
+    render_training,
+)
 from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
@@ -29,6 +36,7 @@ from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode,
 from dspark_hub.train.evaluate import DTYPES, ENGINES, evaluate
 from dspark_hub.train.hidden_state_files import parse_layer_ids
 from dspark_hub.train.rollouts import make_rollouts
+from dspark_hub.train.threads import apply_threads, choose_threads
 from dspark_hub.train.toy import init_teacher as write_init_teacher
 
 
@@ -138,6 +146,19 @@ def pop_engine_options(options: dict[str, Any]) -> tuple[str, EngineOptions]:
     return options.pop("engine"), EngineOptions(**values)
 
 
+#: `--threads`, on every command that runs torch on the CPU for a while (`train.threads`).
+threads_option = click.option("--threads", type=POSITIVE, metavar="N",
+                              help="CPU threads for torch [default: OMP_NUM_THREADS, else 1 + idle cores by the "
+                                   "load average, at most every core].")
+
+
+def use_threads(threads: int | None) -> Any:
+    """Choose and apply the thread count; the `ThreadChoice` (`say_threads` shows it)."""
+    choice = choose_threads(threads)
+    apply_threads(choice)
+    return choice
+
+
 @contextmanager
 def engine_option_flags() -> Iterator[None]:
     """An error about an `EngineOptions` field (`param="engine_options.device"`) names the command's own
@@ -167,19 +188,22 @@ def engine_option_flags() -> Iterator[None]:
               help="generate: greedy continuations; prefill: record each line's sequence as it is (offline data, "
                    "with its loss_mask).")
 @engine_option_group
+@threads_option
 @force_option
 @quiet_option
 @json_option
 def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
-             shard_size: int, ignore_eos: bool, mode: Mode, force: bool, quiet: bool, as_json: bool,
-             **engine: Any) -> None:
+             shard_size: int, ignore_eos: bool, mode: Mode, threads: int | None, force: bool, quiet: bool,
+             as_json: bool, **engine: Any) -> None:
     """Write the target's greedy continuations with the draft's tap states (resumable safetensors shards)."""
     quiet_transformers(quiet or as_json)
+    choice = use_threads(threads)
     engine_name, engine_options = pop_engine_options(engine)
     with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar, engine_option_flags():
         summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
                                 mode=mode, engine=engine_name, engine_options=engine_options, progress=bar)
+    say_threads(choice, show=not (quiet or as_json))
     emit(summary, as_json=as_json, renderer=render_rollouts)
 
 
@@ -237,28 +261,31 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--device", metavar="DEVICE", help="Training device [default: cuda when torch sees a GPU, else cpu]; "
                                                 "under torchrun cuda means cuda:LOCAL_RANK.")
 @engine_option_group
+@threads_option
 @force_option
 @quiet_option
 @json_option
-def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, **options: Any) -> None:
+def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: bool, as_json: bool,
+             **options: Any) -> None:
     """Fine-tune drop-in k3_dspark weights on target rollouts (one process or torchrun)."""
     from dspark_hub.train.trainer import finetune as run  # torch: only a run pays for it
 
     quiet_transformers(quiet or as_json)
+    choice = use_threads(threads)
     engine, engine_options = pop_engine_options(options)
     config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
-        result = run(config, progress=_Planned(bar, show=not (quiet or as_json)))
+        result = run(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer=render_training)
 
 
 class _Planned:
-    """The progress bar, plus the trainer's plan shown (on stderr) before step 1."""
+    """The progress bar, plus the trainer's plan shown (on stderr) before step 1, with the thread choice."""
 
-    def __init__(self, bar: Any, *, show: bool) -> None:
-        self.bar, self.show = bar, show
+    def __init__(self, bar: Any, *, show: bool, threads: Any = None) -> None:
+        self.bar, self.show, self.threads = bar, show, threads
 
     def __call__(self, n: int) -> None:
         self.bar(n)
@@ -269,6 +296,13 @@ class _Planned:
     def plan(self, plan: Any) -> None:
         if self.show:
             render_plan(plan)
+            say_threads(self.threads, show=True)
+
+
+def say_threads(choice: Any, *, show: bool) -> None:
+    """The thread choice on stderr, said only once work has begun or ended (a refusal stays one line)."""
+    if show and choice is not None:
+        render_threads(choice)
 
 
 @command(name="init-teacher")
@@ -315,19 +349,23 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(evaluate, "batch_size"),
               show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
+@threads_option
 @quiet_option
 @json_option
 def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str | None, reference: str | None,
                  engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
-                 ignore_eos: bool, batch_size: int, plot: Path | None, quiet: bool, as_json: bool) -> None:
+                 ignore_eos: bool, batch_size: int, plot: Path | None, threads: int | None, quiet: bool,
+                 as_json: bool) -> None:
     """Acceptance of a draft with vLLM's definitions: simulated, or measured by vLLM serving it.
 
     Exit 1 when a vLLM measurement's outputs differ from plain greedy decoding's (not lossless).
     """
     quiet_transformers(quiet or as_json)
+    choice = use_threads(threads)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
                           progress=bar)
+    say_threads(choice, show=not (quiet or as_json))
     emit(result, as_json=as_json, renderer=render_eval)
