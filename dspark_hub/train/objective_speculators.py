@@ -55,6 +55,7 @@ class PackedRow:
     last_hidden: torch.Tensor     # [N, H], before the target's final norm
     document_ids: torch.Tensor    # [N] long, -1 for padding
     positions: torch.Tensor       # [N] long, per document
+    final_normed: bool = False    # `last_hidden` is already AFTER the final norm (our rollouts, hidden-state files)
 
 
 @dataclass
@@ -279,7 +280,8 @@ class SpeculatorsDSparkTrainer:
         rows = (anchors[:, None] + torch.arange(k)[None, :]).reshape(-1)
         with torch.no_grad():
             target_rows = rows if self.sample_from_anchor else (rows - 1) % row.input_ids.shape[0]
-            normed = rms_norm(row.last_hidden[target_rows].to(self.target_norm.dtype), self.target_norm, self.eps)
+            last = row.last_hidden[target_rows].to(self.target_norm.dtype)
+            normed = last if row.final_normed else rms_norm(last, self.target_norm, self.eps)
             targets = F.linear(normed, self.verifier_head.to(normed.dtype))
         block_tokens = row.input_ids[rows].view(-1, k)
         prev = block_tokens if self.sample_from_anchor else torch.cat([block_tokens[:, :1], block_tokens[:, :-1]], 1)
