@@ -265,9 +265,9 @@ class SpeculatorsFinetune:
         self.last_loss = float(result.total.detach())
         mask = result.mask
         overlap = float((result.accept_rate * mask).sum() / mask.sum().clamp_min(1.0))
-        terms = {name.removesuffix("_loss"): float(value) for name, value in result.terms.items()}
+        terms = {name.removesuffix("_loss"): float(value.detach()) for name, value in result.terms.items()}
         if result.confidence is not None:
-            terms["confidence"] = float(result.confidence)
+            terms["confidence"] = float(result.confidence.detach())
         return {"step": self.step + 1, "loss": self.last_loss, **terms, "lr": float(lr), "grad_norm": float(grad_norm),
                 "overlap": overlap, "anchors": int(anchors.numel()), "tokens": tokens, "step_seconds": seconds,
                 "tokens_per_second": tokens / seconds if seconds else 0.0, "peak_memory_bytes": peak, "device": "cpu"}
