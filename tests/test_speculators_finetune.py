@@ -231,3 +231,47 @@ def test_an_existing_output_is_kept_without_force(data, tmp_path):
     assert_one_line_error(_finetune(fixture("dspark"), data["rollouts"], tmp_path / "out"), "out")
     assert (tmp_path / "out" / "keep").read_text() == "x"
     shutil.rmtree(tmp_path / "out")
+
+
+# ---------------------------------------------------------------- the pieces
+
+def test_every_registered_format_has_a_trainer():
+    from dspark_hub.format.registry import FORMATS
+    from dspark_hub.train.finetuners import FINETUNERS
+
+    assert all(f.trainable != (f.name in FINETUNERS) for f in FORMATS.values())
+
+
+def test_a_final_normed_row_skips_the_targets_norm_and_gives_the_pre_norm_rows_loss():
+    from dspark_hub.modeling.speculators_dspark import read_tensors, rms_norm
+    from dspark_hub.train.objective_speculators import Objective, PackedRow, SpeculatorsDSparkTrainer, library_anchors
+
+    config = json.loads((fixture("dspark") / "config.json").read_text())
+    target = read_tensors(VERIFIER)
+    norm = torch.rand(64, generator=torch.Generator().manual_seed(2)) + 0.5     # not ones: norming twice shows
+    trainer = SpeculatorsDSparkTrainer(config, {k: v.float() if v.is_floating_point() else v
+                                                for k, v in read_tensors(fixture("dspark")).items()},
+                                       target["model.embed_tokens.weight"].float(), target["lm_head.weight"].float(),
+                                       norm)
+    generator = torch.Generator().manual_seed(0)
+    n = 30
+    pre = torch.randn(n, 64, generator=generator) * 3
+    row = dict(taps=torch.randn(n, 192, generator=generator),
+               input_ids=torch.randint(0, 250, (n,), generator=generator), loss_mask=torch.ones(n),
+               document_ids=torch.zeros(n, dtype=torch.long), positions=torch.arange(n))
+    anchors = library_anchors(row["loss_mask"], 8, 4, torch.Generator().manual_seed(1))
+    objective = Objective(loss={"kl_div": 1.0})
+    before = trainer.loss(PackedRow(**row, last_hidden=pre), anchors, objective).total
+    normed = trainer.loss(PackedRow(**row, last_hidden=rms_norm(pre, norm, 1e-6), final_normed=True), anchors,
+                          objective).total
+    twice = trainer.loss(PackedRow(**row, last_hidden=rms_norm(pre, norm, 1e-6)), anchors, objective).total
+    torch.testing.assert_close(normed, before, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(twice, before, rtol=1e-3)       # normed states normed again are other targets
+
+
+def test_eval_measures_the_output(data, tmp_path):
+    _train(fixture("dspark"), data["rollouts"], tmp_path / "out", steps=1)
+    result = run("eval", "--draft", tmp_path / "out", "--teacher", TARGET, "--data", data["rollouts"], "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    report = json.loads(result.stdout)
+    assert report["acceptance_length"] >= 1.0 and report["k"] == 4 and report["drafts"] > 0

@@ -141,8 +141,8 @@ def check_recorded_taps(data: RolloutData, view: Mapping[str, Any]) -> None:
     for key in ("target_layer_ids", "target_hidden_size"):
         if settings.get(key) != view[key]:
             raise UsageError(f"{data.folder}: recorded {key} {settings.get(key)}, the draft reads {view[key]} "
-                             "(aux_hidden_state_layer_ids as our ids); record rollouts with --draft-config of this "
-                             "draft", param="data")
+                             "(aux_hidden_state_layer_ids as our ids); record the rollouts with this draft's "
+                             "config.json", param="data")
 
 
 def packed_row(rollouts: Sequence[Rollout]) -> PackedRow:
