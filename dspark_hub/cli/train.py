@@ -120,7 +120,8 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 
 
 @command()
-@click.option("--base", required=True, metavar="CKPT", help="The k3_dspark checkpoint to start from.")
+@click.option("--base", required=True, metavar="CKPT",
+              help="The checkpoint to start from: a k3_dspark or a speculators DSpark (docs/training-speculators.md).")
 @click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts'), or hidden-state files from "
                                             "vLLM's extraction connector or speculators' data pipeline.")
 @click.option("--data-layer-ids", "data_layer_ids", metavar="IDS",
