@@ -99,6 +99,7 @@ def _assert_drop_in(out: Path, base: Path) -> None:
         assert (out / file.name).read_bytes()[:len(head)] == head, file.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["rollouts", "vllm", "speculators"])
 def test_each_data_source_trains_the_loss_down_into_a_drop_in_checkpoint(data, source, tmp_path):
     base = _base_for(source, tmp_path)
@@ -111,12 +112,14 @@ def test_each_data_source_trains_the_loss_down_into_a_drop_in_checkpoint(data, s
     assert before["fc.weight"] != after["fc.weight"]          # trained, and cast back to B's dtype (drop-in above)
 
 
+@pytest.mark.slow
 def test_the_rollouts_record_bs_aux_ids_in_our_convention(data):
     settings = RolloutData(data["rollouts"]).manifest["settings"]
     assert settings["target_layer_ids"] == [0, 2, 4]          # aux ids [1, 3, 5] through format.taps
     assert settings["target_hidden_size"] == 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dspark-pruned-vocab", "dspark-sharded", "dspark-f32", "dspark-bonus-anchor",
                                   "dspark-markov-off", "dspark-full-attention"])
 def test_frozen_and_untrained_tensors_come_back_bit_identical(data, name, tmp_path):
@@ -133,6 +136,7 @@ def test_frozen_and_untrained_tensors_come_back_bit_identical(data, name, tmp_pa
     assert "fc.weight" in changed and not set(changed) & set(frozen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, head", [("dspark-gated-markov", "gated"), ("dspark-rnn-markov", "rnn")])
 def test_gated_and_rnn_heads_train_with_verifys_serving_warning(data, name, head, tmp_path):
     result = _train(fixture(name), data["rollouts"], tmp_path / "out", steps=2)
@@ -144,6 +148,7 @@ def test_gated_and_rnn_heads_train_with_verifys_serving_warning(data, name, head
     assert not _train(fixture("dspark"), data["rollouts"], tmp_path / "vanilla", steps=1).warnings
 
 
+@pytest.mark.slow
 def test_the_cli_trains_a_speculators_base_and_prints_the_warning(data, tmp_path):
     result = run("finetune", "--base", fixture("dspark-gated-markov"), "--data", data["rollouts"], "--out",
                  tmp_path / "out", "--steps", "1", "--loss", '{"kl_div":1,"jsd":0.5}', "--quiet")
@@ -153,6 +158,7 @@ def test_the_cli_trains_a_speculators_base_and_prints_the_warning(data, tmp_path
     assert {"kl_div", "jsd", "confidence", "lr", "grad_norm", "tokens", "step_seconds"} <= set(entry)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_reproduces_the_uninterrupted_one(data, tmp_path):
     whole = _train(fixture("dspark"), data["rollouts"], tmp_path / "whole", steps=4)
     _train(fixture("dspark"), data["rollouts"], tmp_path / "part", steps=4, save_every=2,
@@ -177,12 +183,14 @@ def _finetune(base, data_path, out, *extra):
     ([1, 3, 9], ["aux ids [9] are outside [0, 6]"]),
     ([0, 3, 5], ["id 0 (the embedding output)"]),
 ])
+@pytest.mark.slow
 def test_taps_that_do_not_fit_are_refused_naming_them(data, tmp_path, ids, words):
     base = edit_config(copy_fixture(tmp_path, "dspark", "base"), set_key("aux_hidden_state_layer_ids", ids))
     assert_one_line_error(_finetune(base, data["rollouts"], tmp_path / "out"), *words)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_vllm_files_missing_a_tap_are_refused_naming_the_file(data, tmp_path):
     base = edit_config(copy_fixture(tmp_path, "dspark", "base"), set_key("aux_hidden_state_layer_ids", [2, 3, 5]))
     result = _finetune(base, data["vllm"], tmp_path / "out", "--data-layer-ids", "1,3,5,6")
@@ -190,6 +198,7 @@ def test_vllm_files_missing_a_tap_are_refused_naming_the_file(data, tmp_path):
     assert line.startswith("Error: ") and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_hidden_size_mismatch_is_refused_naming_it(data, tmp_path):
     (tmp_path / "narrow").mkdir()
     write_hidden_state_file(tmp_path / "narrow" / "a.safetensors", torch.zeros(9, 4, 32), torch.arange(9))
@@ -202,12 +211,14 @@ def test_a_hidden_size_mismatch_is_refused_naming_it(data, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["eagle3", "dflash", "mtp"])
 def test_a_speculators_draft_of_another_family_is_refused(data, tmp_path, name):
     assert_one_line_error(_finetune(fixture(name), data["rollouts"], tmp_path / "out"), "finetune trains")
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_base_without_a_mask_token_is_refused(data, tmp_path):
     base = edit_config(copy_fixture(tmp_path, "dspark", "base"), set_key("mask_token_id", ...))
     assert_one_line_error(_finetune(base, data["rollouts"], tmp_path / "out"), "no mask_token_id")
@@ -220,11 +231,13 @@ def test_a_base_without_a_mask_token_is_refused(data, tmp_path):
     (["--on-policy", "--prompts", "p.jsonl"], ["--on-policy", "not available for a speculators DSpark"]),
     (["--eval-data", "x", "--eval-every", "1"], ["--eval-data", "not available"]),
 ])
+@pytest.mark.slow
 def test_options_a_speculators_run_does_not_take_are_refused(data, tmp_path, extra, words):
     assert_one_line_error(_finetune(fixture("dspark"), data["rollouts"], tmp_path / "out", *extra), *words)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_an_existing_output_is_kept_without_force(data, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep").write_text("x")
@@ -269,9 +282,17 @@ def test_a_final_normed_row_skips_the_targets_norm_and_gives_the_pre_norm_rows_l
     assert not torch.allclose(twice, before, rtol=1e-3)       # normed states normed again are other targets
 
 
+@pytest.mark.slow
 def test_eval_measures_the_output(data, tmp_path):
     _train(fixture("dspark"), data["rollouts"], tmp_path / "out", steps=1)
     result = run("eval", "--draft", tmp_path / "out", "--teacher", TARGET, "--data", data["rollouts"], "--json")
     assert result.exit_code == 0, result.output + result.stderr
     report = json.loads(result.stdout)
     assert report["acceptance_length"] >= 1.0 and report["k"] == 4 and report["drafts"] > 0
+
+
+@pytest.mark.slow
+def test_the_training_args_record_the_block_size_b_trains_with(data, tmp_path):
+    _train(fixture("dspark"), data["rollouts"], tmp_path / "out", steps=1)
+    args = json.loads((tmp_path / "out" / "training_args.json").read_text())
+    assert args["block_size"] == 4 and args["loss"] == {"kl_div": 1.0} and args["steps"] == 1

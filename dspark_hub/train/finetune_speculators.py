@@ -34,7 +34,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -363,7 +363,8 @@ class SpeculatorsFinetune:
         with atomic_dir(self.config.out, force=self.config.force) as tmp:
             write_weights_like(self.config.base, tmp, self.trained_bytes())
             (tmp / LOG_NAME).write_text(self.log_text(), encoding="utf-8")
-            (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(self.config.public_dict(), indent=2) + "\n")
+            trained = replace(self.config, block_size=self.block_size)      # the block size B trains with
+            (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(trained.public_dict(), indent=2) + "\n")
 
 
 def finetune_speculators(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
