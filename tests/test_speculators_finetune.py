@@ -121,7 +121,8 @@ def test_the_rollouts_record_bs_aux_ids_in_our_convention(data):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["dspark-pruned-vocab", "dspark-sharded", "dspark-f32", "dspark-bonus-anchor",
-                                  "dspark-markov-off", "dspark-full-attention"])
+                                  "dspark-markov-off", "dspark-full-attention", "dspark-no-confidence",
+                                  "dspark-confidence-no-markov", "dspark-one-layer"])
 def test_frozen_and_untrained_tensors_come_back_bit_identical(data, name, tmp_path):
     base = fixture(name)
     _train(base, data["rollouts"], tmp_path / "out", steps=2)
