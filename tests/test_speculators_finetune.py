@@ -21,9 +21,10 @@ from safetensors import safe_open
 
 from dspark_hub.cli.main import cli
 from dspark_hub.format.tensorio import tensor_files
+from dspark_hub.train.finetuners import finetune
 from dspark_hub.train.hidden_state_files import write_hidden_state_file
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.trainer import TrainConfig, finetune
+from dspark_hub.train.trainer import TrainConfig
 
 from .cli_errors import assert_one_line_error
 from .spec_fixtures import VERIFIER, copy_fixture, edit_config, fixture, set_key

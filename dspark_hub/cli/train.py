@@ -174,10 +174,10 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @quiet_option
 @json_option
 def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, **options: Any) -> None:
-    """Fine-tune drop-in k3_dspark weights on teacher rollouts (one process or torchrun)."""
+    """Fine-tune drop-in weights (k3_dspark or speculators DSpark) on teacher rollouts (one process or torchrun)."""
+    from dspark_hub.train.finetuners import finetune as run
     from dspark_hub.train.hidden_state_files import parse_layer_ids
     from dspark_hub.train.trainer import TrainConfig
-    from dspark_hub.train.trainer import finetune as run
 
     quiet_transformers(quiet or as_json)
     engine, engine_options = pop_engine_options(options)

@@ -43,7 +43,7 @@ import torch
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format import speculators as spec_format
-from dspark_hub.format.jsonio import load_json_object
+from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_weights_like
 from dspark_hub.progress import Progress, announce_total
@@ -321,7 +321,8 @@ class SpeculatorsFinetune:
         torch.set_rng_state(state["rng"])
         log = self.state_dir / LOG_NAME
         if log.is_file():
-            kept = [line for line in log.read_text().splitlines() if json.loads(line)["step"] <= self.step]
+            kept = [line for line in log.read_text().splitlines()
+                    if loads_strict(line, path=str(log))["step"] <= self.step]
             log.write_text("".join(line + "\n" for line in kept))
         return True
 

@@ -1,8 +1,8 @@
 """Which trainer `finetune` runs for a base: the train layer's extension of the format registry.
 
-A format whose `DraftFormat.trainable` is set trains in `train.trainer.Trainer` (the k3_dspark
-model). Any other format trains in the trainer this table names, keyed by `DraftFormat.name`
-(the registry's rule for tables outside `format/`): a speculators DSpark in
+`finetune` is the command's entry point. A format whose `DraftFormat.trainable` is set trains in
+`train.trainer.Trainer` (the k3_dspark model). Any other format trains in the trainer this table
+names, keyed by `DraftFormat.name` (the registry's rule for tables outside `format/`): a speculators DSpark in
 `train.finetune_speculators`, with the library's own model and objective. A base of a draft family
 no trainer takes is refused in one line before anything is read but its config.
 """
@@ -55,3 +55,19 @@ def finetuner_for(base: str | os.PathLike[str]) -> Finetuner | None:
         trainable = ", ".join([f.title for f in FORMATS.values() if f.trainable or f.name in FINETUNERS])
         raise UsageError(f"{base}: is {found.spec.title}; finetune trains {trainable} drafts", param="base")
     return None if fmt.trainable else FINETUNERS.get(fmt.name)
+
+
+def _k3_dspark(config: TrainConfig, progress: Progress | None) -> TrainResult:
+    from dspark_hub.train.trainer import finetune as run  # torch: only a run pays for it
+
+    return run(config, progress)
+
+
+def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
+    """`dspark-hub finetune`: the run, in the trainer of the base's format; returns what it wrote and measured.
+
+    Raises:
+        UsageError: the base is of a draft family no trainer takes; and whatever that trainer raises.
+    """
+    run = finetuner_for(config.base) or _k3_dspark
+    return run(config, progress)

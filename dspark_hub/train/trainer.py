@@ -769,11 +769,5 @@ def rotate_states(state_dir: Path, keep: int, *, latest: str) -> list[Path]:
 
 
 def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
-    """Run a fine-tuning job (see the module docstring); returns what it wrote and measured.
-
-    A base of a format with its own trainer (`train.finetuners`) goes to it.
-    """
-    from dspark_hub.train.finetuners import finetuner_for
-
-    run = finetuner_for(config.base)
-    return run(config, progress) if run is not None else Trainer(config, progress).fit()
+    """Run a fine-tuning job (see the module docstring); returns what it wrote and measured."""
+    return Trainer(config, progress).fit()
