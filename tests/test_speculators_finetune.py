@@ -27,7 +27,7 @@ from dspark_hub.train.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.trainer import TrainConfig
 
 from .cli_errors import assert_one_line_error
-from .spec_fixtures import VERIFIER, copy_fixture, edit_config, fixture, set_key
+from .spec_fixtures import VERIFIER, add, copy_fixture, drop, edit_config, edit_tensors, fixture, reshape, set_key
 
 SAMPLE = Path(__file__).parent / "fixtures" / "speculators_sample"
 TARGET = str(VERIFIER)
@@ -210,6 +210,18 @@ def test_a_hidden_size_mismatch_is_refused_naming_it(data, tmp_path):
     result = run("finetune", "--base", fixture("dspark"), "--data", data["vllm"], "--out", tmp_path / "out",
                  "--steps", "1", "--teacher", narrow_target)
     assert_one_line_error(result, "hidden_size is 32", "transformer_layer_config.hidden_size is 64")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, words", [
+    (reshape("fc.weight", (64, 128)), "fc.weight is [64, 128], its config implies [64, 192]"),
+    (drop("hidden_norm.weight"), "no tensor hidden_norm.weight"),
+    (add("extra.weight", (2, 2)), "extra.weight is not in the roster"),
+])
+def test_a_base_whose_tensors_do_not_fit_its_config_is_refused_naming_the_tensor(data, tmp_path, change, words):
+    base = edit_tensors(copy_fixture(tmp_path, "dspark", "base"), change)
+    assert_one_line_error(_finetune(base, data["rollouts"], tmp_path / "out"), words)
     assert not (tmp_path / "out").exists()
 
 
