@@ -10,7 +10,8 @@ and gradient-norm clipping. The same options mean the same things, except:
 
 - `loss`: the library's terms (`kl_div`, `rkl`, `jsd`, `ce`, `tv`, `nla`, `lk_hybrid`; `kl` is read as
   `kl_div`, the same KL(p || q)), reduced as the library reduces them (see `objective_speculators`);
-- `block_size`: the base's `block_size` (the model is trained for it); another value is refused;
+- `block_size`: the base's `block_size` (the model is trained for it); another value is refused (the
+  option's default reads as not given);
 - `max_anchors`: per packed row (the library's `max_anchors`), not per sequence.
 
 Data: a rollouts folder (`dspark-hub rollouts --draft-config B/config.json`), vLLM extraction files
