@@ -6,7 +6,8 @@ hidden-state files (the taps plus the last layer's pre-norm output) through the 
 data path, packs each step's sequences, draws the step's seeded anchors and takes AdamW steps
 under the cosine schedule with clipping. The library's `DSparkDraftModel` gets the same packed row
 (with the pre-norm final states it norms itself) and the same anchors, and the same optimizer,
-schedule and clipping: the two loss curves agree to 1e-3 at every step, and each trained tensor's update agrees to 1%.
+schedule and clipping: the two loss curves agree to 1e-3 at every step, and each trained tensor's update
+agrees to 1%. The written output loads in the library (`DSparkDraftModel.from_pretrained`) with our weights.
 """
 
 from __future__ import annotations
@@ -72,3 +73,10 @@ def test_our_finetune_loop_follows_the_librarys_model_step_by_step(name, tmp_pat
         moved = (library_state[tensor_name].detach() - initial[tensor_name].float()).norm()
         apart = (tensor.detach() - library_state[tensor_name].detach()).norm()
         assert apart <= 1e-2 * moved, f"{tensor_name}: {float(apart):.3g} apart after updates of {float(moved):.3g}"
+    # The drop-in output loads in the library as B does, holding our weights in B's dtype.
+    ours.write_output()
+    from speculators.models.dspark.core import DSparkDraftModel
+
+    reloaded = dict(DSparkDraftModel.from_pretrained(tmp_path / "out", dtype=torch.float32).named_parameters())
+    for tensor_name, tensor in ours.model.named_trainable().items():
+        assert torch.equal(reloaded[tensor_name].detach(), tensor.detach().to(torch.bfloat16).float()), tensor_name
