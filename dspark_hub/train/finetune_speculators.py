@@ -90,10 +90,12 @@ def refuse_unsupported(config: TrainConfig) -> None:
     """One line naming the first option a speculators run does not take (before anything is read)."""
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         raise UsageError("a speculators DSpark trains in one process here; run it without torchrun", param="base")
-    for flag, name in ((config.on_policy, "on_policy"), (config.fsdp, "fsdp"), (config.eval_data, "eval_data")):
-        if flag:
-            raise UsageError("not available for a speculators DSpark base yet (train off-policy, then measure the "
-                             "output with eval)", param=name)
+    unsupported = ((config.on_policy, "on_policy", "record rollouts first, then train on them"),
+                   (config.fsdp, "fsdp", "it trains in one process"),
+                   (config.eval_data, "eval_data", "measure the output with eval"))
+    for given, name, instead in unsupported:
+        if given:
+            raise UsageError(f"not available for a speculators DSpark base yet; {instead}", param=name)
     if config.device not in (None, "cpu"):
         raise UsageError(f"{config.device!r}: a speculators DSpark trains on the CPU here", param="device")
     if config.keep_states < 0:
