@@ -243,7 +243,9 @@ def test_a_base_without_a_mask_token_is_refused(data, tmp_path):
     (["--block-size", "6"], ["--block-size", "trains blocks of 4"]),
     (["--loss", '{"mse":1}'], ["--loss", "'mse'"]),
     (["--on-policy", "--prompts", "p.jsonl"], ["--on-policy", "not available for a speculators DSpark"]),
-    (["--eval-data", "x", "--eval-every", "1"], ["--eval-data", "not available"]),
+    (["--eval-data", "x", "--eval-every", "1"], ["--eval-data", "not available", "measure the output with eval"]),
+    (["--fsdp"], ["--fsdp", "not available"]),
+    (["--device", "cuda"], ["--device", "trains on the CPU here"]),
 ])
 @pytest.mark.slow
 def test_options_a_speculators_run_does_not_take_are_refused(data, tmp_path, extra, words):
