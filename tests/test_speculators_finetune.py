@@ -254,6 +254,15 @@ def test_options_a_speculators_run_does_not_take_are_refused(data, tmp_path, ext
 
 
 @pytest.mark.slow
+def test_the_base_itself_is_never_the_output_even_with_force(data, tmp_path):
+    base = copy_fixture(tmp_path, "dspark", "base")
+    before = {p.name: p.read_bytes() for p in base.iterdir()}
+    for out in (base, base / "trained"):
+        assert_one_line_error(_finetune(base, data["rollouts"], out, "--force"), "--out", "the base")
+    assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+
+
+@pytest.mark.slow
 def test_an_existing_output_is_kept_without_force(data, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep").write_text("x")

@@ -191,6 +191,10 @@ class SpeculatorsFinetune:
 
         self.config, self.progress = config, progress
         refuse_unsupported(config)
+        out, base = Path(config.out).resolve(), Path(config.base).resolve()
+        if out == base or base in out.parents:
+            raise UsageError(f"{config.out}: is (inside) the base {config.base}, which the run reads; write the "
+                             "trained checkpoint to another folder", param="out")
         check_writable(Path(config.out), force=config.force)
         self.base_config = read_base(config.base)
         self.block_size = check_block_size(config, self.base_config, config.base)
