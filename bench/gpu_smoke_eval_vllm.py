@@ -117,7 +117,7 @@ def main() -> int:
 
     import torch
 
-    from dspark_hub.train.vllm_eval_worker import VLLM_VERSION
+    from dspark_hub.vllm.pin import PINNED_VERSION as VLLM_VERSION
 
     gpu = torch.cuda.is_available()
     if not gpu and not args.no_engine:

@@ -1,8 +1,10 @@
-"""Import paths that moved in 0.2 (the flat modules became area packages) keep working.
+"""Import paths that moved in 0.2 (the flat modules became area packages) keep working, with a warning.
 
 `dspark_hub.checks.verify` still resolves: `dspark_hub.checks` is a stand-in module whose
-attributes come from the modules that replaced it (`MOVED`), looked up on first use. New code
-should import the new paths; the README's "Moved in 0.2" table is this one.
+attributes come from the modules that replaced it (`MOVED`), looked up on first use. Importing an
+old path raises a `DeprecationWarning` naming the new one: the 0.1 README documented these paths as
+the Python API, so they stay until a release says they go. The README's "Moved in 0.2" table is
+this one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -65,7 +68,10 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """Nothing to run: names resolve on first use."""
+        """Nothing to run (names resolve on first use); say where the module went."""
+        old = module.__name__
+        new = ", ".join(f"dspark_hub.{target}" for target in MOVED[old.split(".", 1)[1]])
+        warnings.warn(f"{old} moved in 0.2 to {new}; import it from there", DeprecationWarning, stacklevel=2)
 
 
 def install() -> None:

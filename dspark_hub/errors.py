@@ -167,3 +167,30 @@ class ConversionRefusedError(UsageError):
         self.family = family
         self.target = target
         self.detail = detail or {}
+
+
+class VllmNotAvailable(UsageError):
+    """vLLM is not importable in this Python (`verify`'s execution of vLLM's loader needs it here).
+
+    Example: ``execute: vLLM is not importable in /usr/bin/python3; install vLLM 0.32.0 in that Python (...)``
+    """
+
+    error_code = "VLLM_NOT_AVAILABLE"
+
+
+class VllmInternalsMoved(DsparkError):
+    """The installed vLLM lacks an internal the loader execution hooks (a newer or older release).
+
+    Example: ``vLLM 0.33.0 lacks what the execution engine hooks (built against vLLM 0.32.0): DefaultModelLoader...``
+    """
+
+    error_code = "VLLM_INTERNALS_MOVED"
+
+
+class ExecutionFailed(DsparkError):
+    """The loader execution itself failed (not vLLM's verdict on the draft): its child process died, or a bug.
+
+    Example: ``the vLLM child process exited (exit status -9) during execute: Killed; log: /tmp/.../child.log``
+    """
+
+    error_code = "EXECUTION_FAILED"

@@ -1,4 +1,4 @@
-"""Every schema id dspark-hub writes, in one place (the README's "JSON output" section lists them).
+"""Every schema id dspark-hub writes, in one place (docs/commands.md lists them, generated from here).
 
 A command's `--json` document is `dspark-hub/<command>/<version>`, where `<command>` is the
 command path joined with `-` (`golden check` -> `golden-check`). Files dspark-hub writes for

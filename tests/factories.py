@@ -117,3 +117,31 @@ def file_digest(path: Path) -> str:
 def tree_digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file()
             and not os.path.islink(p)}
+
+
+def nested_dirs(folder: Path, levels: int, *, name: str = "d", file: str = "notes.txt") -> str:
+    """`levels` folders one inside the other under `folder`, a small file at the bottom; its relative path.
+
+    Made without recursion (`os.makedirs` recurses once a level). Remove it with `remove_nested`:
+    pytest's own clean-up (`shutil.rmtree`) recurses too and fails on it.
+    """
+    deepest = folder
+    for _ in range(levels):
+        deepest = deepest / name
+        deepest.mkdir()
+    (deepest / file).write_text("at the bottom")
+    return f"{name}/" * levels + file
+
+
+def remove_nested(top: Path) -> None:
+    """Remove a folder tree of any depth, bottom-up, without recursion."""
+    stack: list[tuple[str, bool]] = [(str(top), False)]
+    while stack:
+        path, emptied = stack.pop()
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.unlink(path)
+        elif emptied:
+            os.rmdir(path)
+        else:
+            stack.append((path, True))
+            stack.extend((os.path.join(path, entry), False) for entry in os.listdir(path))

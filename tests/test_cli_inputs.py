@@ -145,20 +145,20 @@ def _no_heavy_loads(monkeypatch):
 def _path_commands(root, out):
     teacher, prompts, base = root / "teacher", root / "p.jsonl", root / "base"
     return {
-        "rollouts": ["rollouts", "--teacher", teacher, "--prompts", prompts, "--draft-config", base / "config.json",
+        "rollouts": ["rollouts", "--target", teacher, "--prompts", prompts, "--draft-config", base / "config.json",
                      "--out", out],
-        "finetune": ["finetune", "--base", base, "--data", root, "--teacher", teacher, "--out", out, "--steps", "1"],
-        "on-policy": ["finetune", "--base", base, "--teacher", teacher, "--out", out, "--steps", "1", "--on-policy",
+        "finetune": ["finetune", "--base", base, "--data", root, "--target", teacher, "--out", out, "--steps", "1"],
+        "on-policy": ["finetune", "--base", base, "--target", teacher, "--out", out, "--steps", "1", "--on-policy",
                       "--prompts", prompts],
-        "eval": ["eval", "--draft", base, "--teacher", teacher, "--prompts", prompts],
+        "eval": ["eval", "--draft", base, "--target", teacher, "--prompts", prompts],
         "eval-data": ["eval", "--draft", base, "--data", root],
     }
 
 
 @pytest.mark.parametrize("command, option", [
-    ("rollouts", "--teacher"), ("rollouts", "--prompts"), ("rollouts", "--draft-config"),
-    ("finetune", "--base"), ("finetune", "--data"), ("finetune", "--teacher"), ("on-policy", "--prompts"),
-    ("eval", "--draft"), ("eval", "--teacher"), ("eval", "--prompts"), ("eval", "--reference"),
+    ("rollouts", "--target"), ("rollouts", "--prompts"), ("rollouts", "--draft-config"),
+    ("finetune", "--base"), ("finetune", "--data"), ("finetune", "--target"), ("on-policy", "--prompts"),
+    ("eval", "--draft"), ("eval", "--target"), ("eval", "--prompts"), ("eval", "--reference"),
     ("eval-data", "--data"),
 ])
 def test_a_missing_path_names_its_option_before_anything_loads(pair, tmp_path, monkeypatch, command, option):

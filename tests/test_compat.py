@@ -1,19 +1,21 @@
-"""The 0.1 import paths keep working, and the README's paths (old and new) are the real ones."""
+"""The 0.1 import paths keep working, and the documented paths (old and new) are the real ones."""
 
 from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dspark_hub._compat import MOVED
+from tests.docs_text import read, section
 
-ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+ARCHITECTURE = read("docs/architecture.md")
+PYTHON_API = read("docs/python-api.md")
 
 #: What the 0.1 README documented as the Python API (its "Python API" table and contract paragraph).
 OLD_API = [
@@ -45,18 +47,16 @@ def resolve(dotted: str) -> Any:
 
 
 def moved_table() -> dict[str, list[str]]:
-    """The README's "Moved in 0.2" table: old module -> the new modules its row names."""
-    section = README[README.index("### Moved in 0.2"):]
-    section = section[:section.index("\n## ")]
+    """docs/architecture.md's "Moved in 0.2" table: old module -> the new modules its row names."""
     rows = {}
-    for line in section.splitlines():
+    for line in section(ARCHITECTURE, "Moved in 0.2").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) == 2 and cells[0].startswith("`dspark_hub."):
             rows[cells[0].strip("`")] = re.findall(r"`(dspark_hub\.[\w.]+)`", cells[1])
     return rows
 
 
-def test_the_readme_moved_table_is_compat_moved():
+def test_the_documented_moved_table_is_compat_moved():
     assert {old: new[0] for old, new in moved_table().items()} == \
         {f"dspark_hub.{old}": f"dspark_hub.{targets[0]}" for old, targets in MOVED.items()}
     for old, targets in MOVED.items():
@@ -83,8 +83,7 @@ def test_the_0_1_root_names_still_resolve():
 
 
 def python_api_calls() -> list[str]:
-    section = README[README.index("## Python API"):README.index("## Architecture")]
-    return sorted(set(re.findall(r"`(dspark_hub\.[\w.]+)\(", section)))
+    return sorted(set(re.findall(r"`(dspark_hub\.[\w.]+)\(", PYTHON_API)))
 
 
 def test_the_python_api_table_is_seen():
@@ -95,3 +94,22 @@ def test_the_python_api_table_is_seen():
 def test_every_call_in_the_python_api_section_resolves_to_a_function(dotted):
     value = resolve(dotted)
     assert callable(value) and not isinstance(value, types.ModuleType)
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_importing_a_0_1_path_warns_naming_where_it_went(old, monkeypatch):
+    monkeypatch.delitem(sys.modules, f"dspark_hub.{old}", raising=False)
+    with pytest.warns(DeprecationWarning, match=rf"^dspark_hub\.{old} moved in 0\.2 to dspark_hub\.{MOVED[old][0]}"):
+        importlib.import_module(f"dspark_hub.{old}")
+
+
+def test_importing_the_new_paths_does_not_warn():
+    """In a fresh interpreter that turns a DeprecationWarning into an error (re-importing here would swap
+    the modules other tests hold)."""
+    modules = sorted({f"dspark_hub.{targets[0]}" for targets in MOVED.values()})
+    done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", f"import {', '.join(modules)}"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    old = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", "import dspark_hub.checks"],
+                         capture_output=True, text=True)
+    assert old.returncode == 1 and "dspark_hub.checks moved in 0.2 to dspark_hub.verify.checks" in old.stderr

@@ -1,9 +1,11 @@
-"""The README documents every command and every code the package can emit, and nothing else.
+"""The docs document every command and every code the package can emit, and nothing else.
 
-Codes are data: each area keeps a registry (code -> meaning, see `tests/codes.py`). The README
-is checked against the registries both ways; the source is checked against them statically
-here (every code written as a literal is registered, no code is assembled from pieces) and at
-run time by `tests/conftest.py` (every finding and format error the suite creates).
+Codes are data: each area keeps a registry (code -> meaning, see `tests/codes.py`), and
+`docs/codes.md` shows each registry in a table generated from it (`tests/test_docs_generated.py`
+keeps the tables fresh). Here: the codes the hand-written prose of `docs/codes.md` names are
+registered; the source is checked against the registries statically (every code written as a
+literal is registered, no code is assembled from pieces) and at run time by `tests/conftest.py`
+(every finding and format error the suite creates).
 """
 
 from __future__ import annotations
@@ -16,21 +18,15 @@ import pytest
 
 from dspark_hub.cli.main import cli
 from tests.codes import registered_codes
+from tests.docs_text import read, section, without_generated
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+CODES_DOC = read("docs/codes.md")
+COMMANDS_DOC = read("docs/commands.md")
 CODE = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
 #: Calls whose argument at this position is a code.
 CODE_ARGUMENT = {"error": 0, "warning": 0, "info": 0, "make": 0, "Finding": 0, "CheckpointFormatError": 0,
                  "FrontMatterProblem": 1, "P": 1}
-
-
-def _readme_code_sections() -> str:
-    """The README sections that list codes ('### Finding codes', '### ... finding codes', '### Error codes')."""
-    sections = re.findall(r"^### [^\n]*(?:Finding|finding|Error) codes[^\n]*\n(.*?)(?=^## |^### )", README,
-                          flags=re.M | re.S)
-    assert len(sections) == 3, "the README's code sections moved; update this test"
-    return "\n".join(sections)
 
 
 def _call_name(node: ast.Call) -> str | None:
@@ -79,12 +75,29 @@ def test_every_code_written_in_the_source_is_registered():
 
 @pytest.mark.parametrize("code", sorted(registered_codes()))
 def test_registered_code_is_documented(code):
-    assert f"`{code}`" in _readme_code_sections(), f"{code} missing from the README's code tables"
+    assert f"`{code}`" in CODES_DOC, f"{code} missing from docs/codes.md: run python docs/generate.py"
 
 
-def test_readme_lists_no_code_the_package_cannot_emit():
-    documented = {token for token in re.findall(r"`([A-Z][A-Z0-9_]+)`", _readme_code_sections()) if CODE.match(token)}
-    assert sorted(documented - registered_codes()) == []
+def _error_json_codes() -> set[str]:
+    from dspark_hub import errors
+
+    return {cls.error_code for cls in vars(errors).values() if isinstance(cls, type) and
+            issubclass(cls, errors.DsparkError)}
+
+
+def test_the_codes_page_names_no_code_the_package_cannot_emit():
+    """The hand-written prose around the generated tables too (a renamed code leaves it stale)."""
+    prose = without_generated(CODES_DOC)
+    documented = {token for token in re.findall(r"`([A-Z][A-Z0-9_]+)`", CODES_DOC) if CODE.match(token)}
+    assert sorted(documented - registered_codes() - _error_json_codes()) == []
+    assert len({t for t in re.findall(r"`([A-Z][A-Z0-9_]+)`", prose) if CODE.match(t)}) > 20   # the prose is seen
+
+
+def test_the_prose_check_catches_an_unregistered_code():
+    """The failing twin: a code in prose that no registry holds is reported."""
+    stale = CODES_DOC + "\n`NOT_A_CODE_ANYMORE` is a warning.\n"
+    documented = {token for token in re.findall(r"`([A-Z][A-Z0-9_]+)`", stale) if CODE.match(token)}
+    assert documented - registered_codes() - _error_json_codes() == {"NOT_A_CODE_ANYMORE"}
 
 
 def test_an_unregistered_code_fails_the_suite():
@@ -98,10 +111,30 @@ def test_an_unregistered_code_fails_the_suite():
         CheckpointFormatError("not-a-real-code", "y")
 
 
+def _command_table() -> dict[str, str]:
+    """docs/commands.md's command table: command path (`card lint`) -> the row's synopsis."""
+    rows = re.findall(r"^\| `dspark-hub ([^`]+)` \|", section(COMMANDS_DOC, "Commands"), flags=re.M)
+    paths = {}
+    for synopsis in rows:
+        words = [w for w in synopsis.split() if re.fullmatch(r"[a-z][a-z-]*", w)]
+        path = words[:2] if words[:2] and words[0] in cli.commands and \
+            len(words) > 1 and words[1] in getattr(cli.commands[words[0]], "commands", {}) else words[:1]
+        paths[" ".join(path)] = synopsis
+    return paths
+
+
 @pytest.mark.parametrize("name", sorted(cli.commands))
-def test_command_is_documented_and_has_help(name):
-    assert f"dspark-hub {name}" in README
+def test_command_is_in_the_command_table_and_has_help(name):
+    assert name in _command_table(), f"docs/commands.md's table has no row for dspark-hub {name}"
     assert cli.commands[name].help
+
+
+def test_every_subcommand_is_in_the_command_table():
+    table = _command_table()
+    for group in ("card", "golden"):
+        for sub in cli.commands[group].commands:
+            default = getattr(cli.commands[group], "default_command", None)
+            assert f"{group} {sub}" in table or (sub == default and group in table), (group, sub)
 
 
 @pytest.mark.parametrize("group", ["card", "golden"])
@@ -115,16 +148,10 @@ def test_group_help_lists_every_subcommand(group):
     assert set(cli.commands[group].commands) <= set(listed)
 
 
-def test_every_command_schema_id_is_in_the_readme_table():
+def test_the_json_shape_table_covers_every_command_schema_id():
+    """docs/commands.md describes the shape of each command's `--json` document, one row per schema id."""
     from dspark_hub import schemas
 
-    rows = [line for line in README.splitlines() if line.startswith("| `dspark-hub/")]
+    shapes = without_generated(section(COMMANDS_DOC, "JSON output"))
+    rows = [line for line in shapes.splitlines() if line.startswith("| `dspark-hub/")]
     assert sorted(line.split("`")[1] for line in rows) == sorted(schemas.COMMANDS.values())
-
-
-def test_the_card_source_table_is_the_schema():
-    from dspark_hub.cards.source import CARD_KEYS
-
-    section = README.split("### Card source (`card.yaml`)")[1].split("\n### ")[0]
-    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
-    assert {row[0].strip("| `"): (row[1], row[2].rstrip(" |")) for row in rows} == CARD_KEYS

@@ -88,3 +88,17 @@ def test_no_library_string_names_a_flag_of_our_cli():
     offenders = [f"{path}:{line}: {sorted(flags_named(text))} in {text[:80]!r}"
                  for path, line, text in library_strings() if flags_named(text)]
     assert offenders == []
+
+
+@pytest.mark.parametrize("name", ["k3", "K3_DSPARK", "speculators_dspark", "", "eagle3"])
+def test_by_cli_name_raises_the_keyerror_it_documents(name):
+    from dspark_hub.format.registry import by_cli_name
+
+    with pytest.raises(KeyError, match=repr(name)):
+        by_cli_name(name)
+
+
+def test_by_cli_name_finds_every_format_by_its_cli_name():
+    from dspark_hub.format.registry import FORMATS, by_cli_name
+
+    assert [by_cli_name(f.cli_name) for f in FORMATS.values()] == list(FORMATS.values())

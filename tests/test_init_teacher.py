@@ -67,7 +67,8 @@ def test_init_teacher_refuses_a_teacher_that_is_no_toy(tmp_path):
 
 
 def test_init_teacher_head_dim_makes_a_teacher_vllms_cpu_attention_runs(tmp_path):
-    from dspark_hub.train.vllm_worker import WorkerError, _check_cpu_head_dim
+    from dspark_hub.errors import UsageError
+    from dspark_hub.train.vllm_worker import _check_cpu_head_dim
 
     from .cli_errors import assert_one_line_error
 
@@ -75,9 +76,9 @@ def test_init_teacher_head_dim_makes_a_teacher_vllms_cpu_attention_runs(tmp_path
     assert run("init-teacher", tmp_path / "wide", "--head-dim", 32, "--quiet").exit_code == 0
     config = json.loads((tmp_path / "wide" / "config.json").read_text())
     assert config["hidden_size"] // config["num_attention_heads"] == 32
-    with pytest.raises(WorkerError, match=r"head_dim is 16; vLLM's CPU attention needs head_dim >= 32") as caught:
+    with pytest.raises(UsageError, match=r"head_dim is 16; vLLM's CPU attention needs head_dim >= 32") as caught:
         _check_cpu_head_dim(tmp_path / "narrow")       # refused before vLLM's engine starts
-    assert caught.value.kind == "usage"
+    assert caught.value.param == "teacher"
     _check_cpu_head_dim(tmp_path / "wide")
     line = assert_one_line_error(run("init-teacher", tmp_path / "odd", "--head-dim", 24), "24 does not divide")
     assert line.startswith("Error: --head-dim: ") and not (tmp_path / "odd").exists()

@@ -202,8 +202,8 @@ def test_header_never_reads_tensor_data(tmp_path, monkeypatch):
         def __exit__(self, *a):
             self.f.close()
 
-    import pathlib
-    monkeypatch.setattr(pathlib.Path, "open", lambda self, mode="r": Spy(real_open(self, mode)))
+    from dspark_hub.format import reader
+    monkeypatch.setattr(reader, "open_regular", lambda path, display=None: Spy(real_open(path, "rb")))
     header = read_header(path)
     assert sum(reads) == 8 + header.header_length
 

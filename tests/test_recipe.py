@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,6 @@ from dspark_hub.train.plan import step_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-#: What the README promises for the toy recipe, on two shared cores.
-TOY_SECONDS = 120
 
 
 def run(*args: object):
@@ -29,9 +26,10 @@ def run(*args: object):
 
 
 def toy_block() -> str:
-    """The first ```bash block of the README's "### Toy run" section."""
-    section = re.search(r"^### Toy run[^\n]*\n(.*?)(?=^## |^### )", README, flags=re.M | re.S)
-    assert section, "the README has no '### Toy run' section"
+    """The first ```bash block of docs/training.md's "## Toy run" section."""
+    training = (ROOT / "docs" / "training.md").read_text()
+    section = re.search(r"^## Toy run[^\n]*\n(.*?)(?=^# |^## )", training, flags=re.M | re.S)
+    assert section, "docs/training.md has no '## Toy run' section"
     block = re.search(r"^```bash\n(.*?)^```", section.group(1), flags=re.M | re.S)
     assert block, "the toy run section has no ```bash block"
     return block.group(1)
@@ -41,7 +39,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.slow
-def test_the_readme_toy_recipe_runs_as_written_in_under_two_minutes(tmp_path):
+def test_the_readme_toy_recipe_runs_as_written(tmp_path):
+    """What it produces, never how long it took (its time: `bench/bench_toy_recipe.py`)."""
     bin_dir = Path(sys.executable).parent
     if shutil.which("dspark-hub", path=str(bin_dir)) is None:
         pytest.skip(f"no dspark-hub script beside {sys.executable} (install the package: pip install -e .)")
@@ -51,12 +50,9 @@ def test_the_readme_toy_recipe_runs_as_written_in_under_two_minutes(tmp_path):
     assert any(line.startswith("dspark-hub finetune") for line in commands)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
     env.pop("OMP_NUM_THREADS", None)          # the block sets what it needs
-    started = time.perf_counter()
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
-    seconds = time.perf_counter() - started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert seconds < TOY_SECONDS, f"the toy recipe took {seconds:.0f} s"
     toy = tmp_path / "toy"
     assert (toy / "tuned" / "model.safetensors").is_file()
     assert {"training_log.jsonl", "training_args.json"} <= {p.name for p in (toy / "tuned").iterdir()}

@@ -15,6 +15,7 @@ from dspark_hub.errors import UsageError
 from dspark_hub.verify import execute_vllm
 from dspark_hub.verify.checks import verify
 from dspark_hub.verify.runtimes_vllm import RULES
+from dspark_hub.vllm import availability
 
 from .factories import write_checkpoint
 from .vllm_matrix import build
@@ -121,8 +122,9 @@ def test_every_vllm_rule_cites_a_file_and_line_and_was_executed():
 
 
 def _readme_section() -> str:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    return readme[readme.index("## What vLLM does with a defective draft"):readme.index("## Two DSpark formats")]
+    """docs/runtimes.md's hand-written account of vLLM's loader (the generated rule tables left out)."""
+    text = (Path(__file__).parents[1] / "docs" / "runtimes.md").read_text()
+    return text[text.index("## What vLLM does with a defective draft"):text.index("## The rules as data")]
 
 
 def _citations(text: str) -> set[tuple[str, str]]:
@@ -139,7 +141,7 @@ def test_the_readme_table_cites_every_rule_and_names_every_stub_and_shim():
     assert named == set(execute_vllm.STUBS) | set(execute_vllm.SHIMS)
 
 
-#: A matrix case per row of the README's k3_dspark table (by the row's defect cell's start).
+#: A matrix case per row of docs/runtimes.md's k3_dspark table (by the row's defect cell's start).
 TABLE_CASES = {"a missing projection": "k3_missing_l0_mlp_gate_proj", "a missing RMSNorm": "k3_missing_final_norm",
                "`enable_confidence_head` true": "k3_missing_confidence_flag_true",
                "`enable_confidence_head` false": "k3_confidence_flag_absent",
@@ -193,7 +195,7 @@ def test_each_readme_table_row_says_what_verify_says_on_a_matrix_case(tmp_path):
 # ---------------------------------------------------------------- --execute where vLLM is not importable
 
 def test_execute_without_vllm_is_a_one_line_usage_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(execute_vllm, "vllm_available", lambda: False)
+    monkeypatch.setattr(availability, "vllm_importable", lambda: False)
     folder = build("k3_conforming", tmp_path / "ok")
     result = CliRunner().invoke(cli, ["verify", str(folder), "--runtime", "vllm", "--execute"])
     assert result.exit_code == 2
@@ -242,7 +244,7 @@ def executed_like(folder, changed=()):
 
 
 def execute_faked(monkeypatch, folder, changed=()):
-    monkeypatch.setattr(execute_vllm, "vllm_available", lambda: True)
+    monkeypatch.setattr(availability, "vllm_importable", lambda: True)
     monkeypatch.setattr(execute_vllm, "run_isolated", lambda path: executed_like(folder, changed))
     report = verify(folder, runtime="vllm", execute=True)
     return report, report.sections["runtimes"]["vllm"]

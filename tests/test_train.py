@@ -16,8 +16,10 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from dspark_hub.cli.main import cli
+from dspark_hub.train.config import TrainConfig
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.trainer import MEASURED, TrainConfig, Trainer, finetune
+from dspark_hub.train.trainer import Trainer, finetune
+from dspark_hub.train.training_log import MEASURED
 from dspark_hub.verify.checks import verify
 
 from .teacher_factory import build_teacher, write_draft_base, write_prompts
@@ -149,67 +151,113 @@ def test_rollouts_resume_skips_written_prompts_and_equals_a_fresh_run(world, tmp
 # ----------------------------------------------------------------------------- end to end
 
 
-@pytest.mark.slow
-def test_finetune_improves_held_out_acceptance_and_stays_a_drop_in(world, tmp_path):
-    out = tmp_path / "tuned"
-    result = run("finetune", "--base", world["base"], "--data", world["data"], "--out", out, "--steps", 100,
-                 "--lr", 3e-3, "--warmup", 10, "--batch-size", 8, "--anchors", 16,
-                 "--eval-data", world["heldout"], "--eval-every", 50, "--json")
-    assert result.exit_code == 0, result.output
-    trained = json.loads(result.stdout)
-    assert trained["steps"] == 100 and trained["tokens"] == 100 * 8 * 48
+@pytest.fixture(scope="module")
+def tuned(world, tmp_path_factory):
+    """The pipeline, run once: finetune 100 steps (held-out eval every 50), then eval against the base.
 
-    evaluation = run("eval", "--draft", out, "--teacher", world["teacher"], "--prompts",
+    Each step's promises are the small tests below, so a failure names the step that broke.
+    """
+    root = tmp_path_factory.mktemp("tuned")
+    out = root / "tuned"
+    trained = run("finetune", "--base", world["base"], "--data", world["data"], "--out", out, "--steps", 100,
+                  "--lr", 3e-3, "--warmup", 10, "--batch-size", 8, "--anchors", 16,
+                  "--eval-data", world["heldout"], "--eval-every", 50, "--json")
+    assert trained.exit_code == 0, trained.output
+    evaluation = run("eval", "--draft", out, "--target", world["teacher"], "--prompts",
                      world["root"] / "heldout.jsonl", "--max-new-tokens", 48, "--reference", world["base"], "--json")
     assert evaluation.exit_code == 0, evaluation.output
-    doc = json.loads(evaluation.stdout)
+    (root / "eval.json").write_text(evaluation.stdout)
+    return {"out": out, "trained": json.loads(trained.stdout), "eval": json.loads(evaluation.stdout),
+            "eval_path": root / "eval.json"}
+
+
+@pytest.mark.slow
+def test_finetune_reports_the_steps_and_tokens_it_ran(tuned):
+    assert tuned["trained"]["steps"] == 100 and tuned["trained"]["tokens"] == 100 * 8 * 48
+
+
+@pytest.mark.slow
+def test_finetune_raises_held_out_acceptance_well_above_the_base(tuned):
+    doc = tuned["eval"]
     before, after = doc["reference"]["acceptance_length"], doc["acceptance_length"]
     assert before < 1.2 and after > before + 1.0, (before, after)
     assert doc["reference"]["ratio"] == pytest.approx(after / before)
-    rates = doc["per_position"]
+
+
+@pytest.mark.slow
+def test_eval_counts_follow_vllms_definitions(tuned):
+    doc = tuned["eval"]
+    after, rates = doc["acceptance_length"], doc["per_position"]
     assert all(a >= b for a, b in itertools.pairwise(rates)) and rates[0] > rates[-1] + 0.3
     assert after == pytest.approx(1 + sum(rates))
-    assert doc["prompts"] == 16 and doc["tokens"] == 16 * 48
-    assert set(doc["by_dataset"]) == {"words"} and doc["by_dataset"]["words"]["baseline"]["drafts"] > 0
-    assert doc["engine"] == "simulated" and doc["k"] == 7 and doc["measured_by"] is None and doc["ok"]
     assert after == pytest.approx(1 + sum(doc["accepted_per_position"]) / doc["drafts"])
+    assert doc["prompts"] == 16 and doc["tokens"] == 16 * 48
+    assert doc["engine"] == "simulated" and doc["k"] == 7 and doc["measured_by"] is None and doc["ok"]
+
+
+@pytest.mark.slow
+def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
+    from dspark_hub.train.teacher import sha256_file
+
+    doc = tuned["eval"]
+    assert set(doc["by_dataset"]) == {"words"} and doc["by_dataset"]["words"]["baseline"]["drafts"] > 0
     assert doc["baseline"]["acceptance_length"] > 1.0 and "prompt lookup" in doc["baseline"]["method"]
     harness = doc["harness"]
     assert (harness["mode"], harness["decoding"], harness["block_size"]) == ("simulated", "greedy", 7)
     assert harness["definition"] == doc["definition"] and "1 + sum(per_position)" in doc["definition"]
     assert set(harness["teacher_identity"]["digests"]) == {"config.json", "model.safetensors"}
     assert harness["teacher"].startswith("teacher (sha256 config.json ") and "ratio" in harness["reference"]
-    from dspark_hub.train.teacher import sha256_file
     assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
-    # The model card reads both files as they are.
-    from dspark_hub.cards.results import load_eval, load_train_log
-    (tmp_path / "eval.json").write_text(evaluation.stdout)
-    card = dict(load_eval(tmp_path / "eval.json").by_dataset.harness)
+
+
+@pytest.mark.slow
+def test_the_card_reads_the_eval_naming_target_and_reference_by_digest_never_by_path(world, tuned):
+    from dspark_hub.cards.results import load_eval
+    from dspark_hub.train.teacher import sha256_file
+
+    doc, harness = tuned["eval"], tuned["eval"]["harness"]
+    card = dict(load_eval(tuned["eval_path"]).by_dataset.harness)
     assert (card["measurement"], card["decoding"], card["block size"]) == ("simulated", "greedy", "7")
-    # ... and names the teacher and the reference by digest, never by their local paths
     assert card["teacher"] == harness["teacher"].removeprefix("teacher (").removesuffix(")")
     base_sha = sha256_file(world["base"] / "model.safetensors")
     assert doc["reference"]["identity"]["sha256"]["model.safetensors"] == base_sha
     assert str(world["base"]) not in harness["reference"] and f"model.safetensors {base_sha[:12]}" in card["reference"]
     assert card["reference"] == harness["reference"] and card["reference"].startswith("sha256 config.json ")
-    assert [row.step for row in load_train_log(out / "training_log.jsonl")[0]] == [50, 100]
-    # The held-out rollouts folder (bfloat16 taps, no tokens past its end) gives nearly the same measurement.
-    from dspark_hub.train.evaluate import evaluate
-    assert evaluate(out, data=str(world["heldout"])).to_dict()["acceptance_length"] == pytest.approx(after, abs=0.15)
 
+
+@pytest.mark.slow
+def test_the_held_out_rollouts_folder_measures_nearly_what_the_prompts_do(world, tuned):
+    """bfloat16 taps, and no tokens past the folder's end: nearly the same measurement."""
+    from dspark_hub.train.evaluate import evaluate
+
+    measured = evaluate(tuned["out"], data=str(world["heldout"])).to_dict()["acceptance_length"]
+    assert measured == pytest.approx(tuned["eval"]["acceptance_length"], abs=0.15)
+
+
+@pytest.mark.slow
+def test_the_tuned_draft_stays_a_drop_in_with_its_embedding_and_config_untouched(world, tuned):
+    out = tuned["out"]
     report = verify(out, drop_in=str(world["base"]))
     assert report.ok, [f.to_dict() for f in report.errors]
-    tuned, base = load_file(str(out / "model.safetensors")), load_file(str(world["base"] / "model.safetensors"))
-    assert torch.equal(tuned["embed_tokens.weight"], base["embed_tokens.weight"])
-    assert not torch.equal(tuned["context_proj.weight"], base["context_proj.weight"])
+    tuned_weights, base = load_file(str(out / "model.safetensors")), load_file(str(world["base"] / "model.safetensors"))
+    assert torch.equal(tuned_weights["embed_tokens.weight"], base["embed_tokens.weight"])
+    assert not torch.equal(tuned_weights["context_proj.weight"], base["context_proj.weight"])
     assert (out / "config.json").read_bytes() == (world["base"] / "config.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_the_training_log_holds_every_step_and_both_evals(tuned):
+    from dspark_hub.cards.results import load_train_log
+
+    out = tuned["out"]
+    assert [row.step for row in load_train_log(out / "training_log.jsonl")[0]] == [50, 100]
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
     steps = [e for e in log if "loss" in e]
     assert [e["step"] for e in steps] == list(range(1, 101))
     assert {"ce", "tv", "confidence", "lr", "grad_norm"} <= set(steps[0])
     evals = [e for e in log if "eval" in e]
     assert [e["step"] for e in evals] == [50, 100]
-    assert evals[-1]["eval"]["acceptance_length"] == pytest.approx(after, abs=0.15)
+    assert evals[-1]["eval"]["acceptance_length"] == pytest.approx(tuned["eval"]["acceptance_length"], abs=0.15)
 
 
 def test_eval_plot_names_its_missing_dependency(world, tmp_path):
@@ -332,7 +380,7 @@ def test_states_rotate_to_the_newest_n_and_resume_after_rotation_reproduces_the_
 
 
 def test_rotation_never_leaves_zero_complete_states(tmp_path):
-    from dspark_hub.train.trainer import rotate_states, state_files
+    from dspark_hub.train.checkpointer import rotate_states, state_files
 
     for step in (2, 4, 6):
         (tmp_path / f"step-{step:06d}.pt").write_bytes(b"state")
@@ -486,7 +534,7 @@ def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(wor
 
 def test_the_device_defaults_to_cuda_only_when_torch_sees_one_and_a_missing_one_is_refused():
     from dspark_hub.errors import UsageError
-    from dspark_hub.train.trainer import resolve_device
+    from dspark_hub.train.distributed import resolve_device
 
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")
@@ -553,15 +601,15 @@ def test_a_torchrun_resume_reads_the_state_on_rank_0_only_and_reproduces_the_run
 def test_dist_timeout_reaches_the_process_group(monkeypatch, device, backend):
     from datetime import timedelta
 
-    from dspark_hub.train import trainer
+    from dspark_hub.train import distributed
 
     joined: list[dict] = []
-    monkeypatch.setattr(trainer, "launched_by_torchrun", lambda: True)
-    monkeypatch.setattr(trainer.dist, "is_initialized", lambda: bool(joined))
-    monkeypatch.setattr(trainer.dist, "init_process_group", lambda **kwargs: joined.append(kwargs))
-    monkeypatch.setattr(trainer.dist, "get_rank", lambda: 1)
-    monkeypatch.setattr(trainer.dist, "get_world_size", lambda: 2)
-    assert trainer.init_distributed(torch.device(device), 90) == (1, 2)
+    monkeypatch.setattr(distributed, "launched_by_torchrun", lambda: True)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: bool(joined))
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kwargs: joined.append(kwargs))
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    assert distributed.init_distributed(torch.device(device), 90) == (1, 2)
     (kwargs,) = joined
     assert kwargs["backend"] == backend and kwargs["timeout"] == timedelta(minutes=90)
     assert kwargs.get("device_id") == (torch.device(device) if backend == "nccl" else None)

@@ -11,7 +11,6 @@ Needs vLLM: `$(.ci/venv-vllm.sh) -m pytest -m vllm tests/test_vllm_conformance.p
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -28,17 +27,12 @@ from .vllm_matrix import CASES, build
 
 pytestmark = pytest.mark.vllm
 
-#: The whole matrix must run in well under this (one process; the research ran one process per case).
-BUDGET_SECONDS = 150
-
-
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
-    """case -> (folder, ExecutedLoad), every case built and executed in this process; plus the seconds it took."""
+    """case -> (folder, ExecutedLoad), every case built and executed in this process (its time:
+    `bench/bench_vllm_matrix.py`)."""
     root = tmp_path_factory.mktemp("vllm-matrix")
-    started = time.perf_counter()
-    out = {case: (folder, execute(folder)) for case in CASES for folder in [build(case, root / case)]}
-    return out, time.perf_counter() - started
+    return {case: (folder, execute(folder)) for case in CASES for folder in [build(case, root / case)]}
 
 
 def static_and_executed(folder, executed):
@@ -51,7 +45,7 @@ def static_and_executed(folder, executed):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_row_agrees_with_the_rules(matrix, case):
-    folder, executed = matrix[0][case]
+    folder, executed = matrix[case]
     assert executed.vllm_version == PINNED_VERSION
     rules, measured = static_and_executed(folder, executed)
     rows = compare(rules, measured)
@@ -73,31 +67,28 @@ def test_every_row_agrees_with_the_rules(matrix, case):
         assert codes == {"RUNTIME_LOADS"}
 
 
-def test_the_matrix_runs_in_one_process_within_budget(matrix):
-    results, seconds = matrix
-    rows = sum(len(compare(*static_and_executed(folder, executed))) for folder, executed in results.values())
-    print(f"\nvLLM conformance: {len(results)} drafts, {rows} rows, {seconds:.1f} s in one process")
-    assert len(results) >= 100 and rows > 3000
-    assert seconds < BUDGET_SECONDS
-    assert {executed.format for _, executed in results.values()} == {"k3_dspark", "speculators_dspark"}
+def test_the_whole_matrix_runs_in_one_process(matrix):
+    rows = sum(len(compare(*static_and_executed(folder, executed))) for folder, executed in matrix.values())
+    assert len(matrix) >= 100 and rows > 3000
+    assert {executed.format for _, executed in matrix.values()} == {"k3_dspark", "speculators_dspark"}
 
 
 def test_stubs_and_shims_are_named_in_every_result(matrix):
-    for _, executed in matrix[0].values():
+    for _, executed in matrix.values():
         assert set(executed.stubs) == {"STUB_TARGET_CONFIG", "STUB_TARGET_MODEL", "STUB_V1_RUNNER_GATE"}
         assert "SHIM_NO_RETRY_SLEEP" in executed.shims
-    k3_starts = [e for _, e in matrix[0].values() if e.format == "k3_dspark" and e.starts]
+    k3_starts = [e for _, e in matrix.values() if e.format == "k3_dspark" and e.starts]
     assert all("SHIM_CPU_KV_B_PROJ" in e.shims for e in k3_starts)
 
 
 def test_a_missing_projection_serves_silently(matrix):
     """The headline: vLLM starts with a projection never written, and says nothing."""
-    _, executed = matrix[0]["k3_missing_l0_mlp_gate_proj"]
+    _, executed = matrix["k3_missing_l0_mlp_gate_proj"]
     assert executed.starts and executed.unfilled() == {"layers.0.mlp.gate_proj.weight": "ignored"}
-    _, kv = matrix[0]["k3_missing_l0_self_attn_kv_a_proj_with_mqa"]
+    _, kv = matrix["k3_missing_l0_self_attn_kv_a_proj_with_mqa"]
     assert kv.unfilled() == {"layers.0.self_attn.kv_a_proj_with_mqa.weight": "ignored",
                              "context_kv_proj.weight[shard 0]": "ignored"}
-    _, norm = matrix[0]["k3_missing_final_norm"]
+    _, norm = matrix["k3_missing_final_norm"]
     assert norm.outcome == "fails at the strict check" and norm.unfilled() == {"final_norm.weight": "fatal"}
 
 

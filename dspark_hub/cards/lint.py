@@ -36,9 +36,11 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.cards import render as cards
 from dspark_hub.cards.results import AcceptanceLabel, acceptance_label, parse_label
+from dspark_hub.cards.source import load_yaml
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.folder import read_regular
 from dspark_hub.report import SEVERITY_RANK, Finding, FindingsMixin, error, info, warning
 
 SCHEMA = schemas.command("card-lint")
@@ -211,7 +213,7 @@ def _front_matter_findings(card: Card) -> list[Finding]:
         return [error("FRONT_MATTER_MISSING", card.where(1), "the card has no YAML front matter between '---' lines",
                       "start the card with license, base_model, tags and pipeline_tag between '---' lines")]
     try:
-        data = yaml.safe_load("\n".join(text for _, text in card.front_matter)) or {}
+        data = load_yaml("\n".join(text for _, text in card.front_matter)) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = card.front_matter[0][0] + (mark.line if mark else 0)
@@ -521,7 +523,7 @@ def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
     """
     path = Path(readme_path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file; pass the card (README.md) to lint") from None
     except UnicodeDecodeError:

@@ -541,15 +541,59 @@ def environment() -> Any:
     return env
 
 
+#: The largest string or list a card source may build with `*`, and the largest exponent of `**`.
+MAX_SOURCE_PRODUCT = 100_000
+MAX_SOURCE_EXPONENT = 64
+
+
+def source_environment() -> Any:
+    """The sandbox card.yaml strings render in: `environment()`'s settings and filters, but no loader, no
+    globals, no `_` attribute, no mutation, and bounded `*` and `**`.
+
+    A card source is someone else's text that runs where the token is; it sees only the context it is
+    given (`facts`, `config`, `results`) and the card filters.
+    """
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class CardSourceSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**" and isinstance(right, int) and abs(right) > MAX_SOURCE_EXPONENT:
+                raise SecurityError(f"an exponent above {MAX_SOURCE_EXPONENT} is not allowed")
+            if operator == "*":
+                size = next((len(x) * y for x, y in ((left, right), (right, left))
+                             if isinstance(x, (str, list, tuple)) and isinstance(y, int)), 0)
+                if size > MAX_SOURCE_PRODUCT:
+                    raise SecurityError(f"a product longer than {MAX_SOURCE_PRODUCT:,} is not allowed")
+            return super().call_binop(context, operator, left, right)
+
+    ours = environment()
+    env = CardSourceSandbox(undefined=ours.undefined, finalize=ours.finalize, autoescape=False,
+                            keep_trailing_newline=ours.keep_trailing_newline, trim_blocks=ours.trim_blocks,
+                            lstrip_blocks=ours.lstrip_blocks)
+    env.filters.update(ours.filters)
+    env.globals.clear()        # range, lipsum, cycler, joiner, namespace, dict: a card source needs none
+    return env
+
+
 def _render_strings(value: Any, env: Any, context: Mapping[str, Any], where: str) -> Any:
-    """Render every string of the card source as a template (facts in prose are computed)."""
+    """Render every string of the card source as a sandboxed template (facts in prose are computed)."""
     import jinja2
+    from jinja2.sandbox import SecurityError
 
     if isinstance(value, str):
         if "{{" not in value and "{%" not in value:
             return value
         try:
             return env.from_string(value).render(**context)
+        except (TypeError, ArithmeticError, AttributeError, LookupError) as e:    # Python under the expression
+            raise UsageError(f"card.yaml:{where}: the expression fails ({type(e).__name__}: {e}); "
+                             "fix the expression") from None
+        except SecurityError as e:
+            reason = str(e).rstrip(".")
+            raise UsageError(f"card.yaml:{where}: refused by the card-source sandbox ({reason}); a card source may "
+                             "use only the documented facts, config and results") from None
         except jinja2.TemplateError as e:
             raise UsageError(f"card.yaml:{where}: {e}; the fact is not known for this card (no checkpoint?) "
                              "or the expression is wrong") from None
@@ -613,11 +657,10 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
     else:
         facts = facts_from_metadata(meta, base)
     results = collect_results(meta, base, eval_json, train_log)
-    env = environment()
     context = {"facts": facts, "config": facts.config, "results": results}
     front_matter = meta["front_matter"]
-    card = _render_strings({k: v for k, v in meta.items() if k != "front_matter"}, env, context, "")
-    text = env.get_template(TEMPLATE).render(card=card, front_matter=front_matter,
+    card = _render_strings({k: v for k, v in meta.items() if k != "front_matter"}, source_environment(), context, "")
+    text = environment().get_template(TEMPLATE).render(card=card, front_matter=front_matter,
                                              front_matter_yaml=front_matter_yaml(front_matter), **context)
     return tidy_markdown(text)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
+from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME, describe, is_hub_id
 
@@ -475,7 +476,7 @@ def _log_lines(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:
     """
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = read_regular(p).decode("utf-8").splitlines()
     except FileNotFoundError:
         raise UsageError(f"{p}: no such file; pass the training log (JSON lines)") from None
     out: list[Mapping[str, Any]] = []

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import UsageError
+from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import is_int
 
 #: dotted key -> (kind, meaning). Kinds: `string` (required), `markdown`, `integer`, `mapping`,
@@ -143,6 +144,45 @@ def _check_mapping(node: Mapping[str, Any], prefix: str) -> list[str]:
     return out
 
 
+#: The most values a YAML document may stand for, an alias counted again at each use: a card's front matter
+#: and card.yaml hold a few hundred; nine nested aliases of nine make 387 million (an "alias bomb").
+MAX_YAML_VALUES = 100_000
+
+
+def _expands_beyond(doc: Any, limit: int) -> bool:
+    """Whether walking `doc` (aliases followed at each use, as every reader of it does) visits over `limit` values."""
+    stack, seen = [doc], 0
+    while stack:
+        seen += 1
+        if seen > limit:
+            return True
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, refusing a document whose aliases expand beyond `MAX_YAML_VALUES` or into themselves.
+
+    The one YAML reader of card sources and card front matter.
+
+    Raises:
+        yaml.YAMLError: not YAML, or an alias bomb (a `ConstructorError` whose `problem` says so).
+    """
+    import yaml
+
+    doc = yaml.safe_load(text)
+    if _expands_beyond(doc, MAX_YAML_VALUES):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"its aliases expand to more than {MAX_YAML_VALUES:,} values (an alias bomb, or an alias "
+            "inside itself); write the values out", None)
+    return doc
+
+
 def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read `card.yaml`, check it against `CARD_KEYS`, and fill every optional section with an empty default.
 
@@ -153,7 +193,7 @@ def load_card_source(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+        doc = load_yaml(read_regular(p).decode("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"{p}: no such file; pass the card source, cards/<name>/card.yaml", param="meta") from None
     except yaml.YAMLError as e:

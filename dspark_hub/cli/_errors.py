@@ -10,14 +10,16 @@ Exit codes: 2 for usage and I/O errors (a `DsparkError` carries its own `exit_co
 interrupt. With `--json` the error also goes to stdout as
 `{"schema": "dspark-hub/error/1", "ok": false, "error": {"code", "message", "hint"}}`.
 Unknown exceptions are bugs and keep their traceback; `--debug` or `DSPARK_DEBUG=1` shows the
-traceback of known ones too.
+traceback of known ones too. Every line leaves through `_output`'s gate (no token, no control
+character for a terminal): the `Error:` line, the JSON document, and `print_traceback`, which
+`main()` uses for any traceback.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from typing import Any
 import click
 
 from dspark_hub import schemas
+from dspark_hub.cli._output import json_text, terminal_text
 from dspark_hub.errors import DsparkError, RefusedOverwriteError
 
 #: `` `name` `` in a library message: an argument named by its Python name.
@@ -126,7 +129,7 @@ class CliError(click.ClickException):
     """What the boundary raises: click prints `Error: <line>` on stderr and exits with the code."""
 
     def __init__(self, report: ErrorReport) -> None:
-        super().__init__(report.line())
+        super().__init__(terminal_text(report.line()))
         # click declares exit_code a ClassVar; this error's code depends on the report.
         self.exit_code = report.exit_code   # type: ignore[misc]
 
@@ -136,7 +139,12 @@ def _debug(ctx: click.Context) -> bool:
 
 
 def _print_json(report: ErrorReport) -> None:
-    click.echo(json.dumps(report.to_dict(), indent=2))
+    click.echo(json_text(report.to_dict()))
+
+
+def print_traceback(error: BaseException) -> None:
+    """A traceback (`--debug`, or a bug) on stderr, with every token redacted and control characters escaped."""
+    click.echo(terminal_text("".join(traceback.format_exception(error))).rstrip("\n"), err=True)
 
 
 @contextmanager

@@ -5,25 +5,85 @@ Progress, warnings and errors go to stderr. On a terminal progress is a rich bar
 (nohup, CI, a log file) it is a plain line every `INTERVAL` seconds and one at the end, so a log
 shows that a long run is alive and when it will end (and transformers' own bars stay off, see
 `quiet_transformers`). `--quiet` and `--json` silence both.
+
+Everything printed passes one gate here: no token huggingface_hub would send (`redact_tokens`) and,
+for people, no control character: a tensor name, config value, metadata or file name holding
+`\x1b]0;...\x07`, `\x1b[2J`, `\r` or `\x9b` is shown as that text (`terminal_text`), so a
+checkpoint cannot retitle the terminal, clear the screen or overwrite its own findings. `--json`
+keeps JSON's own escaping (`json.dumps` writes `\u001b`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import click
 from rich.console import Console
+from rich.segment import Segment
+from rich.text import Text
+
+from dspark_hub.format.remote import redact_tokens
+
+#: What a terminal may act on: C0 but the newline, DEL, C1, lone surrogates (unprintable), bidi overrides.
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\t": "\\t", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match[0]
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def terminal_text(text: str) -> str:
+    """`text` safe for a terminal: tokens redacted, control characters written out (`\x1b`, `\r`, `\x9b`)."""
+    return _CONTROL.sub(_escape, redact_tokens(text))
+
+
+class TerminalText(Text):
+    """rich's `Text` with its strings written out first: rich itself keeps `\x1b` and drops `\r` or `\b` unseen.
+
+    Renderers build every `Text` with this class, so a name is measured as it will be shown.
+    """
+
+    def __init__(self, text: str = "", *args: Any, **kwargs: Any) -> None:
+        super().__init__(terminal_text(text), *args, **kwargs)
+
+    def append(self, text: str | Text, style: Any = None) -> Text:
+        return super().append(terminal_text(text) if isinstance(text, str) else text, style)
+
+    @classmethod
+    def assemble(cls, *parts: Any, **kwargs: Any) -> TerminalText:
+        return cast(TerminalText, super().assemble(*parts, **kwargs))
+
+
+class TerminalConsole(Console):
+    """A rich console whose every line goes through `terminal_text`.
+
+    Strings are escaped before rich measures (and would silently drop `\r` or `\b` from) them; the
+    rendered segments are escaped again, for `Text` a renderer built itself, and the result is redacted.
+    Control segments (rich's own cursor moves for a progress bar) pass as they are.
+    """
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(terminal_text(text), **kwargs)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        safe = (segment if segment.control else Segment(_CONTROL.sub(_escape, segment.text), segment.style)
+                for segment in buffer)
+        return redact_tokens(super()._render_buffer(safe))
+
 
 # Markup and emoji are off: tensor names, keys and paths come from checkpoints and are printed as they
 # are ('bad[/x]name' must not crash, ':smile:' must not become a picture). Styles use `Text`.
 # soft_wrap keeps commands, URLs and paths on one line for copy and paste.
-stdout = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+stdout = TerminalConsole(highlight=False, soft_wrap=True, markup=False, emoji=False)
+stderr = TerminalConsole(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 #: Seconds between two progress lines off a terminal.
 INTERVAL = 10.0
@@ -36,8 +96,18 @@ class Result(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
+def json_text(data: Any) -> str:
+    """One JSON document as `--json` prints it: JSON's own escaping, every token redacted."""
+    return redact_tokens(json.dumps(data, indent=2))
+
+
 def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
+    click.echo(json_text(data))
+
+
+def echo_line(line: str, *, err: bool = False) -> None:
+    """A plain line (progress in a log) through the same gate as the consoles."""
+    click.echo(terminal_text(line), err=err)
 
 
 def emit(result: Result, *, as_json: bool, renderer: Callable[[Any], None]) -> None:
@@ -201,7 +271,7 @@ def progress(description: str, *, unit: str = "bytes", total: int | None = None,
         yield _Silent()
         return
     if not stderr.is_terminal:
-        log = LogProgress(description, unit=unit, total=total, write=lambda line: click.echo(line, err=True))
+        log = LogProgress(description, unit=unit, total=total, write=lambda line: echo_line(line, err=True))
         yield log
         log.finish()
         return

@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from rich.cells import cell_len
 from rich.table import Table
-from rich.text import Text
 
-from dspark_hub._text import plural
+from dspark_hub._text import plural, short_json
 from dspark_hub.cli._errors import in_cli_terms
+from dspark_hub.cli._output import TerminalText as Text
 from dspark_hub.cli._output import size_text, stderr, stdout
 from dspark_hub.report import Finding, Report
 
@@ -78,6 +78,7 @@ def _column_widths(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], wi
 
 def print_table(title: str | None, columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> None:
     """Print rows as a table that fits the console, or as blocks when no table can keep every name whole."""
+    rows = [[Text(cell) if isinstance(cell, str) else cell for cell in row] for row in rows]   # measured as shown
     widths = _column_widths(columns, rows, stdout.width)
     if widths is not None:
         table = Table(title=title, expand=False)
@@ -213,8 +214,7 @@ def _render_sections(report: Report) -> None:
 # ----------------------------------------------------------------------------- diff, convert, init
 
 def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_json(value, limit=60)   # a table cell
 
 
 def render_diff(result: Any) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,70 @@ from dspark_hub.cli._render import render_eval, render_init_teacher, render_plan
 from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
+from dspark_hub.train.config import (
+    DTYPE_ALIASES,
+    TRAIN_DTYPES,
+    TrainConfig,
+    canonical_dtype,
+    default,
+    dtype_spellings,
+)
 from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
+from dspark_hub.train.evaluate import DTYPES, ENGINES, evaluate
+from dspark_hub.train.hidden_state_files import parse_layer_ids
+from dspark_hub.train.rollouts import make_rollouts
+from dspark_hub.train.toy import init_teacher as write_init_teacher
+
+
+def keyword_default(function: Callable[..., Any], name: str) -> Any:
+    """The default of `function`'s keyword `name`: a command's default is the library's, typed once there."""
+    return inspect.signature(function).parameters[name].default
+
+
+class AliasedOption(click.Option):
+    """An option that also answers to old names (`aliases`), which `--help` and error messages do not show."""
+
+    def __init__(self, *args: Any, aliases: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases = aliases
+
+    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
+        shown = self.opts
+        self.opts = [*shown, *self.aliases]
+        try:
+            super().add_to_parser(parser, ctx)
+        finally:
+            self.opts = shown
+
+
+def target_option(*, required: bool = False, help: str) -> Any:
+    """`--target DIR`: the large model the draft serves (the Python keyword stays `teacher`, the library's);
+    `--teacher`, its name before 0.3, still works."""
+    return click.option("--target", "teacher", cls=AliasedOption, aliases=("--teacher",), required=required,
+                        metavar="DIR", help=help)
+
+
+class Dtype(click.ParamType):
+    """A dtype in either spelling (`bfloat16` or `bf16`), passed on as its torch name (`config.canonical_dtype`)."""
+
+    name = "dtype"
+
+    def __init__(self, allowed: tuple[str, ...]) -> None:
+        self.allowed = allowed
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "[" + "|".join(dtype_spellings(self.allowed)) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return canonical_dtype(str(value), self.allowed)
+        except DsparkError as error:
+            self.fail(error.message, param, ctx)
+
+
+def _canonical_engine_dtype(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """`--engine-dtype` in either spelling; `auto` and names the engine checks itself pass through."""
+    return None if value is None else DTYPE_ALIASES.get(value, value)
 
 
 def _engine_args(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
@@ -33,14 +97,15 @@ def _engine_args(_ctx: click.Context, _param: click.Parameter, values: tuple[str
 
 
 def engine_option_group(f: Any) -> Any:
-    """The teacher engine and its settings (`train.engines.EngineOptions`), for rollouts and on-policy finetune."""
+    """The target engine and its settings (`train.engines.EngineOptions`), for rollouts and on-policy finetune."""
     options = [
         click.option("--engine", type=click.Choice(engine_names()), default=DEFAULT_ENGINE, show_default=True,
-                     help="Teacher engine: transformers in this process (the oracle), or the real vLLM engine."),
-        click.option("--engine-dtype", "engine_dtype", metavar="DTYPE",
-                     help="Teacher dtype: float32, bfloat16, float16 or auto [transformers: float32; vllm: auto]."),
-        click.option("--engine-device", "engine_device", metavar="DEVICE", help="transformers: the teacher's device."),
-        click.option("--tensor-parallel-size", "tensor_parallel_size", type=POSITIVE, help="vllm: GPUs per teacher."),
+                     help="Target engine: transformers in this process (the oracle), or the real vLLM engine."),
+        click.option("--engine-dtype", "engine_dtype", metavar="DTYPE", callback=_canonical_engine_dtype,
+                     help="Target dtype: float32, bfloat16, float16 (or fp32, bf16, fp16) or auto "
+                          "[transformers: float32; vllm: auto]."),
+        click.option("--engine-device", "engine_device", metavar="DEVICE", help="transformers: the target's device."),
+        click.option("--tensor-parallel-size", "tensor_parallel_size", type=POSITIVE, help="vllm: GPUs per target."),
         click.option("--max-model-len", "max_model_len", type=POSITIVE, help="vllm: longest sequence."),
         click.option("--max-num-seqs", "max_num_seqs", type=POSITIVE, help="vllm: sequences per engine step."),
         click.option("--max-num-batched-tokens", "max_num_batched_tokens", type=POSITIVE,
@@ -87,17 +152,18 @@ def engine_option_flags() -> Iterator[None]:
 
 
 @command()
-@click.option("--teacher", required=True, metavar="DIR", help="Local transformers causal LM folder.")
+@target_option(required=True, help="The target: a local transformers causal LM folder.")
 @click.option("--prompts", required=True, metavar="JSONL", help="Lines with messages, text or input_ids (+ dataset).")
 @click.option("--draft-config", "draft_config", required=True, metavar="CONFIG",
               help="The draft's config.json (taps and pairing keys).")
 @click.option("--out", required=True, metavar="DIR", help="Rollouts folder (resumed when it exists).")
 @click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
-@click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True,
-              help="Equal-length prompts generated together.")
-@click.option("--shard-size", "shard_size", type=POSITIVE, default=256, show_default=True, help="Sequences per shard.")
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(make_rollouts, "batch_size"),
+              show_default=True, help="Equal-length prompts generated together.")
+@click.option("--shard-size", "shard_size", type=POSITIVE, default=keyword_default(make_rollouts, "shard_size"),
+              show_default=True, help="Sequences per shard.")
 @click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Always generate --max-new-tokens tokens.")
-@click.option("--mode", type=click.Choice(MODES), default="generate", show_default=True,
+@click.option("--mode", type=click.Choice(MODES), default=keyword_default(make_rollouts, "mode"), show_default=True,
               help="generate: greedy continuations; prefill: record each line's sequence as it is (offline data, "
                    "with its loss_mask).")
 @engine_option_group
@@ -107,9 +173,7 @@ def engine_option_flags() -> Iterator[None]:
 def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
              shard_size: int, ignore_eos: bool, mode: Mode, force: bool, quiet: bool, as_json: bool,
              **engine: Any) -> None:
-    """Write teacher greedy continuations with the draft's tap states (resumable safetensors shards)."""
-    from dspark_hub.train.rollouts import make_rollouts
-
+    """Write the target's greedy continuations with the draft's tap states (resumable safetensors shards)."""
     quiet_transformers(quiet or as_json)
     engine_name, engine_options = pop_engine_options(engine)
     with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar, engine_option_flags():
@@ -130,42 +194,46 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--out", required=True, metavar="DIR", help="Output checkpoint folder (written atomically).")
 @click.option("--steps", type=int, help="Optimizer steps.")
 @click.option("--epochs", type=float, help="Passes over --data (instead of --steps).")
-@click.option("--lr", type=float, default=3e-4, show_default=True, help="Peak learning rate.")
-@click.option("--min-lr-ratio", "min_lr_ratio", type=float, default=0.1, show_default=True,
+@click.option("--lr", type=float, default=default("lr"), show_default=True, help="Peak learning rate.")
+@click.option("--min-lr-ratio", "min_lr_ratio", type=float, default=default("min_lr_ratio"), show_default=True,
               help="Cosine floor as a fraction of --lr.")
-@click.option("--warmup", type=int, default=0, show_default=True, help="Linear warmup steps.")
-@click.option("--batch-size", "batch_size", type=int, default=8, show_default=True, help="Global sequences per step.")
-@click.option("--block-size", "block_size", type=int, default=7, show_default=True, help="K drafts per block.")
-@click.option("--anchors", "max_anchors", type=int, default=512, show_default=True, help="Max anchors per sequence.")
-@click.option("--loss", default='{"ce":0.1,"tv":0.9}', show_default=True, help="JSON weights of ce, kl, tv.")
-@click.option("--loss-chunk", "loss_chunk", type=click.IntRange(min=0), default=objective.DEFAULT_LOSS_CHUNK,
+@click.option("--warmup", type=int, default=default("warmup"), show_default=True, help="Linear warmup steps.")
+@click.option("--batch-size", "batch_size", type=int, default=default("batch_size"), show_default=True,
+              help="Global sequences per step.")
+@click.option("--block-size", "block_size", type=int, default=default("block_size"), show_default=True,
+              help="K drafts per block.")
+@click.option("--anchors", "max_anchors", type=int, default=default("max_anchors"), show_default=True,
+              help="Max anchors per sequence.")
+@click.option("--loss", default=default("loss"), show_default=True, help="JSON weights of ce, kl, tv.")
+@click.option("--loss-chunk", "loss_chunk", type=click.IntRange(min=0), default=default("loss_chunk"),
               show_default=True, metavar="ROWS",
               help="(anchor, position) rows per loss chunk; bounds loss memory in the vocabulary (0 = no chunking).")
-@click.option("--gamma", type=float, default=4.0, show_default=True, help="Slot weight exp(-k/gamma).")
-@click.option("--alpha", type=float, default=1.0, show_default=True, help="Confidence-head BCE weight.")
-@click.option("--clip", type=float, default=1.0, show_default=True, help="Gradient-norm clip (0 = off).")
-@click.option("--weight-decay", "weight_decay", type=float, default=0.0, show_default=True)
-@click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
-              help="bf16 = bf16 autocast over fp32 master weights.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--save-every", "save_every", type=int, default=0, show_default=True,
+@click.option("--gamma", type=float, default=default("gamma"), show_default=True, help="Slot weight exp(-k/gamma).")
+@click.option("--alpha", type=float, default=default("alpha"), show_default=True, help="Confidence-head BCE weight.")
+@click.option("--clip", type=float, default=default("clip"), show_default=True, help="Gradient-norm clip (0 = off).")
+@click.option("--weight-decay", "weight_decay", type=float, default=default("weight_decay"), show_default=True)
+@click.option("--dtype", type=Dtype(TRAIN_DTYPES), default=default("dtype"), show_default=True,
+              help="bfloat16 = bf16 autocast over fp32 master weights.")
+@click.option("--seed", type=int, default=default("seed"), show_default=True)
+@click.option("--save-every", "save_every", type=int, default=default("save_every"), show_default=True,
               help="Steps between full training states (0 = none, and no state folder).")
-@click.option("--keep-states", "keep_states", type=click.IntRange(min=0), default=2, show_default=True, metavar="N",
+@click.option("--keep-states", "keep_states", type=click.IntRange(min=0), default=default("keep_states"),
+              show_default=True, metavar="N",
               help="Keep the newest N states, deleting older ones once a new one is complete (0 = keep all).")
 @click.option("--resume", is_flag=True, help="Continue from the latest state in --state-dir.")
 @click.option("--state-dir", "state_dir", metavar="DIR",
               help="Training states and their log [default: OUT.state, made only with --save-every, --resume "
                    "or --on-policy].")
-@click.option("--teacher", metavar="DIR", help="Teacher folder (lm_head; rollouts with --on-policy).")
-@click.option("--on-policy", "on_policy", is_flag=True, help="Alternate teacher rollouts and draft updates.")
-@click.option("--rounds", type=int, default=1, show_default=True, help="On-policy rounds.")
+@target_option(help="The target folder (its lm_head; its rollouts with --on-policy).")
+@click.option("--on-policy", "on_policy", is_flag=True, help="Alternate target rollouts and draft updates.")
+@click.option("--rounds", type=int, default=default("rounds"), show_default=True, help="On-policy rounds.")
 @click.option("--prompts", metavar="JSONL", help="Prompts for --on-policy.")
-@click.option("--max-new-tokens", "max_new_tokens", type=int, default=256, show_default=True)
+@click.option("--max-new-tokens", "max_new_tokens", type=int, default=default("max_new_tokens"), show_default=True)
 @click.option("--eval-data", "eval_data", metavar="DIR", help="Held-out rollouts for acceptance in the log.")
-@click.option("--eval-every", "eval_every", type=int, default=0, show_default=True)
+@click.option("--eval-every", "eval_every", type=int, default=default("eval_every"), show_default=True)
 @click.option("--fsdp", is_flag=True, help="Shard with FSDP2 fully_shard under torchrun instead of DDP.")
-@click.option("--dist-timeout", "dist_timeout", type=click.FloatRange(min=0, min_open=True), default=120,
-              show_default=True, metavar="MINUTES",
+@click.option("--dist-timeout", "dist_timeout", type=click.FloatRange(min=0, min_open=True),
+              default=default("dist_timeout"), show_default=True, metavar="MINUTES",
               help="Under torchrun: how long a rank waits in a collective (on-policy rounds: while rank 0 rolls out).")
 @click.option("--device", metavar="DEVICE", help="Training device [default: cuda when torch sees a GPU, else cpu]; "
                                                 "under torchrun cuda means cuda:LOCAL_RANK.")
@@ -174,10 +242,8 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @quiet_option
 @json_option
 def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, **options: Any) -> None:
-    """Fine-tune drop-in weights (k3_dspark or speculators DSpark) on teacher rollouts (one process or torchrun)."""
-    from dspark_hub.train.finetuners import finetune as run
-    from dspark_hub.train.hidden_state_files import parse_layer_ids
-    from dspark_hub.train.trainer import TrainConfig
+    """Fine-tune drop-in weights (k3_dspark or speculators DSpark) on target rollouts (one process or torchrun)."""
+    from dspark_hub.train.finetuners import finetune as run  # torch: only a run pays for it
 
     quiet_transformers(quiet or as_json)
     engine, engine_options = pop_engine_options(options)
@@ -210,7 +276,7 @@ class _Planned:
 @command(name="init-teacher")
 @click.argument("dst", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--profile", type=click.Choice(["tiny"]), default="tiny", show_default=True,
-              help="Size of the teacher: the target of 'dspark-hub init --profile tiny'.")
+              help="Size of the target: the target of 'dspark-hub init --profile tiny'.")
 @click.option("--draft", metavar="CKPT",
               help="Pair with this k3_dspark draft: its config's target shapes and special ids, its embed_tokens "
                    "copied bit for bit (instead of --profile).")
@@ -222,33 +288,33 @@ class _Planned:
 @json_option
 def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim: int | None, force: bool,
                  quiet: bool, as_json: bool) -> None:
-    """Write a tiny random transformers teacher with an offline tokenizer (for toy training runs)."""
-    from dspark_hub.train.toy import init_teacher as write
-
+    """Write a tiny random transformers target with an offline tokenizer (for toy training runs)."""
     quiet_transformers(quiet or as_json)
     with progress("init-teacher", unit="teachers", quiet=quiet or as_json) as bar:
-        result = write(dst, profile=profile, draft=draft, seed=seed, force=force, head_dim=head_dim,
+        result = write_init_teacher(dst, profile=profile, draft=draft, seed=seed, force=force, head_dim=head_dim,
                        progress=bar)
     emit(result, as_json=as_json, renderer=render_init_teacher)
 
 
 @command(name="eval")
 @click.option("--draft", required=True, metavar="CKPT", help="The draft to measure (k3_dspark or speculators DSpark).")
-@click.option("--teacher", metavar="DIR", help="Teacher (target) folder: continuations, taps, lm_head.")
-@click.option("--prompts", metavar="JSONL", help="Held-out prompts, continued greedily by the teacher.")
+@target_option(help="The target folder: continuations, taps, lm_head.")
+@click.option("--prompts", metavar="JSONL", help="Held-out prompts, continued greedily by the target.")
 @click.option("--data", metavar="DIR", help="A rollouts folder instead of --prompts (simulated engine).")
 @click.option("--reference", metavar="CKPT", help="Also measure this draft on the same data; report the ratio.")
-@click.option("--engine", type=click.Choice(["simulated", "vllm"]), default="simulated", show_default=True,
+@click.option("--engine", type=click.Choice(ENGINES), default=keyword_default(evaluate, "engine"), show_default=True,
               help="simulated: vLLM's verify loop replayed in PyTorch; vllm: served and measured by vLLM itself.")
 @click.option("--vllm-python", "vllm_python", metavar="PY",
               help="Python of a vLLM 0.32.0 virtualenv for --engine vllm (default: this one).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+@click.option("--dtype", type=Dtype(DTYPES), default=keyword_default(evaluate, "dtype"), show_default=True,
               help="The vllm engine's dtype (the simulation is float32: only float32 can match it exactly).")
 @click.option("--block-size", "block_size", type=POSITIVE, metavar="K",
               help="Drafted tokens per step (default: the speculators speculative_tokens; 7 for k3_dspark).")
-@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=256, show_default=True)
-@click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Never stop a request at the teacher's EOS.")
-@click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True)
+@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE, default=keyword_default(evaluate, "max_new_tokens"),
+              show_default=True)
+@click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Never stop a request at the target's EOS.")
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(evaluate, "batch_size"),
+              show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
 @quiet_option
 @json_option
@@ -259,8 +325,6 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
 
     Exit 1 when a vLLM measurement's outputs differ from plain greedy decoding's (not lossless).
     """
-    from dspark_hub.train.evaluate import evaluate
-
     quiet_transformers(quiet or as_json)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,

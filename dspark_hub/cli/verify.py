@@ -27,8 +27,8 @@ def runtime_choices() -> list[str]:
                    "or a checkpoint folder.")
 @click.option("--deep", is_flag=True, help="Also stream every weight file: SHA-256, NaN/inf counts, all-zero "
                                           "matrices, per-tensor mean/std/max|x| (local folders).")
-@click.option("--frozen-embed", "frozen_embed", metavar="TEACHER",
-              help="Demand embed_tokens.weight be bit-identical to the embedding in the TEACHER checkpoint "
+@click.option("--frozen-embed", "frozen_embed", metavar="TARGET",
+              help="Demand embed_tokens.weight be bit-identical to the embedding in the TARGET checkpoint "
                    "(folder, sharded or not, or a .safetensors file).")
 @click.option("--runtime", "runtime", multiple=True, type=click.Choice(runtime_choices()),
               help="Judge every tensor through this runtime's loader (repeatable, or 'all') and print its "

@@ -15,12 +15,11 @@ from typing import Any, Protocol
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format import contract
+from dspark_hub.format.folder import LISTING_CODES, FolderProblem, list_folder, open_regular
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.format.reader import SafetensorsHeader, ShardIndex, TensorInfo, parse_index, read_header_with
 from dspark_hub.report import Finding, error, warning
 from dspark_hub.schemas import GOLDEN_FIXTURE, current
-
-SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__"}
 
 #: Findings `open_checkpoint` makes about a folder, besides the reader's `FORMAT_CODES` for each
 #: weight file and the index. Append-only: tools match on them.
@@ -38,6 +37,7 @@ FOLDER_CODES: dict[str, str] = {
     "INDEX_TOTAL_SIZE": "metadata.total_size disagrees with the shards",
     "TENSOR_IN_TWO_FILES": "a tensor is stored twice",
     "GOLDEN_IN_WEIGHTS_FOLDER": "a golden-vector fixture beside the weights",
+    **LISTING_CODES,
 }
 
 
@@ -56,41 +56,31 @@ class Source(Protocol):
 
 
 class LocalSource:
-    """A checkpoint folder on disk."""
+    """A checkpoint folder on disk; its files are `folder.list_folder`'s (the entries it leaves out are
+    `problems`, which `open_checkpoint` reports)."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         path = Path(folder)
         if not path.exists():
             raise CheckpointNotFoundError(f"{folder}: no such file or directory", hint="pass a checkpoint folder")
-        if path.is_file():
-            raise CheckpointNotFoundError(f"{folder}: is a file", hint="pass the checkpoint folder that holds it "
+        if not path.is_dir():
+            what = "is a file" if path.is_file() else "is not a folder"
+            raise CheckpointNotFoundError(f"{folder}: {what}", hint="pass the checkpoint folder that holds it "
                                           f"(and its config.json): {path.parent}")
         self.root = path
         self.location = str(folder)
+        self.problems: tuple[FolderProblem, ...] = ()
 
     def list_files(self) -> dict[str, int]:
-        files: dict[str, int] = {}
-        self.unreadable: list[tuple[str, str]] = []
-
-        def refuse(e: OSError) -> None:
-            raise CheckpointNotFoundError(f"{self.location}: cannot list the folder ({e.strerror})")
-
-        for dirpath, dirnames, filenames in os.walk(self.root, onerror=refuse):
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-            for name in filenames:
-                full = Path(dirpath) / name
-                rel = full.relative_to(self.root).as_posix()
-                try:
-                    files[rel] = full.stat().st_size
-                except OSError as e:   # a dangling symlink, say: a finding, not a failure to list
-                    self.unreadable.append((rel, e.strerror or str(e)))
-        return dict(sorted(files.items()))
+        listing = list_folder(self.root)
+        self.problems = listing.problems
+        return listing.files
 
     def path(self, name: str) -> Path:
         return self.root / name
 
     def read_bytes(self, name: str, start: int, length: int) -> bytes:
-        with open(self.root / name, "rb") as f:
+        with open_regular(self.root / name, display=name) as f:
             f.seek(start)
             return f.read(length)
 
@@ -140,6 +130,8 @@ _JSON_HINTS = {"DUPLICATE_KEY": "write each key once",
 def _load_config(source: Source, view: CheckpointView) -> None:
     name = contract.CONFIG_NAME
     if name not in view.files:
+        if _left_out(source, name):   # already reported (a FIFO, a link out of the folder, ...)
+            return
         view.findings.append(error("CONFIG_MISSING", name, "no config.json in the checkpoint folder",
                                    "add the config.json the draft was trained with"))
         return
@@ -147,7 +139,7 @@ def _load_config(source: Source, view: CheckpointView) -> None:
         doc = loads_strict(source.read_bytes(name, 0, view.files[name]), path=name)
     except CheckpointFormatError as e:
         where = f"{name}:{e.tensor}" if e.tensor else name
-        view.findings.append(error(CONFIG_JSON_CODES[e.code], where, e.detail,
+        view.findings.append(error(CONFIG_JSON_CODES.get(e.code, e.code), where, e.detail,
                                    _JSON_HINTS.get(e.code, "fix the JSON syntax")))
         return
     if not isinstance(doc, dict):
@@ -253,9 +245,8 @@ def open_checkpoint(source: Source) -> CheckpointView:
     """
     files = source.list_files()
     view = CheckpointView(source=source, files=files)
-    for name, why in getattr(source, "unreadable", ()):
-        view.findings.append(error("FILE_UNREADABLE", name, f"cannot be read ({why})",
-                                   "fix or remove it (a dangling symlink or a file without permission)"))
+    for problem in getattr(source, "problems", ()):
+        view.findings.append(error(problem.code, problem.path, problem.detail, problem.hint))
     _load_config(source, view)
     weight_files = [f for f in files if f.endswith(".safetensors") and "/" not in f]
     weight_files = _set_aside_golden(source, files, weight_files, view)
@@ -286,9 +277,18 @@ def open_checkpoint(source: Source) -> CheckpointView:
             for file, header in view.headers.items():
                 for tname, info in header.tensors.items():
                     view.tensors.setdefault(tname, (file, info))
-    else:
+    elif not any(_left_out(source, name) for name in _top_level_weights(source)):
         view.findings.append(_no_weights(view))
     return view
+
+
+def _left_out(source: Source, name: str) -> bool:
+    """Whether the listing left `name` out with a problem of its own (so "missing" would be a second, wrong word)."""
+    return any(p.path == name for p in getattr(source, "problems", ()))
+
+
+def _top_level_weights(source: Source) -> list[str]:
+    return [p.path for p in getattr(source, "problems", ()) if p.path.endswith(".safetensors") and "/" not in p.path]
 
 
 #: Weight files saved with Python's pickle (torch.save): never read, since unpickling runs code.

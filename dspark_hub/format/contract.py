@@ -158,6 +158,14 @@ REFERENCE_ARTIFACT = ReferenceArtifact(
 
 CONTRACT_DTYPE = "BF16"
 TORCH_DTYPE_NAMES: dict[str, str] = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+#: The config keys that declare it (`dtype` is transformers 5's name for `torch_dtype`).
+DTYPE_KEYS = ("torch_dtype", "dtype")
+
+
+def unknown_dtypes(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Each dtype key `config` holds whose value is not a name of `TORCH_DTYPE_NAMES` (`"bfloat17"`, `5`, `null`)."""
+    return {key: config[key] for key in DTYPE_KEYS
+            if key in config and not (isinstance(config[key], str) and config[key] in TORCH_DTYPE_NAMES)}
 
 #: Tensors that are part of the checkpoint but never trained (a copy of the target's embedding).
 FROZEN_TENSORS = ("embed_tokens.weight",)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
-from dspark_hub.format.checkpoint import SKIP_DIRS
+from dspark_hub.format.folder import folder_files, open_regular, read_regular
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.schemas import CHECKSUMS, current
@@ -156,7 +156,7 @@ def lfs_patterns(folder: Path) -> tuple[str, ...]:
     extra: list[str] = []
     attributes = folder / GITATTRIBUTES_NAME
     if attributes.is_file():
-        for line in attributes.read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in read_regular(attributes).decode("utf-8", errors="replace").splitlines():
             parts = line.split()
             if len(parts) >= 2 and not parts[0].startswith("#") and "filter=lfs" in parts[1:]:
                 extra.append(parts[0])
@@ -195,26 +195,14 @@ def is_lfs(path: str, size: int, sample: bytes, patterns: Iterable[str] = HUB_LF
 # --- listing and hashing -------------------------------------------------------------------------
 
 def checkpoint_files(folder: Path) -> list[str]:
-    """Relative POSIX paths of the files that make up a checkpoint folder, sorted.
-
-    Skips tool folders (`SKIP_DIRS`) and the checksum sidecars. Symlinks to files count as files.
+    """Relative POSIX paths of the files that make up a checkpoint folder, sorted: `folder.folder_files`
+    (the one listing every command uses) without the checksum sidecars.
 
     Raises:
         CheckpointNotFoundError: `folder` is not a directory.
+        CheckpointFormatError: the folder holds an entry the listing leaves out (a FIFO, a link out of it, ...).
     """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass a checkpoint folder")
-    found: list[str] = []
-    for root, dirs, files in os.walk(folder, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        rel_root = Path(root).relative_to(folder)
-        for name in files:
-            rel = (rel_root / name).as_posix()
-            if rel in SIDECAR_NAMES or not (Path(root) / name).is_file():
-                continue
-            found.append(rel)
-    return sorted(found)
+    return [rel for rel in folder_files(folder) if rel not in SIDECAR_NAMES]
 
 
 _buffers = threading.local()
@@ -235,10 +223,10 @@ def hash_file(path: Path, rel: str, patterns: tuple[str, ...] = HUB_LFS_PATTERNS
     Raises:
         CheckpointFormatError: `FILE_CHANGED` when the size changed while reading.
     """
-    size = path.stat().st_size
     sha256 = hashlib.sha256()
     view = _buffer()
-    with open(path, "rb", buffering=0) as handle:
+    with open_regular(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
         first = handle.readinto(view) or 0
         sample = bytes(view[: min(first, SAMPLE_SIZE)])
         lfs = is_lfs(rel, size, sample, patterns)
@@ -297,7 +285,7 @@ def compute_manifest(folder: Path | str, *, progress: Progress | None = None,
     folder = Path(folder)
     rels = sorted(paths) if paths is not None else checkpoint_files(folder)
     for rel in rels:
-        if not (folder / rel).is_file():
+        if not (folder / rel).exists():   # a FIFO or a directory: `hash_file` names what it is
             raise CheckpointNotFoundError(f"{folder / rel}: no such file", hint=f"pass files inside {folder}")
     announce_total(progress, sum((folder / rel).stat().st_size for rel in rels))
     patterns = lfs_patterns(folder)
@@ -425,7 +413,7 @@ def read_digest_file(path: str | os.PathLike[str], *, remedy: str = REGENERATE,
     p = Path(path)
     origin = p.name
     try:
-        data = p.read_bytes()
+        data = read_regular(p)
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{p}: no such file") from None
     try:

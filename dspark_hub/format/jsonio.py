@@ -4,17 +4,25 @@ Python's `json` keeps the last of two equal keys and accepts `NaN`/`Infinity`; b
 mistakes (two readers of one config disagree on which key wins; a NaN rope factor loads as
 a float). Here duplicate keys are refused at any depth, non-finite literals are refused
 naming the key that holds them, and the bytes must be UTF-8.
+
+Two more refusals keep every reader downstream safe: a document nested deeper than
+`MAX_DEPTH` (no config needs more than a few levels, and copying or printing a deep one
+exhausts Python's recursion), and a string holding a lone surrogate escape (`"\\ud800"`:
+JSON allows it, but it is no Unicode text; safetensors refuses such a header and no UTF-8
+writer or terminal can encode it).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+from dspark_hub.format.folder import read_regular
 
 #: code -> meaning, for the JSON failures every caller shares (prefixed by callers that need to).
 JSON_CODES: dict[str, str] = {
@@ -24,6 +32,9 @@ JSON_CODES: dict[str, str] = {
     "NON_FINITE_NUMBER": "a value is NaN or Infinity, which JSON does not allow",
     "NOT_OBJECT": "the document is not a JSON object",
 }
+#: Deepest nesting of arrays and objects read (a config holds 3 or 4 levels; a safetensors header 3).
+MAX_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _DuplicateKey(ValueError):
@@ -43,6 +54,32 @@ class _NonFinite(float):
         return value
 
 
+_INFINITY = float("inf")
+
+
+def _overflow(text: str) -> _NonFinite:
+    """A number beyond a 64-bit float (`1e400`, `-1e400`, a 400-digit integer): every runtime reads it as infinity,
+    so it is refused like `Infinity`."""
+    marker = _NonFinite("-Infinity" if text.startswith("-") else "Infinity")
+    shown = text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+    marker.literal = f"{shown} (beyond a 64-bit float: it reads as infinity)"
+    return marker
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    return _overflow(text) if value in (_INFINITY, -_INFINITY) else value
+
+
+def _int(text: str) -> int | float:
+    value = int(text)
+    try:
+        float(value)                 # how runtimes read a config number
+    except OverflowError:
+        return _overflow(text)
+    return value
+
+
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
@@ -52,16 +89,40 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _find_non_finite(value: Any, where: str) -> tuple[str, str] | None:
-    """(dotted path, literal) of the first NaN/Infinity in a decoded document."""
-    if isinstance(value, _NonFinite):
-        return where, value.literal
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = _find_non_finite(item, f"{where}[{key}]" if isinstance(key, int) else
-                                 f"{where}.{key}" if where else str(key))
-        if found:
-            return found
+def _walk(doc: Any) -> Iterator[tuple[str, int, Any, bool]]:
+    """(dotted path, depth, value, is_key) of every value and every key of a decoded document, in document
+    order, without recursion."""
+    stack: list[tuple[str, int, Any, bool]] = [("", 0, doc, False)]
+    while stack:
+        where, depth, value, is_key = stack.pop()
+        yield where, depth, value, is_key
+        if isinstance(value, dict):
+            for k, v in reversed(value.items()):
+                path = f"{where}.{k}" if where else str(k)
+                stack += [(path, depth + 1, v, False), (path, depth + 1, k, True)]
+        elif isinstance(value, list):
+            stack.extend(reversed([(f"{where}[{i}]", depth + 1, v, False) for i, v in enumerate(value)]))
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates written as `\\udXXX` escapes (so it can be printed and encoded)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if _SURROGATE.search(text) else text
+
+
+def _refusal(doc: Any) -> tuple[str, str, str] | None:
+    """(code, message, key) for the first too-deep value, NaN/Infinity or lone surrogate of a decoded document."""
+    for where, depth, value, is_key in _walk(doc):
+        key = printable(where)
+        if depth > MAX_DEPTH:
+            return "NOT_JSON", f"nested more than {MAX_DEPTH} levels deep (at {key[:80]}...); no config needs that", ""
+        if isinstance(value, _NonFinite):
+            return "NON_FINITE_NUMBER", f"{key or 'the document'} is {value.literal}, which is not JSON; " \
+                "write a finite number", key
+        if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):
+            what = "the key" if is_key else f"{key or 'the document'}: the string"
+            return "NOT_UTF8", f"{what} \"{printable(value)[:80]}\" holds a lone surrogate escape, which is no " \
+                "Unicode text (safetensors and UTF-8 writers refuse it); write the character itself or a valid " \
+                "surrogate pair", key
     return None
 
 
@@ -77,7 +138,8 @@ def json_type(value: Any) -> str:
 
 
 def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None = None) -> Any:
-    """Parse UTF-8 JSON, refusing duplicate keys at any depth and NaN/Infinity literals.
+    """Parse UTF-8 JSON, refusing duplicate keys at any depth, NaN/Infinity literals, nesting deeper
+    than `MAX_DEPTH` and strings or keys holding a lone surrogate escape.
 
     Args:
         raw: the bytes (or text) of the document.
@@ -86,8 +148,9 @@ def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None
             (the safetensors reader says `HEADER_NOT_JSON`).
 
     Raises:
-        CheckpointFormatError: `NOT_UTF8`, `NOT_JSON`, `DUPLICATE_KEY` or `NON_FINITE_NUMBER`
-            (renamed through `codes`); `tensor` holds the offending key where there is one.
+        CheckpointFormatError: `NOT_UTF8` (also a lone surrogate), `NOT_JSON` (also too deep),
+            `DUPLICATE_KEY` or `NON_FINITE_NUMBER` (renamed through `codes`); `tensor` holds the
+            offending key where there is one (lone surrogates written as `\\udXXX`).
     """
     def code(name: str) -> str:
         return (codes or {}).get(name, name)
@@ -100,21 +163,21 @@ def loads_strict(raw: bytes | str, *, path: str, codes: Mapping[str, str] | None
     else:
         text = raw
     try:
-        doc = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_NonFinite)
+        doc = json.loads(text, object_pairs_hook=_unique_object, parse_constant=_NonFinite, parse_float=_float,
+                         parse_int=_int)
     except _DuplicateKey as e:
         raise CheckpointFormatError(
-            code("DUPLICATE_KEY"), f"key {e.key!r} appears twice; readers disagree on which one wins, "
-            "so write it once", path=path, tensor=e.key) from None
+            code("DUPLICATE_KEY"), f"key {printable(e.key)!r} appears twice; readers disagree on which one wins, "
+            "so write it once", path=path, tensor=printable(e.key)) from None
     except RecursionError:
         raise CheckpointFormatError(code("NOT_JSON"), "not valid JSON (nested too deeply to read)", path=path) from None
     except ValueError as e:
         raise CheckpointFormatError(code("NOT_JSON"), f"not valid JSON ({str(e).splitlines()[0]})",
                                     path=path) from None
-    found = _find_non_finite(doc, "")
-    if found:
-        key, literal = found
-        raise CheckpointFormatError(code("NON_FINITE_NUMBER"), f"{key or 'the document'} is {literal}, "
-                                    "which is not JSON; write a finite number", path=path, tensor=key or None)
+    refused = _refusal(doc)
+    if refused:
+        name, message, key = refused
+        raise CheckpointFormatError(code(name), message, path=path, tensor=key or None)
     return doc
 
 
@@ -128,17 +191,15 @@ def load_json_file(path: str | os.PathLike[str], *, display: str | None = None,
         codes: renames of the `JSON_CODES`, as in `loads_strict`.
 
     Raises:
-        CheckpointNotFoundError: the file does not exist.
-        CheckpointFormatError: see `loads_strict`.
+        CheckpointNotFoundError: the file does not exist, or is a directory.
+        CheckpointFormatError: see `loads_strict`, or `SPECIAL_FILE` (a FIFO, socket or device: never opened).
     """
     p = Path(path)
     where = display or str(p)
     try:
-        raw = p.read_bytes()
+        raw = read_regular(p, display=where)
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{where}: no such file") from None
-    except IsADirectoryError:
-        raise CheckpointNotFoundError(f"{where}: is a directory, not a JSON file") from None
     return loads_strict(raw, path=where, codes=codes)
 
 

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dspark_hub.format.folder import list_folder, open_regular
+
 #: What `finetune` writes beside the weights, and its fields that name inputs by path.
 TRAINING_ARGS_NAME = "training_args.json"
 TRAINING_ARGS_PATHS = ("base", "data", "teacher", "prompts", "eval_data", "out", "state_dir")
@@ -38,7 +40,7 @@ def is_hub_id(text: str) -> bool:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
+    with open_regular(path) as handle:
         while block := handle.read(_CHUNK):
             digest.update(block)
     return digest.hexdigest()
@@ -66,8 +68,8 @@ def identify(path: str | os.PathLike[str], *, weights: bool = True) -> dict[str,
     if p.is_file():
         return {"sha256": _sha256(p)}
     suffixes = _DESCRIPTORS + ((".safetensors",) if weights else ())
-    files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(suffixes))
-    return {"sha256": {f.name: _sha256(f) for f in files}}
+    files = [f for f in list_folder(p).files if "/" not in f and f.endswith(suffixes)]
+    return {"sha256": {f: _sha256(p / f) for f in files}}
 
 
 def public_args(args: Mapping[str, Any], path_keys: Iterable[str], *, drop: Iterable[str] = (),

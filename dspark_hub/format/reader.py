@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError
+from dspark_hub.format.folder import open_regular
 from dspark_hub.format.jsonio import loads_strict
 
 MAX_HEADER_SIZE = 100_000_000
@@ -167,10 +169,20 @@ def _tensor(name: str, entry: Any, path: str) -> TensorInfo:
     return TensorInfo(name, dtype, shape, begin, end)
 
 
+#: A UTF-16 surrogate: JSON's `\\ud800` escape decodes to one when it has no partner; no UTF-8 text holds one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _metadata(value: Any, path: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise CheckpointFormatError("INVALID_METADATA", f"__metadata__ is {json.dumps(value)[:80]}; it must map "
                                     "strings to strings (e.g. {\"torchspec_version\": \"0.1.0\"})", path=path)
+    for key, text in value.items():
+        if _SURROGATE.search(key) or _SURROGATE.search(text):
+            raise CheckpointFormatError("INVALID_METADATA", f"__metadata__ entry {json.dumps(key)[:60]}: "
+                                        f"{json.dumps(text)[:60]} holds a lone surrogate escape, which is not "
+                                        "Unicode text: the safetensors library refuses to open the file; write the "
+                                        "metadata again as plain text", path=path)
     return value
 
 
@@ -231,11 +243,12 @@ def read_header(path: str | os.PathLike[str], *, display: str | None = None) -> 
 
     Raises:
         CheckpointFormatError: the file is not a valid safetensors file.
+        CheckpointFormatError: `SPECIAL_FILE`, a FIFO, socket or device (never opened).
         OSError: the file cannot be opened.
     """
     p = Path(path)
     shown = display or str(p)
-    with p.open("rb") as f:
+    with open_regular(p, display=shown) as f:
         size = os.fstat(f.fileno()).st_size
 
         def read(start: int, length: int) -> bytes:

@@ -268,5 +268,8 @@ def by_cli_name(name: str) -> DraftFormat:
     Raises:
         KeyError: no format has that name.
     """
-    return next(f for f in FORMATS.values() if f.cli_name == name)
+    found = next((f for f in FORMATS.values() if f.cli_name == name), None)
+    if found is None:
+        raise KeyError(name)
+    return found
 

@@ -6,18 +6,22 @@
 
 `huggingface_hub` is imported inside the functions (header-level commands never pay for it).
 The token comes from `token=` or huggingface_hub's usual sources (HF_TOKEN, the login file) and is
-never put in a message.
+never put in a message: `hub_tokens` asks huggingface_hub which tokens it would send, and
+`redact_tokens` removes them from any text (the CLI runs every line it prints through it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 from dspark_hub import __version__
+from dspark_hub._text import shortened
 from dspark_hub.errors import DsparkError, HubError, MissingDependencyError, UsageError
 from dspark_hub.format.checkpoint import LocalSource, Source
 from dspark_hub.format.digests import FileDigest
@@ -48,10 +52,34 @@ def is_hf_url(value: str) -> bool:
     return str(value).startswith(HF_SCHEME)
 
 
+def _quoted(name: str) -> str:
+    return repr(shortened(name, 100))
+
+
+#: The longest ORG or NAME of a repository id the Hub accepts.
+HUB_NAME_MAX = 96
+
+
 def validate_repo_id(repo_id: str) -> str:
-    """Return `repo_id` if it is `ORG/NAME`; raise `UsageError` otherwise."""
+    """Return `repo_id` if it is `ORG/NAME` and passes huggingface_hub's own rules (at most 96 characters a
+    part, no `--`, no `.git` ending); raise `UsageError` otherwise."""
     if not _REPO_ID.match(repo_id or "") or ".." in repo_id:
-        raise UsageError(f"{repo_id!r}: not a Hub repository id; write it as ORG/NAME", param="repo_id")
+        raise UsageError(f"{_quoted(repo_id)}: not a Hub repository id; write it as ORG/NAME", param="repo_id")
+    for label, part in zip(("ORG", "NAME"), repo_id.split("/"), strict=True):
+        if len(part) > HUB_NAME_MAX:
+            raise UsageError(f"{_quoted(repo_id)}: not a Hub repository id: {label} has {len(part)} characters and "
+                             f"the Hub accepts at most "
+                             f"{HUB_NAME_MAX}; choose a shorter name", param="repo_id")
+    require_huggingface_hub()
+    from huggingface_hub.utils import HFValidationError
+    from huggingface_hub.utils import validate_repo_id as hub_rules
+
+    try:
+        hub_rules(repo_id)
+    except HFValidationError:
+        raise UsageError(f"{_quoted(repo_id)}: not a Hub repository id ({len(repo_id)} characters); the Hub "
+                         "takes letters, digits, '-', '_' and '.', at most 96 characters in each of ORG and NAME, "
+                         "no '--' and no '.git' ending", param="repo_id") from None
     return repo_id
 
 
@@ -92,12 +120,42 @@ def resolve_endpoint(endpoint: str | None) -> str:
 
 # --- errors ----------------------------------------------------------------------------------------
 
+#: What a redacted token reads as.
+REDACTED = "<token>"
+#: Shorter strings are not treated as tokens (replacing them would garble ordinary text).
+_MIN_TOKEN = 4
+
+
+def hub_tokens(*given: object) -> list[str]:
+    """Every token huggingface_hub would send from this process, by its own resolution, plus the `given` ones.
+
+    `huggingface_hub.get_token()` (HF_TOKEN, the token file at HF_TOKEN_PATH or $HF_HOME/token, OIDC,
+    Colab) and `get_stored_tokens()` (every token `hf auth login` saved). Before huggingface_hub is
+    imported nothing could have sent a token, so it is not imported here (header-level commands stay light).
+    Longest first, so a token that contains another is replaced whole.
+    """
+    found = {t for t in given if isinstance(t, str)}
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub import get_token
+        from huggingface_hub.utils import get_stored_tokens
+
+        with contextlib.suppress(Exception):   # an OIDC exchange that fails has sent nothing to leak
+            found.add(get_token() or "")
+        with contextlib.suppress(Exception):   # an unreadable stored_tokens file holds nothing to print
+            found.update(get_stored_tokens().values())
+    return sorted((t for t in found if len(t.strip()) >= _MIN_TOKEN), key=len, reverse=True)
+
+
+def redact_tokens(text: str, *given: object) -> str:
+    """`text` with every token of `hub_tokens(*given)` replaced by `<token>`."""
+    for secret in hub_tokens(*given):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
 def _scrub(text: str, token: str | bool | None) -> str:
-    """Remove any token (the one given, or the environment's) from a message; keep it on one line."""
-    for secret in (token, os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")):
-        if isinstance(secret, str) and len(secret) >= 4:
-            text = text.replace(secret, "<token>")
-    return " ".join(text.split())
+    """Remove every token (the one given, and huggingface_hub's) from a message; keep it on one line."""
+    return " ".join(redact_tokens(text, token).split())
 
 
 def _status(exc: BaseException) -> int | None:

@@ -59,9 +59,6 @@ AUX_IDS_KEY = "aux_hidden_state_layer_ids"
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 #: Decoder-layer types this roster is derived for (vLLM serves a speculators DSpark as Qwen3DSparkModel).
 LAYER_MODEL_TYPES = ("qwen3",)
-#: The library version whose save behaviour this module describes.
-LIBRARY = "speculators 0.9.0"
-
 #: Field defaults of `DSparkSpeculatorConfig` in speculators 0.9.0 (models/dspark/config.py, dflash/config.py).
 DEFAULTS: dict[str, Any] = {
     "markov_rank": 256,
@@ -80,8 +77,6 @@ VOCAB_MAPS: dict[str, str] = {"d2t": "I64", "t2d": "BOOL"}
 #: Saved but never trained: a pruned draft's `lm_head` is the verifier's rows picked by `t2d`
 #: (speculators model.py:172-185; frozen in training, model.py:63-71).
 FROZEN_TENSORS = ("lm_head.weight",)
-#: Never saved by the library (the verifier's embedding is reloaded at load time).
-NEVER_SAVED = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")
 
 Role = Literal["trained", "frozen", "map"]
 

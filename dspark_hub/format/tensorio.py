@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dspark_hub.errors import CheckpointNotFoundError, UsageError
 from dspark_hub.format.contract import INDEX_NAME
+from dspark_hub.format.folder import list_folder, open_regular, read_regular
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo, parse_index, read_header
 from dspark_hub.progress import Progress
 
@@ -50,7 +51,7 @@ def iter_range(path: str | os.PathLike[str], start: int, end: int, *, chunk_byte
     """
     buf = buffer if buffer is not None else bytearray(min(chunk_bytes, max(1, end - start)))
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    with open_regular(path) as f:
         f.seek(start)
         left = end - start
         while left > 0:
@@ -136,21 +137,26 @@ def tensor_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
     folder = Path(folder)
     index_path = folder / INDEX_NAME
     if index_path.is_file():
-        index = parse_index(index_path.read_bytes(), path=str(index_path))
+        index = parse_index(read_regular(index_path), path=str(index_path))
         return {name: folder / file for name, file in index.weight_map.items()}
     out: dict[str, Path] = {}
-    for file in sorted(p for p in folder.glob("*.safetensors") if p.is_file()):
+    for file in weight_files(folder):
         out.update(dict.fromkeys(read_header(file).tensors, file))
     return out
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The top-level `*.safetensors` files of a folder, as the one listing (`format.folder`) sees them."""
+    return [folder / f for f in list_folder(folder).files if "/" not in f and f.endswith(".safetensors")]
 
 
 def _candidate_files(folder: Path, names: Sequence[str]) -> list[Path]:
     """Weight files to search, the index's choice first when the folder is sharded."""
     index_path = folder / INDEX_NAME
     if index_path.is_file():
-        index = parse_index(index_path.read_bytes(), path=str(index_path))
+        index = parse_index(read_regular(index_path), path=str(index_path))
         return [folder / index.weight_map[n] for n in names if n in index.weight_map]
-    return sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    return weight_files(folder)
 
 
 def locate_tensor(path: str | os.PathLike[str], names: Sequence[str]) -> TensorLocation:
@@ -167,7 +173,7 @@ def locate_tensor(path: str | os.PathLike[str], names: Sequence[str]) -> TensorL
     if not p.exists():
         raise CheckpointNotFoundError(f"{path}: no such file or directory",
                                       hint="pass a checkpoint folder or a .safetensors file")
-    files = [p] if p.is_file() else _candidate_files(p, names)
+    files = _candidate_files(p, names) if p.is_dir() else [p]
     for file in files:
         header = read_header(file)
         for name in names:

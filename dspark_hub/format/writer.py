@@ -3,11 +3,16 @@
 Every writer builds its output under a hidden temporary sibling and renames it into
 place at the end, so an interrupted run leaves no partial output and never touches
 its input. Existing outputs are replaced only with `force=True`.
+
+The temporary sibling is named `.<name>.tmp-<pid>-<random>`. A run killed outright (`kill -9`)
+cannot remove it; the next writer of the same output removes every such sibling whose process
+is gone (`sweep_stale_temps`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -48,6 +53,41 @@ def _refuse_enclosing(dst: Path) -> Path:
     return dst.parent.resolve() / dst.name
 
 
+def _temp_prefix(dst: Path) -> str:
+    return f".{dst.name}.tmp-{os.getpid()}-"
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:      # alive, under another user
+        return False
+    return False
+
+
+def sweep_stale_temps(dst: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary siblings of `dst` left by writers that were killed (their process is gone).
+
+    Returns:
+        The paths removed.
+    """
+    dst = Path(dst)
+    pattern = re.compile(rf"\.{re.escape(dst.name)}\.tmp-(\d+)-[A-Za-z0-9_]{{8}}")
+    try:
+        names = os.listdir(dst.parent)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match and int(match.group(1)) != os.getpid() and _process_gone(int(match.group(1))):
+            _remove(dst.parent / name)
+            removed.append(dst.parent / name)
+    return removed
+
+
 @contextmanager
 def atomic_dir(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
     """Yield an empty temporary folder that becomes `dst` only if the block completes.
@@ -59,7 +99,8 @@ def atomic_dir(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator[
     dst = _refuse_enclosing(Path(dst))
     check_writable(dst, force=force)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    sweep_stale_temps(dst)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(dst), dir=dst.parent))
     os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes 0700; the result should look like any new folder
     try:
         yield tmp
@@ -114,7 +155,8 @@ def atomic_path(dst: str | os.PathLike[str], *, force: bool = False) -> Iterator
     dst = Path(dst)
     check_writable(dst, force=force)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
+    sweep_stale_temps(dst)
+    fd, name = tempfile.mkstemp(prefix=_temp_prefix(dst), dir=dst.parent)
     os.close(fd)
     mode = 0o666 & ~_umask()
     os.chmod(name, mode)

@@ -13,6 +13,7 @@ revision by commit sha when you can: a branch moves, the torrent's pieces do not
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,11 +136,27 @@ def _check_out_dir(folder: Path, out_dir: Path, force: bool) -> None:
     check_writable(out_dir, force=force)
 
 
+def _refuse_aliases(folder: Path, manifest: Manifest) -> None:
+    """Refuse two paths that are one file (a symlink beside its target): a torrent lists each file once.
+
+    Raises:
+        UsageError: naming both paths.
+    """
+    seen: dict[str, str] = {}
+    for digest in manifest.files:
+        real = os.path.realpath(folder / digest.path)
+        if real in seen:
+            raise UsageError(f"{folder}: {seen[real]} and {digest.path} are one file (a symlink to the other, or "
+                             "to the same blob); a torrent lists each file once, so replace the link with a copy")
+        seen[real] = digest.path
+
+
 def build_torrent(folder: Path, manifest: Manifest, *, repo_id: str, revision: str, endpoint: str,
                   progress: PackageProgress | None = None) -> Any:
     """A hashed, deterministic `torf.Torrent` of the manifest's files with Hub web seeds."""
     torf = _torf()
     paths = [folder / f.path for f in manifest.files]
+    _refuse_aliases(folder, manifest)
     torrent = torf.Torrent(created_by=None, creation_date=None, private=None, randomize_infohash=False,
                            comment=f"hf://{repo_id}@{revision}")
     torrent.filepaths = paths

@@ -6,9 +6,14 @@
 - `rollouts`: teacher greedy continuations with their states, in resumable shards.
 - `hidden_state_files`: vLLM-extraction and speculators hidden-state files read as rollouts.
 - `objective`: anchors, the per-slot losses and the confidence target.
-- `trainer`: `finetune()` on one process or under torchrun (DDP / FSDP2), on the rank's device.
-- `evaluate`: acceptance with vLLM's definitions, simulated (next to a prompt-lookup drafter) or
-  measured by vLLM itself (`vllm_eval`, which runs `vllm_eval_worker.py` in vLLM's interpreter).
+- `config`: `TrainConfig`, the `finetune` options (torch-free: the CLI's defaults come from it), and
+  the one dtype spelling.
+- `trainer`: `finetune()` on one process or under torchrun, on the rank's device; its parts:
+  `draft_step` (the module DDP/FSDP2 wrap), `distributed` (device, process group, wrapping),
+  `checkpointer` (training states, rotation, resume), `training_log`, `on_policy` (the rounds).
+- `evaluate`: acceptance with vLLM's definitions, simulated (`acceptance`: the counts, the verify
+  loop, the drafters; `eval_inputs`: the draft, target and rollouts) or measured by vLLM itself
+  (`vllm_eval`, which runs `vllm_eval_worker.py` in vLLM's interpreter).
 
 Imports `verify`, `modeling` and the format core; never `cards`, `hub` or `cli`.
 """
@@ -22,7 +27,7 @@ from dspark_hub._lazy import lazy_exports
 # `evaluate` is the submodule (`dspark_hub.train.evaluate.evaluate`): a lazy name equal to a submodule's
 # would turn into that module as soon as anything imports it.
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "TrainConfig": "trainer", "Trainer": "trainer", "finetune": "trainer", "chunkable_draft_logits": "trainer",
+    "TrainConfig": "config", "Trainer": "trainer", "finetune": "trainer", "chunkable_draft_logits": "draft_step",
     "make_rollouts": "rollouts", "EngineOptions": "engines", "open_engine": "engines",
     "open_training_data": "hidden_state_files",
 })
@@ -30,7 +35,9 @@ __all__ = ["EngineOptions", "TrainConfig", "Trainer", "chunkable_draft_logits", 
            "open_engine", "open_training_data"]
 
 if TYPE_CHECKING:
+    from dspark_hub.train.config import TrainConfig
+    from dspark_hub.train.draft_step import chunkable_draft_logits
     from dspark_hub.train.engines import EngineOptions, open_engine
     from dspark_hub.train.hidden_state_files import open_training_data
     from dspark_hub.train.rollouts import make_rollouts
-    from dspark_hub.train.trainer import TrainConfig, Trainer, chunkable_draft_logits, finetune
+    from dspark_hub.train.trainer import Trainer, finetune

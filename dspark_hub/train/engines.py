@@ -26,10 +26,14 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dspark_hub.errors import UsageError
+from dspark_hub.train.generate import Prompt, Rollout, generate_rollouts, prefill_rollouts
+from dspark_hub.train.teacher import load_teacher, moved
 
 if TYPE_CHECKING:
-    from dspark_hub.train.generate import Prompt, Rollout
     from dspark_hub.train.teacher import CausalLM
+
+# torch and transformers are imported inside the functions that run them: the CLI imports this
+# module (the engine names and options) for `--help`.
 
 #: engine name -> "module:Class" (imported when the engine is opened).
 ENGINES: dict[str, str] = {
@@ -99,7 +103,7 @@ def peak_rss_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    import resource
+    import resource  # Unix only: the fallback where /proc is absent
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
@@ -159,15 +163,11 @@ class TransformersEngine:
 
     def _model(self) -> CausalLM:
         if self.model is None:
-            from dspark_hub.train.teacher import load_teacher, moved
-
             self.model = moved(load_teacher(self.teacher, dtype=self.dtype), self.device)
         return self.model
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
                  batch_size: int, progress: Progress | None = None) -> Iterator[Rollout]:
-        from dspark_hub.train.generate import generate_rollouts, prefill_rollouts
-
         if mode == "prefill":
             return prefill_rollouts(self._model(), prompts, self.layer_ids, batch_size=batch_size, progress=progress)
         return generate_rollouts(self._model(), prompts, self.layer_ids, max_new_tokens=max_new_tokens,

@@ -35,7 +35,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +44,15 @@ import torch
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format import speculators as spec_format
-from dspark_hub.format.jsonio import load_json_object, loads_strict
+from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_weights_like
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train import objective
+from dspark_hub.train.checkpointer import rotate_states, state_files
+from dspark_hub.train.config import TrainConfig, default
+from dspark_hub.train.distributed import peak_memory_bytes
+from dspark_hub.train.draft_step import batch_indices
 from dspark_hub.train.draft_taps import tap_view
 from dspark_hub.train.hidden_state_files import HiddenStateData, detect_format, open_training_data
 from dspark_hub.train.objective_speculators import (
@@ -59,15 +63,8 @@ from dspark_hub.train.objective_speculators import (
 )
 from dspark_hub.train.rollouts import Rollout, RolloutData
 from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head
-from dspark_hub.train.trainer import (
-    LOG_NAME,
-    TrainConfig,
-    TrainResult,
-    batch_indices,
-    peak_memory_bytes,
-    rotate_states,
-    state_files,
-)
+from dspark_hub.train.trainer import TrainResult
+from dspark_hub.train.training_log import TrainingLog
 
 #: Our k3_dspark term names the library spells otherwise (the same quantity).
 LOSS_ALIASES = {"kl": "kl_div"}
@@ -79,11 +76,6 @@ def library_objective(config: TrainConfig) -> Objective:
     if config.max_anchors <= 0:
         raise UsageError(f"{config.max_anchors}; give the anchors per packed row (> 0)", param="max_anchors")
     return Objective(loss=loss, gamma=config.gamma, alpha=config.alpha, max_anchors=config.max_anchors)
-
-
-def _default(name: str) -> Any:
-    (found,) = [f for f in fields(TrainConfig) if f.name == name]
-    return found.default
 
 
 def refuse_unsupported(config: TrainConfig) -> None:
@@ -132,7 +124,7 @@ def serving_warnings(config: Mapping[str, Any]) -> list[str]:
 def check_block_size(config: TrainConfig, base_config: Mapping[str, Any], base: str) -> int:
     """B's block size; a run that asks for another one is refused (the model is trained for its own)."""
     block = int(base_config.get("block_size", spec_format.DEFAULTS["block_size"]))
-    if config.block_size not in (block, _default("block_size")):
+    if config.block_size not in (block, default("block_size")):
         raise UsageError(f"{config.block_size}: {base}/config.json trains blocks of {block} (its block_size); "
                          "leave the option out for a speculators DSpark", param="block_size")
     return block
@@ -163,7 +155,7 @@ def packed_row(rollouts: Sequence[Rollout]) -> PackedRow:
 
 def read_target(teacher: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The target's input embedding, lm_head and final norm weight (float32), read from its files."""
-    from dspark_hub.train.evaluate import read_embedding
+    from dspark_hub.train.eval_inputs import read_embedding
 
     return (read_embedding(teacher).float(), read_lm_head(teacher).float(), read_final_norm(teacher).weight.float())
 
@@ -229,7 +221,7 @@ class SpeculatorsFinetune:
         self.state_dir = config.state_path if (config.save_every or config.resume or config.state_dir) else None
         self.step = self.tokens = self.peak_memory = 0
         self.last_loss: float | None = None
-        self._log_lines: list[str] = []
+        self.log = TrainingLog(self.state_dir, rank=0)
 
     def _total_steps(self) -> int:
         config = self.config
@@ -255,7 +247,7 @@ class SpeculatorsFinetune:
         if anchors.numel() == 0:
             raise UsageError(f"{self.data.folder}: step {self.step + 1}'s sequences have no supervised position "
                              f"before their last {self.block_size} tokens; give longer sequences", param="data")
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.dtype in ("bf16", "bfloat16")):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             result = self.model.loss(row, anchors, self.objective)
         self.optimizer.zero_grad(set_to_none=True)
         result.total.backward()
@@ -279,21 +271,7 @@ class SpeculatorsFinetune:
                 "overlap": overlap, "anchors": int(anchors.numel()), "tokens": tokens, "step_seconds": seconds,
                 "tokens_per_second": tokens / seconds if seconds else 0.0, "peak_memory_bytes": peak, "device": "cpu"}
 
-    # -- log and states ------------------------------------------------------------------------
-
-    def log(self, entry: dict[str, Any]) -> None:
-        line = json.dumps(entry) + "\n"
-        if self.state_dir is None:
-            self._log_lines.append(line)
-            return
-        with open(self.state_dir / LOG_NAME, "a", encoding="utf-8") as handle:
-            handle.write(line)
-
-    def log_text(self) -> str:
-        if self.state_dir is None:
-            return "".join(self._log_lines)
-        path = self.state_dir / LOG_NAME
-        return path.read_text(encoding="utf-8") if path.is_file() else ""
+    # -- states ----------------------------------------------------------------------------------
 
     def save_state(self) -> Path:
         """`state_dir/step-NNNNNN.pt` (trained tensors, optimizer, schedule, step, RNG), `latest.json`, rotation."""
@@ -326,11 +304,7 @@ class SpeculatorsFinetune:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.tokens = state["step"], state["tokens"]
         torch.set_rng_state(state["rng"])
-        log = self.state_dir / LOG_NAME
-        if log.is_file():
-            kept = [line for line in log.read_text().splitlines()
-                    if loads_strict(line, path=str(log))["step"] <= self.step]
-            log.write_text("".join(line + "\n" for line in kept))
+        self.log.truncate(self.step)
         return True
 
     # -- the run -------------------------------------------------------------------------------
@@ -340,14 +314,14 @@ class SpeculatorsFinetune:
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             if not (self.config.resume and self.load_state()):
-                (self.state_dir / LOG_NAME).unlink(missing_ok=True)
+                self.log.restart()
         announce_total(self.progress, self.total_steps - self.step)
         if self.step == 0 and self.warnings:
-            self.log({"step": 0, "warnings": self.warnings})
+            self.log.append({"step": 0, "warnings": self.warnings})
         while self.step < self.total_steps:
             entry = self.train_step()
             self.step += 1
-            self.log(entry)
+            self.log.append(entry)
             if self.progress:
                 self.progress(1)
             if self.config.save_every and self.step % self.config.save_every == 0:
@@ -370,7 +344,7 @@ class SpeculatorsFinetune:
         """B's files with the trained weights (`write_weights_like`), the log and the options, atomically."""
         with atomic_dir(self.config.out, force=self.config.force) as tmp:
             write_weights_like(self.config.base, tmp, self.trained_bytes())
-            (tmp / LOG_NAME).write_text(self.log_text(), encoding="utf-8")
+            self.log.copy_into(tmp)
             trained = replace(self.config, block_size=self.block_size)      # the block size B trains with
             (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(trained.public_dict(), indent=2) + "\n")
 

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub.progress import Progress
 from dspark_hub.train.teacher import capture_states
 
+# torch and transformers are imported inside the functions that run the target: the CLI imports
+# this module (through `engines`) for `--help`.
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel

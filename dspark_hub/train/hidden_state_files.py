@@ -38,7 +38,10 @@ from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.taps import layer_id_from_residual, residual_index
 from dspark_hub.train.rollouts import MANIFEST, Rollout, RolloutData
-from dspark_hub.train.teacher import FinalNorm, check_teacher_matches, read_final_norm, read_json
+from dspark_hub.train.teacher import FinalNorm, check_teacher_matches, read_final_norm, read_json, read_teacher_config
+
+# torch, safetensors and pyarrow (speculators' Arrow files) are imported inside the readers: the
+# CLI imports this module (`parse_layer_ids`) for `--help`.
 
 DataFormat = Literal["rollouts", "speculators", "vllm-extraction"]
 FLOAT_DTYPES = {"F32", "BF16", "F16", "F8_E4M3"}
@@ -193,9 +196,7 @@ class HiddenStateData:
         if self.format == "rollouts":
             raise UsageError(f"{folder}: is a rollouts folder; read it with RolloutData")
         self.teacher_path = str(teacher)
-        check_teacher_matches(read_json(Path(teacher) / "config.json",
-                                        what="a teacher folder that holds config.json"), draft_config,
-                              teacher_name=str(teacher))
+        check_teacher_matches(read_teacher_config(teacher), draft_config, teacher_name=str(teacher))
         self.final_norm = final_norm or read_final_norm(teacher)
         hidden = int(draft_config["target_hidden_size"])
         num_layers = int(draft_config["target_num_hidden_layers"])

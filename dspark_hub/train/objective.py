@@ -35,6 +35,9 @@ from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import loads_strict
 
+# torch is imported inside each function: the CLI imports this module (`parse_loss`,
+# `DEFAULT_LOSS_CHUNK`) for `--help`, which must not load torch.
+
 if TYPE_CHECKING:
     import torch
 

@@ -186,39 +186,61 @@ class SpeculatorsDSparkTrainer:
             return torch.ones(k, k, dtype=torch.bool).tril()
         return torch.ones(k, k, dtype=torch.bool)
 
-    def _attention(self, i: int, u: torch.Tensor, context: torch.Tensor, rope_block: tuple[torch.Tensor, ...],
-                   rope_context: tuple[torch.Tensor, ...], context_mask: torch.Tensor, sliding: bool) -> torch.Tensor:
-        """One layer's attention for blocks `u` `[A, K, H]` over the context rows `[N, H]` and their own block."""
+    def _keys(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Normed, rotated keys of rows `x` `[..., H]`, repeated to the query heads: `[..., heads, d]`."""
+        g = self.geometry
+        pre = f"layers.{i}.self_attn."
+        key = rms_norm(self._linear(x, pre + "k_proj").view(*x.shape[:-1], g.kv_heads, g.head_dim),
+                       self.weights[pre + "k_norm.weight"], self.eps)
+        return _rotate(key, cos, sin).repeat_interleave(g.heads // g.kv_heads, dim=-2)
+
+    def _values(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        g = self.geometry
+        value = self._linear(x, f"layers.{i}.self_attn.v_proj").view(*x.shape[:-1], g.kv_heads, g.head_dim)
+        return value.repeat_interleave(g.heads // g.kv_heads, dim=-2)
+
+    def _attention(self, i: int, u: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
+                   rope_block: tuple[torch.Tensor, torch.Tensor], context_mask: torch.Tensor, sliding: bool
+                   ) -> torch.Tensor:
+        """Attention of blocks `u` `[A, K, H]` over context keys/values `[C, h, d]` (`context_mask` `[A, C]`)."""
         import torch
 
         g = self.geometry
-        pre = f"layers.{i}.self_attn."
         a, k, _ = u.shape
-        q = rms_norm(self._linear(u, pre + "q_proj").view(a, k, g.heads, g.head_dim),
-                     self.weights[pre + "q_norm.weight"], self.eps)
-        q = _rotate(q, rope_block[0][:, :, None], rope_block[1][:, :, None])
-
-        def keys(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-            key = rms_norm(self._linear(x, pre + "k_proj").view(*x.shape[:-1], g.kv_heads, g.head_dim),
-                           self.weights[pre + "k_norm.weight"], self.eps)
-            return _rotate(key, cos, sin).repeat_interleave(g.heads // g.kv_heads, dim=-2)
-
-        def values(x: torch.Tensor) -> torch.Tensor:
-            value = self._linear(x, pre + "v_proj").view(*x.shape[:-1], g.kv_heads, g.head_dim)
-            return value.repeat_interleave(g.heads // g.kv_heads, dim=-2)
-
-        key_c = keys(context, rope_context[0][:, None], rope_context[1][:, None])          # [N, h, d]
-        key_b = keys(u, rope_block[0][:, :, None], rope_block[1][:, :, None])               # [A, K, h, d]
+        q = rms_norm(self._linear(u, f"layers.{i}.self_attn.q_proj").view(a, k, g.heads, g.head_dim),
+                     self.weights[f"layers.{i}.self_attn.q_norm.weight"], self.eps)
+        cos, sin = rope_block[0][:, :, None], rope_block[1][:, :, None]
+        q = _rotate(q, cos, sin)
+        key_c, value_c = context
         scale = g.head_dim ** -0.5
         scores_c = torch.einsum("akhd,nhd->ahkn", q, key_c) * scale
-        scores_b = torch.einsum("akhd,ajhd->ahkj", q, key_b) * scale
+        scores_b = torch.einsum("akhd,ajhd->ahkj", q, self._keys(i, u, cos, sin)) * scale
         scores_c = scores_c.masked_fill(~context_mask[:, None, None, :], float("-inf"))
         scores_b = scores_b.masked_fill(~self._block_mask(sliding)[None, None], float("-inf"))
         n = key_c.shape[0]
         weights = torch.softmax(torch.cat([scores_c, scores_b], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-        out = (torch.einsum("ahkn,nhd->akhd", weights[..., :n], values(context))
-               + torch.einsum("ahkj,ajhd->akhd", weights[..., n:], values(u)))
-        return self._linear(out.reshape(a, k, g.heads * g.head_dim), pre + "o_proj")
+        out = (torch.einsum("ahkn,nhd->akhd", weights[..., :n], value_c)
+               + torch.einsum("ahkj,ajhd->akhd", weights[..., n:], self._values(i, u)))
+        return self._linear(out.reshape(a, k, g.heads * g.head_dim), f"layers.{i}.self_attn.o_proj")
+
+    @staticmethod
+    def _spans(row: PackedRow, anchors: torch.Tensor) -> list[tuple[slice, int, int]]:
+        """Anchor groups of one document with the context rows they may see: `(anchor slice, lo, hi)`.
+
+        A block sees only rows of its own document before its anchor, so scores outside
+        `[first row of the document, last anchor of the group)` are all masked: skipping them is exact
+        and makes the attention cost grow with the document, not the packed row.
+        """
+        import torch
+
+        docs = row.document_ids[anchors].tolist()
+        spans, start = [], 0
+        for j in range(1, len(docs) + 1):
+            if j == len(docs) or docs[j] != docs[start]:
+                lo = int(torch.nonzero(row.document_ids == docs[start])[0]) if docs[start] != -1 else 0
+                spans.append((slice(start, j), lo, max(lo, int(anchors[j - 1]))))
+                start = j
+        return spans
 
     def hidden(self, row: PackedRow, anchors: torch.Tensor) -> torch.Tensor:
         """Final-normed block states `z` `[A, K, H]` for the anchors of one packed row."""
@@ -231,14 +253,19 @@ class SpeculatorsDSparkTrainer:
         block_ids = torch.full((anchors.numel(), k), self.mask_token_id, dtype=torch.long)
         block_ids[:, 0] = row.input_ids[anchors]
         block_positions = row.positions[anchors][:, None] + torch.arange(k)[None, :]
-        rope_block, rope_context = self.rope(block_positions, dtype), self.rope(row.positions, dtype)
+        rope_block, (cos_c, sin_c) = self.rope(block_positions, dtype), self.rope(row.positions, dtype)
+        spans = self._spans(row, anchors)
         h = self.embed[block_ids].to(dtype)
         for i in range(self.geometry.layers):
             pre = f"layers.{i}."
             sliding = self.layer_types[i] == "sliding_attention"
             mask = self._context_mask(row, anchors, sliding)
+            key_c, value_c = self._keys(i, context, cos_c[:, None], sin_c[:, None]), self._values(i, context)
             u = rms_norm(h, self.weights[pre + "input_layernorm.weight"], self.eps)
-            h = h + self._attention(i, u, context, rope_block, rope_context, mask, sliding)
+            attended = [self._attention(i, u[group], (key_c[lo:hi], value_c[lo:hi]),
+                                        (rope_block[0][group], rope_block[1][group]), mask[group, lo:hi], sliding)
+                        for group, lo, hi in spans]
+            h = h + torch.cat(attended)
             u = rms_norm(h, self.weights[pre + "post_attention_layernorm.weight"], self.eps)
             h = h + self._linear(F.silu(self._linear(u, pre + "mlp.gate_proj")) * self._linear(u, pre + "mlp.up_proj"),
                                  pre + "mlp.down_proj")
@@ -270,7 +297,7 @@ class SpeculatorsDSparkTrainer:
 
     def forward(self, row: PackedRow, anchors: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Draft logits `[A*K, Vd]`, target logits `[A*K, Vd]`, confidence logits `[A*K]` and the row indices."""
+        """Draft logits `[A*K, Vd]`, the target's log-probabilities `[A*K, Vd]`, confidence logits `[A*K]`, rows."""
         import torch
         import torch.nn.functional as F
 
@@ -280,9 +307,12 @@ class SpeculatorsDSparkTrainer:
         rows = (anchors[:, None] + torch.arange(k)[None, :]).reshape(-1)
         with torch.no_grad():
             target_rows = rows if self.sample_from_anchor else (rows - 1) % row.input_ids.shape[0]
-            last = row.last_hidden[target_rows].to(self.target_norm.dtype)
+            # Overlapping blocks share rows: the target's log-distribution once per distinct row, then gathered.
+            distinct, inverse = torch.unique(target_rows, return_inverse=True)
+            last = row.last_hidden[distinct].to(self.target_norm.dtype)
             normed = last if row.final_normed else rms_norm(last, self.target_norm, self.eps)
-            targets = F.linear(normed, self.verifier_head.to(normed.dtype))
+            targets = F.log_softmax(F.linear(normed, self.verifier_head.to(normed.dtype)), -1, dtype=torch.float32)
+            targets = targets[inverse]
         block_tokens = row.input_ids[rows].view(-1, k)
         prev = block_tokens if self.sample_from_anchor else torch.cat([block_tokens[:, :1], block_tokens[:, :-1]], 1)
         e = None
@@ -317,52 +347,52 @@ def slot_decay(block_size: int, count: int, gamma: float, sample_from_anchor: bo
     return torch.exp(-((k - 1).clamp(min=0)) / gamma) * (k != 0).float()
 
 
-def term_elementwise(name: str, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-row loss of one library term (the eager definitions of losses/eager.py), `[rows]`."""
-    import torch
-    import torch.nn.functional as F
+def term_elementwise(name: str, log_q: torch.Tensor, log_p: torch.Tensor, overlap: torch.Tensor) -> torch.Tensor:
+    """Per-row loss of one library term (the definitions of losses/eager.py), `[rows]`.
 
-    log_q = F.log_softmax(logits, dim=-1, dtype=torch.float32)
+    `log_q`, `log_p`: the draft's and the target's log-probabilities (float32); `overlap`: `sum min(q, p)`.
+    """
+    import torch
+
     if name == "ce":
-        return F.cross_entropy(logits.float(), targets.argmax(-1), reduction="none")
+        return -log_q.gather(-1, log_p.argmax(-1, keepdim=True)).squeeze(-1)
     if name == "kl_div":
-        return F.kl_div(log_q, F.softmax(targets, dim=-1, dtype=torch.float32), reduction="none").sum(-1)
-    log_p = F.log_softmax(targets, dim=-1, dtype=torch.float32)
+        return (log_p.exp() * (log_p - log_q)).sum(-1)
     if name == "rkl":
-        return F.kl_div(log_p, log_q, reduction="none", log_target=True).sum(-1)
+        return (log_q.exp() * (log_q - log_p)).sum(-1)
     if name == "jsd":
         log_m = torch.logaddexp(log_q, log_p) - math.log(2.0)
-        return 0.5 * (F.kl_div(log_m, log_p, reduction="none", log_target=True).sum(-1)
-                      + F.kl_div(log_m, log_q, reduction="none", log_target=True).sum(-1))
-    overlap = torch.minimum(log_q.exp(), log_p.exp()).sum(-1)
+        return 0.5 * ((log_p.exp() * (log_p - log_m)).sum(-1) + (log_q.exp() * (log_q - log_m)).sum(-1))
     if name == "tv":
         return 1.0 - overlap
     if name == "nla":
         return -torch.log(overlap.clamp_min(1e-5))
     weight = torch.exp(-3.0 * overlap.detach())                      # lk_hybrid, eta = 3 (the library's default)
-    return weight * term_elementwise("kl_div", logits, targets) + (1.0 - weight) * (1.0 - overlap)
+    return weight * term_elementwise("kl_div", log_q, log_p, overlap) + (1.0 - weight) * (1.0 - overlap)
 
 
-def library_loss(logits: torch.Tensor, targets: torch.Tensor, confidence: torch.Tensor | None, mask: torch.Tensor,
+def library_loss(logits: torch.Tensor, log_p: torch.Tensor, confidence: torch.Tensor | None, mask: torch.Tensor,
                  block_size: int, objective: Objective, *, sample_from_anchor: bool) -> LossResult:
     """`compound_loss` plus the confidence BCE, as speculators 0.9.0 `dspark/metrics.compute_metrics` sums them."""
     import torch
     import torch.nn.functional as F
 
     decay = slot_decay(block_size, mask.shape[0], objective.gamma, sample_from_anchor)
+    log_q = F.log_softmax(logits, dim=-1, dtype=torch.float32)
+    needs_grad = bool(set(objective.loss) & {"tv", "nla", "lk_hybrid"})
+    with torch.set_grad_enabled(needs_grad and torch.is_grad_enabled()):
+        overlap = torch.minimum(log_q.exp(), log_p.exp()).sum(-1)
     total = torch.zeros((), dtype=torch.float32)
     terms: dict[str, torch.Tensor] = {}
     for name, weight in objective.loss.items():
-        elementwise = term_elementwise(name, logits, targets)
+        elementwise = term_elementwise(name, log_q, log_p, overlap)
         term = (elementwise * mask.to(elementwise.dtype) * decay).sum() / (mask.sum() + TERM_EPS)
         terms[f"{name}_loss"] = term
         total = total + weight * term
-    with torch.no_grad():
-        overlap = torch.minimum(F.softmax(logits, -1, dtype=torch.float32),
-                                F.softmax(targets, -1, dtype=torch.float32)).sum(-1)
+    accept_rate = overlap.detach()
     confidence_term = None
     if confidence is not None:
-        bce = F.binary_cross_entropy_with_logits(confidence, overlap.to(confidence.dtype), reduction="none")
+        bce = F.binary_cross_entropy_with_logits(confidence, accept_rate.to(confidence.dtype), reduction="none")
         confidence_term = (bce * mask.to(bce.dtype) * decay).sum() / (mask.sum() + CONFIDENCE_EPS)
         total = total + objective.alpha * confidence_term
-    return LossResult(total=total, terms=terms, confidence=confidence_term, accept_rate=overlap, mask=mask)
+    return LossResult(total=total, terms=terms, confidence=confidence_term, accept_rate=accept_rate, mask=mask)

@@ -42,7 +42,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
@@ -63,13 +63,13 @@ from dspark_hub.train.teacher import (
     chat_template_digest,
     load_tokenizer,
     read_json,
+    read_teacher_config,
     sha256_file,
     teacher_identity,
 )
 
-if TYPE_CHECKING:
-
-    pass
+# safetensors (and torch through it) is imported inside the shard readers and writers: the CLI
+# imports this module for `--help`.
 
 #: `manifest.json` and shard metadata of a rollouts folder.
 SCHEMA = schemas.ROLLOUTS_DATA
@@ -309,8 +309,7 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
         raise UsageError(f"rollouts mode {mode!r}: use one of {', '.join(MODES)}")
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file", param="draft_config"))
-    teacher_config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json",
-                               param="teacher")
+    teacher_config = read_teacher_config(teacher, param="teacher")
     # A speculators DSpark's aux ids become our target_layer_ids here (format.taps, through its DraftFormat).
     draft = tap_view(draft, teacher_config, target=str(teacher),
                      where="the draft's config" if isinstance(draft_config, dict) else str(draft_config))

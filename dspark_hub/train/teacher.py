@@ -29,10 +29,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dspark_hub._text import plural
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.format.taps import require_tap_layers, text_config
 from dspark_hub.format.tensorio import tensor_files
+
+# torch, transformers and safetensors are imported inside the functions that load weights: config
+# checks and identities (and the CLI's `--help`) import this module without them.
 
 if TYPE_CHECKING:
     import torch
@@ -74,6 +78,16 @@ def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder
         return load_json_object(path)
     except CheckpointFormatError as e:
         raise UsageError(f"{e.message}; pass {what}", param=param) from None
+
+
+def read_teacher_config(folder: str | os.PathLike[str], *, param: str | None = None) -> dict[str, Any]:
+    """The target folder's `config.json`: the one way every part of `train` reads it.
+
+    Raises:
+        CheckpointNotFoundError, UsageError: as `read_json`'s, asking for a folder that holds config.json
+            (about `param`, the caller's argument, when given).
+    """
+    return read_json(Path(folder) / CONFIG_NAME, what="a teacher folder that holds config.json", param=param)
 
 
 def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
@@ -171,7 +185,7 @@ def read_lm_head(folder: str | os.PathLike[str]) -> torch.Tensor:
     from safetensors import safe_open
 
     folder = Path(folder)
-    config = read_json(folder / "config.json")
+    config = read_teacher_config(folder)
     files = tensor_files(folder)
     name = lm_head_name(files, config)
     with safe_open(str(files[name]), framework="pt") as handle:
@@ -219,7 +233,7 @@ def read_final_norm(folder: str | os.PathLike[str]) -> FinalNorm:
     from safetensors import safe_open
 
     folder = Path(folder)
-    config = read_json(folder / "config.json", what="a teacher folder that holds config.json")
+    config = read_teacher_config(folder)
     text = text_config(config)
     if text.get("model_type") in _ONE_PLUS_WEIGHT_NORMS or config.get("model_type") in _ONE_PLUS_WEIGHT_NORMS:
         raise UsageError(f"{folder}: model_type {text.get('model_type') or config.get('model_type')} scales its "
@@ -245,7 +259,7 @@ def teacher_eos_ids(folder: str | os.PathLike[str]) -> list[int]:
     if (folder / "generation_config.json").is_file():
         eos = read_json(folder / "generation_config.json").get("eos_token_id")
     if eos is None:
-        config = read_json(folder / "config.json", what="a teacher folder that holds config.json")
+        config = read_teacher_config(folder)
         eos = text_config(config).get("eos_token_id", config.get("eos_token_id"))
     if eos is None:
         return []

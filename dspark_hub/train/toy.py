@@ -36,6 +36,10 @@ from dspark_hub.format import contract
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.writer import atomic_dir, check_writable
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.train.teacher import moved
+
+# torch, transformers, tokenizers and safetensors are imported inside the writers: the CLI imports
+# this module for `--help`.
 
 #: Profiles `init_teacher` writes (a Kimi-K3-sized teacher is not a toy).
 TEACHER_PROFILES = ("tiny",)
@@ -188,8 +192,6 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from dspark_hub.train.teacher import moved
 
     dst = Path(dst)
     check_writable(dst, force=force)

@@ -14,8 +14,8 @@ which releases the lock, and that event registered so upstream's `get_finished` 
 request done in the same step. Everything else (lock files, file names, `include_output_tokens`,
 the file format) is upstream's, so the files are byte-compatible.
 
-It relies on private members of vLLM 0.32's connector (`PINNED_MEMBERS`); importing this module
-checks they are there and fails loudly, naming what changed, when an upgrade moves them.
+It relies on private members (`PINNED_MEMBERS`) of the connector of vLLM's pinned series (`vllm.pin`);
+importing this module checks they are there and fails loudly, naming what changed, when an upgrade moves them.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-#: vLLM versions this subclass is written against (the private members below are theirs).
-TESTED_VLLM = "0.32"
+from dspark_hub.vllm.pin import PINNED_SERIES
+
 #: Upstream members the subclass reads or writes; `check_upstream()` names any that disappear.
 PINNED_MEMBERS = ("_submit_async_write", "_write_tensors", "get_finished", "request_finished", "wait_for_save",
                   "register_kv_caches")
@@ -60,7 +60,7 @@ def check_upstream() -> list[str]:
 _MISSING = check_upstream()
 if _MISSING:
     raise ImportError(f"vLLM's ExampleHiddenStatesConnector changed ({', '.join(_MISSING)} missing); "
-                      f"dspark_hub's CPU connector is written for vLLM {TESTED_VLLM}.*")
+                      f"dspark_hub's CPU connector is written for vLLM {PINNED_SERIES}.*")
 
 
 class _CompletedEvent:

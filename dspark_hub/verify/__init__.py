@@ -14,7 +14,7 @@
 - `deep`: every byte streamed once (digests, NaN/inf, all-zero matrices).
 - `against_hub`: local files against a Hub revision.
 - `golden`: golden vectors of the reference forward (needs torch).
-- `codes`: every finding code the checks emit, with its meaning (the README's table).
+- `codes`: every finding code the checks emit, with its meaning (docs/codes.md's table).
 
 Imports the format core (and `modeling` for golden vectors), never `train`, `cards`, `hub` or `cli`.
 """

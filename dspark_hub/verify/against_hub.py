@@ -7,15 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_hub.format.digests import (
-    SIDECAR_NAMES,
-    FileDigest,
-    FileProblem,
-    Manifest,
-    checkpoint_files,
-    compute_manifest,
-    git_blob_sha1,
-)
+from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest, git_blob_sha1
+from dspark_hub.format.folder import folder_files, read_regular
 from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
 from dspark_hub.progress import Progress
 
@@ -65,7 +58,7 @@ def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str
                                         f"{theirs.sha256[:12]}... on {location}; the content differs",
                                         expected=theirs.sha256, actual=digest.sha256))
         elif theirs.sha256 is None:
-            ours = digest.blob_id if not digest.lfs else git_blob_sha1((folder / path).read_bytes())
+            ours = digest.blob_id if not digest.lfs else git_blob_sha1(read_regular(folder / path))
             if ours != theirs.blob_id:
                 problems.append(FileProblem(path, "mismatch", f"{path}: git blob {(ours or '')[:12]}... here, "
                                             f"{(theirs.blob_id or '')[:12]}... on {location}; the content differs",
@@ -80,10 +73,12 @@ def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str
 
 
 def local_digests(folder: Path, *, progress: Progress | None = None) -> Manifest:
-    """Digests of a folder's checkpoint files plus its checksum sidecars (both get published)."""
-    folder = Path(folder)
-    sidecars = [name for name in sorted(SIDECAR_NAMES) if (folder / name).is_file()]
-    return compute_manifest(folder, paths=checkpoint_files(folder) + sidecars, progress=progress)
+    """Digests of every file of a folder, its checksum sidecars included (both get published).
+
+    Raises:
+        CheckpointFormatError: the folder holds an entry the listing leaves out (`format.folder`).
+    """
+    return compute_manifest(folder, paths=folder_files(folder), progress=progress)
 
 
 def compare_with_hub(folder: Path | str, repo_id: str, revision: str | None = None, *,

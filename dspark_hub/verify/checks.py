@@ -260,17 +260,14 @@ def check_against_hub(report: Report, folder: str, hub_ref: str, *,
 
 def _execute_runtimes(runtime: str | list[str] | None, *, local: bool) -> str | list[str]:
     """The runtimes to judge when vLLM's loader is to be executed (vllm unless named); refuse what cannot run."""
-    from dspark_hub.verify.execute_vllm import HOW_TO_GET_VLLM, VllmNotAvailable, vllm_available
+    from dspark_hub.verify.execute_vllm import require_vllm
 
     if not local:
         raise UsageError("runs vLLM's loader over the tensors of a local folder; pass a local folder", param="execute")
     names = ["vllm"] if runtime is None else runtime
     if "vllm" not in names and "all" not in names and names != "all":
         raise UsageError("runs vLLM's loader; add vllm to `runtime`", param="execute")
-    if not vllm_available():
-        import sys
-
-        raise VllmNotAvailable(f"vLLM is not importable in {sys.executable}; {HOW_TO_GET_VLLM}", param="execute")
+    require_vllm()
     return names
 
 

@@ -2,7 +2,7 @@
 
 The format core reports what it meets while reading a folder under its own codes
 (`format.checkpoint.FOLDER_CODES`, `format.reader.FORMAT_CODES`); a verify report carries
-those too. The README's "Finding codes" tables list all of them (`tests/test_docs.py`).
+those too. docs/codes.md lists all of them, generated from these dicts by `docs/generate.py`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """`verify --deep` and `--frozen-embed`: the byte-level half of verification.
 
-One streaming pass per weight file computes the file's SHA-256 and, per tensor, the
-count of NaN and inf values, whether it is all zeros, and its mean, std and max |x|.
-The file is mapped in windows (no copy out of the page cache). A hash thread feeds each
-window to `hashlib` (which releases the GIL) and hands it to a stats thread, which scans it
-with numpy while the next window is hashed, reading bytes the hash has just pulled into the
-shared cache. Per L2-sized slice the scan makes two integer reductions (largest positive and
-negative magnitude: NaN, inf and all-zero follow from them), widens BF16 to F32 in place, and
-takes the sum and the sum of squares with BLAS. Non-finite values, which the reductions reveal,
-take a slower path that counts them. Several files run in parallel. Memory is bounded by
-`RING_DEPTH x WINDOW_BYTES` mapped per file plus small scratch arrays.
+One streaming pass per weight file computes the file's SHA-256 and, per tensor, the count of NaN and
+inf values, whether it is all zeros, and its mean, std and max |x|. The file is read in windows into
+a ring of reused buffers. A hash thread feeds each window to `hashlib` (which releases the GIL) and
+hands it to a stats thread, which scans it with numpy while the next window is read and hashed,
+reading bytes the hash has just pulled into the shared cache. The windows are read, not mapped: a
+mapped file that shrinks under the scan kills the process with SIGBUS, while a short read is a
+`FILE_CHANGED` error naming the file. Per L2-sized slice the scan makes two integer reductions
+(largest positive and negative magnitude: NaN, inf and all-zero follow from them), widens BF16 to
+F32 in place, and takes the sum and the sum of squares with BLAS. Non-finite values, which the
+reductions reveal, take a slower path that counts them. Several files run in parallel. Memory is
+bounded by `RING_DEPTH x WINDOW_BYTES` of buffers per file plus small scratch arrays.
 
 On two idle cores the scan runs beside the hash and `--deep` takes about as long as hashing
 alone; when other processes keep every core busy, the wall time tends to the CPU-time ratio
@@ -44,10 +45,9 @@ or norm is not an error) and `FROZEN_EMBED_MISMATCH`, all errors naming the tens
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import io
 import math
-import mmap
 import os
 import queue
 import threading
@@ -60,9 +60,10 @@ from typing import Any
 
 import numpy as np
 
-from dspark_hub.errors import UsageError, about
+from dspark_hub.errors import CheckpointFormatError, UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource
+from dspark_hub.format.folder import open_regular
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo
 from dspark_hub.format.tensorio import (
     FLOAT_BITS,
@@ -80,7 +81,7 @@ from dspark_hub.report import Finding, Report, error
 from dspark_hub.verify.embedding import EmbeddingComparison, compare_embeddings
 
 RING_DEPTH = 4
-#: Bytes mapped at a time: the window the hash has just read is still in the shared cache when the
+#: Bytes read at a time: the window the hash has just read is still in the shared cache when the
 #: stats thread scans it (two windows fit in L3 with room to spare).
 WINDOW_BYTES = 8 << 20
 #: Elements per numpy call in the stats thread: small enough that the slice and its temporaries stay in L2.
@@ -303,10 +304,10 @@ class FileScan:
 
 
 class _Job:
-    __slots__ = ("offset", "window")
+    __slots__ = ("buffer", "length", "offset")
 
-    def __init__(self, window: mmap.mmap, offset: int) -> None:
-        self.window, self.offset = window, offset
+    def __init__(self, buffer: bytearray, offset: int, length: int) -> None:
+        self.buffer, self.offset, self.length = buffer, offset, length
 
 
 def _consume(jobs: queue.Queue[_Job | None], work: Callable[[_Job], None], done: Callable[[_Job | None], None],
@@ -323,27 +324,30 @@ def _consume(jobs: queue.Queue[_Job | None], work: Callable[[_Job], None], done:
     done(None)
 
 
-def _map_window(fd: int, offset: int, length: int) -> mmap.mmap:
-    # Mapping page-cache pages costs a tenth of copying them with readinto (measured: 0.17 s vs 1.4-1.9 s
-    # of system time per 3 GB); MAP_POPULATE maps the whole window up front instead of page by page.
-    return mmap.mmap(fd, length, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ,
-                     offset=offset)
-
-
-def _unmap(window: mmap.mmap) -> None:
-    # BufferError: a view is still referenced (a traceback); the mapping goes with it.
-    with contextlib.suppress(BufferError):
-        window.close()
-
-
 def _hash_window(hasher: hashlib._Hash, job: _Job) -> None:
-    with memoryview(job.window) as view:
-        hasher.update(view)
+    with memoryview(job.buffer) as view:
+        hasher.update(view[:job.length])
 
 
 def _scan_window(scanner: _FileScanner, job: _Job) -> None:
-    with memoryview(job.window) as view:
-        scanner.feed(job.offset, view)
+    with memoryview(job.buffer) as view:
+        scanner.feed(job.offset, view[:job.length])
+
+
+def _changed(shown: str, size: int, now: int) -> CheckpointFormatError:
+    return CheckpointFormatError("FILE_CHANGED", f"size changed while it was scanned ({size:,} -> {now:,} bytes); "
+                                 "verify again once writers are done", path=shown)
+
+
+def _read_window(f: io.FileIO, view: memoryview) -> int:
+    """Fill `view` from the file's current position; fewer bytes only at end of file."""
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
 
 
 def scan_file(path: str | os.PathLike[str], header: SafetensorsHeader, *, name: str | None = None,
@@ -351,33 +355,35 @@ def scan_file(path: str | os.PathLike[str], header: SafetensorsHeader, *, name: 
               depth: int = RING_DEPTH) -> FileScan:
     """SHA-256 of a whole file and statistics of every tensor in it, in one overlapped pass.
 
-    The file is mapped in windows of `chunk_bytes` (at most `depth` at a time, which bounds
+    The file is read in windows of `chunk_bytes` into `depth` reused buffers (which bounds
     memory). The hash thread hashes each window and hands it to the stats thread, which scans
-    it while the next one is hashed: the scan reads bytes the hash has just pulled into the
-    shared cache, and both run GIL-free most of the time (hashlib and numpy release it).
-    The file must not shrink while it is scanned.
+    it while the next one is read and hashed: the scan reads bytes the hash has just pulled into
+    the shared cache, and both run GIL-free most of the time (hashlib and numpy release it).
 
     Args:
         path: the safetensors file.
         header: its validated header (`reader.read_header`).
-        name: how to name the file in the result (default: the path).
-        progress: called with the number of bytes mapped.
-        chunk_bytes: window size (rounded up to the mapping granularity).
+        name: how to name the file in the result and in errors (default: the path).
+        progress: called with the number of bytes read.
+        chunk_bytes: window size.
         depth: windows in flight.
+
+    Raises:
+        CheckpointFormatError: `FILE_CHANGED`, the file is not the size its header was read at (it shrank
+            or grew since, or while it was scanned); `SPECIAL_FILE`, it is not a regular file.
     """
     shown = name or str(path)
-    window = -(-chunk_bytes // mmap.ALLOCATIONGRANULARITY) * mmap.ALLOCATIONGRANULARITY
     scanner = _FileScanner(header, shown)
     hasher = hashlib.sha256()
-    slots = threading.Semaphore(depth)
+    free: queue.Queue[bytearray] = queue.Queue()
     failures: list[BaseException] = []
     to_hash: queue.Queue[_Job | None] = queue.Queue()
     to_scan: queue.Queue[_Job | None] = queue.Queue()
+    size = header.file_size
 
     def scanned(job: _Job | None) -> None:
         if job is not None:
-            _unmap(job.window)
-            slots.release()
+            free.put(job.buffer)
 
     workers = [
         threading.Thread(target=_consume, daemon=True, name="deep-hash",
@@ -389,16 +395,25 @@ def scan_file(path: str | os.PathLike[str], header: SafetensorsHeader, *, name: 
         w.start()
     began = time.perf_counter()
     try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
+        with open_regular(path, display=shown) as f:
+            if (now := os.fstat(f.fileno()).st_size) != size:
+                raise _changed(shown, size, now)
+            window = max(1, min(chunk_bytes, size))
+            for _ in range(max(1, depth)):
+                free.put(bytearray(window))
             for offset in range(0, size, window):
-                slots.acquire()
+                buffer = free.get()
                 if failures:
                     break
                 length = min(window, size - offset)
-                to_hash.put(_Job(_map_window(f.fileno(), offset, length), offset))
+                got = _read_window(f, memoryview(buffer)[:length])
+                if got < length:
+                    raise _changed(shown, size, offset + got)
+                to_hash.put(_Job(buffer, offset, length))
                 if progress:
                     progress(length)
+            if not failures and ((now := os.fstat(f.fileno()).st_size) != size or f.read(1)):
+                raise _changed(shown, size, max(now, size + 1))
     finally:
         to_hash.put(None)    # the hash thread passes it on to the stats thread
         for w in workers:

@@ -6,11 +6,11 @@ layout must not be able to tell the files apart by anything but their bytes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark_hub._text import short_json
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
@@ -25,7 +25,7 @@ ALLOWED_EXTRA_KEYS = {"auto_map": "added by 'dspark-hub export-code' for trust_r
 
 
 def _fmt(value: Any) -> str:
-    return json.dumps(value)
+    return short_json(value)   # the reference's config is someone else's file: a value may be 50 MB
 
 
 @dataclass(frozen=True)

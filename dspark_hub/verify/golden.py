@@ -57,7 +57,9 @@ from dspark_hub.errors import (
 )
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.folder import open_regular
 from dspark_hub.format.jsonio import load_json_object, loads_strict
+from dspark_hub.format.tensorio import weight_files
 from dspark_hub.format.writer import atomic_path
 
 if TYPE_CHECKING:
@@ -112,7 +114,7 @@ class GoldenCheck:
 
 
 def _weight_digests(folder: Path) -> dict[str, str]:
-    files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    files = weight_files(folder)
     if not files:
         raise CheckpointNotFoundError(f"{folder}: no *.safetensors", hint="pass a k3_dspark checkpoint folder")
     return {p.name: sha256_file(p) for p in files}
@@ -309,6 +311,7 @@ def _read_fixture(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     from safetensors import SafetensorError, safe_open
 
     rewrite = "pass a fixture written by 'dspark-hub golden CKPT -o FILE'"
+    open_regular(path).close()    # the safetensors library would block on a FIFO
     try:
         with safe_open(str(path), framework="pt") as handle:
             meta: dict[str, Any] = dict(handle.metadata() or {})

@@ -6,10 +6,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from dspark_hub._text import short_json
 from dspark_hub.format import contract
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.taps import tap_layer_findings
@@ -26,7 +26,7 @@ REQUIRED_KEYS = (
 
 
 def _fmt(value: Any) -> str:
-    return json.dumps(value)
+    return short_json(value)
 
 
 def _rule(ok: bool, key: str, message: str, hint: str) -> list[Finding]:
@@ -64,7 +64,17 @@ def _value_rules(config: Mapping[str, Any]) -> list[Finding]:
     out += _rule(is_int(q_rank) and q_rank > 0, "q_lora_rank", f"q_lora_rank is {_fmt(q_rank)}; it must be > 0",
                  "the k3_dspark attention always uses a q low-rank projection")
     out += _rope_rules(config.get("rope_parameters"))
+    out += _dtype_rules(config)
     return out
+
+
+def _dtype_rules(config: Mapping[str, Any]) -> list[Finding]:
+    """`torch_dtype` / `dtype` name a float dtype loaders know (`"bfloat17"`, `5` or `null` load as the default)."""
+    known = ", ".join(contract.TORCH_DTYPE_NAMES)
+    return [finding for key, value in contract.unknown_dtypes(config).items()
+            for finding in _rule(False, key, f"{key} is {_fmt(value)}; it must be one of {known}",
+                                 "write the dtype the tensors are saved in (reference: "
+                                 f"{_fmt(contract.REFERENCE_CONFIG['torch_dtype'])})")]
 
 
 #: What YaRN needs in `rope_parameters`, and the type of each value.
@@ -116,7 +126,7 @@ def _structure_rules(config: Mapping[str, Any]) -> list[Finding]:
         if key not in config and key not in REQUIRED_KEYS:
             out.append(warning("CONFIG_MISSING_KEY", f"config.json:{key}", f"{key} is missing",
                                f"add it (reference value {_fmt(contract.REFERENCE_CONFIG[key])})"))
-    nulls = [k for k, v in config.items() if v is None]
+    nulls = [k for k, v in config.items() if v is None and k not in contract.DTYPE_KEYS]   # dtype: `_dtype_rules`
     for key in nulls:
         make = error if key in REQUIRED_KEYS else warning
         out.append(make("CONFIG_NULL_VALUE", f"config.json:{key}", f"{key} is null; runtimes read it as unset "

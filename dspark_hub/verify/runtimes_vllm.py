@@ -42,8 +42,9 @@ from dspark_hub.verify.verdicts import (
     by_id,
     recipe_parameters,
 )
+from dspark_hub.vllm.pin import PINNED_VERSION
 
-VERSION = "vLLM 0.32.0"
+VERSION = f"vLLM {PINNED_VERSION}"
 _MLA = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
 _CFG = "vllm/transformers_utils/configs/k3_dspark.py"
 _UTILS = "vllm/model_executor/models/utils.py"

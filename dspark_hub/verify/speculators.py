@@ -17,14 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dspark_hub.format import speculators
+from dspark_hub._text import short_json
+from dspark_hub.format import contract, speculators
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.taps import aux_id_findings
 from dspark_hub.report import Finding, error, warning
+from dspark_hub.vllm.pin import PINNED_VERSION
 
 Evidence = Literal["executed", "read"]
 S = "speculators 0.9.0 "
-V = "vLLM 0.32.0 "
+V = f"vLLM {PINNED_VERSION} "
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ BOOLEAN_FLAGS = ("enable_confidence_head", "confidence_head_with_markov", "sampl
 
 
 def _fmt(value: Any) -> str:
-    return json.dumps(value)[:80]
+    return short_json(value)
 
 
 
@@ -272,8 +274,12 @@ def _serving_rules(config: Mapping[str, Any]) -> list[Finding]:
             out.append(_rule("required", key, f"{key} is missing; speculators falls back to "
                              f"{_fmt(speculators.DEFAULTS[key])}", "write it explicitly", severity="warning",
                              code="CONFIG_MISSING_KEY"))
-    if speculators.float_dtype(config) is None:
-        out.append(_rule("dtype", "dtype", f"dtype is {_fmt(config.get('dtype'))}; the roster assumes bfloat16",
+    unknown = contract.unknown_dtypes(config)
+    for key, value in unknown.items():
+        out.append(_rule("dtype", key, f"{key} is {_fmt(value)}; it must be one of "
+                         f"{', '.join(contract.TORCH_DTYPE_NAMES)}", "write the dtype the tensors are saved in"))
+    if not unknown and speculators.float_dtype(config) is None:
+        out.append(_rule("dtype", "dtype", "dtype is missing; the roster assumes bfloat16",
                          "write the dtype the tensors are saved in", severity="warning"))
     return out
 

@@ -1,0 +1,231 @@
+"""Acceptance with vLLM's definitions, simulated: the counts, the verify loop, the drafters.
+
+The definitions (vLLM 0.32.0's spec-decoding metrics, `DEFINITION`): a *draft* is one verification
+step of one request that carried `k` drafted tokens; `accepted_per_position[i]` counts the drafts
+whose first `i + 1` tokens were all accepted; `per_position[i] = accepted_per_position[i] / drafts`;
+`acceptance_length = 1 + sum(per_position) = 1 + accepted / drafts`, the mean number of tokens a
+verification step emits (the 1 is the target's own token). `k` is the number of drafted tokens per
+step.
+
+`simulate` (`SIMULATION`) replays vLLM's greedy verify loop in plain PyTorch: the target's greedy
+continuation of each prompt is the path vLLM emits (greedy speculative decoding is lossless). The
+request starts at the token sampled at prefill, `x_P`; each step the draft proposes `k` tokens from
+the target's taps of positions `< p` and the anchor `x_p` (its Markov head chained on its own
+drafts); `j` = the longest prefix equal to the path; the step counts as one draft with `j`
+accepted, IN FULL even when it crosses `max_tokens`; it emits `j + 1` tokens and the next anchor is
+`x_{p+j+1}`. The request stops once it has `max_tokens` tokens or emitted a stop token.
+
+A prompt-lookup drafter (n-gram copy, `BASELINE`) runs through the same simulation on the same
+paths, so a looping or degenerate dataset cannot pass for a good draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dspark_hub.progress import Progress
+
+if TYPE_CHECKING:
+    import torch
+
+    from dspark_hub.modeling import K3DSparkModel
+    from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
+    from dspark_hub.train.rollouts import Rollout
+
+DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that carried k drafted tokens; "
+              "accepted_per_position[i] = drafts whose first i+1 tokens were all accepted; per_position[i] = "
+              "accepted_per_position[i] / drafts; acceptance_length = 1 + sum(per_position) = 1 + accepted / drafts "
+              "(mean tokens per verification step, the 1 being the target's own token)")
+#: What the simulated numbers are, in a card's label: `simulated (<this>, k=K, float32, prompts F)`.
+SIMULATION = "vLLM's greedy verify loop replayed on the target's float32 greedy path"
+BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K tokens that followed the earliest "
+            "earlier occurrence of the last n = 3, 2, 1 tokens")
+
+
+@dataclass
+class AcceptanceStats:
+    """Counts of one decoding run, in vLLM's terms; merge runs by adding."""
+
+    k: int
+    drafts: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    tokens: int = 0
+    prompts: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.accepted_per_position:
+            self.accepted_per_position = [0] * self.k
+
+    def record(self, accepted: int) -> None:
+        """One draft of which the first `accepted` tokens were accepted."""
+        self.drafts += 1
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    def add(self, other: AcceptanceStats) -> None:
+        self.drafts += other.drafts
+        self.accepted_per_position = [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position,
+                                                              strict=True)]
+        self.tokens += other.tokens
+        self.prompts += other.prompts
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_per_position)
+
+    @property
+    def acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+    @property
+    def per_position(self) -> list[float]:
+        return [a / self.drafts if self.drafts else float("nan") for a in self.accepted_per_position]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"acceptance_length": self.acceptance_length, "per_position": self.per_position,
+                "accepted_per_position": list(self.accepted_per_position), "drafts": self.drafts,
+                "draft_tokens": self.drafts * self.k, "accepted": self.accepted, "k": self.k,
+                "prompts": self.prompts, "tokens": self.tokens}
+
+
+def longest_prefix(draft: list[int], truth: list[int]) -> int:
+    j = 0
+    while j < len(draft) and j < len(truth) and draft[j] == truth[j]:
+        j += 1
+    return j
+
+
+def simulate(rollout: Rollout, propose: Callable[[int], list[int]], k: int, *, max_tokens: int | None = None,
+             stop_ids: Iterable[int] = ()) -> AcceptanceStats:
+    """vLLM's greedy verify loop over one rollout, with `propose(p) -> drafts` (`SIMULATION`).
+
+    Args:
+        rollout: `input_ids` (prompt, then the greedy path) and `prompt_length`.
+        propose: the drafter; `propose(p)` drafts the tokens after position `p`.
+        k: drafted tokens per step.
+        max_tokens: the request's output budget (default: the rollout's continuation). A path that
+            does not reach `k` tokens past the budget compares the last steps with what it holds.
+        stop_ids: tokens that end the request when emitted.
+    """
+    tokens = rollout.input_ids.tolist()
+    start = rollout.prompt_length
+    budget = len(tokens) - start if max_tokens is None else min(max_tokens, len(tokens) - start)
+    stats = AcceptanceStats(k, prompts=1)
+    if budget <= 0:
+        return stats
+    stops = set(stop_ids)
+    p, emitted, stopped = start, 1, tokens[start] in stops     # x_P is sampled at prefill
+    while emitted < budget and not stopped:
+        accepted = longest_prefix(propose(p)[:k], tokens[p + 1:p + 1 + k])
+        stats.record(accepted)
+        for token in tokens[p + 1:p + 2 + accepted]:            # the accepted drafts and the target's token
+            if emitted >= budget:
+                break
+            emitted += 1
+            if token in stops:
+                stopped = True
+                break
+        p += accepted + 1
+    stats.tokens = emitted
+    return stats
+
+
+def draft_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollout: Rollout,
+                   block_size: int) -> Callable[[int], list[int]]:
+    """`propose(p)` for a k3_dspark draft: context = taps of positions < p, anchor = x_p."""
+    import torch  # heavy: only a measurement of a draft pays for it
+
+    dtype, device = model.context_proj.weight.dtype, model.context_proj.weight.device
+    with torch.no_grad():
+        latents = model.encode_context(rollout.aux_hidden_states[None].to(device=device, dtype=dtype))
+    ids = rollout.input_ids.to(device)
+
+    def propose(p: int) -> list[int]:
+        context = tuple(latent[:, :p] for latent in latents)
+        proposal = model.propose_block(None, ids[p:p + 1], lm_head_weight, block_size=block_size,
+                                       context_latents=context)
+        assert proposal.tokens is not None   # propose_block always sets the tokens
+        tokens: list[int] = proposal.tokens[0].tolist()
+        return tokens
+
+    return propose
+
+
+def speculators_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], list[int]]:
+    """`propose(p)` for a speculators DSpark (`modeling.speculators_dspark.SpeculatorsDSpark`)."""
+    import torch  # heavy: only a measurement of a draft pays for it
+
+    with torch.no_grad():
+        kv = draft.context_kv(draft.context(rollout.aux_hidden_states))
+    ids = rollout.input_ids.tolist()
+    return lambda p: draft.propose(kv, ids[p], p, k)
+
+
+def ngram_proposer(rollout: Rollout, block_size: int, max_ngram: int = 3,
+                   min_ngram: int = 1) -> Callable[[int], list[int]]:
+    """Prompt-lookup drafting over the tokens up to and including the anchor.
+
+    As transformers' `prompt_lookup_decoding`: longest n first, the earliest earlier occurrence of
+    the last n tokens, and the (up to K) tokens that followed it.
+    """
+    tokens = rollout.input_ids.tolist()
+
+    def propose(p: int) -> list[int]:
+        history = tokens[:p + 1]
+        for n in range(max_ngram, min_ngram - 1, -1):
+            suffix = history[-n:]
+            for start in range(len(history) - n):
+                if history[start:start + n] == suffix:
+                    return history[start + n:start + n + block_size]
+        return []
+
+    return propose
+
+
+@dataclass
+class Measurement:
+    """Acceptance over a set of rollouts, overall and per dataset label."""
+
+    overall: AcceptanceStats
+    by_dataset: dict[str, AcceptanceStats]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.overall.to_dict(), "by_dataset": {k: v.to_dict() for k, v in sorted(self.by_dataset.items())}}
+
+
+def measure(rollouts: Iterable[Rollout], make_proposer: Callable[[Rollout], Callable[[int], list[int]]], k: int,
+            progress: Progress | None = None, *, max_tokens: int | None = None,
+            stop_ids: Iterable[int] = ()) -> Measurement:
+    """Simulate every rollout with the proposer `make_proposer(rollout)` builds (`simulate`)."""
+    stops = list(stop_ids)
+    overall = AcceptanceStats(k)
+    by_dataset: dict[str, AcceptanceStats] = {}
+    for rollout in rollouts:
+        stats = simulate(rollout, make_proposer(rollout), k, max_tokens=max_tokens, stop_ids=stops)
+        overall.add(stats)
+        if rollout.dataset is not None:
+            by_dataset.setdefault(rollout.dataset, AcceptanceStats(k)).add(stats)
+        if progress:
+            progress(1)
+    return Measurement(overall, by_dataset)
+
+
+def measure_draft(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: Iterable[Rollout], block_size: int,
+                  progress: Progress | None = None, **bounds: Any) -> Measurement:
+    """Acceptance of a k3_dspark draft (in eval mode, no gradients) on rollouts; `bounds` as `measure`'s."""
+    import torch  # heavy: only a measurement of a draft pays for it
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return measure(rollouts, lambda r: draft_proposer(model, lm_head_weight, r, block_size), block_size,
+                           progress, **bounds)
+    finally:
+        model.train(was_training)
+
+
+def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -> Measurement:
+    return measure(rollouts, lambda r: ngram_proposer(r, block_size), block_size, **bounds)

@@ -1,0 +1,125 @@
+"""The options of a `finetune` run (`TrainConfig`) and the one spelling of a dtype.
+
+Torch-free: the command line builds its `finetune` options from `TrainConfig`'s fields (their
+defaults are typed once, here), and `--help` must not import torch.
+
+Dtypes are named as torch names them (`float32`, `bfloat16`, `float16`); the short spellings
+(`fp32`, `bf16`, `fp16`) are accepted wherever a dtype is given and mean the same
+(`canonical_dtype`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from dspark_hub.errors import UsageError
+from dspark_hub.format.provenance import TRAINING_ARGS_PATHS, public_args
+from dspark_hub.train import objective
+from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions
+
+#: Short dtype spellings -> the torch name each stands for.
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: What `finetune` trains in: fp32 master weights, the forward in fp32 or under bf16 autocast.
+TRAIN_DTYPES = ("float32", "bfloat16")
+
+
+def canonical_dtype(name: str, allowed: Iterable[str], *, param: str = "dtype") -> str:
+    """`name` as its torch name (`bf16` -> `bfloat16`), if it is one of `allowed` (torch names).
+
+    Raises:
+        UsageError: a dtype outside `allowed`, in either spelling.
+    """
+    choices = tuple(allowed)
+    canonical = DTYPE_ALIASES.get(name, name)
+    if canonical not in choices:
+        raise UsageError(f"{name!r}; use one of {', '.join(dtype_spellings(choices))}", param=param)
+    return canonical
+
+
+def dtype_spellings(allowed: Iterable[str]) -> list[str]:
+    """Every spelling of the `allowed` torch names: each name, then its short form."""
+    choices = tuple(allowed)
+    return [*choices, *(short for short, name in DTYPE_ALIASES.items() if name in choices)]
+
+
+@dataclass
+class TrainConfig:
+    """Every `finetune` option (see `dspark-hub finetune --help`, whose defaults are these)."""
+
+    base: str
+    out: str
+    data: str | None = None
+    steps: int | None = None
+    epochs: float | None = None
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup: int = 0
+    batch_size: int = 8
+    block_size: int = 7
+    max_anchors: int = 512
+    loss_chunk: int = objective.DEFAULT_LOSS_CHUNK
+    loss: dict[str, float] = field(default_factory=lambda: {"ce": 0.1, "tv": 0.9})
+    gamma: float = 4.0
+    alpha: float = 1.0
+    clip: float = 1.0
+    weight_decay: float = 0.0
+    dtype: str = "float32"
+    seed: int = 0
+    save_every: int = 0
+    keep_states: int = 2
+    resume: bool = False
+    state_dir: str | None = None
+    teacher: str | None = None     # the target (its lm_head; its rollouts on-policy); `--target` on the command line
+    on_policy: bool = False
+    rounds: int = 1
+    prompts: str | None = None
+    max_new_tokens: int = 256
+    eval_data: str | None = None
+    eval_every: int = 0
+    fsdp: bool = False
+    dist_timeout: float = 120.0   # minutes a rank waits in a collective (rank 0's on-policy rollouts)
+    force: bool = False
+    device: str | None = None
+    engine: str = DEFAULT_ENGINE
+    engine_options: EngineOptions = field(default_factory=EngineOptions)
+    data_layer_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.dtype = canonical_dtype(self.dtype, TRAIN_DTYPES)
+
+    @property
+    def bf16(self) -> bool:
+        """The forward runs under bf16 autocast (over fp32 master weights)."""
+        return self.dtype == "bfloat16"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def public_dict(self) -> dict[str, Any]:
+        """`to_dict()` as published in `training_args.json`: Hub ids or digests instead of local paths."""
+        return public_args(self.to_dict(), TRAINING_ARGS_PATHS, drop=("out", "state_dir"), weights=("base",))
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir) if self.state_dir else Path(f"{self.out}.state")
+
+    @property
+    def uses_state_dir(self) -> bool:
+        """States are asked for (`save_every`, `resume`, an explicit `state_dir`), or on-policy rounds keep
+        their rollouts there."""
+        return bool(self.save_every or self.resume or self.state_dir or self.on_policy)
+
+
+def default(name: str) -> Any:
+    """`TrainConfig`'s default for the field `name` (a factory's value is made; `loss` as its JSON text)."""
+    (found,) = [f for f in fields(TrainConfig) if f.name == name]
+    if found.default_factory is not MISSING:
+        value = found.default_factory()
+        return json.dumps(value, separators=(",", ":")) if name == "loss" else value
+    if found.default is MISSING:
+        raise KeyError(f"TrainConfig.{name} has no default")
+    return found.default

@@ -1,0 +1,102 @@
+"""What one execution found (`ExecutedLoad`), and the same as the verdicts `verify --runtime` reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dspark_hub.verify.execute_vllm.stubs import WORKER_SETUP
+from dspark_hub.verify.verdicts import RuntimeLoader, RuntimeVerdicts
+from dspark_hub.vllm.pin import PINNED_VERSION
+
+#: Executed status -> the verdict `verify --runtime` reports (tensors).
+TENSOR_VERDICTS = {"consumed": "loaded", "dropped by design": "skipped", "silently dropped": "ignored",
+                   "raised": "fatal"}
+
+@dataclass
+class ExecutedLoad:
+    """What vLLM's loader did with one draft folder.
+
+    `tensors`: checkpoint name -> {"status", "verdict", "detail"} (status in `TENSOR_VERDICTS`).
+    `parameters`: checkpoint-level parameter name -> {"status": "written" | "never written", "verdict":
+    None | "fatal" | "ignored", "vllm": vLLM's parameter (and rows)}; a stacked vLLM parameter appears once
+    per shard under the checkpoint name that fills it (`context_kv_proj.weight[shard i]` for the K3
+    cross-layer copy of `layers.i.self_attn.kv_a_proj_with_mqa.weight`).
+    `outcome`: ``starts``, ``refused at config parse``, ``refused at load`` (a check in the model's
+    ``load_weights`` that names no tensor), ``fails at the strict check``, ``fails after loading``.
+    """
+
+    draft: str
+    format: str
+    vllm_version: str
+    model_class: str
+    outcome: str
+    refusal: dict[str, str] | None = None
+    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replaced: dict[str, str] = field(default_factory=dict)
+    rounds: int = 0
+    strict_check: dict[str, Any] = field(default_factory=dict)
+    stubs: dict[str, str] = field(default_factory=dict)
+    shims: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def starts(self) -> bool:
+        return self.outcome == "starts"
+
+    def unfilled(self) -> dict[str, str]:
+        """Never-written parameter -> ``fatal`` (the strict check raised for it) or ``ignored``."""
+        return {name: p["verdict"] for name, p in self.parameters.items() if p["status"] == "never written"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"draft": self.draft, "format": self.format, "executed": True, "vllm_version": self.vllm_version,
+                "pinned_version": PINNED_VERSION, "model_class": self.model_class, "outcome": self.outcome,
+                "refusal": self.refusal, "rounds": self.rounds, "tensors": self.tensors,
+                "parameters": self.parameters, "replaced_after_load": self.replaced,
+                "strict_check": self.strict_check, "stubs": self.stubs, "shims": self.shims,
+                "worker_setup": list(WORKER_SETUP), "seconds": self.seconds, "warnings": self.warnings}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ExecutedLoad:
+        return cls(draft=d["draft"], format=d["format"], vllm_version=d["vllm_version"],
+                   model_class=d["model_class"], outcome=d["outcome"], refusal=d.get("refusal"),
+                   tensors=dict(d["tensors"]), parameters=dict(d["parameters"]),
+                   replaced=dict(d.get("replaced_after_load") or {}), rounds=d.get("rounds", 0),
+                   strict_check=dict(d.get("strict_check") or {}), stubs=dict(d.get("stubs") or {}),
+                   shims=dict(d.get("shims") or {}), seconds=dict(d.get("seconds") or {}),
+                   warnings=list(d.get("warnings") or []))
+
+
+def as_verdicts(executed: ExecutedLoad, runtime: RuntimeLoader) -> RuntimeVerdicts:
+    """An executed load as the verdicts `verify --runtime` reports (same words, same finding codes).
+
+    `runtime` is the rules' loader spec for the same format (`runtimes_vllm.VLLM`,
+    `runtimes_speculators.RUNTIMES["vllm"]`): its title, hints and rules go with the result. Every row's
+    evidence is ``executed``; the rule ids come from the rules' verdicts for the same checkpoint
+    (`RuntimeVerdicts.adopt_rule_ids`, which `runtimes.runtimes_section` applies).
+    """
+    result = RuntimeVerdicts(runtime=runtime)
+    for name, t in executed.tensors.items():
+        result.tensors[name] = (t["verdict"], f"{t['status']}: {t['detail']}")
+    for name, p in executed.parameters.items():
+        if p["status"] == "never written":
+            result.unfilled[name] = (p["verdict"], f"never written ({p['vllm']}): {p['detail']}")
+    where = f"vLLM {executed.vllm_version}"
+    if executed.refusal is not None:
+        site = executed.refusal.get("site") or ""
+        result.refusal = {"stage": executed.refusal["stage"], "message": executed.refusal["message"],
+                          "source": f"{where} {site}".strip(), "evidence": "executed"}
+    elif executed.outcome == "fails after loading":
+        result.refusal = {"stage": "after loading", "message": executed.strict_check.get("error", ""),
+                          "source": f"{where} {executed.strict_check.get('site', '')}".strip(),
+                          "evidence": "executed"}
+    result.executed = {"measured_by": f"vLLM {executed.vllm_version}'s own loader, executed on CPU",
+                       "vllm_version": executed.vllm_version, "model_class": executed.model_class,
+                       "outcome": executed.outcome, "rounds": executed.rounds,
+                       "replaced_after_load": executed.replaced, "stubs": executed.stubs, "shims": executed.shims,
+                       "worker_setup": list(WORKER_SETUP), "warnings": executed.warnings,
+                       "seconds": executed.seconds}
+    return result
