@@ -204,7 +204,9 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
               help="K drafts per block.")
 @click.option("--anchors", "max_anchors", type=int, default=default("max_anchors"), show_default=True,
               help="Max anchors per sequence.")
-@click.option("--loss", default=default("loss"), show_default=True, help="JSON weights of ce, kl, tv.")
+@click.option("--loss", default=default("loss"), show_default=True,
+              help="JSON weights of ce, kl, tv; a speculators DSpark base takes the library's terms (kl_div, rkl, jsd, "
+                   "ce, tv, nla, lk_hybrid).")
 @click.option("--loss-chunk", "loss_chunk", type=click.IntRange(min=0), default=default("loss_chunk"),
               show_default=True, metavar="ROWS",
               help="(anchor, position) rows per loss chunk; bounds loss memory in the vocabulary (0 = no chunking).")
