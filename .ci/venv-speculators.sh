@@ -7,7 +7,9 @@
 #   bash .ci/venv-speculators.sh --check    # ... then rebuild every fixture and compare bytes
 #   bash .ci/venv-speculators.sh --write    # ... then regenerate the fixtures in place
 #   bash .ci/venv-speculators.sh --check-specdec / --write-specdec   # the same for tests/fixtures/specdec/
-#                                           # (the acceptance-parity target and trained DSpark, make_specdec_fixtures.py)
+#                                           # (the acceptance-parity target and trained DSpark, make_specdec_fixtures.py;
+#                                           # it pins torch's float32 kernels to one code path, ATEN_CPU_CAPABILITY=default
+#                                           # and MKL_CBWR=COMPATIBLE, so an AVX2 and an AVX512 machine write the same bytes)
 #
 # It lives outside the clone (speculators pins its own torch, so it is never a dependency of
 # dspark-hub): ${DSPARK_VENV_CACHE:-$HOME/.cache/dspark-hub}/speculators-0.9.0.

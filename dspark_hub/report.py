@@ -19,8 +19,9 @@ Findings are sorted errors first, then by where and code, so output diffs stay s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, cast
 
 from dspark_hub import schemas
 
@@ -29,6 +30,134 @@ SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 SCHEMA = schemas.command("verify")
 #: Section names a report may carry; each is always present in JSON (null when not run).
 SECTIONS = ("roster", "deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub")
+
+
+# ----------------------------------------------------------------------------- the sections' shapes
+# What crosses from verify to the renderers and `--json`: each producer's `to_dict` returns one of these.
+
+class RosterEntry(TypedDict):
+    shape: list[int]
+    dtype: str
+
+
+class FileScanDict(TypedDict):
+    """One file of `sections["deep"]` (`verify.file_scan.FileScan`)."""
+
+    name: str
+    size: int
+    sha256: str
+    seconds: float
+
+
+class TensorStatsDict(TypedDict):
+    """One tensor of `sections["deep"]` (`verify.tensor_stats.TensorStats`); mean/std/max_abs over finite values."""
+
+    file: str
+    dtype: str
+    shape: list[int]
+    nan: int
+    inf: int
+    all_zero: bool
+    mean: float | None
+    std: float | None
+    max_abs: float | None
+
+
+class DeepSection(TypedDict):
+    files: list[FileScanDict]
+    tensors: dict[str, TensorStatsDict]
+
+
+class TensorDigestDict(TypedDict):
+    """A tensor's bytes as hashed in place (`format.tensorio.TensorDigest`)."""
+
+    location: str
+    dtype: str
+    shape: list[int]
+    bytes: int
+    sha256: str
+
+
+class EmbeddingVerdict(TypedDict):
+    """How two embeddings compare (`verify.embedding.EmbeddingComparison`)."""
+
+    target_cast: TensorDigestDict | None
+    compared_as: Literal["bytes", "cast"] | None
+    identical: bool | None
+    verdict: str | None
+
+
+class FrozenEmbedSection(EmbeddingVerdict):
+    """`sections["frozen_embed"]`: the draft's embedding against the teacher's."""
+
+    teacher: str
+    draft: TensorDigestDict | None
+    teacher_tensor: TensorDigestDict
+
+
+class FamilySection(TypedDict):
+    """`sections["family"]` (`verify.family.Fingerprint`)."""
+
+    family: str
+    title: str
+    confidence: str
+    evidence: list[str]
+    methods: dict[str, str | None]
+    config_model_type: Any
+    format: str
+    speculators_type: str | None
+
+
+class PairedConfig(TypedDict):
+    """The target config's facts a pairing records (values as the config gives them)."""
+
+    hidden_size: Any
+    num_hidden_layers: Any
+    vocab_size: Any
+    sha256: str
+
+
+class FileSizeDigest(TypedDict):
+    size: int
+    sha256: str | None
+
+
+class PairedEmbedding(EmbeddingVerdict):
+    draft: TensorDigestDict | None
+    target: TensorDigestDict | None
+
+
+class TokenDict(TypedDict):
+    id: int
+    content: str
+    special: bool | None
+    where: str
+
+
+class PairingSection(TypedDict):
+    """`sections["pairing"]` (`verify.pairing`): what the draft was paired with."""
+
+    target: str
+    revision: str | None
+    revision_source: str | None
+    format: str
+    draft: dict[str, Any]          # format.registry.PairingKeys.to_dict
+    config: PairedConfig
+    files: dict[str, FileSizeDigest]
+    embedding: PairedEmbedding | None
+    mask_token: TokenDict | None
+
+
+class Sections(TypedDict, total=False):
+    """The optional analyses a report carries (absent: not run)."""
+
+    roster: dict[str, RosterEntry] | None
+    deep: DeepSection
+    frozen_embed: FrozenEmbedSection
+    family: FamilySection
+    runtimes: dict[str, dict[str, Any]]   # verify.runtimes' per-runtime records
+    pairing: PairingSection
+    against_hub: dict[str, Any]           # verify.against_hub
 
 
 @dataclass(frozen=True)
@@ -102,7 +231,7 @@ class Report(FindingsMixin):
     path: str
     summary: Summary = field(default_factory=Summary)
     findings: list[Finding] = field(default_factory=list)
-    sections: dict[str, Any] = field(default_factory=dict)
+    sections: Sections = field(default_factory=lambda: Sections())
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], f.where, f.code))
@@ -114,5 +243,5 @@ class Report(FindingsMixin):
             "path": self.path,
             "summary": self.summary.to_dict(),
             "findings": [f.to_dict() for f in self.sorted_findings()],
-            "sections": {name: self.sections.get(name) for name in SECTIONS},
+            "sections": {name: cast(Mapping[str, object], self.sections).get(name) for name in SECTIONS},
         }

@@ -106,12 +106,11 @@ _HF_HOME = _tempfile.mkdtemp(prefix="dspark-test-hf-home-")
 _atexit.register(_shutil.rmtree, _HF_HOME, True)
 _os.environ.update({
     "HF_ENDPOINT": HUB_SERVER.url,
-    "HF_HUB_DISABLE_XET": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "HF_HOME": _HF_HOME,
 })
-for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_DISABLE_XET"):
     _os.environ.pop(_name, None)
 assert "huggingface_hub" not in _sys.modules, (
     "huggingface_hub was imported before tests/conftest.py could point it at the local Hub server")

@@ -5,10 +5,17 @@ validate-yaml, preupload, git-lfs batch + basic PUT upload + verify, NDJSON comm
 paths-info, model info / revision resolution, resolve HEAD/GET with single byte ranges (206/416),
 refs, branches, tags and commit listing. State lives in memory.
 
+Xet: the server is an endpoint *without* Xet storage, as a self-hosted or older Hub is. It answers
+the Xet token routes (`GET /api/{T}/{repo}/xet-write-token/{rev}`, `.../xet-read-token/{rev}`) with
+404, and never advertises Xet on downloads (no `X-Xet-Hash` header on resolve, no `xetHash` in
+tree/paths-info), so `huggingface_hub` with `hf_xet` installed downloads over plain HTTP, and its
+Xet upload path fails on the write-token 404 exactly as against such an endpoint.
+
 It deliberately does *not* share code with `dspark_hub`: what it reports (LFS sha256, blob ids,
 upload modes) is computed independently, so tests compare two implementations.
 
 Test hooks:
+- `xet_token_requests`: every Xet token request (kind `write`/`read`, repo id, revision);
 - `token` (the one valid token; any other Bearer token gets the Hub's 401), `user`;
 - counters: `bytes_served(repo_id, path=None)`, `lfs_puts` (every LFS PUT: repo, oid, size,
   bytes received, ok), `lfs_uploaded_oids(repo_id)`, `requests` (method, path, status);
@@ -147,6 +154,7 @@ class HubServer:
         self.requests: list[tuple[str, str, int]] = []
         self.served: Counter[tuple[str, str]] = Counter()
         self.lfs_puts: list[LfsPut] = []
+        self.xet_token_requests: list[tuple[str, str, str]] = []
         self._fail_puts = 0
         self._fail_oids: set[str] | None = None
         self._fail_commits = 0
@@ -410,6 +418,8 @@ class _Handler(BaseHTTPRequestHandler):
                 ("branch", "POST"): lambda: self._create_ref(repo_type, repo_id, "branch", arg),
                 ("branch", "DELETE"): lambda: self._delete_ref(repo_type, repo_id, "branch", arg),
                 ("commits", "GET"): lambda: self._commits(repo_type, repo_id, arg),
+                ("xet-write-token", "GET"): lambda: self._no_xet("write", repo_type, repo_id, arg),
+                ("xet-read-token", "GET"): lambda: self._no_xet("read", repo_type, repo_id, arg),
             }
             handler = routes.get((action, method))
             if handler is not None and (action is None or arg is not None or action in ("refs",)):
@@ -502,6 +512,13 @@ class _Handler(BaseHTTPRequestHandler):
             oid = None if current is None else (current.lfs_oid or current.blob_id)
             files.append({"path": item["path"], "uploadMode": mode, "shouldIgnore": False, "oid": oid})
         return self._send_json({"files": files})
+
+    def _no_xet(self, kind: str, repo_type: str, repo_id: str, rev: str) -> int:
+        """An endpoint without Xet storage: the token route does not exist (404, no error code)."""
+        self._repo(repo_type, repo_id, write=kind == "write")
+        with self.hub.lock:
+            self.hub.xet_token_requests.append((kind, repo_id, rev))
+        raise HttpError(404, "Not Found: this endpoint has no Xet storage")
 
     def _lfs_batch(self, repo_type: str, repo_id: str) -> int:
         repo = self._repo(repo_type, repo_id, write=True)

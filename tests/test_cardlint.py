@@ -334,3 +334,105 @@ def test_cli_exit_codes_and_json(tmp_path, tiny, tiny_card):
     assert missing.exit_code == 2 and "no such file" in missing.stderr
     no_ckpt = runner.invoke(cli, ["card", "lint", str(good), "--checkpoint", str(tmp_path / "nope")])
     assert no_ckpt.exit_code == 2
+
+
+# ------------------------------------------------------------------ a simulated eval file's label (issue 24, 2)
+
+def _simulated_eval(tmp_path: Path) -> Path:
+    """An eval file as `eval --json` (the simulation) writes it: the metric's definition paragraph at the top
+    level and in the harness, the simulation's short name in `harness.simulation`."""
+    from dspark_hub.train.evaluate import DEFINITION, SIMULATION
+
+    doc = json.loads((SPECDEC / "vllm_eval.json").read_text())
+    doc.update(engine="simulated", measured_by=None, lossless=None)
+    doc["harness"].update(mode="simulated", simulation=SIMULATION, definition=DEFINITION)
+    doc["harness"].pop("engine")
+    assert doc["definition"] == DEFINITION
+    path = tmp_path / "simulated_eval.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_card_rendered_from_a_simulation_prints_the_documented_short_label(tmp_path):
+    from dspark_hub.train.evaluate import DEFINITION, SIMULATION
+
+    meta = {"name": "Simulated", "front_matter": yaml.safe_load(FRONT.strip("-\n")),
+            "architecture": {"facts": {"block_size": 4}}, "results": {"eval": str(_simulated_eval(tmp_path))}}
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(meta))
+    text = render_card(tmp_path / "card.yaml")
+    label = f"Acceptance numbers: simulated ({SIMULATION}, k=4, float32, prompts c98977eaff7b)"
+    assert label in text.splitlines()
+    assert DEFINITION not in [line.strip() for line in text.splitlines()] and f"({DEFINITION}" not in text
+    card = tmp_path / "README.md"
+    card.write_text(text)
+    assert lint_card(card, eval_json=_simulated_eval(tmp_path)).ok
+
+
+def _simulated_card_and_eval(tmp_path: Path, simulation: str) -> tuple[Path, Path]:
+    """A k=3 card labelled `simulated (<simulation>, ...)`, and a k=3 simulated eval file."""
+    card = tmp_path / "README.md"
+    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |",
+                                     label=f"Acceptance numbers: simulated ({simulation}, k=3, float32, "
+                                           "prompts c98977eaff7b)"))
+    doc = json.loads(_simulated_eval(tmp_path).read_text())
+    doc["k"] = doc["harness"]["block_size"] = 3
+    (tmp_path / "k3.json").write_text(json.dumps(doc))
+    return card, tmp_path / "k3.json"
+
+
+@pytest.mark.parametrize("simulation", [
+    "DEFINITION",                                                       # the metric's paragraph, as cards printed
+    "teacher-forced acceptance on the target's float32 greedy path",   # another simulation
+    "vLLM's greedy verify loop replayed on the draft's own samples",    # a near miss
+])
+def test_lint_against_the_eval_file_catches_a_label_that_is_not_the_documented_one(tmp_path, simulation):
+    from dspark_hub.train.evaluate import DEFINITION
+
+    card, eval_json = _simulated_card_and_eval(tmp_path, DEFINITION if simulation == "DEFINITION" else simulation)
+    report = lint_card(card, eval_json=eval_json)
+    assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"]
+    assert "the simulation is" in report.errors[0].message
+    result = CliRunner().invoke(cli, ["card", "lint", str(card), "--eval", str(eval_json)])
+    assert result.exit_code == 1 and "ACCEPTANCE_LABEL_MISMATCH" in result.output
+
+
+def test_lint_accepts_the_documented_simulation_label(tmp_path):
+    from dspark_hub.train.evaluate import SIMULATION
+
+    card, eval_json = _simulated_card_and_eval(tmp_path, SIMULATION)
+    assert lint_card(card, eval_json=eval_json).ok
+
+
+def test_lint_catches_a_measured_label_naming_another_engine(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |",
+                                     label=LABEL.replace("vLLM 0.32.0", "SGLang 0.32.0")))
+    report = lint_card(card, eval_json=_eval_doc(tmp_path))
+    assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"]
+    assert "the engine is 'sglang 0.32.0', the eval file 'vllm'" in report.errors[0].message.lower()
+
+
+# ------------------------------------------------------------------ Python reprs in a card (issue 24, 3)
+
+@pytest.mark.parametrize("printed", [
+    "It has ParameterCounts(total=136753, frozen=0, trained=136753, maps=0) parameters.",     # dataclass
+    "Components: [Component(name='fc.weight', shape=(64, 192), count=1, kind='tensor')]",     # list of them
+    "Parameters: {'total': 136753, 'trained': 136753, 'frozen': 0}",                          # dict
+    "Files: ['config.json', 'model.safetensors']",                                            # list of strings
+    "Facts: <dspark_hub.cards.render.CardFacts object at 0x7f3a2c1b9d90>",                    # default repr
+    "| Parameters | `ParameterCounts(total=5, frozen=0, trained=5, maps=0)` |",                 # in a table cell
+])
+def test_a_python_repr_in_a_card_is_flagged(tmp_path, printed):
+    text = FRONT + "\n# Card\n\n" + printed + "\n"
+    assert _only_errors(_lint(tmp_path, text)) == [("PYTHON_REPR", f"README.md:{_line_of(text, printed[:12])}")]
+
+
+@pytest.mark.parametrize("printed", [
+    "It has 136,753 parameters (136,753 trained, 0 frozen).",
+    "auxiliary hidden states at layers `[2, 23, 47, 71, 89]`.",
+    'The config sets `{"block_size": 4}` and `Qwen3Config` is loaded by `AutoConfig.from_pretrained(path)`.',
+    "Files: config.json, model.safetensors",
+    "```python\nprint(ParameterCounts(total=5, frozen=0, trained=5, maps=0))\n```",          # code: shown on purpose
+])
+def test_text_a_reader_expects_is_not_a_repr(tmp_path, printed):
+    assert _only_errors(_lint(tmp_path, FRONT + "\n# Card\n\n" + printed + "\n")) == []

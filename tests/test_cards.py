@@ -285,3 +285,32 @@ def test_cli_card_unreadable_checksums_from_is_one_line(tmp_path, tiny, content,
     result = CliRunner().invoke(cli, ["card", str(tiny), "--meta", str(_meta(tmp_path)), "--checksums-from",
                                       str(manifest), "-o", str(tmp_path / "README.md")])
     assert_one_line_error(result, *words)
+
+
+# ------------------------------------------------------------------ facts print as text (issue 24, 3)
+
+@pytest.mark.parametrize(("expression", "expected"), [
+    ("{{ facts.parameters }}", lambda f: f"{f.parameters.total:,}"),                  # the total, with separators
+    ("{{ facts.parameters.trained | thousands }}", lambda f: f"{f.parameters.trained:,}"),
+    ("{{ facts.components }}", lambda f: ", ".join(c.name for c in f.components)),   # the components' names
+    ("{{ facts.checksums }}", lambda f: ", ".join(c.file for c in f.checksums)),
+    ("{{ facts.target_layer_ids }}", lambda f: str(f.target_layer_ids)),              # [1, 3, ...] as the card shows
+    ("{{ facts.dtype }}", lambda f: f.dtype),
+])
+def test_a_fact_in_prose_prints_as_a_reader_expects(tmp_path, tiny, expression, expected):
+    facts = card_facts(tiny)
+    text = render_card(_meta(tmp_path, usage=f"FACT<{expression}>"), tiny)
+    printed = re.search(r"FACT<(.*?)>", text).group(1)
+    assert printed == expected(facts)
+    assert "(" not in printed and "=" not in printed and "0x" not in printed
+
+
+@pytest.mark.parametrize(("expression", "named"), [
+    ("{{ facts.config }}", "`.model_type`"),                 # a mapping: name one of its keys
+    ("{{ facts.golden + [{'case': 1}] }}", "`.case`"),      # a list of mappings
+    ("{{ facts }}", "`.parameters`"),                        # the facts object itself
+])
+def test_a_fact_with_no_reader_text_is_refused_naming_what_to_print(tmp_path, tiny, expression, named):
+    with pytest.raises(UsageError, match=r"card.yaml:usage: it prints a \w+ as Python text") as err:
+        render_card(_meta(tmp_path, usage=expression), tiny)
+    assert named in str(err.value)

@@ -59,6 +59,19 @@ def test_log_progress_counts_items_and_stages():
                      "pieces: 20 of 20 steps (100%), 0.01 steps/s, elapsed 1h06m"]
 
 
+@pytest.mark.parametrize(("total", "calls"), [(1, [1]), (5, [2, 3]), (100, [100])])
+def test_the_count_reaching_its_total_prints_one_done_line_not_two(total, calls):
+    """init-teacher (one teacher, 20 s) printed `1 of 1 (100%) ...` and then the same line with `, done`."""
+    lines: list[str] = []
+    bar = LogProgress("init-teacher", unit="teachers", total=total, write=lines.append,
+                      clock=FakeClock(0, *[20 * (i + 1) for i in range(len(calls))], 999), interval=10)
+    for n in calls:
+        bar(n)
+    bar.finish()
+    assert lines[-1].startswith(f"init-teacher: {total} of {total} teachers (100%)") and lines[-1].endswith(", done")
+    assert sum(f"{total} of {total}" in line for line in lines) == 1, lines
+
+
 def test_a_run_shorter_than_the_interval_prints_nothing():
     lines: list[str] = []
     bar = LogProgress("sha256", write=lines.append, clock=FakeClock(0, 1, 2), interval=10)
@@ -85,8 +98,9 @@ def test_long_commands_log_progress_when_stderr_is_not_a_terminal(tmp_path, slow
     result = run(*command(write_checkpoint(tmp_path / "ckpt"), tmp_path / "out"))
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    assert len(lines) >= 2 and all("/s, " in line and ", elapsed " in line for line in lines), result.stderr
+    assert lines and all("/s, " in line and ", elapsed " in line for line in lines), result.stderr
     assert " of " in lines[0] and "%)" in lines[0] and lines[-1].endswith(", done")
+    assert len(lines) < 2 or lines[-2].split(",")[0] != lines[-1].split(",")[0], f"the end printed twice: {lines}"
     for quiet in ("--quiet", "--json"):
         args = command(write_checkpoint(tmp_path / f"ckpt{quiet}"), tmp_path / f"out{quiet}")
         again = run(*args, quiet)

@@ -16,7 +16,8 @@ from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.reader import read_header
 from dspark_hub.verify.checks import verify
-from dspark_hub.verify.deep import _FileScanner, scan_file
+from dspark_hub.verify.file_scan import scan_file
+from dspark_hub.verify.tensor_stats import FileScanner
 
 from .factories import file_digest, tensors_for, tiny_config, write_checkpoint
 
@@ -119,7 +120,7 @@ def test_odd_chunk_boundaries_give_the_same_result(tmp_path):
     whole = scan_file(path, header)
     windows = scan_file(path, header, chunk_bytes=4096, depth=2)
     assert windows.sha256 == whole.sha256 == file_digest(path)
-    pieces = _FileScanner(header, "x")
+    pieces = FileScanner(header, "x")
     data = path.read_bytes()
     for offset in range(0, len(data), 7):
         pieces.feed(offset, memoryview(data[offset:offset + 7]))
@@ -241,7 +242,7 @@ def test_cli_frozen_embed_mismatch_exits_1(tmp_path):
 def test_max_magnitude_is_the_largest_absolute_bit_pattern(code):
     import numpy as np
 
-    from dspark_hub.verify.deep import max_magnitude
+    from dspark_hub.verify.tensor_stats import max_magnitude
 
     width = np.dtype(code).itemsize * 8
     sign, mask = 1 << (width - 1), (1 << (width - 1)) - 1

@@ -32,7 +32,7 @@ def test_identical_checkpoints(tmp_path, state):
     assert doc["identical"] and doc["weights_only"] and doc["layout"]["same"]
     assert doc["summary"] == {"compared": len(state), "identical": len(state), "changed": 0, "renamed": 0}
     assert doc["differs"] == []
-    assert all(t == {"identical": True, "rel_l2": 0.0} for t in doc["tensors"].values())
+    assert all(t == {"identical": True, "rel_l2": 0.0, "abs_l2": 0.0} for t in doc["tensors"].values())
 
 
 def test_one_changed_tensor_reports_relative_l2(tmp_path, state):
@@ -84,7 +84,7 @@ def test_roster_differences(tmp_path, state):
     assert doc["roster"]["added"] == {"lm_head.weight": {"shape": [4, 4], "dtype": "BF16"}}
     assert doc["roster"]["shape"] == {"context_norm.weight": {"a": [64], "b": [3]}}
     assert doc["roster"]["dtype"] == {MATRIX: {"a": "BF16", "b": "F32"}}
-    assert doc["tensors"][MATRIX] == {"identical": False, "rel_l2": 0.0}   # bytes differ, values do not
+    assert doc["tensors"][MATRIX] == {"identical": False, "rel_l2": 0.0, "abs_l2": 0.0}   # bytes differ, not values
     assert "context_norm.weight" not in doc["tensors"]
 
 
@@ -168,3 +168,29 @@ def test_the_verdict_says_what_differs_when_the_weights_do_not(tmp_path, state):
                                metadata={"format": "pt"})
     verdict = CliRunner().invoke(cli, ["diff", str(a), str(changed)]).stdout.splitlines()[-1]
     assert verdict.startswith("different: safetensors metadata; weights: ") and "1 changed" in verdict
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    (lambda t: torch.zeros_like(t), lambda t: t),                               # zero-initialised, then trained
+    (lambda t: torch.zeros_like(t), lambda t: torch.full_like(t, 0.5)),         # a constant fill
+    (lambda t: torch.zeros_like(t), lambda t: -t),
+])
+def test_a_tensor_zero_in_a_that_changed_shows_how_far_it_moved(tmp_path, state, before, after):
+    a = write_checkpoint(tmp_path / "a", tensors=dict(state, **{MATRIX: before(state[MATRIX])}))
+    b = write_checkpoint(tmp_path / "b", tensors=dict(state, **{MATRIX: after(state[MATRIX])}))
+    delta = diff(a, b).tensors[MATRIX]
+    expected = (after(state[MATRIX]).double() - before(state[MATRIX]).double()).norm().item()
+    assert delta.rel_l2 is None and delta.abs_l2 == pytest.approx(expected, rel=1e-9)
+    out = CliRunner().invoke(cli, ["diff", str(a), str(b)])
+    row = next(line for line in out.stdout.splitlines() if MATRIX in line)
+    assert f"from zero: ||b-a|| {expected:.3e}" in row
+    assert not row.rstrip(" │").endswith("-")
+
+
+def test_a_changed_non_float_tensor_says_so(tmp_path, state):
+    ints = dict(state, d2t=torch.arange(8, dtype=torch.int64))
+    a = write_checkpoint(tmp_path / "a", tensors=ints)
+    b = write_checkpoint(tmp_path / "b", tensors=dict(ints, d2t=torch.arange(8, dtype=torch.int64) * 2))
+    out = CliRunner().invoke(cli, ["diff", str(a), str(b)])
+    row = next(line for line in out.stdout.splitlines() if "d2t" in line and "│" in line)
+    assert "changed (not a float tensor)" in row

@@ -22,7 +22,7 @@ from dspark_hub.format import contract
 from dspark_hub.format.jsonio import MAX_DEPTH, loads_strict
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.writer import sweep_stale_temps
-from dspark_hub.verify import deep
+from dspark_hub.verify import deep, file_scan
 
 from . import test_folder
 from .cli_errors import assert_one_line_error
@@ -69,7 +69,7 @@ def test_a_file_changed_while_scanned_is_file_changed(ckpt, name):
         calls.append(n)
 
     with pytest.raises(CheckpointFormatError) as caught:
-        deep.scan_file(path, header, chunk_bytes=4096, progress=truncate_after_the_first_window)
+        file_scan.scan_file(path, header, chunk_bytes=4096, progress=truncate_after_the_first_window)
     assert caught.value.code == "FILE_CHANGED" and "size changed" in str(caught.value)
 
 
@@ -77,7 +77,7 @@ def test_an_unchanged_file_scans_whole_in_small_windows(ckpt):
     import hashlib
 
     path = ckpt / contract.WEIGHTS_NAME
-    scan = deep.scan_file(path, read_header(path), chunk_bytes=4096, depth=2)
+    scan = file_scan.scan_file(path, read_header(path), chunk_bytes=4096, depth=2)
     assert scan.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and scan.size == path.stat().st_size
     assert len(scan.tensors) == len(read_header(path).tensors)
 

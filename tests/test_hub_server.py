@@ -6,6 +6,7 @@ These pin down that the server speaks the protocol the client uses, so the libra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import subprocess
 
@@ -27,10 +28,24 @@ def ckpt(tmp_path):
     return folder
 
 
+@contextlib.contextmanager
+def through_lfs():
+    """The raw client's uploads take the LFS path (these tests pin the server's LFS protocol); Xet stays on
+    for everything else, as for a user with hf_xet installed."""
+    from huggingface_hub import constants
+
+    before, constants.HF_HUB_DISABLE_XET = constants.HF_HUB_DISABLE_XET, True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = before
+
+
 @pytest.fixture
 def uploaded(api, hub_repo_id, ckpt):
     api.create_repo(hub_repo_id, private=True, exist_ok=True)
-    api.upload_folder(repo_id=hub_repo_id, folder_path=str(ckpt), commit_message="add model")
+    with through_lfs():
+        api.upload_folder(repo_id=hub_repo_id, folder_path=str(ckpt), commit_message="add model")
     return hub_repo_id
 
 
@@ -38,10 +53,33 @@ def sha256(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_endpoint_and_xet_are_set_before_import(hub):
+def test_endpoint_is_set_before_import_and_xet_is_on_as_for_users(hub):
+    import importlib.util
+
     from huggingface_hub import constants
     assert hub.url == constants.ENDPOINT
-    assert constants.HF_HUB_DISABLE_XET is True
+    assert constants.HF_HUB_DISABLE_XET is False and importlib.util.find_spec("hf_xet") is not None
+
+
+def test_the_server_is_an_endpoint_without_xet(api, hub, hub_repo_id, ckpt):
+    """The raw client with Xet on asks for a Xet write token, gets the 404 of an endpoint without Xet, uploads
+    nothing (huggingface_hub has no fallback of its own: dspark-hub's publish chooses LFS itself)."""
+    api.create_repo(hub_repo_id, exist_ok=True)
+    with pytest.raises(ConnectionError, match=r"404.*xet-write-token"):
+        api.upload_folder(repo_id=hub_repo_id, folder_path=str(ckpt))
+    assert ("write", hub_repo_id, "main") in hub.xet_token_requests
+    assert hub.lfs_uploaded_oids(hub_repo_id) == []
+    assert set(hub.head_files(hub_repo_id)) == {".gitattributes"}
+
+
+def test_downloads_with_xet_on_use_plain_http(hub, uploaded, ckpt, tmp_path, hub_token):
+    """No Xet hash is advertised, so downloads never ask for a Xet read token."""
+    from huggingface_hub import constants, snapshot_download
+
+    assert constants.HF_HUB_DISABLE_XET is False
+    snapshot_download(uploaded, local_dir=tmp_path / "fresh", token=hub_token)
+    assert (tmp_path / "fresh" / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    assert not [r for r in hub.xet_token_requests if r[1] == uploaded]
 
 
 def test_create_repo_exist_ok_and_conflict(api, hub_repo_id):
@@ -168,15 +206,17 @@ def test_interrupted_upload_resumes_without_resending_finished_objects(api, hub,
     failing = sha256(shards[1])
     api.create_repo(hub_repo_id)
     hub.fail_lfs_uploads(1, oids={failing})
-    with pytest.raises(RuntimeError) as err:
+    with pytest.raises(RuntimeError) as err, through_lfs():
         api.upload_folder(repo_id=hub_repo_id, folder_path=str(folder))
     assert isinstance(err.value.__cause__, HfHubHTTPError)
     finished = set(hub.lfs_uploaded_oids(hub_repo_id))
-    assert finished == oids - {failing}  # the others completed before the failure surfaced
+    # Uploads run in parallel: each other object may or may not have finished before the failure surfaced.
+    assert failing not in finished and finished <= oids - {failing}
     assert "model-00001-of-00003.safetensors" not in hub.head_files(hub_repo_id)  # nothing committed
     before = len(hub.lfs_puts)
 
-    api.upload_folder(repo_id=hub_repo_id, folder_path=str(folder))
+    with through_lfs():
+        api.upload_folder(repo_id=hub_repo_id, folder_path=str(folder))
     resent = [put.oid for put in hub.lfs_puts[before:]]
-    assert resent == [failing]
+    assert sorted(resent) == sorted(oids - finished)  # only what had not finished, each once
     assert {e.lfs_oid for e in hub.head_files(hub_repo_id).values() if e.lfs_oid} == oids

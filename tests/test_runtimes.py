@@ -157,7 +157,11 @@ def test_cli_runtime_choices_come_from_the_registry(tmp_path):
     assert list(doc["sections"]["runtimes"]) == list(RUNTIMES)
     assert doc["sections"]["family"]["family"] == "k3_dspark"
     human = CliRunner().invoke(cli, ["verify", str(folder), "--runtime", "vllm", "--block-size", "5"])
-    assert "per-tensor verdicts" in human.stdout and '"num_speculative_tokens": 5' in human.stdout
+    # vLLM refuses the trainer names, so no command is offered for it
+    assert "per-tensor verdicts" in human.stdout and "no serving command: vLLM refuses" in human.stdout
+    loading = CliRunner().invoke(cli, ["verify", str(write_checkpoint(tmp_path / "ok")), "--runtime", "vllm",
+                                       "--block-size", "5"])
+    assert '"num_speculative_tokens": 5' in loading.stdout
     assert CliRunner().invoke(cli, ["verify", str(folder), "--runtime", "trt"]).exit_code == 2
 
 

@@ -9,6 +9,8 @@ Checks, each finding naming the line (`where` = "README.md:LINE"):
   not increase along a row;
 - no table repeats a row key (acceptance tables: the cells before `Pos 0`; others: the first cell);
 - all statements of the block size agree;
+- no line outside code fences prints a Python repr (a dataclass, a dict, a list of strings or
+  objects, `<... object at 0x...>`): facts print as text (`cards.render.reader_text`);
 - every acceptance table (two or more `Pos N` columns, or a column `Acceptance length`) says which
   number it shows: the first non-blank line after it is `Acceptance numbers: measured (vLLM x.y,
   k=K, dtype, prompts F)` or `Acceptance numbers: simulated (definition, k=K, ...)`
@@ -72,6 +74,7 @@ LINT_CODES: dict[str, str] = {
     "ACCEPTANCE_LABEL_MISMATCH": "an acceptance table's label contradicts its eval file or its own columns",
     "ACCEPTANCE_LABEL_INCOMPLETE": "an acceptance label leaves out the engine (and vLLM version) or k of a "
                                    "measurement, or the definition of a simulation",
+    "PYTHON_REPR": "the card prints a Python object's repr (a dataclass, dict, list or <object at 0x...>)",
 }
 _POSITION = re.compile(r"^pos(?:ition)?\s*(\d+)$", re.IGNORECASE)
 _NUMBER = re.compile(r"^[+-]?\d+(?:\.(\d+))?$")
@@ -82,6 +85,13 @@ _BLOCK_SIZE = re.compile(r"block[-_ ]size`?\s*[=:]?\s*`?(\d+)", re.IGNORECASE)
 _DECODER_LAYERS = re.compile(r"^(\d+) x decoder layers?$", re.IGNORECASE)
 _SHAPE = re.compile(r"^\d+(?: x \d+)*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: How Python prints objects, never how a card should state a fact (outside code fences).
+_REPRS = (
+    ("an object's default repr", re.compile(r"<[\w.]+(?: [\w.]+)* object at 0x[0-9a-fA-F]+>")),
+    ("a dataclass repr", re.compile(r"\b[A-Z]\w*\(\w+=(?:-?\d|'|None\b|True\b|False\b|\[|\{|[A-Z]\w*\()")),
+    ("a dict repr", re.compile(r"\{'[^'\n]*': ")),
+    ("a list repr", re.compile(r"\[(?:'[^'\n]*'(?:, |\])|[A-Z]\w*\(\w+=)")),
+)
 
 
 @dataclass
@@ -350,9 +360,25 @@ def _incomplete_label_findings(label: AcceptanceLabel, where: str) -> list[Findi
                   f"write '{label.kind} ({shape})', with 'not stated' for a part that is unknown")]
 
 
+def _named(label: AcceptanceLabel) -> str | None:
+    """A label's engine (without its version) or simulation, to compare; None when it is not stated."""
+    what = (label.what or "").split(",")[0].strip()
+    if label.kind == "measured" and label.version:
+        what = what.replace(label.version, "").strip()
+    return None if not what or "not stated" in what else what.lower()
+
+
+def _short(text: str | None, limit: int = 80) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _label_differences(label: AcceptanceLabel, expected: AcceptanceLabel) -> list[str]:
     """Where a card's label contradicts the label its eval file implies, one phrase each."""
     differences = [f"{label.kind}, the eval file {expected.kind}"] if label.kind != expected.kind else []
+    if label.kind == expected.kind and _named(label) and _named(expected) and _named(label) != _named(expected):
+        what = "engine" if label.kind == "measured" else "simulation"
+        differences.append(f"the {what} is {_short(label.what)!r}, the eval file {_short(expected.what)!r}")
     for name in ("version", "k", "dtype"):
         mine, theirs = getattr(label, name), getattr(expected, name)
         if mine is not None and theirs is not None and str(mine) != str(theirs):
@@ -507,6 +533,22 @@ def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
     return out
 
 
+def _repr_findings(card: Card) -> list[Finding]:
+    """A line that prints a Python object (`{{ facts.parameters }}` rendered by an older dspark-hub, a template
+    printing an object) instead of the text a reader expects."""
+    out = []
+    for line, text in card.body:
+        for kind, pattern in _REPRS:
+            m = pattern.search(text)
+            if m:
+                shown = text[m.start():m.start() + 60]
+                out.append(error("PYTHON_REPR", card.where(line), f"{kind} in the card: {shown!r}",
+                                 "print the fact's documented text (e.g. '{{ facts.parameters.total | thousands }}'), "
+                                 "then render the card again"))
+                break
+    return out
+
+
 # ------------------------------------------------------------------ entry point
 
 def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
@@ -536,6 +578,7 @@ def lint_card(readme_path: str | Path, checkpoint: str | Path | None = None, *,
         report.findings += _acceptance_findings(card, table)
         report.findings += _label_findings(card, table, expected)
         report.findings += _duplicate_findings(card, table)
+    report.findings += _repr_findings(card)
     said = statements(card)
     report.findings += _consistency_findings(card, said)
     if checkpoint is None:

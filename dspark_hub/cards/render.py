@@ -44,6 +44,7 @@ a local path an older `finetune` recorded is left out). Lines carrying evaluatio
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -523,12 +524,59 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+class NotReaderText(ValueError):
+    """`{{ expression }}` named an object that has no text a reader expects (it would print as Python)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        super().__init__(f"it prints a {type(value).__name__} as Python text ({_clip(repr(value))}); "
+                         f"print {_what_to_print(value)} instead")
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _what_to_print(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "one of its keys (" + ", ".join(f"`.{k}`" for k in list(value)[:6]) + ")"
+    if dataclasses.is_dataclass(value):
+        return "one of its fields (" + ", ".join(f"`.{f.name}`" for f in dataclasses.fields(value)) + ")"
+    return "one of its fields"
+
+
+def reader_text(value: Any) -> Any:
+    """What `{{ value }}` prints in a card: scalars as they are; `facts.parameters` as the total with
+    separators (`136,753`; its fields `.total`, `.trained`, `.frozen`, `.maps` are numbers); a component
+    by its name, a checksum row by its file; a list of numbers as `[2, 23, 47]`, any other list as its
+    items' texts joined by ", ". Anything else (a mapping, another object) raises `NotReaderText`."""
+    import jinja2
+
+    if isinstance(value, jinja2.Undefined):
+        return value                            # strict: printing it raises, naming what is undefined
+    if isinstance(value, contract.ParameterCounts):
+        return f"{value.total:,}"
+    if isinstance(value, Component):
+        return value.name
+    if isinstance(value, FileChecksum):
+        return value.file
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            return value
+        return ", ".join(str(reader_text(v)) for v in value)
+    raise NotReaderText(value)
+
+
 def environment() -> Any:
-    """The jinja2 environment cards render with (strict undefined, trailing newline kept)."""
+    """The jinja2 environment cards render with (strict undefined, trailing newline kept; every
+    `{{ }}` goes through `reader_text`, so no Python repr reaches a card)."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                             finalize=reader_text)
     env.filters.update(
         thousands=lambda n: f"{n:,}",
         shape=lambda s: " x ".join(map(str, s)) if s else "—",
@@ -597,6 +645,8 @@ def _render_strings(value: Any, env: Any, context: Mapping[str, Any], where: str
         except jinja2.TemplateError as e:
             raise UsageError(f"card.yaml:{where}: {e}; the fact is not known for this card (no checkpoint?) "
                              "or the expression is wrong") from None
+        except NotReaderText as e:
+            raise UsageError(f"card.yaml:{where}: {e}") from None
     if isinstance(value, dict):
         return {k: _render_strings(v, env, context, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
     if isinstance(value, list):

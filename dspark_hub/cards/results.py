@@ -164,7 +164,9 @@ def acceptance_label(*sources: Mapping[str, Any] | None) -> AcceptanceLabel | No
         if what == "vLLM" and not version:
             what = "vLLM, version not stated"
     else:
-        version, what = None, first("simulation", "simulated_by", "definition")
+        # The short name of the simulation is the label; a `definition` (the metric's whole paragraph in an
+        # eval file) stands in only where nothing names the simulation.
+        version, what = None, first("simulation", "simulated_by") or first("definition")
     dtype = measured.get("dtype") or first("dtype")
     return AcceptanceLabel(kind=kind, what=str(what) if what else None, version=str(version) if version else None,
                            k=int(k) if isinstance(k, int) and not isinstance(k, bool) else None,

@@ -25,6 +25,15 @@ from typing import Any, Protocol, cast
 
 import click
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.segment import Segment
 from rich.text import Text
 
@@ -210,12 +219,13 @@ class LogProgress:
         self.start = self.last = self.clock()
         self.done = 0
         self.printed = False
+        self.finished: int | None = None     # `done` when the `done` line was printed
         self._lock = threading.Lock()   # hashing and diff report from worker threads
 
     def __call__(self, n: int) -> None:
         with self._lock:
             self.done += n
-            self._tick()
+            self._tick(complete=bool(self.total) and self.done >= (self.total or 0))
 
     def set_total(self, total: int) -> None:
         self.total = total
@@ -247,16 +257,21 @@ class LogProgress:
         parts.append(f"elapsed {_duration(elapsed)}")
         return ", ".join(parts)
 
-    def _tick(self) -> None:
+    def _tick(self, *, complete: bool = False) -> None:
+        """A line when the interval has passed; the count reaching its total prints the `done` line at once
+        (so `finish` does not repeat it)."""
         now = self.clock()
-        if now - self.last >= self.interval:
+        if complete and (self.printed or now - self.start >= self.interval):
+            self.last, self.printed, self.finished = now, True, self.done
+            self.write(self.line(now) + ", done")
+        elif now - self.last >= self.interval:
             self.last = now
             self.printed = True
             self.write(self.line(now))
 
     def finish(self) -> None:
-        """The last line, `... done`, when the run was long enough to print any."""
-        if self.printed:
+        """The last line, `... done`, when the run was long enough to print any and it is not printed yet."""
+        if self.printed and self.finished != self.done:
             self.write(self.line(self.clock()) + ", done")
 
 
@@ -275,15 +290,6 @@ def progress(description: str, *, unit: str = "bytes", total: int | None = None,
         yield log
         log.finish()
         return
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
 
     columns = ((DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(),))
     with Progress(TextColumn("{task.description}"), BarColumn(), *columns, TimeRemainingColumn(),

@@ -34,7 +34,7 @@ def card_render(ckpt: Path | None, meta: Path, eval_json: Path | None, train_log
                 checksums_from: Path | None, no_hash: bool, output: Path, force: bool, quiet: bool,
                 as_json: bool) -> None:
     """Render a model card for CKPT (omit CKPT when the weights are not at hand) to OUTPUT."""
-    from dspark_hub.cards.render import write_card
+    from dspark_hub.cards.render import write_card  # loads when the command runs (--help stays light)
 
     with progress("hashing", quiet=quiet or as_json) as bar:
         result = write_card(meta, ckpt, output, eval_json=eval_json, train_log=train_log,
@@ -50,6 +50,6 @@ def card_render(ckpt: Path | None, meta: Path, eval_json: Path | None, train_log
 @json_option
 def card_lint(readme: Path, checkpoint: Path | None, eval_json: Path | None, as_json: bool) -> None:
     """Check a model card: front matter, acceptance arithmetic and labels, duplicate rows, and weight facts."""
-    from dspark_hub.cards.lint import lint_card
+    from dspark_hub.cards.lint import lint_card  # loads when the command runs (--help stays light)
 
     emit(lint_card(readme, checkpoint, eval_json=eval_json), as_json=as_json, renderer=render_card_lint)

@@ -35,7 +35,7 @@ def golden() -> None:
 def golden_write(ckpt: Path, output: Path, lm_head: Path | None, seed: int, block_size: int, force: bool,
                  as_json: bool) -> None:
     """Write the golden fixture of CKPT to OUTPUT (also: `golden CKPT -o OUTPUT`)."""
-    from dspark_hub.verify.golden import write_golden
+    from dspark_hub.verify.golden import write_golden  # loads when the command runs (--help stays light)
 
     quiet_transformers(as_json)
     result = write_golden(ckpt, output, lm_head=lm_head, seed=seed, block_size=block_size, force=force)
@@ -53,7 +53,7 @@ def golden_write(ckpt: Path, output: Path, lm_head: Path | None, seed: int, bloc
 def golden_check(ckpt: Path, fixture: Path, lm_head: Path | None, atol: float | None, rtol: float | None,
                  as_json: bool) -> None:
     """Recompute FIXTURE on CKPT and compare within the stored tolerances (exit 0 when all match, else 1)."""
-    from dspark_hub.verify.golden import check_golden
+    from dspark_hub.verify.golden import check_golden  # loads when the command runs (--help stays light)
 
     quiet_transformers(as_json)
     result = check_golden(ckpt, fixture, lm_head=lm_head, atol=atol, rtol=rtol)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from dspark_hub.cli._render import (
     render_publication,
 )
 
+if TYPE_CHECKING:
+    from dspark_hub.hub.publish import Transfer
+
 
 @command()
 @click.argument("folder", type=click.Path(path_type=Path))
@@ -25,7 +29,10 @@ from dspark_hub.cli._render import (
 @json_option
 def checksums(folder: Path, check: bool, force: bool, quiet: bool, as_json: bool) -> None:
     """Write SHA256SUMS and checksums.json for FOLDER (or --check it against them)."""
-    from dspark_hub.hub.checksums import check_checksums, write_checksums
+    from dspark_hub.hub.checksums import (  # loads when the command runs (--help stays light)
+        check_checksums,
+        write_checksums,
+    )
 
     with progress("sha256", quiet=quiet or as_json) as bar:
         result = check_checksums(folder, progress=bar) if check else write_checksums(folder, force=force, progress=bar)
@@ -45,7 +52,7 @@ def checksums(folder: Path, check: bool, force: bool, quiet: bool, as_json: bool
 def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: str | None, force: bool,
             quiet: bool, as_json: bool) -> None:
     """Write SHA256SUMS, checksums.json, .gitattributes, a .torrent with Hub web seeds and its magnet link."""
-    from dspark_hub.hub.package import package as build
+    from dspark_hub.hub.package import package as build  # loads when the command runs (--help stays light)
 
     with progress("checksums", quiet=quiet or as_json) as bar:
         result = build(ckpt, repo_id, out_dir=out_dir, revision=revision, endpoint=endpoint, force=force,
@@ -62,22 +69,27 @@ def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: st
 @click.option("--tag", metavar="TAG", help="Tag the new commit.")
 @click.option("--with-remote-code", is_flag=True, help="Also upload the modeling code and an auto_map.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every file, size, LFS or regular); send nothing.")
+@click.option("--transfer", type=click.Choice(["auto", "xet", "lfs"]), default="auto", show_default=True,
+              help="How large files travel: auto = Xet where hf_xet is installed and the endpoint offers it, "
+                   "else LFS.")
 @endpoint_option
 @quiet_option
 @json_option
 def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None, revision: str | None,
-            tag: str | None, with_remote_code: bool, dry_run: bool, endpoint: str | None, quiet: bool,
-            as_json: bool) -> None:
+            tag: str | None, with_remote_code: bool, dry_run: bool, transfer: Transfer, endpoint: str | None,
+            quiet: bool, as_json: bool) -> None:
     """Gate (verify + card lint), upload CKPT to ORG/NAME, then compare the Hub's files with the local ones.
 
     The token comes from huggingface_hub's usual sources (HF_TOKEN, 'hf auth login') and is never printed.
     """
-    from dspark_hub.hub.release import publish_checkpoint
+    from dspark_hub.hub.release import (
+        publish_checkpoint,  # loads when the command runs (--help stays light)
+    )
 
     with progress("sha256", quiet=quiet or as_json) as bar:
         outcome = publish_checkpoint(ckpt, repo_id, drop_in=drop_in, private=private, revision=revision, tag=tag,
                                      with_remote_code=with_remote_code, endpoint=endpoint, dry_run=dry_run,
-                                     progress=bar)
+                                     transfer=transfer, progress=bar)
     emit(outcome, as_json=as_json, renderer=render_publication)
 
 
@@ -87,6 +99,6 @@ def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
 @json_option
 def export_code(folder: Path, force: bool, as_json: bool) -> None:
     """Copy the modeling files and an auto_map into FOLDER for trust_remote_code loading."""
-    from dspark_hub.format.remote_code import export_code as export
+    from dspark_hub.format.remote_code import export_code as export  # loads when the command runs (--help stays light)
 
     emit(export(folder, force=force), as_json=as_json, renderer=render_export)

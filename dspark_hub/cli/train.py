@@ -307,7 +307,8 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @click.option("--engine", type=click.Choice(ENGINES), default=keyword_default(evaluate, "engine"), show_default=True,
               help="simulated: vLLM's verify loop replayed in PyTorch; vllm: served and measured by vLLM itself.")
 @click.option("--vllm-python", "vllm_python", metavar="PY",
-              help="Python of a vLLM 0.32.0 virtualenv for --engine vllm (default: this one).")
+              help="Python of a vLLM virtualenv at the pinned version (.ci/venv-vllm.sh) for --engine vllm "
+                   "(default: this one).")
 @click.option("--dtype", type=Dtype(DTYPES), default=keyword_default(evaluate, "dtype"), show_default=True,
               help="The vllm engine's dtype (the simulation is float32: only float32 can match it exactly).")
 @click.option("--block-size", "block_size", type=POSITIVE, metavar="K",

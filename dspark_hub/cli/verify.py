@@ -10,13 +10,13 @@ from dspark_hub.cli._framework import command, endpoint_option, force_option, js
 from dspark_hub.cli._output import emit, progress
 from dspark_hub.cli._render import render_convert, render_diff, render_init, render_verify
 from dspark_hub.format import contract
-from dspark_hub.ops.init import INIT_KINDS
+from dspark_hub.format.registry import FORMATS
+from dspark_hub.ops.init import INIT_KINDS, init_checkpoint
+from dspark_hub.verify.runtimes import RUNTIMES
 
 
 def runtime_choices() -> list[str]:
     """`--runtime` choices, derived from the runtimes registry (never typed twice)."""
-    from dspark_hub.verify.runtimes import RUNTIMES
-
     return [*RUNTIMES, "all"]
 
 
@@ -55,7 +55,7 @@ def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
     (HTTP range requests); the weights are never downloaded.
     Exit codes: 0 no error finding, 1 error findings, 2 usage or I/O error.
     """
-    from dspark_hub.verify import checks
+    from dspark_hub.verify import checks  # loads when the command runs (--help stays light)
 
     reads_bytes = deep or frozen_embed is not None or target is not None
     with progress("verify --deep" if deep else "verify", quiet=quiet or as_json or not reads_bytes) as bar:
@@ -77,7 +77,7 @@ def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
     they differ (read "identical" / "weights_only" in the output); 1 when a side could not be read
     whole (its problems are listed); 2 on usage or I/O error.
     """
-    from dspark_hub.ops.diff import diff as diff_checkpoints
+    from dspark_hub.ops.diff import diff as diff_checkpoints  # loads when the command runs (--help stays light)
 
     with progress("diff", quiet=quiet or as_json) as bar:
         result = diff_checkpoints(a, b, progress=bar)
@@ -86,8 +86,6 @@ def diff(a: Path, b: Path, quiet: bool, as_json: bool) -> None:
 
 def format_choices() -> list[str]:
     """`--to`/`--from` choices, derived from the draft formats registry (never typed twice)."""
-    from dspark_hub.format.registry import FORMATS
-
     return [f.cli_name for f in FORMATS.values()]
 
 
@@ -109,7 +107,7 @@ def convert(src: Path, dst: Path, to: str | None, from_: str | None, force: bool
     merges shards, repairs the config. SRC is never modified. Exit codes: 0 written and DST passes
     verify, 1 written but DST still has verify errors (so 'convert && publish' stops), 2 usage or I/O error.
     """
-    from dspark_hub.ops.convert import convert as convert_checkpoint
+    from dspark_hub.ops.convert import convert as convert_checkpoint  # loads when the command runs (--help stays light)
 
     with progress("convert", quiet=quiet or as_json) as bar:
         result = convert_checkpoint(src, dst, force=force, to=to, from_=from_, progress=bar)
@@ -132,8 +130,6 @@ def convert(src: Path, dst: Path, to: str | None, from_: str | None, force: bool
 def init_command(dst: Path, profile: str, init: str, seed: int, embed_from: str | None, force: bool, quiet: bool,
                  as_json: bool) -> None:
     """Write a conforming k3_dspark checkpoint (config.json + model.safetensors) to DST."""
-    from dspark_hub.ops.init import init_checkpoint
-
     with progress(f"init {profile}", quiet=quiet or as_json) as bar:
         result = init_checkpoint(dst, profile=profile, init=init, seed=seed, force=force, embed_from=embed_from,
                                  progress=bar)

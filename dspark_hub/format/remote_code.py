@@ -16,7 +16,7 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
-from dspark_hub.format import contract
+from dspark_hub.format import contract, speculators
 from dspark_hub.format.checkpoint import CONFIG_JSON_CODES
 from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.format.writer import atomic_path
@@ -88,7 +88,6 @@ def require_k3_dspark(config: dict[str, Any], folder: Path) -> None:
     Raises:
         CheckpointFormatError: `NOT_K3_DSPARK`.
     """
-    from dspark_hub.format import speculators
 
     for key in ("model_type", speculators.TYPE_KEY):
         value = config.get(key)

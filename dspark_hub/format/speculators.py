@@ -38,6 +38,7 @@ vLLM, and a `target_hidden_size` other than null or H is a config rule violation
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -127,8 +128,6 @@ def layer_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _show(value: Any) -> str:
-    import json
-
     return json.dumps(value)[:60]
 
 

@@ -19,6 +19,7 @@ from dspark_hub.format.contract import INDEX_NAME
 from dspark_hub.format.folder import list_folder, open_regular, read_regular
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo, parse_index, read_header
 from dspark_hub.progress import Progress
+from dspark_hub.report import TensorDigestDict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -103,7 +104,7 @@ class TensorDigest:
     nbytes: int
     sha256: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TensorDigestDict:
         return {"location": self.location, "dtype": self.dtype, "shape": list(self.shape),
                 "bytes": self.nbytes, "sha256": self.sha256}
 

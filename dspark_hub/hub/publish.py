@@ -1,6 +1,9 @@
 """Publishing a checkpoint folder to the Hub: plan, one commit, optional tag, then compare what landed.
 
-The upload goes through `huggingface_hub` (weights through LFS, or xet where the client has it).
+The upload goes through `huggingface_hub`. Its weights travel by one of two transfers: Xet (the
+client uses it whenever `hf_xet` is installed and HF_HUB_DISABLE_XET is not set, and nothing the
+server says changes that) or git LFS. `transfer="auto"` asks the endpoint for a Xet write token
+first and, where it has none (404: a self-hosted or test Hub), uploads through LFS instead.
 `release.publish_checkpoint` puts the preflight gate in front of this.
 """
 
@@ -33,6 +36,10 @@ if TYPE_CHECKING:
 #: Files uploaded last within the commit's listing order (the card and config describe the weights).
 _LAST = ("config.json", "README.md")
 
+#: How the weights travel: `auto` (Xet where client and endpoint both have it, else LFS), or one forced.
+Transfer = Literal["auto", "xet", "lfs"]
+TRANSFERS: tuple[Transfer, ...] = ("auto", "xet", "lfs")
+
 @dataclass(frozen=True)
 class PublishPlan:
     """What `publish` sends, in upload order (LFS weights first, the card and config last)."""
@@ -46,6 +53,8 @@ class PublishPlan:
     files: list[FileDigest]
     #: repo path -> the local file it is read from
     sources: dict[str, Path] = field(default_factory=dict)
+    #: the transfer asked for (`auto`, `xet`, `lfs`); `PublishResult.transfer` says which one ran
+    transfer: Transfer = "auto"
 
     @property
     def total_bytes(self) -> int:
@@ -58,6 +67,7 @@ class PublishPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"repo_id": self.repo_id, "revision": self.revision, "endpoint": self.endpoint,
                 "private": self.private, "tag": self.tag, "commit_message": self.commit_message,
+                "transfer": self.transfer,
                 "files": [{**f.to_dict(), "source": str(self.sources[f.path])} for f in self.files],
                 "file_count": len(self.files), "total_bytes": self.total_bytes, "lfs_bytes": self.lfs_bytes}
 
@@ -82,6 +92,8 @@ class PublishResult:
     commit_url: str | None = None
     tag: str | None = None
     problems: list[FileProblem] = field(default_factory=list)
+    #: the transfer the upload used (`xet` or `lfs`) and why
+    transfer: TransferChoice | None = None
 
     @property
     def ok(self) -> bool:
@@ -90,8 +102,21 @@ class PublishResult:
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "ok": self.ok,
                 "refusals": list(self.refusals), "repo_url": self.repo_url, "commit_oid": self.commit_oid,
-                "commit_url": self.commit_url, "tag": self.tag, "plan": self.plan.to_dict(),
+                "commit_url": self.commit_url, "tag": self.tag,
+                "transfer": self.transfer.to_dict() if self.transfer is not None else None,
+                "plan": self.plan.to_dict(),
                 "problems": [p.to_dict() for p in self.problems]}
+
+
+@dataclass(frozen=True)
+class TransferChoice:
+    """The transfer an upload used (`xet` or `lfs`) and the reason, in words."""
+
+    name: Literal["xet", "lfs"]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "reason": self.reason}
 
 
 def _upload_order(digest: FileDigest) -> tuple[int, str]:
@@ -102,18 +127,20 @@ def _upload_order(digest: FileDigest) -> tuple[int, str]:
 
 def plan_publish(folder: Path | str, repo_id: str, *, revision: str | None = None, private: bool | None = None,
                  tag: str | None = None, commit_message: str | None = None, endpoint: str | None = None,
-                 extra_files: Mapping[str, Path | str] | None = None,
+                 extra_files: Mapping[str, Path | str] | None = None, transfer: Transfer = "auto",
                  progress: Progress | None = None, manifest: Manifest | None = None) -> tuple[PublishPlan, Manifest]:
     """Hash the folder (plus `extra_files`, repo path -> local file) and order the upload.
 
     `manifest`: the folder's digests from `local_digests`, when already computed (skips hashing).
 
     Raises:
-        UsageError: a bad repo id, or an extra file that collides with a folder file.
+        UsageError: a bad repo id or `transfer`, or an extra file that collides with a folder file.
         CheckpointNotFoundError: the folder or an extra file does not exist.
     """
     folder = Path(folder)
     validate_repo_id(repo_id)
+    if transfer not in TRANSFERS:
+        raise UsageError(f"unknown transfer {transfer!r}; choose one of {', '.join(TRANSFERS)}", param="transfer")
     manifest = manifest if manifest is not None else local_digests(folder, progress=progress)
     sources = {d.path: folder / d.path for d in manifest.files}
     digests = list(manifest.files)
@@ -130,23 +157,23 @@ def plan_publish(folder: Path | str, repo_id: str, *, revision: str | None = Non
     message = commit_message or f"Upload {repo_id.split('/')[1]} with dspark-hub {__version__}"
     plan = PublishPlan(repo_id=repo_id, revision=revision or "main", endpoint=resolve_endpoint(endpoint),
                        private=private, tag=tag, commit_message=message,
-                       files=digests, sources=sources)
+                       files=digests, sources=sources, transfer=transfer)
     return plan, Manifest(files=tuple(sorted(digests, key=lambda d: d.path)))
 
 
 def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, revision: str | None = None,
             tag: str | None = None, commit_message: str | None = None, commit_description: str | None = None,
             endpoint: str | None = None, token: str | bool | None = None, dry_run: bool = False,
-            preflight: Callable[[], Sequence[str]] | None = None,
+            transfer: Transfer = "auto", preflight: Callable[[], Sequence[str]] | None = None,
             extra_files: Mapping[str, Path | str] | None = None,
             progress: Progress | None = None, show_hub_progress: bool = False,
             manifest: Manifest | None = None) -> PublishResult:
     """Publish a checkpoint folder to a Hub repository, then check what landed there.
 
     Steps: hash every file; run `preflight` (any message refuses the publish before a byte is
-    sent); create the repo (`exist_ok`); create the branch if `revision` is not `main`; one
-    commit with every file (LFS objects upload first; the commit then lands atomically); tag;
-    list the remote files and compare them with the local digests.
+    sent); find a token; create the repo (`exist_ok`); create the branch if `revision` is not
+    `main`; choose the transfer; one commit with every file (large objects upload first; the
+    commit then lands atomically); tag; list the remote files and compare them with the local digests.
 
     A re-run after an interruption re-sends nothing the Hub already holds: committed files are
     no-ops (the preupload `oid` matches) and uploaded-but-uncommitted LFS objects are skipped
@@ -162,6 +189,8 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
         endpoint: the Hub endpoint (default: HF_ENDPOINT / huggingface.co).
         token: a token with write access (default: huggingface_hub's usual sources).
         dry_run: return the plan; contact nobody.
+        transfer: `auto` (Xet when the client has `hf_xet` and the endpoint answers its Xet
+            write-token route, else LFS), `xet` or `lfs`.
         preflight: called after hashing; returns the reasons to refuse (empty: go ahead).
         extra_files: more files to upload, repo path -> local path (e.g. a package's sidecars).
         progress: called with bytes hashed.
@@ -169,12 +198,13 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
         manifest: the folder's digests from `local_digests`, when the caller already hashed it.
 
     Raises:
-        HubError: the Hub refused or could not be reached (never containing the token).
-        UsageError: a bad repo id.
+        HubError: no token, the Hub refused or could not be reached, or Xet was forced on an
+            endpoint without it (never containing the token).
+        UsageError: a bad repo id or `transfer`; `xet` asked of a client that cannot use it.
     """
     plan, manifest = plan_publish(folder, repo_id, revision=revision, private=private, tag=tag,
                                   commit_message=commit_message, endpoint=endpoint, extra_files=extra_files,
-                                  progress=progress, manifest=manifest)
+                                  transfer=transfer, progress=progress, manifest=manifest)
     refusals = list(preflight()) if preflight is not None else []
     if refusals:
         return PublishResult(status="refused", plan=plan, refusals=refusals)
@@ -185,6 +215,11 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
     from huggingface_hub import utils as hf_utils
 
     where = hf_location(repo_id, plan.revision)
+    require_token(token, where)
+    client_xet = client_has_xet()
+    if plan.transfer == "xet" and not client_xet:
+        raise UsageError(f"{where}: Xet was asked for, but this huggingface_hub cannot use it ({_NO_CLIENT_XET}); "
+                         "install hf-xet and unset HF_HUB_DISABLE_XET, or publish through LFS", param="transfer")
     api = HfApi(endpoint=plan.endpoint, token=token, library_name="dspark-hub", library_version=__version__)
 
     def errors(action: str) -> AbstractContextManager[None]:
@@ -199,7 +234,10 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
                 api.create_branch(repo_id, branch=plan.revision, exist_ok=True)
         with errors("read the branch head"):
             head_before = api.model_info(repo_id, revision=plan.revision).sha
-        with errors("upload the files"):
+        with errors("ask the endpoint for Xet storage"):
+            choice = choose_transfer(plan.transfer, client_xet,
+                                     lambda: endpoint_offers_xet(plan.endpoint, repo_id, plan.revision, token))
+        with errors("upload the files"), _xet_errors(where, plan.endpoint), _through(choice), _no_op_quiet():
             info = api.create_commit(repo_id, operations=_operations(plan, manifest),
                                      commit_message=plan.commit_message, commit_description=commit_description,
                                      revision=plan.revision)
@@ -212,7 +250,111 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
     problems = compare_files(Path(folder), manifest.files, source.remote_files(),
                              location=hf_location(repo_id, commit_oid[:12]))
     return PublishResult(status=status, plan=plan, repo_url=repo_url, commit_oid=commit_oid,
-                         commit_url=str(info.commit_url), tag=tag, problems=problems)
+                         commit_url=str(info.commit_url), tag=tag, problems=problems, transfer=choice)
+
+
+# --- token -------------------------------------------------------------------------------------------
+
+def require_token(token: str | bool | None, where: str) -> None:
+    """Refuse before any request when no token is given and huggingface_hub finds none (a publish needs one)."""
+    if isinstance(token, str) and token:
+        return
+    from huggingface_hub import constants, get_token
+
+    if token is None and get_token() is not None:
+        return
+    raise HubError(f"{where}: no Hub token found, and publishing needs one with write access; huggingface_hub "
+                   f"reads HF_TOKEN, then the token file {constants.HF_TOKEN_PATH} that 'hf auth login' writes",
+                   hint="run 'hf auth login' or set HF_TOKEN")
+
+
+# --- Xet or LFS ----------------------------------------------------------------------------------------
+
+_NO_CLIENT_XET = "hf_xet is not installed, or HF_HUB_DISABLE_XET is set"
+
+
+def client_has_xet() -> bool:
+    """huggingface_hub's own rule: `hf_xet` importable and HF_HUB_DISABLE_XET not set (read at its import)."""
+    import importlib.util
+
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
+
+
+def endpoint_offers_xet(endpoint: str, repo_id: str, revision: str, token: str | bool | None) -> bool:
+    """Ask the endpoint for a Xet write token, as the client's Xet upload does first; 404 means it has no Xet.
+
+    Raises huggingface_hub's HTTP errors for any other failure.
+    """
+    from urllib.parse import quote
+
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    url = f"{endpoint}/api/models/{repo_id}/xet-write-token/{quote(revision, safe='')}"
+    headers = build_hf_headers(token=token, library_name="dspark-hub", library_version=__version__)
+    response = get_session().get(url, headers=headers)
+    if response.status_code == 404:
+        return False
+    hf_raise_for_status(response)
+    return True
+
+
+def choose_transfer(requested: Transfer, client_xet: bool, endpoint_xet: Callable[[], bool]) -> TransferChoice:
+    """Which transfer the upload takes; `endpoint_xet` is asked only when both are possible."""
+    if requested == "lfs":
+        return TransferChoice("lfs", "LFS was asked for")
+    if requested == "xet":
+        return TransferChoice("xet", "Xet was asked for")
+    if not client_xet:
+        return TransferChoice("lfs", f"this client has no Xet ({_NO_CLIENT_XET})")
+    if endpoint_xet():
+        return TransferChoice("xet", "the endpoint offers Xet storage")
+    return TransferChoice("lfs", "the endpoint has no Xet storage: its Xet write-token route answered 404")
+
+
+@contextmanager
+def _through(choice: TransferChoice) -> Iterator[None]:
+    """Make huggingface_hub upload through `choice`: for LFS, its Xet switch is off for the block."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_DISABLE_XET
+    constants.HF_HUB_DISABLE_XET = before or choice.name == "lfs"
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = before
+
+
+@contextmanager
+def _xet_errors(where: str, endpoint: str) -> Iterator[None]:
+    """A Xet upload refused by an endpoint without Xet names Xet and the fix (hf_xet reports a network error)."""
+    try:
+        yield
+    except Exception as exc:
+        text = str(exc)
+        if "xet-write-token" in text and "404" in text:
+            raise HubError(f"{where}: the endpoint {endpoint} has no Xet storage (its Xet write-token route "
+                           "answered 404), and the upload went through Xet; publish through LFS instead: "
+                           "`transfer` lfs or auto, or set HF_HUB_DISABLE_XET=1") from exc
+        raise
+
+
+@contextmanager
+def _no_op_quiet() -> Iterator[None]:
+    """Keep huggingface_hub's "No files have been modified" warning off the terminal: the result says `unchanged`."""
+    import logging
+
+    hub_log = logging.getLogger("huggingface_hub.hf_api")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No files have been modified since last commit")
+
+    hub_log.addFilter(keep)
+    try:
+        yield
+    finally:
+        hub_log.removeFilter(keep)
 
 
 @contextmanager

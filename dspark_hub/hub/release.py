@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
@@ -27,6 +27,9 @@ from dspark_hub.format.digests import checkpoint_files, sha256_file
 from dspark_hub.format.remote import validate_repo_id
 from dspark_hub.report import Report
 from dspark_hub.verify.checks import verify
+
+if TYPE_CHECKING:
+    from dspark_hub.hub.publish import Transfer
 
 CARD_NAME = "README.md"
 
@@ -175,14 +178,14 @@ class Publication:
 def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in: str | None = None,
                        private: bool | None = None, revision: str | None = None, tag: str | None = None,
                        with_remote_code: bool = False, endpoint: str | None = None, token: str | None = None,
-                       dry_run: bool = False, progress: Any = None) -> Publication:
+                       dry_run: bool = False, transfer: Transfer = "auto", progress: Any = None) -> Publication:
     """Gate, then publish a checkpoint folder to `repo_id` and compare what landed with the local files.
 
     Args:
         folder: the checkpoint folder (with its `README.md` card).
         repo_id: `ORG/NAME`.
         drop_in: demand drop-in identity with this reference in the gate (`kimi-k3` or a folder).
-        private, revision, tag, endpoint, token, dry_run, progress: see `hub.publish`.
+        private, revision, tag, endpoint, token, dry_run, transfer, progress: see `hub.publish`.
         with_remote_code: also upload the modeling code and an `auto_map` (the folder is not changed).
 
     Raises:
@@ -211,7 +214,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         title, body = commit_text(gate.verify, name=repo_id.split("/")[-1], drop_in=drop_in)
         result = publish(source, repo_id, private=private, revision=revision, tag=tag, commit_message=title,
                          commit_description=body, endpoint=endpoint, token=token, dry_run=dry_run,
-                         progress=progress, manifest=manifest)
+                         transfer=transfer, progress=progress, manifest=manifest)
     return Publication(input=str(folder), repo_id=repo_id, gate=gate, result=result)
 
 

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from dspark_hub.errors import UsageError
 from dspark_hub.format import speculators as spec_format
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.tensorio import tensor_files
 
@@ -129,7 +130,7 @@ class SpeculatorsDSpark:
     @classmethod
     def from_folder(cls, folder: str | os.PathLike[str], embed: torch.Tensor, lm_head: torch.Tensor,
                     **options: Any) -> SpeculatorsDSpark:
-        return cls(load_json_object(Path(folder) / "config.json"), read_tensors(folder), embed, lm_head, **options)
+        return cls(load_json_object(Path(folder) / CONFIG_NAME), read_tensors(folder), embed, lm_head, **options)
 
     # -- config facts -------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from dspark_hub.format.tensorio import BytesLike, TensorLocation, cast_bytes, it
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
 from dspark_hub.ops.crosswalk import crosswalk
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.verify.checks import verify
 from dspark_hub.verify.family import detect, methods_text
 
 SCHEMA = schemas.command("convert")
@@ -335,7 +336,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: 
             two tensors map to one contract name.
         ConversionRefusedError: SRC is of another draft family, or the format conversion is not lossless.
     """
-    from dspark_hub.verify.checks import verify
 
     src_p, dst_p = Path(src), Path(dst)
     _check_paths(src_p, dst_p)

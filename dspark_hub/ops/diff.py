@@ -27,13 +27,14 @@ JSON (schema `dspark-hub/diff/1`; keys are never omitted)::
                  "shape": {name: {"a": [int], "b": [int]}}, "dtype": {name: {"a": str, "b": str}}},
       "layout": {"same": bool, "a": {"files": [str], "metadata": {str: str}|null},
                  "b": {"files": [str], "metadata": {str: str}|null}},   # weight files and __metadata__
-      "tensors": {name: {"identical": bool, "rel_l2": float|null}},   # common tensors, equal shapes
+      "tensors": {name: {"identical": bool, "rel_l2": float|null, "abs_l2": float|null}},   # common, same shape
       "summary": {"compared": int, "identical": int, "changed": int, "renamed": int},
       "problems": [{"side": "a"|"b", "code", "severity", "where", "message", "hint"}]
                                    # errors met while opening A or B (tensors they hide are not compared)
     }
 
-`rel_l2` is null for non-float dtypes and when ``||a|| = 0`` while b differs.
+`rel_l2` is null for non-float dtypes and when ``||a|| = 0`` while b differs; `abs_l2` (``||b - a||``)
+then still says how much a float tensor changed (a zero-initialised tensor that was trained).
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class TensorDelta:
 
     identical: bool
     rel_l2: float | None
+    #: ||b - a||, the change itself: what says how much a tensor that is zero in A (rel_l2 null) changed
+    abs_l2: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"identical": self.identical, "rel_l2": self.rel_l2}
+        return {"identical": self.identical, "rel_l2": self.rel_l2, "abs_l2": self.abs_l2}
 
 
 @dataclass
@@ -155,7 +158,8 @@ class DiffReport:
         }
 
 
-def diff_configs(a: dict[str, Any], b: dict[str, Any]) -> tuple[dict, dict, dict]:
+def diff_configs(a: dict[str, Any],
+                 b: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple[Any, Any]]]:
     """(added, removed, changed) keys from config `a` to config `b`."""
     added = {k: b[k] for k in b if k not in a}
     removed = {k: a[k] for k in a if k not in b}
@@ -189,9 +193,11 @@ def compare_tensor(a: TensorLocation, b: TensorLocation, *, progress: Progress |
     if not floats:
         return TensorDelta(identical=identical, rel_l2=None)
     if delta == 0.0:
-        return TensorDelta(identical=identical, rel_l2=0.0)
-    rel = math.sqrt(delta) / math.sqrt(norm_a) if norm_a > 0 else None
-    return TensorDelta(identical=identical, rel_l2=rel if rel is None or math.isfinite(rel) else None)
+        return TensorDelta(identical=identical, rel_l2=0.0, abs_l2=0.0)
+    change = math.sqrt(delta)
+    rel = change / math.sqrt(norm_a) if norm_a > 0 else None
+    return TensorDelta(identical=identical, rel_l2=rel if rel is None or math.isfinite(rel) else None,
+                       abs_l2=change if math.isfinite(change) else None)
 
 
 def _layout(view: CheckpointView) -> dict[str, Any]:
@@ -226,8 +232,9 @@ def _find_renames(report: DiffReport, va: CheckpointView, vb: CheckpointView,
     """
     kinds = set(report.tensors_removed.values()) & set(report.tensors_added.values())
 
-    def by_digest(names: dict[str, tuple[tuple[int, ...], str]], view: CheckpointView) -> dict[tuple, list[str]]:
-        out: dict[tuple, list[str]] = {}
+    def by_digest(names: dict[str, tuple[tuple[int, ...], str]],
+                  view: CheckpointView) -> dict[tuple[tuple[int, ...], str, str], list[str]]:
+        out: dict[tuple[tuple[int, ...], str, str], list[str]] = {}
         for name in sorted(n for n, kind in names.items() if kind in kinds):
             digest = tensor_digest(view_location(view, name), progress=progress)
             out.setdefault((*names[name], digest.sha256), []).append(name)

@@ -35,6 +35,7 @@ from dspark_hub.train.teacher import (
     teacher_identity,
 )
 from dspark_hub.verify.family import detect
+from dspark_hub.vllm.pin import PINNED_VERSION
 
 if TYPE_CHECKING:
     import torch
@@ -76,8 +77,8 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None, *,
                          "the runtimes concatenate the taps in ascending order")
     if fmt.anchor_layout_key is not None and fmt.anchor_layout_key not in config:
         raise UsageError(f"{path}/config.json: no {fmt.anchor_layout_key}; its trainer and vLLM default the block "
-                         "layout differently (speculators drafts from the anchor, vLLM 0.32.0 serves a bonus-anchor "
-                         "block); write the key")
+                         f"layout differently (speculators drafts from the anchor, vLLM {PINNED_VERSION} serves a "
+                         "bonus-anchor block); write the key")
     k = block_size if block_size is not None else fmt.serving(config).num_speculative_tokens
     if not isinstance(k, int) or k <= 0:
         raise UsageError(f"{path}/config.json: no number of speculative tokens "

@@ -51,7 +51,7 @@ def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str
             continue
         if theirs.size != digest.size:
             problems.append(FileProblem(path, "mismatch", f"{path}: {digest.size} bytes here, {theirs.size} on "
-                                        f"{location}; the local file is truncated or a different version",
+                                        f"{location}; {_size_difference(digest.size, theirs.size)}",
                                         expected=str(theirs.size), actual=str(digest.size)))
         elif theirs.sha256 is not None and theirs.sha256 != digest.sha256:
             problems.append(FileProblem(path, "mismatch", f"{path}: SHA-256 {(digest.sha256 or '')[:12]}... here, "
@@ -70,6 +70,13 @@ def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str
                                         "download it, or delete it from the repository",
                                         expected=remote[path].sha256 or remote[path].blob_id))
     return problems
+
+
+def _size_difference(here: int | None, there: int | None) -> str:
+    """What a size difference suggests, by its direction."""
+    if here is not None and there is not None and here > there:
+        return "the local file is larger: a different version, or the upload was cut short"
+    return "the local file is smaller: truncated, or a different version"
 
 
 def local_digests(folder: Path, *, progress: Progress | None = None) -> Manifest:

@@ -18,25 +18,20 @@ from dspark_hub.errors import ContractError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, Source, open_checkpoint
 from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS, K3, SPECULATORS, DraftFormat, RosterHints
-from dspark_hub.format.remote import source_for
+from dspark_hub.format.remote import parse_hf_url, source_for
 from dspark_hub.report import Finding, Report, Summary, error, warning
 from dspark_hub.verify.codes import HUB_FILE_CODES
 from dspark_hub.verify.dropin import DropInReference, check_drop_in, dropin_family_finding, resolve_reference
 from dspark_hub.verify.family import Fingerprint, detect, methods_text
 from dspark_hub.verify.k3_config import k3_config_findings
+from dspark_hub.verify.speculators import check_config as speculators_config_findings
 
 # ---------------------------------------------------------------- config rules
-
-def _speculators_config_findings(config: Mapping[str, Any]) -> list[Finding]:
-    from dspark_hub.verify.speculators import check_config
-
-    return check_config(config)
-
 
 #: Every config rule each format's library and runtimes enforce, by `DraftFormat.name` (the format
 #: core cannot hold them: the rules live in verify). A test keeps one row per registered format.
 CONFIG_RULES: dict[str, Callable[[Mapping[str, Any]], list[Finding]]] = {
-    K3.name: k3_config_findings, SPECULATORS.name: _speculators_config_findings}
+    K3.name: k3_config_findings, SPECULATORS.name: speculators_config_findings}
 
 
 def config_findings(fmt: DraftFormat, config: Mapping[str, Any]) -> list[Finding]:
@@ -53,12 +48,25 @@ def family_findings(found: Fingerprint, config: Mapping[str, Any]) -> list[Findi
         return [error("WRONG_MODEL_TYPE", "config.json:model_type",
                       f"model_type is {json.dumps(model_type)}, not 'k3_dspark', and the config names no speculators "
                       "algorithm; this folder holds another kind of model", "point verify at a draft folder")]
-    claim = " although config.json says k3_dspark" if model_type == contract.MODEL_TYPE else ""
+    claimed = model_type == contract.MODEL_TYPE
+    claim = " although config.json says k3_dspark" if claimed else ""
     where = "config.json:speculators_model_type" if found.spec.speculators_type else "config.json:model_type"
     return [error("FOREIGN_DRAFT_FAMILY", where,
                   f"this is {found.spec.title}{claim}, not a draft format dspark-hub verifies "
                   f"({', '.join(f.title for f in FORMATS.values())}) ({'; '.join(found.evidence)})",
+                  _mismatched_config_hint(found) if claimed else
                   f"serve it with the method that fits ({methods_text(found.spec)}), or verify a DSpark draft")]
+
+
+def _mismatched_config_hint(found: Fingerprint) -> str:
+    """The step for weights under a config.json of another family: every runtime reads the config first, so
+    no serving method fits until the config matches the weights."""
+    if found.family == "gqa_dspark":
+        return ("the tensors are a GQA DSpark body (the speculators DSpark layout): restore the config.json "
+                "speculators saved with these weights (\"speculators_model_type\": \"dspark\"), then verify again; "
+                "a k3_dspark config makes every runtime build MLA layers these weights cannot fill")
+    return ("restore the config.json that was saved with these weights, then verify again; a k3_dspark config "
+            "makes every runtime build MLA layers these weights cannot fill")
 
 
 def check_config(config: Mapping[str, Any], names: Iterable[str] = ()) -> list[Finding]:
@@ -247,8 +255,7 @@ def verify_view(view: CheckpointView, *, drop_in: str | DropInReference | None =
 def check_against_hub(report: Report, folder: str, hub_ref: str, *,
                       endpoint: str | None = None) -> None:
     """Compare local files with a Hub revision's LFS SHA-256 / blob ids and sizes (into `report`)."""
-    from dspark_hub.format.remote import parse_hf_url
-    from dspark_hub.verify.against_hub import compare_with_hub
+    from dspark_hub.verify.against_hub import compare_with_hub  # optional: loads with its flag
 
     repo_id, revision = parse_hf_url(hub_ref if hub_ref.startswith("hf://") else f"hf://{hub_ref}")
     comparison = compare_with_hub(folder, repo_id, revision, endpoint=endpoint)
@@ -260,7 +267,7 @@ def check_against_hub(report: Report, folder: str, hub_ref: str, *,
 
 def _execute_runtimes(runtime: str | list[str] | None, *, local: bool) -> str | list[str]:
     """The runtimes to judge when vLLM's loader is to be executed (vllm unless named); refuse what cannot run."""
-    from dspark_hub.verify.execute_vllm import require_vllm
+    from dspark_hub.verify.execute_vllm import require_vllm  # optional: loads with its flag
 
     if not local:
         raise UsageError("runs vLLM's loader over the tensors of a local folder; pass a local folder", param="execute")
@@ -322,10 +329,10 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         from dspark_hub.verify import deep as byte_level  # numpy only when tensor bytes are read
         byte_level.extend_report(report, view, deep=deep, frozen_embed=frozen_embed, progress=progress)
     if runtime is not None:
-        from dspark_hub.verify import runtimes
+        from dspark_hub.verify import runtimes  # optional: loads with its flag
         runtimes.extend_report(report, view, runtime, block_size=block_size, execute=execute)
     if target is not None:
-        from dspark_hub.verify import pairing
+        from dspark_hub.verify import pairing  # optional: loads with its flag
         pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)
     if against_hub is not None:
         check_against_hub(report, source.location, against_hub, endpoint=endpoint)

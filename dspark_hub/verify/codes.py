@@ -8,11 +8,12 @@ those too. docs/codes.md lists all of them, generated from these dicts by `docs/
 from __future__ import annotations
 
 from dspark_hub.format.digests import ProblemKind
+from dspark_hub.vllm.pin import PINNED_VERSION
 
 FINDING_CODES: dict[str, str] = {
     # config (checks)
     "SPECULATORS_FORMAT": "retired: no longer emitted (a speculators DSpark is verified against its own contract)",
-    "SERVING_UNSUPPORTED": "a valid speculators checkpoint vLLM 0.32.0 will not serve as trained",
+    "SERVING_UNSUPPORTED": f"a valid speculators checkpoint vLLM {PINNED_VERSION} will not serve as trained",
     "SERVING_TOKEN_COUNT": "a bonus-anchor speculators draft drafts block_size - 1 tokens; vLLM given no count "
                            "takes block_size",
     "RUNTIME_NO_RULES": "no loader rules of that runtime are known for the checkpoint's format",

@@ -63,8 +63,9 @@ def reference_from_view(view: CheckpointView) -> DropInReference:
 def dropin_family_finding(found: Fingerprint, ref: DropInReference) -> Finding:
     """The one finding for a drop-in check across draft families: nothing else about it is comparable."""
     theirs = FAMILIES[ref.family].title
-    return error("DROPIN_FAMILY", "config.json", f"this is {found.spec.title}, {ref.name} is {theirs}: a checkpoint "
-                 f"of another draft family is never a drop-in replacement ({'; '.join(found.evidence)})",
+    return error("DROPIN_FAMILY", contract.CONFIG_NAME,
+                 f"this is {found.spec.title}, {ref.name} is {theirs}: a checkpoint of another draft "
+                 f"family is never a drop-in replacement ({'; '.join(found.evidence)})",
                  f"compare it with a reference of its own family; it is served by {methods_text(found.spec)}")
 
 

@@ -11,9 +11,10 @@ exact cast and is never identical.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from dspark_hub.format.tensorio import CastDigest, TensorDigest, cast_text
+from dspark_hub.report import EmbeddingVerdict
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class EmbeddingComparison:
         return (f"{d.dtype} {list(d.shape)} sha256 {d.sha256[:16]} vs {t.dtype} {list(t.shape)} sha256 "
                 f"{theirs}{t.sha256[:16]}{note}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> EmbeddingVerdict:
         """The comparison keys of a JSON section: `target_cast`, `compared_as`, `identical`, `verdict`."""
         cast = self.target.cast if self.target is not None else None
         return {"target_cast": cast.to_dict() if cast is not None else None, "compared_as": self.compared_as,

@@ -45,6 +45,8 @@ from typing import Any
 
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.registry import FORMATS, K3, K3_DSPARK, SPECULATORS, DraftFormat
+from dspark_hub.report import FamilySection
+from dspark_hub.vllm.pin import PINNED_VERSION
 
 _NOT_SERVED = {"tokenspeed": None, "sglang": None, "atom": None}
 
@@ -75,14 +77,14 @@ FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (
     # sglang dspark.py refuses the speculators convention (slot j predicts anchor+j)
     _speculators("dspark", "DSpark", "dspark"),
     _speculators("dflash", "DFlash", "dflash"),
-    _speculators("dflash2", "DFlash2", "dflash", "vLLM 0.32.0 serves dflash2 through the dflash method "
+    _speculators("dflash2", "DFlash2", "dflash", f"vLLM {PINNED_VERSION} serves dflash2 through the dflash method "
                  "(update_dflash2, algos.py:129-149)"),
-    _speculators("xpress", "XPress", None, "vLLM 0.32.0 rejects speculators_model_type 'xpress' "
+    _speculators("xpress", "XPress", None, f"vLLM {PINNED_VERSION} rejects speculators_model_type 'xpress' "
                  "(SpeculatorsConfig, base.py:51-56)"),
     _speculators("eagle3", "EAGLE-3", "eagle3"),
-    _speculators("peagle", "P-EAGLE", "eagle3", "vLLM 0.32.0 serves peagle as eagle3 with parallel_drafting "
+    _speculators("peagle", "P-EAGLE", "eagle3", f"vLLM {PINNED_VERSION} serves peagle as eagle3 with parallel_drafting "
                  "(update_peagle, algos.py:53-87)"),
-    _speculators("mtp", "MTP", None, "vLLM 0.32.0 rejects speculators_model_type 'mtp' "
+    _speculators("mtp", "MTP", None, f"vLLM {PINNED_VERSION} rejects speculators_model_type 'mtp' "
                  "(SpeculatorsConfig, base.py:51-56)"),
     FamilySpec("gqa_dspark", "a GQA DSpark draft (Qwen3-style attention, not MLA)",
                {"vllm": "dspark", "tokenspeed": "DSPARK", "sglang": "DSPARK", "atom": "dspark"}),
@@ -111,7 +113,7 @@ class Fingerprint:
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FamilySection:
         return {"family": self.family, "title": self.spec.title, "confidence": self.confidence,
                 "evidence": self.evidence, "methods": dict(self.spec.methods),
                 "config_model_type": self.config_model_type, "format": self.spec.format,

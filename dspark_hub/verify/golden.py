@@ -44,7 +44,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
@@ -61,6 +61,7 @@ from dspark_hub.format.folder import open_regular
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.tensorio import weight_files
 from dspark_hub.format.writer import atomic_path
+from dspark_hub.verify.checks import verify
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +78,19 @@ FLOAT_OUTPUTS = ("last_hidden_state", "markov_bias", "confidence", "greedy_logit
 INT_OUTPUTS = ("greedy_tokens",)
 INPUTS = ("context_states", "position_ids", "anchor_ids", "drafted_tokens")
 LM_HEAD_NAME = "lm_head.weight"
+
+
+class Comparison(TypedDict):
+    """One compared tensor of a `GoldenCheck` (`--json` lists them): exact (`mismatches`), within tolerance
+    (`atol`, `rtol`), or not comparable (`detail`)."""
+
+    tensor: str
+    ok: bool
+    max_abs: float | None
+    detail: NotRequired[str]
+    mismatches: NotRequired[int]
+    atol: NotRequired[float]
+    rtol: NotRequired[float]
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,7 @@ class GoldenCheck:
 
     fixture: str
     input: str
-    comparisons: list[dict[str, Any]] = field(default_factory=list)   # {"tensor", "ok", "max_abs", "atol", "rtol"}
+    comparisons: list[Comparison] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -193,7 +207,6 @@ def _verified_config(folder: Path) -> dict[str, Any]:
     Raises:
         UsageError: verify reports an error; the message is its first one.
     """
-    from dspark_hub.verify.checks import verify
 
     report = verify(folder)
     if not report.ok:
@@ -218,7 +231,7 @@ def _same_roster(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def _load_model(folder: Path) -> K3DSparkModel:
     import torch
 
-    from dspark_hub.modeling import load_checkpoint
+    from dspark_hub.modeling import load_checkpoint  # torch and transformers
 
     model = load_checkpoint(folder, dtype=torch.float32).model
     model.train(False)   # eval mode (transformers' own eval() is unannotated)
@@ -285,7 +298,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                        bytes=target.stat().st_size)
 
 
-def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: Mapping[str, float] | None) -> dict[str, Any]:
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: Mapping[str, float] | None) -> Comparison:
     import torch
 
     if got.shape != want.shape:
@@ -296,7 +309,8 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: Mapping[str,
         return {"tensor": name, "ok": mismatches == 0, "max_abs": None, "mismatches": mismatches}
     diff = (got.double() - want.double()).abs()
     ok = bool(torch.all(diff <= tol["atol"] + tol["rtol"] * want.double().abs()))
-    return {"tensor": name, "ok": ok, "max_abs": float(diff.max()) if diff.numel() else 0.0, **tol}
+    return {"tensor": name, "ok": ok, "max_abs": float(diff.max()) if diff.numel() else 0.0, "atol": tol["atol"],
+            "rtol": tol["rtol"]}
 
 
 _JSON_METADATA = ("config", "weights_sha256", "lm_head", "tolerances", "cases")

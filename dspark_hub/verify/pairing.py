@@ -62,7 +62,17 @@ from dspark_hub.format.remote import source_for
 from dspark_hub.format.taps import text_config
 from dspark_hub.format.tensorio import CastDigest, TensorDigest, digest_as
 from dspark_hub.progress import Progress
-from dspark_hub.report import Finding, Report, error, info, warning
+from dspark_hub.report import (
+    FileSizeDigest,
+    Finding,
+    PairedEmbedding,
+    PairingSection,
+    Report,
+    TokenDict,
+    error,
+    info,
+    warning,
+)
 from dspark_hub.verify.embedding import compare_embeddings
 from dspark_hub.verify.family import detect
 
@@ -165,7 +175,7 @@ class TokenInfo:
     special: bool | None
     where: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TokenDict:
         return {"id": self.id, "content": self.content, "special": self.special, "where": self.where}
 
 
@@ -284,12 +294,12 @@ def _verifier_findings(keys: PairingKeys, target_config: Mapping[str, Any]) -> l
 
 
 def _embedding(draft_view: CheckpointView, target_view: CheckpointView, name: str | None,
-               progress: Progress | None) -> tuple[list[Finding], dict[str, Any]]:
+               progress: Progress | None) -> tuple[list[Finding], PairedEmbedding]:
     mine = tensor_digest(draft_view, contract.FROZEN_TENSORS[0], progress=progress)
     theirs = (tensor_digest(target_view, name, progress=progress, as_dtype=mine.stored.dtype if mine else None)
               if name else None)
     comparison = compare_embeddings(mine.stored if mine else None, theirs)
-    section = {"draft": mine.stored.to_dict() if mine else None,
+    section: PairedEmbedding = {"draft": mine.stored.to_dict() if mine else None,
                "target": theirs.stored.to_dict() if theirs else None, **comparison.to_dict()}
     out: list[Finding] = []
     if theirs is None:
@@ -303,10 +313,10 @@ def _embedding(draft_view: CheckpointView, target_view: CheckpointView, name: st
     return out, section
 
 
-def _file_digests(view: CheckpointView, hashed: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def _file_digests(view: CheckpointView, hashed: tuple[str, ...]) -> dict[str, FileSizeDigest]:
     """Config/tokenizer files hashed here; weight files by size, plus the Hub's LFS SHA-256 when remote."""
     remote = view.source.remote_files() if hasattr(view.source, "remote_files") else {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, FileSizeDigest] = {}
     for name, size in view.files.items():
         if name in hashed:
             out[name] = {"size": size, "sha256": _sha256_file(view, name)}
@@ -318,7 +328,7 @@ def _file_digests(view: CheckpointView, hashed: tuple[str, ...]) -> dict[str, di
 # ---------------------------------------------------------------- entry point
 
 def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
-                  progress: Progress | None = None) -> tuple[list[Finding], dict[str, Any]]:
+                  progress: Progress | None = None) -> tuple[list[Finding], PairingSection]:
     """Every pairing check of a draft against a target; returns findings and `sections["pairing"]`.
 
     What the draft says about its target comes from its format's `pairing_keys` (`format.registry`):
@@ -355,15 +365,15 @@ def check_pairing(draft_view: CheckpointView, target_view: CheckpointView, *,
         embed_findings, embedding = _embedding(draft_view, target_view, embed_name, progress)
         out += embed_findings
     revision, revision_source = target_revision(target_view)
-    hashed = ("config.json", *TOKENIZER_FILES)
-    section = {
+    hashed = (contract.CONFIG_NAME, *TOKENIZER_FILES)
+    section: PairingSection = {
         "target": target_view.location,
         "revision": revision,
         "revision_source": revision_source,
         "format": fmt.name,
         "draft": keys.to_dict(),
         "config": {"hidden_size": tcfg.get("hidden_size"), "num_hidden_layers": tcfg.get("num_hidden_layers"),
-                   "vocab_size": tcfg.get("vocab_size"), "sha256": _sha256_file(target_view, "config.json")},
+                   "vocab_size": tcfg.get("vocab_size"), "sha256": _sha256_file(target_view, contract.CONFIG_NAME)},
         "files": _file_digests(target_view, hashed),
         "embedding": embedding,
         "mask_token": token.to_dict() if token else None,

@@ -17,7 +17,11 @@ uninitialised or at its init value).
                "unfilled": [{"parameter", "verdict", "detail", "rule", "evidence"}],
                "refusal": {"stage", "message", "rule", "source", "evidence"} | null,
                "counts": {verdict: int}, "executed": bool, "measured_by": "rules" | "...",
-               "serving": {...}, "rules": [{"id", "rule", "source", "evidence"}], "notes": [...]}}
+               "serving": {...} | null, "serving_withheld": str (when serving is null),
+               "rules": [{"id", "rule", "source", "evidence"}], "notes": [...]}}
+
+`serving` is null for a runtime the verdicts say refuses to start with the draft: no command is
+offered that cannot work (`serving_withheld` says why).
 
 `rule` is the id of the rule that decided the row (under `--execute` too: the rule whose verdict was
 expected); `evidence` is ``executed`` for a row observed by running the runtime's loader on this
@@ -106,6 +110,7 @@ _TS = "lightseekorg/tokenspeed@08b221df"
 _TS_MODEL = f"{_TS} python/tokenspeed/runtime/models/kimi_k3_dspark.py"
 _TS_CFG = f"{_TS} python/tokenspeed/runtime/configs/kimi_k3_dspark_config.py"
 _TS_ARGS = "lightseekorg/tokenspeed python/tokenspeed/runtime/utils/server_args.py"
+_TS_CLI = "lightseekorg/tokenspeed python/tokenspeed/cli/__main__.py (usage: 'tokenspeed serve --model <path>')"
 _ATOM_MODEL = "ROCm/ATOM@0ac8d193 atom/models/kimi_k3_dspark.py"
 _ATOM_CORE = "ROCm/ATOM@48d0f4e5 atom/model_loader/loading_core.py"
 _ATOM_DISPATCH = "ROCm/ATOM@dbafcffe atom/model_loader/weight_dispatch.py"
@@ -148,10 +153,12 @@ TOKENSPEED = RuntimeSpec(
     ),
     serving=ServingRecipe(
         method="DSPARK",
-        template="--speculative-algorithm DSPARK --speculative-draft-model-path {draft} "
-                 "--speculative-num-steps {n} --speculative-eagle-topk 1 --speculative-num-draft-tokens {n1}",
-        source=f"{_TS_ARGS} (--speculative-algorithm choices, DSPARK requires num_steps == num_draft_tokens - 1); "
-               "tokenspeed DSpark recipe docs: 'block_size is the drafted token count', draft tokens = block + 1",
+        template="tokenspeed serve --model {target} --speculative-algorithm DSPARK "
+                 "--speculative-draft-model-path {draft} --speculative-num-steps {n} --speculative-eagle-topk 1 "
+                 "--speculative-num-draft-tokens {n1}",
+        source=f"{_TS_CLI}; {_TS_ARGS} (--speculative-algorithm choices, DSPARK requires num_steps == "
+               "num_draft_tokens - 1); tokenspeed DSpark recipe docs: 'block_size is the drafted token count', draft "
+               "tokens = block + 1",
         note="tokenspeed also accepts --speculative-config JSON, but its num_speculative_tokens mapping for a "
              "separate DSpark draft (num_draft_tokens = n) differs from the recipe docs (n + 1); the explicit "
              "flags above follow the docs",
@@ -399,6 +406,16 @@ def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec | VllmK3Load
     return recipe_parameters(config, spec.serving, draft=draft, target=target, block_size=block_size)
 
 
+def _serving(spec: RuntimeLoader, result: RuntimeVerdicts, config: Mapping[str, Any], draft: str,
+             block_size: int | None) -> dict[str, Any]:
+    """`serving` (the command) for a runtime that starts with the draft; for one the verdicts say refuses
+    it, `serving` is null and `serving_withheld` says why (no command is offered that cannot work)."""
+    if not result.loads:
+        return {"serving": None, "serving_withheld": f"{spec.title} refuses to start with this draft (see its "
+                                                     "RUNTIME_* finding); fix that first"}
+    return {"serving": spec.serving_parameters(config, draft=draft, block_size=block_size)}
+
+
 def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[str], config: Mapping[str, Any],
                      specs: list[RuntimeLoader], *, draft: str = "DRAFT", block_size: int | None = None,
                      measured: Mapping[str, RuntimeVerdicts] | None = None) -> tuple[dict[str, Any], list[Finding]]:
@@ -429,8 +446,8 @@ def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[s
                                    "the executed verdicts are what this vLLM does; report the difference to "
                                    "dspark-hub"))
             result = measured[spec.name]
-        section[spec.name] = {**result.to_dict(), "supported": True, **entry,
-                              "serving": spec.serving_parameters(config, draft=draft, block_size=block_size)}
+        section[spec.name] = {**result.to_dict(), "supported": True, **entry, **_serving(spec, result, config,
+                                                                                     draft, block_size)}
         out.extend(findings(result))
         out.extend(spec.serving_findings(config, block_size))
     return section, out

@@ -155,7 +155,7 @@ def _head_rules(config: Mapping[str, Any]) -> list[Finding]:
                          f"knows {', '.join(speculators.MARKOV_HEAD_TYPES)}", "write vanilla, gated or rnn"))
     elif head != "vanilla":
         out.append(_rule("vanilla_only", "markov_head_type", f"markov_head_type is {head!r}: speculators trains and "
-                         "loads it, but vLLM 0.32.0 serves only the vanilla head and refuses this checkpoint",
+                         f"loads it, but {V}serves only the vanilla head and refuses this checkpoint",
                          "train with the vanilla Markov head to serve with vLLM", severity="warning",
                          code="SERVING_UNSUPPORTED"))
     rank = config.get("markov_rank", speculators.DEFAULTS["markov_rank"])

@@ -11,6 +11,7 @@ what vLLM's CPU worker does before loading.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -234,6 +235,5 @@ def _worker_setup() -> None:
     _set_torch_accelerator_to_noop()
     # Every load calls gc.collect() (base_loader.py:92), which walks vLLM's whole import-time heap (~0.4 s);
     # freezing that heap leaves the collection to the objects a load creates. Timing only.
-    import gc
     gc.collect()
     gc.freeze()

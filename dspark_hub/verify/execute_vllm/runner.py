@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import ExecutionFailed, UsageError
+from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.registry import FORMATS
 from dspark_hub.verify.execute_vllm.classify import checkpoint_name, classify, parameters
 from dspark_hub.verify.execute_vllm.hooks import install
@@ -24,6 +25,7 @@ from dspark_hub.verify.execute_vllm.load_round import one_round
 from dspark_hub.verify.execute_vllm.result import ExecutedLoad
 from dspark_hub.verify.execute_vllm.stubs import SHIMS, STUBS
 from dspark_hub.verify.execute_vllm.trace import STATE, Trace
+from dspark_hub.verify.family import detect
 from dspark_hub.vllm.child import Child, session
 from dspark_hub.vllm.pin import judge_version
 
@@ -64,8 +66,6 @@ def execute(folder: str | os.PathLike[str], *, num_speculative_tokens: int = 7) 
 
 def _draft(folder: str | os.PathLike[str]) -> tuple[Path, str, Mapping[str, Any], list[str]]:
     """(resolved folder, format name, config, tensor names) of a draft vLLM's DSpark loaders load."""
-    from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
-    from dspark_hub.verify.family import detect
 
     path = Path(folder).resolve()
     view = open_checkpoint(LocalSource(path))

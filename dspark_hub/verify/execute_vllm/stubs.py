@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.registry import FORMATS
 from dspark_hub.verify.execute_vllm.trace import STATE
 
@@ -63,7 +64,7 @@ def stub_target_config(config: Mapping[str, Any], fmt: str, workdir: Path) -> tu
               "tie_word_embeddings": False}
     folder = workdir / f"stub-target-{layers}-{hidden}-{vocab}"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(target))
+    (folder / CONFIG_NAME).write_text(json.dumps(target))
     return folder, target
 
 

@@ -1,0 +1,139 @@
+"""Human views of the train commands' results: rollouts, teacher init, the plan, training, eval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dspark_hub._text import plural
+from dspark_hub.cli._output import TerminalText as Text
+from dspark_hub.cli._output import size_text, stderr, stdout
+from dspark_hub.cli._table import Cell, Column, print_table
+
+
+def render_rollouts(summary: Any) -> None:
+    """Human view of a `RolloutSummary`."""
+    agreement = "-" if summary.greedy_agreement is None else f"{summary.greedy_agreement:.4f}"
+    stdout.print(f"wrote {plural(summary.written, 'sequence')} ({summary.skipped} already there) to {summary.path}: "
+                 f"{plural(summary.sequences, 'sequence')}, "
+                 f"{plural(summary.continuation_tokens, 'supervised token')}, "
+                 f"{plural(summary.shards, 'shard')}, greedy agreement {agreement} "
+                 f"({summary.engine} engine, {summary.mode})")
+
+
+def render_init_teacher(result: Any) -> None:
+    """Human view of a `TeacherInitResult`."""
+    source = f"shapes and embedding of {result.draft}" if result.draft else f"profile {result.profile}"
+    stdout.print(f"wrote {result.path}: a random Llama teacher ({source}; hidden {result.hidden_size}, "
+                 f"{plural(result.num_hidden_layers, 'layer')}, vocabulary {result.vocab_size:,}, "
+                 f"{plural(result.parameters, 'parameter')}) with an offline byte-level tokenizer")
+
+
+def binary_size(n: float) -> str:
+    """`8.1 GiB`, `512.0 KiB`, `96 bytes` (memory reads in binary units)."""
+    return size_text(n, binary=True)
+
+
+def _flops(n: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:,.0f} FLOP"
+
+
+#: How `plan.memory_bytes` parts read.
+MEMORY_PARTS = {"attention": "attention", "activations": "activations", "loss": "loss chunks",
+                "states": "weights+grads+AdamW", "teacher_lm_head": "teacher lm_head"}
+
+
+def plan_lines(plan: dict[str, Any]) -> list[str]:
+    """A `TrainPlan.to_dict()` as the lines `finetune` prints before step 1 (flags named, estimates marked)."""
+    ranks = f" per rank ({plan['world_size']} ranks)" if plan["world_size"] > 1 else ""
+    flops, total = plan["flops"], plan["total_flops"] or 1.0
+    memory = plan["memory_bytes"]
+    split = ", ".join(f"{part} {100 * flops[part] / total:.0f}%" for part in sorted(flops, key=flops.get, reverse=True))
+    parts = ", ".join(f"{MEMORY_PARTS.get(part, part)} {binary_size(memory[part])}"
+                      for part in sorted(memory, key=memory.get, reverse=True))
+    lines = [
+        f"finetune plan{ranks}, from step 1's batch: {plural(plan['sequences'], 'sequence')} x "
+        f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
+        f"  {plan['sequences']} x {plan['anchors']:,} anchors x block {plan['block_size']} = "
+        f"{plan['block_rows']:,} block rows, each attending over {plan['keys_per_row']:,} keys "
+        f"({plan['positions']:,} positions + {plan['anchors'] * plan['block_size']:,} block rows); "
+        f"{plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        f"  compute ~{_flops(total)} a step: {split}",
+        f"  memory ~{binary_size(plan['memory_total_bytes'])} (estimate, besides the runtime): {parts}",
+    ]
+    if plan["dominant"] == "attention":
+        lines.append("  attention grows with (--anchors x --block-size)^2 per sequence: halving --anchors cuts it "
+                     "about 4x")
+    return lines
+
+
+def render_plan(plan: Any) -> None:
+    """`finetune`'s plan on stderr, before step 1 (above the progress bar on a terminal)."""
+    for line in plan_lines(plan.to_dict()):
+        stderr.print(line, soft_wrap=True)
+
+
+def render_training(result: Any) -> None:
+    """Human view of a `TrainResult`."""
+    loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
+    log = f"{result.path}/training_log.jsonl"
+    stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.tokens, 'token')}, "
+                 f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} (log: {log})")
+    if result.plan is not None:
+        measured = "CUDA allocated" if result.device.startswith("cuda") else "process RSS"
+        stdout.print(f"memory: estimated ~{binary_size(result.plan.memory_bytes)} for training plus the runtime, "
+                     f"measured peak "
+                     f"{binary_size(result.peak_memory_bytes)} ({measured})")
+    if result.states:
+        stdout.print(f"states in {result.state_dir}: {', '.join(result.states)}")
+    for action in result.engine_releases:
+        stdout.print(f"between rounds: {action}")
+    for warning in result.warnings:
+        stderr.print(Text.assemble(("warning", "yellow"), f": {warning}"))
+    if result.eval:
+        stdout.print(f"held-out acceptance length {result.eval['acceptance_length']:.4f} "
+                     f"(prompt lookup {result.eval['baseline']['acceptance_length']:.4f})")
+
+
+def render_eval(result: Any) -> None:
+    """Acceptance table (draft, reference, prompt lookup; overall and per dataset), then the counts."""
+    data = result.to_dict()
+    block = len(data["per_position"])
+    columns = [Column("data"), Column("drafter"), Column("AL", label=True, justify="right"),
+               *[Column(f"a{k}", label=True, justify="right") for k in range(1, block + 1)],
+               Column("drafts", label=True, justify="right")]
+    rows: list[list[Cell]] = []
+
+    def row(scope: str, name: str, stats: dict[str, Any]) -> None:
+        rows.append([scope, name, f"{stats['acceptance_length']:.4f}", *[f"{a:.3f}" for a in stats["per_position"]],
+                     f"{stats['drafts']:,}"])
+
+    for scope, stats in [("all", data), *data["by_dataset"].items()]:
+        row(scope, "draft", stats)
+        if stats.get("reference") or (scope == "all" and data["reference"]):
+            row(scope, "reference", stats.get("reference") or data["reference"])
+        if stats.get("baseline"):
+            row(scope, "prompt lookup", stats["baseline"])
+    harness, measured = data["harness"], data["measured_by"]
+    title = (f"measured by vLLM {measured['vllm_version']} (greedy)" if measured
+             else "simulated acceptance (vLLM's verify loop, greedy)")
+    print_table(title, columns, rows)
+    stdout.print(f"accepted per position {data['accepted_per_position']} of {plural(data['drafts'], 'draft')} "
+                 f"(k {data['k']}); {plural(data['prompts'], 'prompt')}, {plural(data['tokens'], 'output token')}; "
+                 f"teacher {harness['teacher']}")
+    if measured:
+        spec = measured["speculative_config"]
+        stdout.print(f"vLLM {measured['vllm_version']}, {measured['model_runner']} runner"
+                     f"{', Triton interpreter' if measured['triton_interpret'] else ''}, {measured['dtype']}; "
+                     f"speculative config {spec}")
+        stdout.print("lossless: the outputs equal plain greedy decoding's" if data["lossless"] else
+                     "NOT lossless: the outputs differ from plain greedy decoding's")
+    if data["reference"]:
+        stdout.print(f"ratio to reference: {data['reference']['ratio']:.4f}")
+    if data["plot"]:
+        stdout.print(f"wrote {data['plot']}")
+    stdout.print(f"definition: {data['definition']}")
+
+

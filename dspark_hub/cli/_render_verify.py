@@ -1,0 +1,131 @@
+"""Human views of verify's results: findings, the verdict line, the summary and the optional sections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dspark_hub._text import plural
+from dspark_hub.cli._errors import in_cli_terms
+from dspark_hub.cli._output import TerminalText as Text
+from dspark_hub.cli._output import stdout
+from dspark_hub.cli._table import Column, print_table
+from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS
+from dspark_hub.report import EmbeddingVerdict, Finding, Report
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+VERDICT_STYLE = {"loaded": "green", "skipped": "cyan", "ignored": "bold red", "fatal": "bold red"}
+
+FINDING_COLUMNS = (Column("severity"), Column("code"), Column("where"), Column("message", prose=True),
+                   Column("hint", prose=True))
+
+
+def verdict_line(ok: bool, errors: int, where: str) -> Text:
+    """`OK  path` or `FAILED (n errors)  path`, styled."""
+    head = (Text("OK", style="bold green") if ok
+            else Text.assemble(("FAILED", "bold red"), f" ({plural(errors, 'error')})"))
+    return Text.assemble(head, f"  {where}")
+
+
+def render_findings(findings: list[Finding], title: str) -> None:
+    """Findings (severity, code, where, message, hint) on stdout; nothing when there are none."""
+    if findings:
+        print_table(title, FINDING_COLUMNS, [[Text(f.severity, style=SEVERITY_STYLE[f.severity]), f.code, f.where,
+                                             f.message, f.hint or ""] for f in findings])
+
+
+def render_verify(report: Report) -> None:
+    """Human view of a verify report: findings, summary, verdict, then the optional sections."""
+    render_findings(report.sorted_findings(), f"findings for {report.path}")
+    s = report.summary
+    params = s.parameters or {}
+    stdout.print(f"layout: {s.layout or '-'}   files: {len(s.files)}   tensors: {s.tensors}   "
+                 f"bytes: {s.bytes:,}   dtypes: {', '.join(f'{k} x{v}' for k, v in sorted(s.dtypes.items())) or '-'}")
+    if params:
+        fmt = FORMATS[s.format] if s.format else DEFAULT_FORMAT
+        names = ", ".join(n.removesuffix(".weight") for n in fmt.frozen_tensors)
+        frozen = f" ({names})" if params["frozen"] else ""
+        maps = f"; {params['maps']:,} vocabulary-map elements (not parameters)" if params.get("maps") else ""
+        stdout.print(f"parameters: {params['total']:,} total / {params['trained']:,} trained / "
+                     f"{params['frozen']:,} frozen{frozen}{maps}")
+    stdout.print(verdict_line(report.ok, len(report.errors), report.path))
+    _render_deep(report)
+    _render_sections(report)
+
+
+def _render_deep(report: Report) -> None:
+    deep = report.sections.get("deep")
+    if deep:
+        for f in deep["files"]:
+            stdout.print(f"sha256  {f['sha256']}  {f['name']} ({plural(f['size'], 'byte')}, {f['seconds']:.1f} s)")
+        flagged = sum(1 for t in deep["tensors"].values() if t["nan"] or t["inf"])
+        stdout.print(f"scanned {plural(len(deep['tensors']), 'tensor')}: {flagged} with NaN/inf")
+    frozen = report.sections.get("frozen_embed")
+    if frozen:
+        stdout.print(Text.assemble(f"frozen embed vs {frozen['teacher_tensor']['location']}: ",
+                                   _embedding_verdict(frozen)))
+
+
+def _embedding_verdict(section: EmbeddingVerdict | dict[str, Any]) -> Text:
+    """`bit-identical`, `identical after BF16 rounding (nearest even) of the F32 target`, `DIFFERENT`, ..."""
+    verdict = section["verdict"]
+    if section["identical"] is None or verdict is None:   # the verdict is null exactly when nothing was compared
+        return Text("not checked")
+    return Text(verdict, style="green") if section["identical"] else Text("DIFFERENT", style="bold red")
+
+
+def _render_sections(report: Report) -> None:
+    hub = report.sections.get("against_hub")
+    if hub:
+        outcome = ("every one matches (size, and SHA-256 or git blob id)" if hub["ok"]
+                   else f"{plural(len(hub['problems']), 'difference')} (see the findings)")
+        stdout.print(f"against {hub['location']} (commit {hub['commit'][:12]}): "
+                     f"{plural(hub['files_compared'], 'file')} compared; {outcome}")
+
+    family = report.sections.get("family")
+    if family and family["family"] != DEFAULT_FORMAT.name:     # the default format goes without saying
+        evidence = f" ({'; '.join(family['evidence'])})" if family["evidence"] else ""
+        stdout.print(f"family: {family['title']}{evidence}")
+    for data in (report.sections.get("runtimes") or {}).values():
+        if not data.get("supported", True):
+            stdout.print(f"{data['title']}: {'; '.join(data['notes'])}")
+            continue
+        execution = data.get("execution")
+        how = f" (executed: {data['measured_by']})" if execution else ""
+        refusal = data.get("refusal")
+        if refusal:
+            stdout.print(f"{data['title']}{how}: refuses to start ({refusal['stage']}): {refusal['message']}")
+        else:
+            rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
+            rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
+            loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
+            shown = [[tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail]   # --json lists every tensor
+                     for tensor, verdict, detail in rows if verdict != "loaded"]
+            if shown:
+                print_table(f"{data['title']}: per-tensor verdicts{how}",
+                            (Column("tensor"), Column("verdict"), Column("detail", prose=True)), shown)
+            stdout.print(f"{data['title']}: {loaded} of {plural(len(data['verdicts']), 'tensor')} loaded"
+                         + ("" if shown else "; nothing skipped, ignored or fatal"))
+        if execution:
+            agree = "agree" if data.get("rules_agree") else f"DIFFER on {len(data.get('disagreements', []))}"
+            stdout.print(f"{data['title']}: executed vLLM {execution['vllm_version']} ({execution['model_class']}, "
+                         f"{plural(execution['rounds'], 'load')}; stubs {', '.join(execution['stubs'])}; shims "
+                         f"{', '.join(execution['shims']) or 'none'}); dspark-hub's rules {agree} "
+                         f"({plural(data.get('rows_compared', 0), 'row')} compared)"
+                         + "".join(f"; {w}" for w in execution.get("warnings", [])))
+        serving = data["serving"]
+        if serving is None:
+            stdout.print(f"no serving command: {data.get('serving_withheld') or data['title'] + ' refuses this draft'}")
+            continue
+        stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
+                     f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "
+                     "from config.json):")
+        for command in [serving["command"], *serving.get("alternatives", [])]:
+            stdout.print(f"  {command}")
+    pairing = report.sections.get("pairing")
+    if pairing:
+        embedding = pairing["embedding"]
+        same = Text("not compared (the draft saves none)") if embedding is None else _embedding_verdict(embedding)
+        stdout.print(Text.assemble(f"paired with {pairing['target']} (revision {pairing['revision'] or 'unknown'}; "
+                                   f"config sha256 {pairing['config']['sha256'][:16]}; embedding: ", same, ")"))
+
+
