@@ -24,7 +24,8 @@ from typing import IO, Any
 from dspark_hub.errors import DsparkError, RefusedOverwriteError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
-from dspark_hub.format.tensorio import BytesLike
+from dspark_hub.format.reader import read_header
+from dspark_hub.format.tensorio import BytesLike, iter_range, tensor_files
 from dspark_hub.progress import Progress
 
 
@@ -218,9 +219,6 @@ def write_weights_like(base: str | os.PathLike[str], folder: str | os.PathLike[s
     Raises:
         UsageError: a replacement names no tensor of `base`, or has another byte length.
     """
-    from dspark_hub.format.reader import read_header
-    from dspark_hub.format.tensorio import iter_range, tensor_files
-
     src, dst = Path(base), Path(folder)
     files = sorted(set(tensor_files(src).values()))
     headers = {file: read_header(file) for file in files}

@@ -62,7 +62,7 @@ from dspark_hub.train.objective_speculators import (
     library_anchors,
 )
 from dspark_hub.train.rollouts import Rollout, RolloutData
-from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head
+from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, read_teacher_config
 from dspark_hub.train.trainer import TrainResult
 from dspark_hub.train.training_log import TrainingLog
 
@@ -199,9 +199,9 @@ class SpeculatorsFinetune:
         if not teacher:
             raise UsageError("no target; pass `teacher` (its embedding, lm_head and final norm)", param="teacher")
         self.teacher = teacher
-        teacher_config = read_json(Path(teacher) / "config.json", what="a target folder that holds config.json",
-                                   param="teacher")
-        self.view = tap_view(self.base_config, teacher_config, where=f"{config.base}/config.json", target=teacher)
+        teacher_config = read_teacher_config(teacher, param="teacher")
+        self.view = tap_view(self.base_config, teacher_config, where=str(Path(config.base) / contract.CONFIG_NAME),
+                             target=teacher)
         self.data: RolloutData | HiddenStateData = open_training_data(
             config.data, draft_config=self.view, teacher=teacher, layer_ids=config.data_layer_ids, param="data")
         if isinstance(self.data, RolloutData):
