@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dspark_hub._text import plural
+from dspark_hub.cli._output import TerminalText as Text
 from dspark_hub.cli._output import size_text, stderr, stdout
 from dspark_hub.cli._table import Cell, Column, print_table
 
@@ -89,6 +90,8 @@ def render_training(result: Any) -> None:
         stdout.print(f"states in {result.state_dir}: {', '.join(result.states)}")
     for action in result.engine_releases:
         stdout.print(f"between rounds: {action}")
+    for warning in result.warnings:
+        stderr.print(Text.assemble(("warning", "yellow"), f": {warning}"))
     if result.eval:
         stdout.print(f"held-out acceptance length {result.eval['acceptance_length']:.4f} "
                      f"(prompt lookup {result.eval['baseline']['acceptance_length']:.4f})")

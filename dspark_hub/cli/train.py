@@ -208,7 +208,8 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 
 
 @command()
-@click.option("--base", required=True, metavar="CKPT", help="The k3_dspark checkpoint to start from.")
+@click.option("--base", required=True, metavar="CKPT",
+              help="The checkpoint to start from: a k3_dspark or a speculators DSpark (docs/training-speculators.md).")
 @click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts'), or hidden-state files from "
                                             "vLLM's extraction connector or speculators' data pipeline.")
 @click.option("--data-layer-ids", "data_layer_ids", metavar="IDS",
@@ -227,7 +228,9 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
               help="K drafts per block.")
 @click.option("--anchors", "max_anchors", type=int, default=default("max_anchors"), show_default=True,
               help="Max anchors per sequence.")
-@click.option("--loss", default=default("loss"), show_default=True, help="JSON weights of ce, kl, tv.")
+@click.option("--loss", default=default("loss"), show_default=True,
+              help="JSON weights of ce, kl, tv; a speculators DSpark base takes the library's terms (kl_div, rkl, jsd, "
+                   "ce, tv, nla, lk_hybrid).")
 @click.option("--loss-chunk", "loss_chunk", type=click.IntRange(min=0), default=default("loss_chunk"),
               show_default=True, metavar="ROWS",
               help="(anchor, position) rows per loss chunk; bounds loss memory in the vocabulary (0 = no chunking).")
@@ -267,13 +270,14 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @json_option
 def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: bool, as_json: bool,
              **options: Any) -> None:
-    """Fine-tune drop-in k3_dspark weights on target rollouts (one process or torchrun)."""
-    from dspark_hub.train.trainer import finetune as run  # torch: only a run pays for it
+    """Fine-tune drop-in weights (k3_dspark or speculators DSpark) on target rollouts (one process or torchrun)."""
+    from dspark_hub.train.finetuners import finetune as run  # torch: only a run pays for it
 
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
     engine, engine_options = pop_engine_options(options)
-    config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
+    config = TrainConfig(**options, loss=objective.parse_loss(loss, terms=None), engine=engine,
+                         engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
         result = run(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))

@@ -91,6 +91,7 @@ class TrainResult:
     engine_releases: tuple[str, ...] = ()
     plan: TrainPlan | None = None
     states: tuple[str, ...] = ()      # the state files kept, oldest first
+    warnings: tuple[str, ...] = ()    # what the output will meet when served (e.g. a head vLLM does not load)
 
     @property
     def tokens_per_second(self) -> float:
@@ -101,7 +102,8 @@ class TrainResult:
                 "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "final_loss": self.final_loss,
                 "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval, "device": self.device,
                 "peak_memory_bytes": self.peak_memory_bytes, "engine_releases": list(self.engine_releases),
-                "plan": self.plan.to_dict() if self.plan else None, "states": list(self.states)}
+                "plan": self.plan.to_dict() if self.plan else None, "states": list(self.states),
+                "warnings": list(self.warnings)}
 
 
 def check_base_embedding(base: str | os.PathLike[str], teacher: str | os.PathLike[str]) -> str:
