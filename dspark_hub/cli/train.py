@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -61,14 +61,17 @@ class AliasedOption(click.Option):
             self.opts = shown
 
 
-def target_option(*, required: bool = False, help: str) -> Any:
+def target_option(*, required: bool = False, help: str) -> Callable[[F], F]:
     """`--target DIR`: the large model the draft serves (the Python keyword stays `teacher`, the library's);
     `--teacher`, its name before 0.3, still works."""
     return click.option("--target", "teacher", cls=AliasedOption, aliases=("--teacher",), required=required,
                         metavar="DIR", help=help)
 
 
-class Dtype(click.ParamType):
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Dtype(click.ParamType):  # type: ignore[type-arg]  # click 8.1 ParamType is not generic
     """A dtype in either spelling (`bfloat16` or `bf16`), passed on as its torch name (`config.canonical_dtype`)."""
 
     name = "dtype"

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from dspark_hub.modeling import K3DSparkModel
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
-    from dspark_hub.train.rollouts import Rollout
+    from dspark_hub.train.generate import Rollout
 
 DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that carried k drafted tokens; "
               "accepted_per_position[i] = drafts whose first i+1 tokens were all accepted; per_position[i] = "
@@ -218,7 +218,7 @@ def measure_draft(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: 
     import torch  # heavy: only a measurement of a draft pays for it
 
     was_training = model.training
-    model.eval()
+    model.train(False)
     try:
         with torch.no_grad():
             return measure(rollouts, lambda r: draft_proposer(model, lm_head_weight, r, block_size), block_size,

@@ -109,7 +109,7 @@ class Checkpointer:
         state_dir = self.require_dir()
         pointer = state_dir / "latest.json"
         if pointer.is_file():
-            return state_dir / load_json_object(pointer)["file"]
+            return state_dir / str(load_json_object(pointer)["file"])
         found = state_files(state_dir)
         return found[-1] if found else None
 

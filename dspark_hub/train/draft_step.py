@@ -7,7 +7,7 @@ permutations seeded per epoch, so every rank, and a resumed run, draws the same 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,7 +30,8 @@ def chunkable_draft_logits(model: K3DSparkModel, lm_head_weight: torch.Tensor, h
     markov = model.markov_head
 
     def draft_logits(rows: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return model.draft_logits(rows, lm_head_weight) + markov.markov_w2(features).float()
+        logits: torch.Tensor = model.draft_logits(rows, lm_head_weight) + markov.markov_w2(features).float()
+        return logits
 
     return draft_logits, (hidden, markov.markov_w1(prev_ids))
 
@@ -55,7 +56,7 @@ class DraftStep(nn.Module):
 
     def forward(self, context_states: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
                 anchor_valid: torch.Tensor, doc_ids: torch.Tensor, final_hidden: torch.Tensor,
-                loss_mask: torch.Tensor, lm_head_weight: torch.Tensor) -> tuple:
+                loss_mask: torch.Tensor, lm_head_weight: torch.Tensor) -> tuple[Any, ...]:
         chunked = self.loss_chunk > 0
         out = self.model.teacher_forced(context_states, input_ids, anchors, block_size=self.block_size,
                                         lm_head_weight=None if chunked else lm_head_weight, doc_ids=doc_ids,

@@ -144,7 +144,8 @@ def open_engine(name: str, teacher: str, layer_ids: list[int], options: EngineOp
     if foreign:
         raise UsageError(f"teacher engine {name!r} does not take {', '.join(foreign)}; "
                          f"it takes {', '.join(sorted(cls.accepts))}", param=option_param(foreign[0]))
-    return cls(teacher, list(layer_ids), options, releasable=releasable)
+    engine: TeacherEngine = cls(teacher, list(layer_ids), options, releasable=releasable)
+    return engine
 
 
 class TransformersEngine:

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import UsageError
+from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
 from dspark_hub.format.taps import text_config
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.progress import Progress, announce_stage, announce_total
 from dspark_hub.train.acceptance import draft_proposer, speculators_proposer
-from dspark_hub.train.rollouts import MemoryRollouts, Rollout, RolloutData, generate_rollouts, read_prompts
+from dspark_hub.train.generate import Rollout, generate_rollouts
+from dspark_hub.train.rollouts import MemoryRollouts, RolloutData, read_prompts
 from dspark_hub.train.teacher import (
     TeacherMismatchError,
     chat_template_digest,
@@ -30,7 +32,6 @@ from dspark_hub.train.teacher import (
     read_json,
     read_lm_head,
     read_teacher_config,
-    sha256_file,
     teacher_eos_ids,
     teacher_identity,
 )
@@ -129,7 +130,8 @@ def read_embedding(teacher: str | os.PathLike[str]) -> torch.Tensor:
         raise UsageError(f"{teacher}: no unique embed_tokens.weight among {len(files)} tensors; pass a causal LM "
                          "checkpoint folder", param="teacher")
     with safe_open(str(files[hits[0]]), framework="pt") as handle:
-        return handle.get_tensor(hits[0])
+        embedding: torch.Tensor = handle.get_tensor(hits[0])
+    return embedding
 
 
 def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
@@ -138,7 +140,9 @@ def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
 
     from dspark_hub.modeling import load_checkpoint
 
-    return load_checkpoint(path, dtype=torch.float32).model.eval()
+    model: K3DSparkModel = load_checkpoint(path, dtype=torch.float32).model
+    model.train(False)
+    return model
 
 
 def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,

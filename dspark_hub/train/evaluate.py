@@ -24,6 +24,7 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
+from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.provenance import describe, identify
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train import vllm_eval
@@ -50,8 +51,9 @@ from dspark_hub.train.eval_inputs import (
     refuse_unpaired_teacher,
     stop_token_ids,
 )
-from dspark_hub.train.rollouts import Prompt, read_prompts
-from dspark_hub.train.teacher import chat_template_digest, read_teacher_config, sha256_file, teacher_identity
+from dspark_hub.train.generate import Prompt
+from dspark_hub.train.rollouts import read_prompts
+from dspark_hub.train.teacher import chat_template_digest, read_teacher_config, teacher_identity
 from dspark_hub.train.vllm_worker import cpu_head_dim_problem
 
 #: The names callers import from here, though they live in `acceptance` and `eval_inputs`.

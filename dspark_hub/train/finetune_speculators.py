@@ -54,6 +54,7 @@ from dspark_hub.train.config import TrainConfig, default
 from dspark_hub.train.distributed import peak_memory_bytes
 from dspark_hub.train.draft_step import batch_indices
 from dspark_hub.train.draft_taps import tap_view
+from dspark_hub.train.generate import Rollout
 from dspark_hub.train.hidden_state_files import HiddenStateData, detect_format, open_training_data
 from dspark_hub.train.objective_speculators import (
     Objective,
@@ -61,7 +62,7 @@ from dspark_hub.train.objective_speculators import (
     SpeculatorsDSparkTrainer,
     library_anchors,
 )
-from dspark_hub.train.rollouts import Rollout, RolloutData
+from dspark_hub.train.rollouts import RolloutData
 from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, read_teacher_config
 from dspark_hub.train.trainer import TrainResult
 from dspark_hub.train.training_log import TrainingLog

@@ -46,6 +46,7 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
+from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.taps import TAP_CONVENTION
 from dspark_hub.format.writer import atomic_file, atomic_path
@@ -64,7 +65,6 @@ from dspark_hub.train.teacher import (
     load_tokenizer,
     read_json,
     read_teacher_config,
-    sha256_file,
     teacher_identity,
 )
 
@@ -233,7 +233,8 @@ class RolloutData:
 
     @property
     def teacher_path(self) -> str | None:
-        return self.manifest.get("settings", {}).get("teacher")
+        teacher = self.manifest.get("settings", {}).get("teacher")
+        return teacher if isinstance(teacher, str) else None
 
 
 def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None, *,

@@ -43,7 +43,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     # What AutoModelForCausalLM.from_pretrained is annotated to return: a PreTrainedModel that generates.
-    from transformers.models.auto.modeling_auto import _BaseModelWithGenerate as CausalLM
+    from transformers.models.auto.modeling_auto import _BaseModelWithGenerate
+
+    CausalLM = _BaseModelWithGenerate
 
 _SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})")
 
@@ -170,7 +172,7 @@ def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
     if text_config(config).get("tie_word_embeddings", config.get("tie_word_embeddings")):
         wanted.append("embed_tokens.weight")
     for suffix in wanted:
-        hits = [n for n in names if n == suffix or n.endswith("." + suffix)]
+        hits: list[str] = [n for n in names if n == suffix or n.endswith("." + suffix)]
         if len(hits) == 1:
             return hits[0]
     raise UsageError(f"teacher: no unique {' or '.join(wanted)} among {plural(len(names), 'tensor')}; "
@@ -189,7 +191,8 @@ def read_lm_head(folder: str | os.PathLike[str]) -> torch.Tensor:
     files = tensor_files(folder)
     name = lm_head_name(files, config)
     with safe_open(str(files[name]), framework="pt") as handle:
-        return handle.get_tensor(name)
+        tensor: torch.Tensor = handle.get_tensor(name)
+    return tensor
 
 
 @dataclass(frozen=True)
@@ -275,7 +278,7 @@ M = TypeVar("M", bound="PreTrainedModel")
 def moved(model: M, where: torch.device | torch.dtype | str) -> M:
     """`model.to(where)`, typed: transformers wraps `PreTrainedModel.to` in `functools.wraps`, which
     mypy reads as a function without `self` (the one ignore for every caller)."""
-    return model.to(where)   # type: ignore[arg-type]
+    return model.to(where)   # type: ignore[arg-type,no-any-return]
 
 
 def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> CausalLM:
@@ -297,7 +300,8 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     if layers is None:
         raise UsageError(f"teacher: {type(model).__name__} has no decoder .layers to tap; "
                          "use a transformers causal LM with a standard decoder stack")
-    return layers
+    stack: torch.nn.ModuleList = layers
+    return stack
 
 
 @dataclass

@@ -214,7 +214,7 @@ class Trainer:
         if self.config.teacher:
             return self.config.teacher
         teacher = getattr(self.data, "teacher_path", None)
-        if teacher:
+        if isinstance(teacher, str) and teacher:
             return teacher
         raise UsageError("no target; pass `teacher` (its lm_head gives the target distributions)", param="teacher")
 

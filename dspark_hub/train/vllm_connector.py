@@ -73,7 +73,7 @@ class _CompletedEvent:
         return None
 
 
-class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
+class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):  # type: ignore[misc]  # vLLM ships no types
     """`ExampleHiddenStatesConnector` with a synchronous host copy (no CUDA stream, event or pinned memory)."""
 
     def _submit_async_write(self, pending: PendingSave) -> None:

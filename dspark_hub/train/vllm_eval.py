@@ -41,7 +41,8 @@ class EngineRun:
         return [group["outputs"] for group in self.report["groups"]]
 
     def metrics(self, group: int) -> dict[str, Any]:
-        return self.report["groups"][group]["metrics"]
+        metrics: dict[str, Any] = self.report["groups"][group]["metrics"]
+        return metrics
 
 
 def engine_python(python: str | os.PathLike[str] | None) -> str:

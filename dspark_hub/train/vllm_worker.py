@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -236,8 +237,10 @@ class Worker:
             return self.start(request)
         if self.llm is None and op != "exit":
             raise EngineError(f"{op}: the engine is not started")
-        handler = {"capture": self.capture, "sleep": lambda _r: self.sleep(), "wake": lambda _r: self.wake(),
-                   "exit": lambda _r: self.exit()}.get(op) if isinstance(op, str) else None
+        handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "capture": self.capture, "sleep": lambda _r: self.sleep(), "wake": lambda _r: self.wake(),
+            "exit": lambda _r: self.exit()}
+        handler = handlers.get(op) if isinstance(op, str) else None
         if handler is None:
             raise EngineError(f"unknown op {op!r}")
         return handler(request)

@@ -149,8 +149,8 @@ class Child:
             raise self.failure(f"the {self.what} process exited (exit status {process.returncode}) during "
                                f"{request.get('op')}: {log_tail(self.log_path, 15)}; log: {self.log_path}")
         reply = loads_strict(line, path=f"the {self.what} process's reply")
-        if not reply.get("ok"):
-            raise self.error(reply.get("error"))
+        if not isinstance(reply, dict) or not reply.get("ok"):
+            raise self.error(reply.get("error") if isinstance(reply, dict) else None)
         return reply
 
     def _read_line(self, process: subprocess.Popen[str], timeout: float | None, op: object) -> str:
