@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {name: f"dspark-hub/{name}/1" for name in (
 
 #: `checksums.json`, the digest manifest beside the weights.
 CHECKSUMS = "dspark-hub/checksums-manifest/1"
+#: `dspark_init.json`, how `init --target` sized a draft (taps, mask token and why, draft vocabulary).
+INIT_TARGET = "dspark-hub/init-target/1"
 #: `manifest.json` (and shard metadata) of a rollouts folder.
 ROLLOUTS_DATA = "dspark-hub/rollouts-data/1"
 #: `__metadata__["schema"]` of a golden-vector fixture.

@@ -327,6 +327,21 @@ def render_rollouts(summary: Any) -> None:
                  f"({summary.engine} engine, {summary.mode})")
 
 
+def render_init_target(result: Any) -> None:
+    """Human view of a `TargetInitResult`."""
+    vocab = (f", draft vocabulary {result.draft_vocab_size:,} ({result.vocab_coverage:.1%} of the data's tokens)"
+             if result.vocab_coverage is not None else "")
+    stdout.print(f"wrote {result.path} ({result.format} for {result.target}: {plural(result.layers, 'layer')}, taps "
+                 f"{result.taps}, mask token {result.mask.id} {result.mask.content!r}{vocab}; "
+                 f"{plural(result.weights_bytes, 'byte')}); check it with: dspark-hub verify {result.path} "
+                 f"--target {result.target}")
+
+
+def render_threads(choice: Any) -> None:
+    """The CPU threads a training command uses, and why (stderr, before the work starts)."""
+    stderr.print(f"threads: {choice.threads} ({choice.reason}; --threads N to choose)")
+
+
 def render_init_teacher(result: Any) -> None:
     """Human view of a `TeacherInitResult`."""
     source = f"shapes and embedding of {result.draft}" if result.draft else f"profile {result.profile}"

@@ -73,6 +73,23 @@ def pop_engine_options(options: dict[str, Any]) -> tuple[str, EngineOptions]:
     return options.pop("engine"), EngineOptions(**values)
 
 
+#: `--threads`, on every command that runs torch on the CPU for a while (`train.threads`).
+threads_option = click.option("--threads", type=POSITIVE, metavar="N",
+                              help="CPU threads for torch [default: OMP_NUM_THREADS, else 1 + idle cores by the "
+                                   "load average, at most every core].")
+
+
+def use_threads(threads: int | None, *, quiet: bool) -> None:
+    """Choose and apply the thread count; say which (stderr) unless quiet."""
+    from dspark_hub.cli._render import render_threads
+    from dspark_hub.train.threads import apply_threads, choose_threads
+
+    choice = choose_threads(threads)
+    apply_threads(choice)
+    if not quiet:
+        render_threads(choice)
+
+
 @contextmanager
 def engine_option_flags() -> Iterator[None]:
     """An error about an `EngineOptions` field (`param="engine_options.device"`) names the command's own
@@ -101,16 +118,18 @@ def engine_option_flags() -> Iterator[None]:
               help="generate: greedy continuations; prefill: record each line's sequence as it is (offline data, "
                    "with its loss_mask).")
 @engine_option_group
+@threads_option
 @force_option
 @quiet_option
 @json_option
 def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
-             shard_size: int, ignore_eos: bool, mode: Mode, force: bool, quiet: bool, as_json: bool,
-             **engine: Any) -> None:
+             shard_size: int, ignore_eos: bool, mode: Mode, threads: int | None, force: bool, quiet: bool,
+             as_json: bool, **engine: Any) -> None:
     """Write teacher greedy continuations with the draft's tap states (resumable safetensors shards)."""
     from dspark_hub.train.rollouts import make_rollouts
 
     quiet_transformers(quiet or as_json)
+    use_threads(threads, quiet=quiet or as_json)
     engine_name, engine_options = pop_engine_options(engine)
     with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar, engine_option_flags():
         summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
@@ -169,16 +188,19 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--device", metavar="DEVICE", help="Training device [default: cuda when torch sees a GPU, else cpu]; "
                                                 "under torchrun cuda means cuda:LOCAL_RANK.")
 @engine_option_group
+@threads_option
 @force_option
 @quiet_option
 @json_option
-def finetune(loss: str, data_layer_ids: str | None, quiet: bool, as_json: bool, **options: Any) -> None:
+def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: bool, as_json: bool,
+             **options: Any) -> None:
     """Fine-tune drop-in k3_dspark weights on teacher rollouts (one process or torchrun)."""
     from dspark_hub.train.hidden_state_files import parse_layer_ids
     from dspark_hub.train.trainer import TrainConfig
     from dspark_hub.train.trainer import finetune as run
 
     quiet_transformers(quiet or as_json)
+    use_threads(threads, quiet=quiet or as_json)
     engine, engine_options = pop_engine_options(options)
     config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
@@ -248,11 +270,13 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @click.option("--ignore-eos", "ignore_eos", is_flag=True, help="Never stop a request at the teacher's EOS.")
 @click.option("--batch-size", "batch_size", type=POSITIVE, default=8, show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
+@threads_option
 @quiet_option
 @json_option
 def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str | None, reference: str | None,
                  engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
-                 ignore_eos: bool, batch_size: int, plot: Path | None, quiet: bool, as_json: bool) -> None:
+                 ignore_eos: bool, batch_size: int, plot: Path | None, threads: int | None, quiet: bool,
+                 as_json: bool) -> None:
     """Acceptance of a draft with vLLM's definitions: simulated, or measured by vLLM serving it.
 
     Exit 1 when a vLLM measurement's outputs differ from plain greedy decoding's (not lossless).
@@ -260,6 +284,7 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
     from dspark_hub.train.evaluate import evaluate
 
     quiet_transformers(quiet or as_json)
+    use_threads(threads, quiet=quiet or as_json)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,

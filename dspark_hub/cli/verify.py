@@ -126,15 +126,57 @@ def convert(src: Path, dst: Path, to: str | None, from_: str | None, force: bool
               help="Copy embed_tokens.weight from the TEACHER's embedding (folder, sharded or not, or a "
                    ".safetensors file), bit for bit; F32/F16 is rounded to nearest even BF16. Without it the "
                    "frozen embedding is random and 'verify --target' fails until it is copied.")
+@click.option("--target", metavar="T", help="Size the draft for this transformers causal LM (its config and "
+              "embedding only): hidden size, vocabulary, embedding, taps and mask token from T (instead of --profile).")
+@click.option("--format", "fmt", type=click.Choice(format_choices()), default="k3_dspark",
+              show_default=True, help="With --target: the draft format.")
+@click.option("--taps", metavar="IDS", help="With --target: T's layers to tap, e.g. 1,7,14 (default: spread as "
+              "the K3 recipes place them).")
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True, help="With --target: draft layers.")
+@click.option("--block-size", "block_size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="With --target: tokens drafted per step (speculators config; recorded for k3_dspark).")
+@click.option("--draft-vocab", "draft_vocab", type=click.IntRange(min=1), metavar="N",
+              help="With --target --format speculators: keep the N most frequent target ids of --vocab-from.")
+@click.option("--vocab-from", "vocab_from", metavar="DATA",
+              help="Token frequencies: a rollouts folder, or a prompts JSONL tokenized by T.")
 @force_option
 @quiet_option
 @json_option
-def init_command(dst: Path, profile: str, init: str, seed: int, embed_from: str | None, force: bool, quiet: bool,
-                 as_json: bool) -> None:
-    """Write a conforming k3_dspark checkpoint (config.json + model.safetensors) to DST."""
+def init_command(dst: Path, profile: str, init: str, seed: int, embed_from: str | None, target: str | None,
+                 fmt: str, taps: str | None, layers: int, block_size: int, draft_vocab: int | None,
+                 vocab_from: str | None, force: bool, quiet: bool, as_json: bool) -> None:
+    """Write a conforming k3_dspark checkpoint (config.json + model.safetensors) to DST, or with --target an
+    untrained draft of either format sized for a transformers causal LM."""
     from dspark_hub.ops.init import init_checkpoint
 
+    if target is not None:
+        _init_for_target(dst, target, fmt=fmt, taps=taps, layers=layers, block_size=block_size,
+                         draft_vocab=draft_vocab, vocab_from=vocab_from, seed=seed, force=force, quiet=quiet,
+                         as_json=as_json)
+        return
     with progress(f"init {profile}", quiet=quiet or as_json) as bar:
         result = init_checkpoint(dst, profile=profile, init=init, seed=seed, force=force, embed_from=embed_from,
                                  progress=bar)
     emit(result, as_json=as_json, renderer=render_init)
+
+
+def _tap_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(",", " ").split()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a list of layer numbers, e.g. 1,7,14", param_hint="--taps") from None
+
+
+def _init_for_target(dst: Path, target: str, *, fmt: str, taps: str | None, layers: int, block_size: int,
+                     draft_vocab: int | None, vocab_from: str | None, seed: int, force: bool, quiet: bool,
+                     as_json: bool) -> None:
+    from dspark_hub.cli._render import render_init_target
+    from dspark_hub.ops.target_draft import init_for_target
+    from dspark_hub.train.rollouts import token_counts
+
+    counts = token_counts(vocab_from, target, param="vocab_from") if vocab_from else None
+    with progress(f"init --target {Path(target).name}", quiet=quiet or as_json) as bar:
+        result = init_for_target(dst, target, fmt=fmt, layers=layers, block_size=block_size,
+                                 taps=_tap_list(taps) if taps else None, draft_vocab=draft_vocab,
+                                 token_counts=counts, seed=seed, force=force, progress=bar)
+    emit(result, as_json=as_json, renderer=render_init_target)

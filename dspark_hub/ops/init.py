@@ -155,7 +155,7 @@ def _with_embedding(chunks: Callable[[TensorSpec], Iterator[BytesLike]],
 def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", config: Mapping[str, Any] | None = None,
                     init: str = "random", seed: int = 0, force: bool = False,
                     embed_from: str | os.PathLike[str] | None = None,
-                    progress: Progress | None = None) -> InitResult:
+                    progress: Progress | None = None, extra_files: Mapping[str, bytes] | None = None) -> InitResult:
     """Write a conforming checkpoint: `config.json` plus one `model.safetensors`.
 
     Args:
@@ -168,6 +168,7 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
         embed_from: a teacher checkpoint (folder, sharded or not, or a .safetensors file) whose
             embedding becomes `embed_tokens.weight`, bit for bit (F32/F16 rounded to nearest even).
         progress: called with the number of tensor bytes written (see `dspark_hub.progress`).
+        extra_files: name -> bytes written beside the weights (e.g. `init --target`'s provenance).
 
     Returns:
         An `InitResult` (`result.path` is the output folder; `result.embedding` says where the
@@ -195,6 +196,8 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
     announce_total(progress, sum(s.nbytes for s in specs))
     with atomic_dir(dst, force=force) as tmp:
         (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(cfg))
+        for name, data in (extra_files or {}).items():
+            (tmp / name).write_bytes(data)
         write_safetensors(tmp / contract.WEIGHTS_NAME, specs, chunks, metadata=contract.TORCHSPEC_METADATA,
                           progress=progress)
     out = Path(dst)

@@ -236,6 +236,26 @@ class RolloutData:
         return self.manifest.get("settings", {}).get("teacher")
 
 
+def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None, *,
+                 param: str | None = None) -> dict[int, int]:
+    """How often each token id occurs in `data`: a rollouts folder (the continuations, what a draft predicts)
+    or a prompts JSONL file (every prompt token; `teacher`'s tokenizer encodes text and messages).
+
+    Raises:
+        UsageError: `data` is neither (one line naming it).
+    """
+    from collections import Counter
+
+    counts: Counter[int] = Counter()
+    if Path(data).is_dir():
+        for rollout in RolloutData(data, param=param):
+            counts.update(rollout.input_ids[rollout.prompt_length:].tolist())
+    else:
+        for prompt in read_prompts(data, teacher, param=param):
+            counts.update(prompt.input_ids)
+    return dict(counts)
+
+
 # ----------------------------------------------------------------------------- the command
 
 
