@@ -185,11 +185,16 @@ def test_finetune_checks_its_eval_data_before_loading(pair, tmp_path, monkeypatc
     assert line.startswith("Error: --eval-data: "), line
 
 
-def test_rollouts_refuse_a_speculators_draft_config_naming_the_format(pair, tmp_path):
+def test_rollouts_take_a_speculators_dspark_config_and_refuse_other_families(pair, tmp_path):
+    """A speculators DSpark's taps are read (tests/test_speculators_finetune.py records them); its target is
+    checked against the teacher, and a draft of another family is refused naming it."""
     from .spec_fixtures import fixture
 
     result = rollouts(pair, tmp_path / "out", draft=fixture("dspark") / "config.json")
-    line = assert_one_line_error(result, "a speculators DSpark draft config", "pass a k3_dspark config.json")
+    assert_one_line_error(result, "vocab_size is 512", "the draft's transformer_layer_config.vocab_size is 256")
+    result = rollouts(pair, tmp_path / "out", draft=fixture("eagle3") / "config.json")
+    line = assert_one_line_error(result, "draft config; rollouts and finetune read the taps of a k3_dspark or a "
+                                         "speculators DSpark config")
     assert line.startswith("Error: --draft-config: ") and not (tmp_path / "out").exists()
 
 

@@ -412,6 +412,8 @@ def render_training(result: Any) -> None:
         stdout.print(f"states in {result.state_dir}: {', '.join(result.states)}")
     for action in result.engine_releases:
         stdout.print(f"between rounds: {action}")
+    for warning in getattr(result, "warnings", ()):
+        stderr.print(Text.assemble(("warning", "yellow"), f": {warning}"))
     if result.eval:
         stdout.print(f"held-out acceptance length {result.eval['acceptance_length']:.4f} "
                      f"(prompt lookup {result.eval['baseline']['acceptance_length']:.4f})")

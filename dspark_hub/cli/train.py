@@ -202,7 +202,8 @@ def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: 
     quiet_transformers(quiet or as_json)
     use_threads(threads, quiet=quiet or as_json)
     engine, engine_options = pop_engine_options(options)
-    config = TrainConfig(**options, loss=objective.parse_loss(loss), engine=engine, engine_options=engine_options,
+    config = TrainConfig(**options, loss=objective.parse_loss(loss, terms=None), engine=engine,
+                         engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
         result = run(config, progress=_Planned(bar, show=not (quiet or as_json)))

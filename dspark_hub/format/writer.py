@@ -162,3 +162,44 @@ def write_safetensors(path: str | os.PathLike[str], specs: Iterable[TensorSpec],
                 raise DsparkError(f"{path}: tensor {spec.name!r} got {got:,} bytes, expected {spec.nbytes:,}")
             written += got
     return 8 + len(header) + written
+
+
+def write_weights_like(base: str | os.PathLike[str], folder: str | os.PathLike[str],
+                       replace: Mapping[str, BytesLike]) -> list[str]:
+    """Write `base`'s weight files into `folder` with some tensors' bytes replaced; returns the files written.
+
+    Every file keeps `base`'s exact header bytes (names, dtypes, shapes, offsets, `__metadata__`)
+    and its sharding: the index and `config.json` are copied byte for byte. Each tensor not in
+    `replace` is copied from `base` bit for bit; a replaced tensor's bytes must be exactly as
+    long as the original's (the same dtype and shape). `base` is only read.
+
+    Raises:
+        UsageError: a replacement names no tensor of `base`, or has another byte length.
+    """
+    from dspark_hub.format.reader import read_header
+    from dspark_hub.format.tensorio import iter_range, tensor_files
+
+    src, dst = Path(base), Path(folder)
+    files = sorted(set(tensor_files(src).values()))
+    headers = {file: read_header(file) for file in files}
+    known = {name: info for header in headers.values() for name, info in header.tensors.items()}
+    for name, data in replace.items():
+        if name not in known:
+            raise UsageError(f"{src}: holds no tensor {name!r} to write back")
+        if memoryview(data).nbytes != known[name].nbytes:
+            raise UsageError(f"{name}: {memoryview(data).nbytes:,} bytes, {src} stores {known[name].nbytes:,} "
+                             f"({known[name].dtype} {list(known[name].shape)})")
+    for file, header in headers.items():
+        with open(dst / file.name, "wb") as out:
+            for piece in iter_range(file, 0, header.data_start):
+                out.write(piece)
+            for name in header.tensors:          # data order (ascending offsets)
+                if name in replace:
+                    out.write(replace[name])
+                else:
+                    for piece in iter_range(file, *header.absolute_range(name)):
+                        out.write(piece)
+    for name in (contract.CONFIG_NAME, contract.INDEX_NAME):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+    return [file.name for file in files]

@@ -46,8 +46,12 @@ DraftLogits = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 DEFAULT_LOSS_CHUNK = (256 << 20) // (4 * contract.REFERENCE_CONFIG["draft_vocab_size"])
 
 
-def parse_loss(spec: str | dict[str, float]) -> dict[str, float]:
-    """`'{"ce":0.1,"tv":0.9}'` -> weights; unknown names or non-numbers are a `UsageError`."""
+def parse_loss(spec: str | dict[str, float], terms: Sequence[str] | None = LOSS_TERMS) -> dict[str, float]:
+    """`'{"ce":0.1,"tv":0.9}'` -> weights; names outside `terms` or non-numbers are a `UsageError`.
+
+    `terms=None` takes any name: the command line parses `--loss` before it knows the base's format,
+    and the format's trainer checks the names it computes (`objective_speculators.Objective`).
+    """
     try:
         weights = loads_strict(spec, path="loss") if isinstance(spec, str) else dict(spec)
     except CheckpointFormatError as exc:
@@ -55,8 +59,8 @@ def parse_loss(spec: str | dict[str, float]) -> dict[str, float]:
     if not isinstance(weights, dict) or not weights:
         raise UsageError("expected a JSON object of term weights, e.g. '{\"ce\":0.1,\"tv\":0.9}'", param="loss")
     for name, value in weights.items():
-        if name not in LOSS_TERMS:
-            raise UsageError(f"unknown term {name!r}; use {', '.join(LOSS_TERMS)}", param="loss")
+        if terms is not None and name not in terms:
+            raise UsageError(f"unknown term {name!r}; use {', '.join(terms)}", param="loss")
         if not isinstance(value, (int, float)) or value < 0:
             raise UsageError(f"weight of {name} must be a non-negative number, got {value!r}", param="loss")
     return {name: float(value) for name, value in weights.items()}

@@ -55,6 +55,7 @@ class PackedRow:
     last_hidden: torch.Tensor     # [N, H], before the target's final norm
     document_ids: torch.Tensor    # [N] long, -1 for padding
     positions: torch.Tensor       # [N] long, per document
+    final_normed: bool = False    # `last_hidden` is already AFTER the final norm (our rollouts, hidden-state files)
 
 
 @dataclass
@@ -308,7 +309,8 @@ class SpeculatorsDSparkTrainer:
             target_rows = rows if self.sample_from_anchor else (rows - 1) % row.input_ids.shape[0]
             # Overlapping blocks share rows: the target's log-distribution once per distinct row, then gathered.
             distinct, inverse = torch.unique(target_rows, return_inverse=True)
-            normed = rms_norm(row.last_hidden[distinct].to(self.target_norm.dtype), self.target_norm, self.eps)
+            last = row.last_hidden[distinct].to(self.target_norm.dtype)
+            normed = last if row.final_normed else rms_norm(last, self.target_norm, self.eps)
             targets = F.log_softmax(F.linear(normed, self.verifier_head.to(normed.dtype)), -1, dtype=torch.float32)
             targets = targets[inverse]
         block_tokens = row.input_ids[rows].view(-1, k)

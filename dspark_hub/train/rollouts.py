@@ -50,6 +50,7 @@ from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_r
 from dspark_hub.format.taps import TAP_CONVENTION
 from dspark_hub.format.writer import atomic_file, atomic_path
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.train.draft_taps import tap_view
 from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TeacherEngine, open_engine
 from dspark_hub.train.generate import (  # noqa: F401 (re-exported: the names callers know rollouts by)
     Prompt,
@@ -60,7 +61,6 @@ from dspark_hub.train.generate import (  # noqa: F401 (re-exported: the names ca
 )
 from dspark_hub.train.teacher import (
     chat_template_digest,
-    check_teacher_matches,
     load_tokenizer,
     read_json,
     sha256_file,
@@ -295,23 +295,6 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
     return manifest
 
 
-def require_k3_taps(draft: dict[str, Any], where: str) -> None:
-    """Refuse a draft config of another format: rollouts record the taps a k3_dspark config names.
-
-    Raises:
-        UsageError: a speculators-format or other-family config (one line naming the format).
-    """
-    from dspark_hub.verify.family import detect
-
-    fmt, found = detect(draft)
-    if (fmt is not None and fmt.trainable) or found.family == "unknown":
-        return
-    name = fmt.title if fmt is not None else found.family
-    raise UsageError(f"{where}: a {name} draft config; rollouts record the taps of a k3_dspark draft "
-                     "(target_layer_ids), so pass a k3_dspark config.json (a speculators draft trains on speculators' "
-                     "own data pipeline, and eval measures it)", param="draft_config")
-
-
 def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str],
                   draft_config: str | os.PathLike[str] | dict[str, Any], out: str | os.PathLike[str], *,
                   max_new_tokens: int, batch_size: int = 8, shard_size: int = 256, ignore_eos: bool = False,
@@ -322,7 +305,8 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     Args:
         teacher: local transformers causal LM folder.
         prompts: JSONL prompts file.
-        draft_config: the draft's `config.json` (path or dict): taps and pairing keys come from it.
+        draft_config: the draft's `config.json` (path or dict): taps and pairing keys come from it (a
+            speculators DSpark's `aux_hidden_state_layer_ids` as our ids, `draft_taps.tap_view`).
         out: output folder.
         max_new_tokens: continuation budget per prompt (`generate` mode).
         batch_size: prompts the transformers engine runs together (equal-length prompts only).
@@ -345,10 +329,11 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
         raise UsageError(f"rollouts mode {mode!r}: use one of {', '.join(MODES)}")
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file", param="draft_config"))
-    require_k3_taps(draft, "the draft's config" if isinstance(draft_config, dict) else str(draft_config))
     teacher_config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json",
                                param="teacher")
-    check_teacher_matches(teacher_config, draft, teacher_name=str(teacher))
+    # A speculators DSpark's aux ids become our target_layer_ids here (format.taps, through its DraftFormat).
+    draft = tap_view(draft, teacher_config, target=str(teacher),
+                     where="the draft's config" if isinstance(draft_config, dict) else str(draft_config))
     # The inputs are checked before the engine starts (a vLLM start takes seconds to minutes).
     all_prompts = read_prompts(prompts, teacher, param="prompts")
     if mode == "generate":

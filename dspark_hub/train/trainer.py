@@ -162,6 +162,7 @@ class TrainResult:
     engine_releases: tuple[str, ...] = ()
     plan: TrainPlan | None = None
     states: tuple[str, ...] = ()      # the state files kept, oldest first
+    warnings: tuple[str, ...] = ()    # what the output will meet when served (e.g. a head vLLM does not load)
 
     @property
     def tokens_per_second(self) -> float:
@@ -172,7 +173,8 @@ class TrainResult:
                 "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "final_loss": self.final_loss,
                 "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval, "device": self.device,
                 "peak_memory_bytes": self.peak_memory_bytes, "engine_releases": list(self.engine_releases),
-                "plan": self.plan.to_dict() if self.plan else None, "states": list(self.states)}
+                "plan": self.plan.to_dict() if self.plan else None, "states": list(self.states),
+                "warnings": list(self.warnings)}
 
 
 def chunkable_draft_logits(model: K3DSparkModel, lm_head_weight: torch.Tensor, hidden: torch.Tensor,
@@ -767,5 +769,11 @@ def rotate_states(state_dir: Path, keep: int, *, latest: str) -> list[Path]:
 
 
 def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
-    """Run a fine-tuning job (see the module docstring); returns what it wrote and measured."""
-    return Trainer(config, progress).fit()
+    """Run a fine-tuning job (see the module docstring); returns what it wrote and measured.
+
+    A base of a format with its own trainer (`train.finetuners`) goes to it.
+    """
+    from dspark_hub.train.finetuners import finetuner_for
+
+    run = finetuner_for(config.base)
+    return run(config, progress) if run is not None else Trainer(config, progress).fit()
