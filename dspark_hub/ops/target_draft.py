@@ -7,7 +7,7 @@ loaded as a model.
 - `tap_layers(L, fmt)`: the taps the K3 recipes use, spread over L layers. Both recipes tap a 93-layer
   target five times and never its final layer: `k3_dspark` at layers [2, 23, 47, 71, 89] (the published
   draft), the speculators DSpark at aux ids [24, 48, 72, 88, 92], i.e. layers [23, 47, 71, 87, 91] in our
-  convention (`verify.rules.TAP_CONVENTION`). Each reference layer l in [0, 91] is placed at
+  convention (`format.taps.TAP_CONVENTION`). Each reference layer l in [0, 91] is placed at
   round(l * (L - 2) / 91), so the reference target gets the reference taps back and the last tap stays
   below T's final layer; taps that coincide on a shallow target are merged.
 - `pick_mask_token(...)`: a token id T never emits, and why (`MaskChoice.reason`).
@@ -27,8 +27,8 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract, speculators
-from dspark_hub.verify.formats import FORMATS, K3, SPECULATORS, DraftFormat, by_cli_name
-from dspark_hub.verify.rules import residual_index, text_config
+from dspark_hub.format.registry import FORMATS, K3, SPECULATORS, DraftFormat, by_cli_name
+from dspark_hub.format.taps import residual_index, text_config
 
 #: The reference target's layer count and the recipes' taps on it (our convention: layer outputs, 0-based).
 REFERENCE_TARGET_LAYERS = 93
