@@ -53,9 +53,9 @@ def main(settings: dict) -> None:
     log, tokens, started = [], 0, time.perf_counter()
     for step in range(steps):
         row = packed_row([data[i] for i in batch_indices(len(data), settings["batch_size"], step, settings["seed"])])
-        _, loss, metrics = model(hidden_states=row.taps[None].float(), input_ids=row.input_ids[None],
-                                 loss_mask=row.loss_mask[None], verifier_last_hidden_states=row.last_hidden[None].float(),
-                                 document_ids=row.document_ids[None], position_ids=row.positions[None], **kwargs)
+        _, loss, _ = model(hidden_states=row.taps[None].float(), input_ids=row.input_ids[None],
+                           loss_mask=row.loss_mask[None], verifier_last_hidden_states=row.last_hidden[None].float(),
+                           document_ids=row.document_ids[None], position_ids=row.positions[None], **kwargs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, settings["clip"])

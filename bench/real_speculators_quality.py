@@ -2,7 +2,8 @@
 
 Usage: python bench/real_speculators_quality.py [--ci] [--work DIR] [--keep]
        [--train-prompts N] [--new-tokens N] [--steps N] [--batch-size N] [--anchors N]
-       [--eval-prompts N] [--eval-tokens N] [--draft-vocab N] [--no-vllm] [--markdown]
+       [--eval-prompts N] [--eval-tokens N] [--draft-vocab N] [--no-vllm] [--json]
+       python bench/real_speculators_quality.py --table-from WORK/result.json
 
 On the SmolLM2-135M-Instruct world (`.ci/real-target.sh`, float32 folder; docs/real-model.md), one run:
 
@@ -20,8 +21,9 @@ On the SmolLM2-135M-Instruct world (`.ci/real-target.sh`, float32 folder; docs/r
 4. one table: trainer, steps, supervised tokens, acceptance length (vLLM and simulated), acceptance per
    position (vLLM), wall time of the training step (process included), with the date and load average.
 
-`--ci` is the CI-sized run (tests/test_real_speculators_quality.py). `--markdown` prints the table as the
-Markdown section of docs/real-model.md. Exit 0 when everything ran, 1 when a step failed (its stderr shown).
+`--ci` is the CI-sized run (tests/test_real_speculators_quality.py). With `--work DIR` the result is also
+written to DIR/result.json (`--table-from` prints its table again). Exit 0 when everything ran, 1 when a
+step failed (the tail of its stderr shown).
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "bench" / "prompts"
 LOSS = '{"ce": 0.1, "tv": 0.9}'
-FULL = {"train_prompts": 160, "new_tokens": 96, "steps": 120, "batch_size": 8, "anchors": 256, "lr": 1e-3,
-        "warmup": 10, "eval_prompts": 40, "eval_tokens": 64, "draft_vocab": 8192}
+FULL = {"train_prompts": 96, "new_tokens": 64, "steps": 60, "batch_size": 8, "anchors": 192, "lr": 1e-3,
+        "warmup": 6, "eval_prompts": 40, "eval_tokens": 48, "draft_vocab": 8192}
 CI = {"train_prompts": 24, "new_tokens": 32, "steps": 12, "batch_size": 4, "anchors": 64, "lr": 1e-3,
       "warmup": 2, "eval_prompts": 5, "eval_tokens": 24, "draft_vocab": 2048}
 
@@ -145,7 +147,7 @@ def measure(settings: dict, work: Path, vllm: bool) -> dict:
             trainers[name]["vllm"] = {**summary(doc), "lossless": doc["lossless"]}
     trainers["prompt lookup (n-gram)"] = ngram
     return {"settings": settings, "target": target, "trainers": trainers, "times": times,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "load": os.getloadavg()}
 
 
@@ -178,11 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="work folder (default: a temp folder, removed unless --keep)")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--no-vllm", dest="vllm", action="store_false")
-    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--table-from", dest="table_from", type=Path, metavar="RESULT_JSON",
+                        help="print the table of an earlier run's WORK/result.json instead of running")
     parser.add_argument("--json", dest="as_json", action="store_true")
     for key in FULL:
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(FULL[key]))
     args = parser.parse_args(argv)
+    if args.table_from is not None:
+        report(json.loads(args.table_from.read_text(encoding="utf-8")))
+        return 0
     settings = dict(CI if args.ci else FULL)
     settings.update({k: getattr(args, k) for k in FULL if getattr(args, k) is not None})
     work = args.work or Path(tempfile.mkdtemp(prefix="spec-quality-"))
@@ -197,15 +203,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.work is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     result["wall_seconds"] = time.perf_counter() - started
+    if args.work is not None:
+        (work / "result.json").write_text(json.dumps(result, default=str, indent=2) + "\n", encoding="utf-8")
     if args.as_json:
         print(json.dumps(result, default=str, indent=2))
         return 0
+    report(result)
+    return 0
+
+
+def report(result: dict) -> None:
     print(table(result))
     load = " ".join(f"{v:.1f}" for v in result["load"])
     print(f"{result['date']}, load average {load}, whole run {result['wall_seconds']:.0f} s; settings "
-          f"{json.dumps(settings)}; step wall times (s): "
+          f"{json.dumps(result['settings'])}; step wall times (s): "
           + ", ".join(f"{k} {v:.0f}" for k, v in result["times"].items()))
-    return 0
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
+from dspark_hub.format.registry import K3, SPECULATORS
 from dspark_hub.ops.target_draft import read_target, tap_layers
 from dspark_hub.verify.checks import verify
-from dspark_hub.format.registry import K3, SPECULATORS
 
 from .cli_errors import assert_one_line_error
 
