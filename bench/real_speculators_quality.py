@@ -21,7 +21,8 @@ On the SmolLM2-135M-Instruct world (`.ci/real-target.sh`, float32 folder; docs/r
 4. one table: trainer, steps, supervised tokens, acceptance length (vLLM and simulated), acceptance per
    position (vLLM), wall time of the training step (process included), with the date and load average.
 
-`--ci` is the CI-sized run (tests/test_real_speculators_quality.py). With `--work DIR` the result is also
+`--ci` is the CI-sized run (tests/test_real_speculators_quality.py; vLLM measures the two trained drafts
+only, each engine start costing about two minutes on a busy machine). With `--work DIR` the result is also
 written to DIR/result.json (`--table-from` prints its table again). Exit 0 when everything ran, 1 when a
 step failed (the tail of its stderr shown).
 """
@@ -94,7 +95,7 @@ def summary(doc: dict) -> dict:
             "accepted": doc.get("accepted_per_position"), "drafts": doc.get("drafts")}
 
 
-def measure(settings: dict, work: Path, vllm: bool) -> dict:
+def measure(settings: dict, work: Path, vllm: bool, vllm_base: bool = True) -> dict:
     target, _ = run(["bash", str(ROOT / ".ci" / "real-target.sh")])
     target = target.strip().splitlines()[-1]
     train = first_prompts("train", settings["train_prompts"], work / "train.jsonl")
@@ -141,7 +142,7 @@ def measure(settings: dict, work: Path, vllm: bool) -> dict:
              "seconds": None}
     if vllm:
         python = helper_python("venv-vllm.sh")
-        for name in ("dspark-hub finetune", library_name, "untrained base"):
+        for name in ("dspark-hub finetune", library_name, *(["untrained base"] if vllm_base else [])):
             doc, times[f"eval vllm ({name})"] = cli_json("eval", "--engine", "vllm", "--vllm-python", python,
                                                          "--draft", str(trainers[name]["draft"]), *evals)
             trainers[name]["vllm"] = {**summary(doc), "lossless": doc["lossless"]}
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
-        result = measure(settings, work, args.vllm)
+        result = measure(settings, work, args.vllm, vllm_base=not args.ci)
     except StepFailed as failure:
         print(f"real_speculators_quality: {failure}", file=sys.stderr)
         return 1

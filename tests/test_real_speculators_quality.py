@@ -42,14 +42,12 @@ def test_both_trainers_train_the_same_draft_on_the_same_tokens_and_vllm_measures
     assert ours["steps"] == library["steps"] == result["settings"]["steps"]
     assert ours["tokens"] == library["tokens"] > 0
     # both wrote a draft that each engine measures; the trained ones accept more than the untrained base
-    engines = ["simulated", "vllm"] if VLLM_READY else ["simulated"]
-    for engine in engines:
-        for entry in (ours, library, base):
-            assert math.isfinite(entry[engine]["al"]) and entry[engine]["drafts"] > 0
-        assert ours[engine]["al"] > base[engine]["al"]
-        assert library[engine]["al"] > base[engine]["al"]
-    if VLLM_READY:
-        for entry in (ours, library, base):
+    for entry in (ours, library, base):
+        assert math.isfinite(entry["simulated"]["al"]) and entry["simulated"]["drafts"] > 0
+    assert ours["simulated"]["al"] > base["simulated"]["al"]
+    assert library["simulated"]["al"] > base["simulated"]["al"]
+    if VLLM_READY:        # the CI-sized run serves the two trained drafts (an engine start is the costly part)
+        for entry in (ours, library):
             assert entry["vllm"]["lossless"] is True
             # the simulation replays vLLM's loop on the same prompts: the same counts
             assert entry["vllm"]["accepted"] == entry["simulated"]["accepted"]
