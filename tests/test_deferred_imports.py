@@ -4,7 +4,7 @@ An import inside a function outside `train/` is either of a heavy or optional pa
 importing it costs hundreds of milliseconds or it may be absent; the reason is the package itself),
 or it carries a comment giving its reason on its line or the line above (a command's library behind
 `--help`, an analysis that loads with its flag, ...). Anything else belongs at module level.
-`OWNED_ELSEWHERE` holds the files other engineers are editing this session; the lead empties it.
+`OWNED_ELSEWHERE` holds files allowed to defer without a reason while being changed (empty: none is).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dspark_hub"
 #: 90 modules), pyarrow/vllm/speculators/matplotlib/triton may be absent; dspark_hub.modeling imports torch.
 HEAVY = {"torch", "transformers", "jinja2", "huggingface_hub", "numpy", "pyarrow", "vllm", "yaml", "safetensors",
          "triton", "matplotlib", "speculators", "torf", "dspark_hub.modeling"}
-#: Still deferring light imports without a reason, in files other branches are editing; the lead empties this.
+#: Files allowed to defer light imports without a reason while being changed (empty: none is).
 OWNED_ELSEWHERE: set[str] = set()
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import UsageError
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
@@ -62,7 +63,7 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None, *,
     Raises:
         UsageError: another draft family, taps eval cannot capture, or no k.
     """
-    config = read_json(Path(path) / "config.json", what="a draft checkpoint folder that holds config.json",
+    config = read_json(Path(path) / CONFIG_NAME, what="a draft checkpoint folder that holds config.json",
                        param=param)
     fmt, found = detect(config)
     if fmt is None:

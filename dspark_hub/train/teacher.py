@@ -158,7 +158,7 @@ def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
     if match:
         return TeacherIdentity(str(folder), repo=f"{match['org']}/{match['name']}", revision=match["rev"])
     files = sorted(p for p in resolved.iterdir() if p.is_file() and
-                   (p.suffix == ".safetensors" or p.name in ("config.json", "model.safetensors.index.json")))
+                   (p.suffix == ".safetensors" or p.name in (CONFIG_NAME, "model.safetensors.index.json")))
     return TeacherIdentity(str(folder), digests={p.name: sha256_file(p) for p in files})
 
 
@@ -286,7 +286,7 @@ def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> C
     import torch
     from transformers import AutoModelForCausalLM
 
-    if not (Path(folder) / "config.json").is_file():
+    if not (Path(folder) / CONFIG_NAME).is_file():
         raise CheckpointNotFoundError(f"{folder}: no config.json; pass a local transformers causal LM folder")
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
     model.eval().requires_grad_(False)

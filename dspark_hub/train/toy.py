@@ -33,6 +33,7 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.writer import atomic_dir, check_writable
 from dspark_hub.progress import Progress, announce_total
@@ -196,7 +197,7 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
     dst = Path(dst)
     check_writable(dst, force=force)
     if draft is not None:
-        config_path = Path(draft) / "config.json"
+        config_path = Path(draft) / CONFIG_NAME
         if not config_path.is_file():
             raise UsageError(f"{draft}: no config.json; pass a k3_dspark checkpoint folder", param="draft")
         draft_config = load_json_object(config_path)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, VllmInternalsMoved
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.taps import residual_index, text_config
 from dspark_hub.train.engines import EngineOptions, Mode, Progress, option_param
 from dspark_hub.train.generate import Prompt, Rollout, greedy_agreement, prefill_rollout
@@ -97,7 +98,7 @@ class VllmEngine:
         self.dtype = options.dtype or "auto"
         self.python = options.python or sys.executable
         self.releasable = releasable
-        config = read_json(Path(teacher) / "config.json", what="a teacher folder that holds config.json")
+        config = read_json(Path(teacher) / CONFIG_NAME, what="a teacher folder that holds config.json")
         self.num_layers = int(text_config(config)["num_hidden_layers"])
         self.engine_ids = vllm_layer_ids(self.layer_ids, self.num_layers)
         self.columns = tap_columns(self.layer_ids, self.engine_ids)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, VllmInternalsMoved
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.engines import peak_rss_bytes
 from dspark_hub.vllm.availability import missing_vllm
@@ -79,7 +80,7 @@ def _check_cpu_head_dim(teacher: Path) -> None:
         sizes = tuple(CPUAttentionBackend.get_supported_head_sizes())
     except (ImportError, AttributeError):
         sizes = CPU_HEAD_SIZES
-    config = loads_strict((teacher / "config.json").read_text(encoding="utf-8"), path="config.json")
+    config = loads_strict((teacher / CONFIG_NAME).read_text(encoding="utf-8"), path=CONFIG_NAME)
     problem = cpu_head_dim_problem(config, teacher, sizes)
     if problem:
         raise UsageError(problem, param="teacher")
