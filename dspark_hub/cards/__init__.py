@@ -21,10 +21,11 @@ from dspark_hub._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "card_facts": "facts", "render_card": "render", "write_card": "render", "lint_card": "lint",
+    "CardLintReport": "lint",
 })
-__all__ = ["card_facts", "lint_card", "render_card", "write_card"]
+__all__ = ["CardLintReport", "card_facts", "lint_card", "render_card", "write_card"]
 
 if TYPE_CHECKING:
     from dspark_hub.cards.facts import card_facts
-    from dspark_hub.cards.lint import lint_card
+    from dspark_hub.cards.lint import CardLintReport, lint_card
     from dspark_hub.cards.render import render_card, write_card

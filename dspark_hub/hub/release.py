@@ -22,17 +22,18 @@ from typing import Any
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
-from dspark_hub.cards import lint_card
+from dspark_hub.cards import CardLintReport, lint_card
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
-from dspark_hub.format.digests import checkpoint_files, sha256_file
+from dspark_hub.format.digests import Manifest, checkpoint_files, sha256_file
 from dspark_hub.format.jsonio import load_json_file
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME, local_paths
 from dspark_hub.format.registry import FORMATS, titles
 from dspark_hub.format.remote import validate_repo_id
 from dspark_hub.format.remote_code import export_code
 from dspark_hub.hub.checksums import check_checksums, has_sidecars
-from dspark_hub.hub.publish import Transfer, publish
+from dspark_hub.hub.publish import PublishResult, Transfer, publish
+from dspark_hub.progress import Progress
 from dspark_hub.report import Report
 from dspark_hub.verify.against_hub import local_digests
 from dspark_hub.verify.checks import verify
@@ -45,7 +46,7 @@ CARD_NAME = "README.md"
 class Gate:
     """What the preflight found: the verify report, the card lint, and the reasons to refuse."""
     verify: Report
-    lint: Any | None
+    lint: CardLintReport | None
     refusals: list[str] = field(default_factory=list)
 
     @property
@@ -58,7 +59,7 @@ class Gate:
 
 
 def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
-              progress: Any = None) -> tuple[Gate, Any | None]:
+              progress: Progress | None = None) -> tuple[Gate, Manifest | None]:
     """Verify the checkpoint and lint its card against it; collect every reason to refuse.
 
     Verify reads headers only and runs first: a failing checkpoint is refused before any byte
@@ -100,7 +101,7 @@ def training_args_refusals(folder: Path) -> list[str]:
             "writes now) or delete the key, then render the card again" for key, value in found.items()]
 
 
-def sidecar_refusals(folder: Path, manifest: Any) -> list[str]:
+def sidecar_refusals(folder: Path, manifest: Manifest) -> list[str]:
     """Every file the folder's `SHA256SUMS` / `checksums.json` get wrong, checked against `manifest` (no rehash)."""
     if not has_sidecars(folder):
         return []
@@ -157,7 +158,7 @@ class Publication:
     input: str
     repo_id: str
     gate: Gate
-    result: Any | None = None   # hub.PublishResult
+    result: PublishResult | None = None
 
     @property
     def ok(self) -> bool:
@@ -173,7 +174,8 @@ class Publication:
 def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in: str | None = None,
                        private: bool | None = None, revision: str | None = None, tag: str | None = None,
                        with_remote_code: bool = False, endpoint: str | None = None, token: str | None = None,
-                       dry_run: bool = False, transfer: Transfer = "auto", progress: Any = None) -> Publication:
+                       dry_run: bool = False, transfer: Transfer = "auto", progress: Progress | None = None
+                       ) -> Publication:
     """Gate, then publish a checkpoint folder to `repo_id` and compare what landed with the local files.
 
     Args:
