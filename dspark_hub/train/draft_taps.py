@@ -22,7 +22,7 @@ from dspark_hub.train.teacher import TeacherMismatchError, check_teacher_matches
 
 
 def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, where: str,
-             target: str = "target") -> dict[str, Any]:
+             target: str = "target", param: str = "draft_config") -> dict[str, Any]:
     """The draft's taps and target keys as a k3_dspark config spells them (a k3_dspark config: itself).
 
     Args:
@@ -30,6 +30,7 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
         target_config: the target's `config.json`.
         where: the draft config's path, for messages.
         target: the target's name, for messages.
+        param: the argument that named the draft (`draft_config` for rollouts, `draft` for eval).
 
     Raises:
         UsageError: the draft is of no registered format, or a tap the target has no layer for.
@@ -40,7 +41,7 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
     fmt, found = detect(draft)
     if fmt is None:
         raise UsageError(f"{where}: a {found.spec.title} draft config; rollouts and finetune read the taps of a "
-                         "k3_dspark or a speculators DSpark config", param="draft_config")
+                         "k3_dspark or a speculators DSpark config", param=param)
     if fmt.trainable:
         check_teacher_matches(target_config, draft, teacher_name=target)
         return dict(draft)
@@ -59,7 +60,7 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
     if keys.taps is None or bad or min(keys.taps) < 0:
         why = bad[0].message if bad else (f"{keys.taps_key} is {keys.native_taps}; id 0 (the embedding output) is no "
                                           "layer output the target's hooks capture")
-        raise UsageError(f"{where}: {why}", param="draft_config")
+        raise UsageError(f"{where}: {why}", param=param)
     view = {"target_layer_ids": list(keys.taps), "num_target_layers": len(keys.taps),
             "target_hidden_size": keys.tap_width, "target_num_hidden_layers": layers,
             "vocab_size": keys.vocab_size, "draft_vocab_size": keys.vocab_size}

@@ -17,18 +17,15 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub.errors import UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
-from dspark_hub.format.taps import text_config
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.progress import Progress, announce_stage, announce_total
 from dspark_hub.train.acceptance import draft_proposer, speculators_proposer
+from dspark_hub.train.draft_taps import tap_view
 from dspark_hub.train.generate import Rollout, generate_rollouts
 from dspark_hub.train.rollouts import MemoryRollouts, RolloutData, read_prompts
 from dspark_hub.train.teacher import (
-    TeacherMismatchError,
     chat_template_digest,
-    check_teacher_matches,
     load_teacher,
     read_json,
     read_lm_head,
@@ -95,24 +92,7 @@ def refuse_unpaired_teacher(draft: DraftUnderTest, teacher_config: Mapping[str, 
         TeacherMismatchError: one line naming the first disagreeing key.
         UsageError: a tap out of the teacher's range.
     """
-    if draft.format.records_target_config:
-        check_teacher_matches(teacher_config, draft.config, teacher_name=teacher)
-        return
-    keys = draft.format.pairing_keys(draft.config)
-    target = text_config(teacher_config)
-    for have, want, key in ((target.get("hidden_size"), keys.tap_width, keys.tap_width_key),
-                            (target.get("vocab_size"), keys.vocab_size, keys.vocab_key)):
-        if have != want:
-            raise TeacherMismatchError(f"{teacher}: its config says {have}, the draft's {key} is {want}; pair the "
-                                       "draft with the target it was trained against")
-    layers = target.get("num_hidden_layers")
-    if not is_int(layers):
-        raise UsageError(f"{teacher}: its config has no num_hidden_layers to check the draft's taps against; pass "
-                         "a transformers causal LM folder")
-    bad = [f for f in draft.format.tap_findings(draft.config, layers) if f.severity == "error"]
-    if bad or max(draft.taps) >= layers:
-        raise UsageError(f"{teacher}: {bad[0].message if bad else 'a tap is past its last layer'}; pair the draft "
-                         "with the target it was trained against")
+    tap_view(draft.config, teacher_config, where=f"{draft.path}/{CONFIG_NAME}", target=teacher, param="draft")
 
 
 def stop_token_ids(teacher: str | os.PathLike[str], ignore_eos: bool) -> list[int]:
