@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
@@ -202,3 +203,26 @@ def test_init_without_embed_from_warns_that_the_frozen_embedding_is_random(tmp_p
     doc = json.loads(run("init", tmp_path / "j", "--json").stdout)
     assert doc["embedding"]["source"] == "random" and len(doc["warnings"]) == 1
     assert "--" not in doc["warnings"][0]                # library words: no CLI flag
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--layers", "3"], "--layers"),
+    (["--format", "speculators"], "--format"),
+    (["--format", "k3_dspark"], "--format"),          # even the default, when typed, is refused
+    (["--taps", "1,2"], "--taps"),
+    (["--block-size", "4"], "--block-size"),
+    (["--draft-vocab", "8"], "--draft-vocab"),
+    (["--vocab-from", "data.jsonl"], "--vocab-from"),
+    (["--mla-widths-from", "kimi-k3"], "--mla-widths-from"),
+])
+def test_options_for_a_target_without_one_are_refused_in_one_line(tmp_path, args, option):
+    result = run("init", tmp_path / "c", *args)
+    assert_one_line_error(result, option, "--target", f"drop {option}")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("args", [[], ["--profile", "tiny"], ["--seed", "3", "--init", "zeros"]])
+def test_profile_options_without_a_target_are_taken(tmp_path, args):
+    result = run("init", tmp_path / "c", *args)
+    assert result.exit_code == 0, result.output
+    assert verify(tmp_path / "c").ok

@@ -1,7 +1,7 @@
 """`dspark-hub init --target T`: a draft of either format sized for any transformers causal LM.
 
 The targets are the offline tiny teachers of `init-teacher` (a BF16 Llama with its own tokenizer); the
-real SmolLM2 target is in tests/test_real_world.py (marked `real`).
+real SmolLM2 target is in tests/test_real_world.py and at the end here (marked `real`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
+from dspark_hub.format import contract
 from dspark_hub.format.registry import K3, SPECULATORS
-from dspark_hub.ops.target_draft import read_target, tap_layers
+from dspark_hub.ops.target_draft import MLA_WIDTH_KEYS, read_target, tap_layers
 from dspark_hub.verify.checks import verify
 
 from .cli_errors import assert_one_line_error
+from .test_real_world import WORLD, needs_world
 
 
 def run(*args):
@@ -232,3 +234,102 @@ def test_an_existing_output_is_kept_without_force(teacher, tmp_path):
     assert (tmp_path / "d" / "keep").read_text() == "mine"
     assert run("init", tmp_path / "d", "--target", teacher, "--force").exit_code == 0
     assert not (tmp_path / "d" / "keep").exists()
+
+
+# ---------------------------------------------------------------- options that a draft sized for T would ignore
+
+@pytest.mark.parametrize("fmt", ["k3_dspark", "speculators"])
+@pytest.mark.parametrize("args, words", [
+    (["--profile", "tiny"], ["--profile", "--target", "--mla-widths-from"]),
+    (["--profile", "kimi-k3"], ["--profile", "--target", "drop --profile"]),
+    (["--embed-from", "TEACHER"], ["--embed-from", "--target", "copies T's own embedding"]),
+    (["--embed-from", "TEACHER", "--profile", "tiny"], ["--target", "drop --"]),
+])
+def test_profile_options_with_a_target_are_refused_in_one_line(teacher, tmp_path, fmt, args, words):
+    result = run("init", tmp_path / "d", "--target", teacher, "--format", fmt,
+                 *[teacher if a == "TEACHER" else a for a in args])
+    assert_one_line_error(result, *words)
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("fmt", ["k3_dspark", "speculators"])
+def test_the_same_target_draft_without_profile_options_is_written(teacher, tmp_path, fmt):
+    result = run("init", tmp_path / "d", "--target", teacher, "--format", fmt, "--seed", "1", "--init", "random")
+    assert result.exit_code == 0, result.output
+    assert verify(tmp_path / "d", target=teacher).ok
+
+
+# ---------------------------------------------------------------- --init with a target
+
+def _matrices(folder):
+    return {name: t for name, t in _tensors(folder).items()
+            if t.dim() == 2 and "embed" not in name and "lm_head" not in name}
+
+
+@pytest.mark.parametrize("fmt", ["k3_dspark", "speculators"])
+def test_init_zeros_is_honoured_for_a_target_and_random_is_not_zero(teacher, tmp_path, fmt):
+    import torch
+
+    for kind in ("zeros", "random"):
+        result = run("init", tmp_path / kind, "--target", teacher, "--format", fmt, "--init", kind)
+        assert result.exit_code == 0, result.output
+        assert verify(tmp_path / kind, target=teacher).ok
+    zeros, random = _matrices(tmp_path / "zeros"), _matrices(tmp_path / "random")
+    assert zeros and zeros.keys() == random.keys()
+    assert all(not t.any() for t in zeros.values())
+    assert all(t.float().std() > 0.01 for t in random.values())
+    if fmt == "k3_dspark":     # the embedding is T's whichever way the matrices start
+        embeds = [_tensors(tmp_path / k)["embed_tokens.weight"].view(torch.int16) for k in ("zeros", "random")]
+        assert torch.equal(*embeds)
+        assert torch.equal(embeds[0], _teacher_tensor(teacher, "embed_tokens.weight").view(torch.int16))
+
+
+# ---------------------------------------------------------------- MLA widths of a profile
+
+@pytest.mark.parametrize("profile", sorted(contract.PROFILES))
+def test_mla_widths_from_a_profile_give_its_widths_and_pair_with_the_target(teacher, tmp_path, profile):
+    result = run("init", tmp_path / "d", "--target", teacher, "--mla-widths-from", profile, "--json")
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert {k: config[k] for k in MLA_WIDTH_KEYS} == {k: contract.PROFILES[profile][k] for k in MLA_WIDTH_KEYS}
+    facts = read_target(teacher)
+    assert (config["hidden_size"], config["num_attention_heads"]) == (facts.hidden_size, facts.heads)
+    assert json.loads(result.stdout)["mla_widths_from"] == profile
+    assert json.loads((tmp_path / "d" / "dspark_init.json").read_text())["mla_widths_from"] == profile
+    report = verify(tmp_path / "d", target=teacher)
+    assert report.ok, [f.to_dict() for f in report.findings]
+
+
+def test_without_mla_widths_from_the_widths_scale_with_the_target_head_size(teacher, tmp_path):
+    assert run("init", tmp_path / "d", "--target", teacher).exit_code == 0
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    facts = read_target(teacher)
+    assert [config[k] for k in MLA_WIDTH_KEYS] == [facts.hidden_size // 4, facts.head_dim, facts.head_dim // 2,
+                                                   facts.head_dim]
+    assert config["kv_lora_rank"] != contract.PROFILES["kimi-k3"]["kv_lora_rank"]
+    assert json.loads((tmp_path / "d" / "dspark_init.json").read_text())["mla_widths_from"] is None
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--format", "speculators", "--mla-widths-from", "kimi-k3"], ["--mla-widths-from", "k3_dspark setting"]),
+    (["--mla-widths-from", "kimi-k4"], ["--mla-widths-from", "kimi-k4"]),
+    (["--mla-widths-from", "TINY"], ["--mla-widths-from", "TINY"]),
+])
+def test_bad_mla_widths_options_are_refused(teacher, tmp_path, args, words):
+    result = run("init", tmp_path / "d", "--target", teacher, *args)
+    assert_one_line_error(result, *words, one_line="speculators" in args)
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.real
+@needs_world
+def test_smollm2_draft_with_kimi_k3_mla_widths_pairs(tmp_path):
+    target = WORLD / "bf16"
+    result = run("init", tmp_path / "d", "--target", target, "--mla-widths-from", "kimi-k3", "--json")
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert [config[k] for k in MLA_WIDTH_KEYS] == [512, 128, 64, 128]
+    assert (config["hidden_size"], config["num_attention_heads"], config["vocab_size"]) == (576, 9, 49152)
+    report = verify(tmp_path / "d", target=target)
+    assert report.ok, [f.to_dict() for f in report.findings]
+    assert report.sections["pairing"]["embedding"]["verdict"] == "bit-identical"

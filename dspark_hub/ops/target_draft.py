@@ -12,7 +12,9 @@ loaded as a model.
   below T's final layer; taps that coincide on a shallow target are merged.
 - `pick_mask_token(...)`: a token id T never emits, and why (`MaskChoice.reason`).
 - `draft_vocabulary(counts, V, N)`: the N most frequent target ids of some data, as `d2t`/`t2d`.
-- `k3_config(...)` / `speculators_config(...)`: the draft's `config.json`.
+- `k3_config(...)` / `speculators_config(...)`: the draft's `config.json`; a k3_dspark draft's MLA widths
+  scale with T's head size, or are a named profile's (`mla_widths_from`, e.g. `kimi-k3`: the widths vLLM's GPU
+  MLA backends take).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dspark_hub.format.registry import FORMATS, K3, SPECULATORS, DraftFormat, by
 from dspark_hub.format.taps import residual_index, text_config
 from dspark_hub.format.tensorio import locate_tensor
 from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
-from dspark_hub.ops.init import INIT_STD, init_checkpoint
+from dspark_hub.ops.init import INIT_KINDS, INIT_STD, init_checkpoint
 
 #: The reference target's layer count and the recipes' taps on it (our convention: layer outputs, 0-based).
 REFERENCE_TARGET_LAYERS = 93
@@ -44,6 +46,8 @@ DEFAULT_DRAFT_LAYERS = 2
 #: The library version whose config layout `speculators_config` writes (format.speculators describes 0.9.0).
 SPECULATORS_VERSION = "0.9.0"
 DEFAULT_BLOCK_SIZE = 8
+#: The MLA widths `mla_widths_from` takes from a profile (heads, q_lora_rank and the rest stay sized for T).
+MLA_WIDTH_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def tap_layers(target_layers: int, fmt: DraftFormat) -> list[int]:
@@ -233,9 +237,11 @@ def _even(n: int) -> int:
     return max(2, n - n % 2)
 
 
-def k3_config(target: TargetFacts, *, layers: int, taps: Sequence[int], mask_token_id: int) -> dict[str, Any]:
+def k3_config(target: TargetFacts, *, layers: int, taps: Sequence[int], mask_token_id: int,
+              mla_widths_from: str | None = None) -> dict[str, Any]:
     """A k3_dspark config sized for `target`, in the published key order (ranks scaled as in the tiny profile:
-    q_lora_rank H/2, kv_lora_rank H/4, markov_rank min(256, H/4); MLA head widths from T's head size)."""
+    q_lora_rank H/2, kv_lora_rank H/4, markov_rank min(256, H/4); MLA head widths from T's head size, or
+    `MLA_WIDTH_KEYS` copied from the profile `mla_widths_from`)."""
     h, d = target.hidden_size, target.head_dim
     cfg = contract.profile_config("tiny")
     cfg.update({
@@ -249,6 +255,8 @@ def k3_config(target: TargetFacts, *, layers: int, taps: Sequence[int], mask_tok
         "target_layer_ids": list(taps), "mask_token_id": mask_token_id, "markov_rank": min(256, max(1, h // 4)),
         "draft_vocab_size": target.vocab_size,
     })
+    if mla_widths_from is not None:
+        cfg.update({key: mla_profile(mla_widths_from)[key] for key in MLA_WIDTH_KEYS})
     rope = cfg["rope_parameters"]    # the reference's YaRN, its factor kept, sized to T's context and base
     rope.update({"original_max_position_embeddings": max(1, int(cfg["max_position_embeddings"] // rope["factor"])),
                  "rope_theta": _rope_theta(target.config, rope["rope_theta"])})
@@ -257,6 +265,13 @@ def k3_config(target: TargetFacts, *, layers: int, taps: Sequence[int], mask_tok
         value = target.config.get(key)
         cfg[key] = value[0] if isinstance(value, list) and value else value
     return cfg
+
+
+def mla_profile(name: str) -> Mapping[str, Any]:
+    """The profile whose MLA widths a draft takes (`UsageError` naming the profiles when there is none)."""
+    if name not in contract.PROFILES:
+        raise UsageError(f"{name!r} is not one of {', '.join(sorted(contract.PROFILES))}", param="mla_widths_from")
+    return contract.PROFILES[name]
 
 
 def _rope_theta(config: Mapping[str, Any], default: float) -> float:
@@ -323,10 +338,12 @@ class TargetInitResult:
     vocab_coverage: float | None
     weights_bytes: int
     embedding: str                # where the saved vocabulary rows came from, or why none are saved
+    mla_widths_from: str | None = None    # k3_dspark: the profile whose MLA widths it has (None: T's head size)
 
     def provenance(self) -> dict[str, Any]:
         return {"schema": schemas.INIT_TARGET, "format": self.format, "target": Path(self.target).name,
                 "layers": self.layers, "target_layer_ids": self.taps, "block_size": self.block_size,
+                "mla_widths_from": self.mla_widths_from,
                 "mask_token": self.mask.to_dict(), "draft_vocab_size": self.draft_vocab_size,
                 "vocab_coverage": self.vocab_coverage, "embedding": self.embedding}
 
@@ -342,7 +359,8 @@ def _provenance_bytes(result: TargetInitResult) -> bytes:
 def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspark", layers: int = DEFAULT_DRAFT_LAYERS,
                     block_size: int = DEFAULT_BLOCK_SIZE, taps: Sequence[int] | None = None,
                     draft_vocab: int | None = None, token_counts: Mapping[int, int] | None = None, seed: int = 0,
-                    force: bool = False, progress: Any = None) -> TargetInitResult:
+                    init: str = "random", mla_widths_from: str | None = None, force: bool = False,
+                    progress: Any = None) -> TargetInitResult:
     """Write an untrained draft sized for `target` (a transformers causal-LM folder).
 
     Args:
@@ -352,6 +370,9 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
         taps: T's layers to tap (our convention); default `tap_layers(T's layers, fmt)`.
         draft_vocab: speculators only: keep the `draft_vocab` most frequent ids of `token_counts`.
         token_counts: target id -> count in some data (needed with `draft_vocab`; also keeps the mask off them).
+        init: `random` (seeded N(0, 0.02) matrices) or `zeros`; norms are ones and T's rows are copied either way.
+        mla_widths_from: k3_dspark only: a profile name (`contract.PROFILES`) whose MLA widths
+            (`MLA_WIDTH_KEYS`) the draft takes instead of widths scaled from T's head size.
 
     Raises:
         UsageError: a bad option, or a target that is not a transformers causal LM.
@@ -369,6 +390,11 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
     chosen = sorted(set(taps)) if taps else tap_layers(facts.num_layers, draft_format)
     if any(not 0 <= t < facts.num_layers for t in chosen):
         raise UsageError(f"taps {list(chosen)} are not all in [0, {facts.num_layers}) for {target}", param="taps")
+    if init not in INIT_KINDS:
+        raise UsageError(f"{init!r} is not one of {', '.join(INIT_KINDS)}", param="init")
+    if mla_widths_from is not None and draft_format is not K3:
+        raise UsageError("MLA widths are a k3_dspark setting; a speculators DSpark's attention is sized by the "
+                         "target's heads", param="mla_widths_from")
     if draft_vocab is not None and speculators.FROZEN_TENSORS[0] not in draft_format.frozen_tensors:
         raise UsageError("a pruned draft vocabulary is a speculators-format feature; k3_dspark keeps the target's",
                          param="draft_vocab")
@@ -380,18 +406,21 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
     mask = pick_mask_token(facts, seen=sorted(token_counts or ()))
     common = {"target": str(target), "layers": layers, "taps": chosen, "block_size": block_size, "mask": mask}
     if draft_format.target_embedding is not None:     # it saves the target's embedding: k3_dspark
-        return _write_k3(dst, facts, common, seed=seed, force=force, progress=progress)
+        return _write_k3(dst, facts, {**common, "mla_widths_from": mla_widths_from}, seed=seed, init=init,
+                         force=force, progress=progress)
     return _write_speculators(dst, facts, common, draft_vocab=draft_vocab or facts.vocab_size,
-                              counts=token_counts or {}, seed=seed, force=force)
+                              counts=token_counts or {}, seed=seed, init=init, force=force)
 
 
-def _write_k3(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, seed: int, force: bool,
+def _write_k3(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, seed: int, init: str, force: bool,
               progress: Any) -> TargetInitResult:
-    cfg = k3_config(facts, layers=common["layers"], taps=common["taps"], mask_token_id=common["mask"].id)
+    cfg = k3_config(facts, layers=common["layers"], taps=common["taps"], mask_token_id=common["mask"].id,
+                    mla_widths_from=common["mla_widths_from"])
     embedding = f"embed_tokens.weight copied from {Path(common['target']).name}"
     draft = TargetInitResult(path=Path(dst), format=K3.cli_name, draft_vocab_size=facts.vocab_size,
                              vocab_coverage=None, weights_bytes=0, embedding=embedding, **common)
-    result = init_checkpoint(dst, config=cfg, seed=seed, force=force, embed_from=facts.path, progress=progress,
+    result = init_checkpoint(dst, config=cfg, init=init, seed=seed, force=force, embed_from=facts.path,
+                             progress=progress,
                              extra_files={PROVENANCE_NAME: _provenance_bytes(draft)})
     if result.embedding.cast:
         embedding += f" ({result.embedding.cast})"
@@ -405,7 +434,7 @@ _SPECULATORS_DTYPES = {"F32": "float32", "BF16": "bfloat16"}
 
 
 def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, draft_vocab: int,
-                       counts: Mapping[int, int], seed: int, force: bool) -> TargetInitResult:
+                       counts: Mapping[int, int], seed: int, init: str, force: bool) -> TargetInitResult:
     tied = facts.config.get("tie_word_embeddings", False) is True
     head = locate_tensor(facts.path, contract.TEACHER_EMBED_NAMES if tied else ("lm_head.weight",))
     dtype = head.info.dtype if head.info.dtype in _SPECULATORS_DTYPES else contract.CONTRACT_DTYPE
@@ -415,7 +444,7 @@ def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, An
                              draft_vocab_size=draft_vocab, block_size=common["block_size"],
                              dtype=_SPECULATORS_DTYPES.get(dtype, "bfloat16"), verifier=facts.path.name)
     specs = speculators.roster(cfg, dtype=dtype)
-    tensors = _speculators_tensors(specs, head, vocab, facts.vocab_size, seed)
+    tensors = _speculators_tensors(specs, head, vocab, facts.vocab_size, seed, zeros=init == "zeros")
     embedding = (f"lm_head.weight: rows of {facts.path.name}:{head.name} picked by t2d"
                  + ("" if head.info.dtype == dtype else f" (cast from {head.info.dtype} to {dtype})")
                  if vocab else "none saved: the draft scores through the target's own lm_head")
@@ -438,8 +467,8 @@ def _uint8() -> Any:
 
 
 def _speculators_tensors(specs: Mapping[str, contract.TensorSpec], head: Any, vocab: DraftVocabulary | None,
-                         vocab_size: int, seed: int) -> dict[str, Any]:
-    """Random weights (norms ones, biases zeros, matrices N(0, 0.02)), T's lm_head rows, d2t and t2d."""
+                         vocab_size: int, seed: int, *, zeros: bool = False) -> dict[str, Any]:
+    """Random weights (norms ones, biases zeros, matrices N(0, 0.02) or `zeros`), T's lm_head rows, d2t and t2d."""
     import torch
     from safetensors import safe_open
 
@@ -460,7 +489,7 @@ def _speculators_tensors(specs: Mapping[str, contract.TensorSpec], head: Any, vo
             out[name] = rows.to(torch_dtype)
         elif name.endswith("norm.weight"):
             out[name] = torch.ones(spec.shape, dtype=torch_dtype)
-        elif name.endswith(".bias"):
+        elif name.endswith(".bias") or zeros:
             out[name] = torch.zeros(spec.shape, dtype=torch_dtype)
         else:
             out[name] = torch.empty(spec.shape).normal_(0.0, INIT_STD, generator=generator).to(torch_dtype)
