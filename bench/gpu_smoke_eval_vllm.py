@@ -138,7 +138,7 @@ def check_given_draft(draft: Path, target: Path) -> dict:
     done = _cli("verify", draft, "--target", target, "--json", check=False)
     if done.returncode != 0:
         raise Failed(f"{draft} does not pair with {target} (verify --target exited {done.returncode}): "
-                     f"{(done.stderr.strip() or done.stdout.strip())[-1500:]}")
+                     f"{_error_findings(done)}")
     config = json.loads((draft / "config.json").read_text(encoding="utf-8"))
     widths = {key: config.get(key) for key in MLA_WIDTH_KEYS}
     wanted = {key: contract.PROFILES[GPU_MLA_PROFILE][key] for key in MLA_WIDTH_KEYS}
@@ -146,6 +146,15 @@ def check_given_draft(draft: Path, target: Path) -> dict:
         raise Failed(f"{draft}/config.json has MLA widths {widths}; vLLM's GPU MLA backends take {wanted} "
                      f"(size the draft with init --target T --mla-widths-from {GPU_MLA_PROFILE})")
     return config
+
+
+def _error_findings(done: subprocess.CompletedProcess[str]) -> str:
+    """`verify --json`'s error findings as `CODE: message; ...`, or its stderr's last line."""
+    try:
+        findings = json.loads(done.stdout)["findings"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return "; ".join(f"{f['code']}: {f['message']}" for f in findings if f["severity"] == "error")
 
 
 def train_smollm2_draft(root: Path, world: dict[str, Path], args: argparse.Namespace) -> None:
