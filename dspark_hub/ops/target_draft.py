@@ -392,9 +392,9 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
         raise UsageError(f"taps {list(chosen)} are not all in [0, {facts.num_layers}) for {target}", param="taps")
     if init not in INIT_KINDS:
         raise UsageError(f"{init!r} is not one of {', '.join(INIT_KINDS)}", param="init")
-    if mla_widths_from is not None and draft_format is not K3:
-        raise UsageError("MLA widths are a k3_dspark setting; a speculators DSpark's attention is sized by the "
-                         "target's heads", param="mla_widths_from")
+    if mla_widths_from is not None and draft_format.target_embedding is None:    # only _write_k3 reads them
+        raise UsageError(f"MLA widths are a k3_dspark setting; a {draft_format.cli_name} draft's attention is sized "
+                         "by the target's heads", param="mla_widths_from")
     if draft_vocab is not None and speculators.FROZEN_TENSORS[0] not in draft_format.frozen_tensors:
         raise UsageError("a pruned draft vocabulary is a speculators-format feature; k3_dspark keeps the target's",
                          param="draft_vocab")
