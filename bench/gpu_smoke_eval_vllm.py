@@ -60,9 +60,9 @@ COUNTS = ("drafts", "accepted_per_position", "tokens", "k")
 GPU_MLA_PROFILE = "kimi-k3"
 
 
-#: Kimi-K3's MLA head geometry on the tiny draft (the tiny profile's own heads are smaller than GPU MLA kernels take).
-MLA_HEADS = {"num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
-             "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+#: The tiny draft's heads; its MLA widths are GPU_MLA_PROFILE's (the tiny profile's own are smaller than GPU MLA
+#: kernels take).
+TINY_HEADS = {"num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64}
 
 
 class Failed(Exception):
@@ -77,13 +77,15 @@ def build_tiny_world(root: Path, args: argparse.Namespace) -> dict[str, Path]:
         return world
     from dspark_hub.format import contract
     from dspark_hub.ops.init import init_checkpoint
+    from dspark_hub.ops.target_draft import MLA_WIDTH_KEYS
     from dspark_hub.train.rollouts import make_rollouts
 
     sys.path.insert(0, str(ROOT / "tests"))
     from teacher_factory import build_teacher, write_prompts
 
     build_teacher(root / "teacher", num_attention_heads=1, num_key_value_heads=1)
-    init_checkpoint(root / "base", config={**contract.TINY_CONFIG, **MLA_HEADS}, force=True)
+    widths = {key: contract.PROFILES[GPU_MLA_PROFILE][key] for key in MLA_WIDTH_KEYS}
+    init_checkpoint(root / "base", config={**contract.TINY_CONFIG, **TINY_HEADS, **widths}, force=True)
     _copy_embedding(root / "teacher", root / "base")
     write_prompts(root / "train.jsonl", count=64, seed=3, length=12)
     write_prompts(root / "heldout.jsonl", count=8, seed=12, length=12)
@@ -114,7 +116,7 @@ def build_smollm2_world(root: Path, args: argparse.Namespace) -> dict[str, Path]
     if args.draft:
         config = check_given_draft(args.draft, target)
         sizing += ["--taps", ",".join(map(str, config["target_layer_ids"])), "--layers", config["num_hidden_layers"]]
-    if not world["base"].exists():
+    if args.draft or not world["base"].exists():     # a given draft's base has its taps, whatever was here
         _cli("init", world["base"], *sizing, "--json")
     if not world["draft"].exists():
         train_smollm2_draft(root, world, args)
