@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from dspark_hub import schemas
 
@@ -148,6 +148,174 @@ class PairingSection(TypedDict):
     mask_token: TokenDict | None
 
 
+# `sections["runtimes"]` (`verify.runtimes`): runtime name -> what its loader does with the draft.
+
+#: A runtime loader's verdict on one tensor, or on one parameter no tensor fills (`verify.runtimes.verdicts`).
+Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
+#: How a loader rule is known: run against the runtime, or read in its code.
+Evidence = Literal["executed", "read"]
+#: Where a runtime refuses a draft before judging any tensor.
+RefusalStage = Literal["config", "load", "after loading"]
+
+
+class CitedRule(TypedDict):
+    """One loader rule and where it comes from (`verify.runtimes.verdicts.Cited`)."""
+
+    id: str | None
+    rule: str
+    source: str
+    evidence: Evidence | None
+
+
+class VerdictFields(TypedDict):
+    """A row's verdict, why, the id of the rule that decided it and how that is known."""
+
+    verdict: Verdict
+    detail: str
+    rule: str | None
+    evidence: Evidence | None
+
+
+class TensorVerdictRow(VerdictFields):
+    """What the loader does with one tensor of the checkpoint."""
+
+    tensor: str
+
+
+class ParameterVerdictRow(VerdictFields):
+    """A parameter the runtime builds that no tensor fills (`fatal` or `ignored`)."""
+
+    parameter: str
+
+
+class RefusalDict(TypedDict):
+    """A start-up failure that names no tensor (`verify.runtimes.verdicts.Refusal` as reported)."""
+
+    rule: str | None
+    stage: RefusalStage
+    message: str
+    source: str
+    evidence: Evidence | None
+
+
+class Execution(TypedDict):
+    """What running vLLM's own loader adds (`verify.runtimes.execute_vllm.as_verdicts`)."""
+
+    vllm_version: str
+    model_class: str
+    outcome: str
+    rounds: int
+    replaced_after_load: dict[str, str]
+    stubs: dict[str, str]
+    shims: dict[str, str]
+    worker_setup: list[str]
+    warnings: list[str]
+    seconds: dict[str, float]
+
+
+class ComparedRow(TypedDict):
+    """One row of the rules against an executed load (`verify.runtimes.verdicts.Row`)."""
+
+    kind: Literal["tensor", "parameter", "refusal"]
+    name: str
+    rules: str
+    executed: str
+    agree: bool
+
+
+class ServingCommand(TypedDict):
+    """How to start the runtime with the draft (`verdicts.recipe_parameters`, `speculators_rules`)."""
+
+    method: str
+    num_speculative_tokens: int | None
+    block_size_source: str
+    target_layer_ids: object           # the config's value as written (not validated here: any JSON)
+    target_layer_ids_source: str
+    verifier: NotRequired[str]         # speculators DSpark only: the target model the command serves
+    command: str
+    alternatives: list[str]
+    source: str
+    note: str | None
+
+
+class RuntimeVerdictsDict(TypedDict):
+    """Every verdict of one runtime (`verify.runtimes.verdicts.RuntimeVerdicts.to_dict`)."""
+
+    title: str
+    verdicts: list[TensorVerdictRow]
+    unfilled: list[ParameterVerdictRow]
+    refusal: RefusalDict | None
+    counts: dict[Verdict, int]
+    executed: bool
+    measured_by: str
+    rules: list[CitedRule]
+    notes: list[str]
+    execution: NotRequired[Execution]   # only when the runtime's loader was run (`verify --execute`)
+
+
+class RuleAgreement(TypedDict, total=False):
+    """How the rules compare with an executed load, row by row: all three keys under `verify --execute`, else none."""
+
+    rules_agree: bool
+    rows_compared: int
+    disagreements: list[ComparedRow]
+
+
+class Serving(TypedDict):
+    """`serving` is null for a runtime the verdicts say refuses the draft; `serving_withheld` then says why."""
+
+    serving: ServingCommand | None
+    serving_withheld: NotRequired[str]
+
+
+class JudgedRuntime(RuntimeVerdictsDict, RuleAgreement, Serving):
+    """A runtime with loader rules for the checkpoint's format (`verify.runtimes.report.runtimes_section`)."""
+
+    supported: Literal[True]
+
+
+class UnjudgedRuntime(TypedDict):
+    """A runtime with no loader rules for the checkpoint's format: nothing judged, no command (`extend_report`)."""
+
+    title: str
+    supported: Literal[False]
+    verdicts: list[TensorVerdictRow]        # always empty
+    unfilled: list[ParameterVerdictRow]     # always empty
+    counts: dict[Verdict, int]              # always empty
+    rules: list[CitedRule]                  # always empty
+    notes: list[str]
+    serving: None
+
+
+RuntimeEntry = JudgedRuntime | UnjudgedRuntime
+
+
+# `sections["against_hub"]` (`verify.against_hub`).
+
+#: How a file differs from its reference (`format.digests.FileProblem`).
+ProblemKind = Literal["mismatch", "missing", "extra"]
+
+
+class FileProblemDict(TypedDict):
+    """A file that differs from its reference (`format.digests.FileProblem`); null for a side with no file."""
+
+    path: str
+    kind: ProblemKind
+    message: str
+    expected: str | None
+    actual: str | None
+
+
+class AgainstHubSection(TypedDict):
+    """`sections["against_hub"]` (`verify.against_hub.HubComparison`): local files against a Hub revision."""
+
+    location: str
+    commit: str
+    files_compared: int
+    ok: bool
+    problems: list[FileProblemDict]
+
+
 class Sections(TypedDict, total=False):
     """The optional analyses a report carries (absent: not run)."""
 
@@ -155,9 +323,9 @@ class Sections(TypedDict, total=False):
     deep: DeepSection
     frozen_embed: FrozenEmbedSection
     family: FamilySection
-    runtimes: dict[str, dict[str, Any]]   # verify.runtimes.report's per-runtime records
+    runtimes: dict[str, RuntimeEntry]
     pairing: PairingSection
-    against_hub: dict[str, Any]           # verify.against_hub
+    against_hub: AgainstHubSection
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,13 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.folder import folder_files, open_regular, read_regular
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.report import FileProblemDict, ProblemKind
 from dspark_hub.schemas import CHECKSUMS, current
 
 SUMS_NAME = "SHA256SUMS"
@@ -75,9 +76,6 @@ DIGEST_CODES: dict[str, str] = {
 }
 #: How to repair a sidecar `dspark-hub checksums` wrote.
 REGENERATE = "regenerate it with 'dspark-hub checksums --force'"
-
-ProblemKind = Literal["mismatch", "missing", "extra"]
-
 
 @dataclass(frozen=True)
 class FileDigest:
@@ -134,7 +132,7 @@ class FileProblem:
     expected: str | None = None
     actual: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FileProblemDict:
         return {"path": self.path, "kind": self.kind, "message": self.message,
                 "expected": self.expected, "actual": self.actual}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from dspark_hub.verify.runtimes.execute_vllm.stubs import WORKER_SETUP
 from dspark_hub.verify.runtimes.verdicts import RuntimeLoader, RuntimeVerdicts
@@ -13,6 +13,15 @@ from dspark_hub.vllm.pin import PINNED_VERSION
 #: Executed status -> the verdict `verify --runtime` reports (tensors).
 TENSOR_VERDICTS = {"consumed": "loaded", "dropped by design": "skipped", "silently dropped": "ignored",
                    "raised": "fatal"}
+
+class ExecutedRefusal(TypedDict):
+    """A refusal vLLM raised before loading any tensor (`load_round`): at config parse, or in `load_weights`."""
+
+    stage: Literal["config", "load"]
+    type: str
+    message: str
+    site: str
+
 
 @dataclass
 class ExecutedLoad:
@@ -32,7 +41,7 @@ class ExecutedLoad:
     vllm_version: str
     model_class: str
     outcome: str
-    refusal: dict[str, str] | None = None
+    refusal: ExecutedRefusal | None = None
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
     replaced: dict[str, str] = field(default_factory=dict)
@@ -93,8 +102,8 @@ def as_verdicts(executed: ExecutedLoad, runtime: RuntimeLoader) -> RuntimeVerdic
         result.refusal = {"stage": "after loading", "message": executed.strict_check.get("error", ""),
                           "source": f"{where} {executed.strict_check.get('site', '')}".strip(),
                           "evidence": "executed"}
-    result.executed = {"measured_by": f"vLLM {executed.vllm_version}'s own loader, executed on CPU",
-                       "vllm_version": executed.vllm_version, "model_class": executed.model_class,
+    result.measured_by = f"vLLM {executed.vllm_version}'s own loader, executed on CPU"
+    result.executed = {"vllm_version": executed.vllm_version, "model_class": executed.model_class,
                        "outcome": executed.outcome, "rounds": executed.rounds,
                        "replaced_after_load": executed.replaced, "stubs": executed.stubs, "shims": executed.shims,
                        "worker_setup": list(WORKER_SETUP), "warnings": executed.warnings,
