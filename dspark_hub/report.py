@@ -103,18 +103,31 @@ class FamilySection(TypedDict):
     confidence: str
     evidence: list[str]
     methods: dict[str, str | None]
-    config_model_type: Any
+    config_model_type: object          # the config's model_type as written (any JSON value, or null)
     format: str
     speculators_type: str | None
 
 
 class PairedConfig(TypedDict):
-    """The target config's facts a pairing records (values as the config gives them)."""
+    """The target config's facts a pairing records (values as the config gives them: any JSON, or null)."""
 
-    hidden_size: Any
-    num_hidden_layers: Any
-    vocab_size: Any
+    hidden_size: object
+    num_hidden_layers: object
+    vocab_size: object
     sha256: str
+
+
+class PairingDraftKeys(TypedDict):
+    """What the draft config says about its target (`format.registry.PairingKeys.to_dict`)."""
+
+    tap_width: int | None
+    vocab_size: int | None
+    draft_vocab_size: int | None
+    target_layers: int | None
+    target_layer_ids: list[int] | None          # our convention: entry l = output of target layer l
+    native_layer_ids: list[int] | None          # as the config writes them
+    native_layer_ids_key: str
+    verifier: str | None
 
 
 class FileSizeDigest(TypedDict):
@@ -141,7 +154,7 @@ class PairingSection(TypedDict):
     revision: str | None
     revision_source: str | None
     format: str
-    draft: dict[str, Any]          # format.registry.PairingKeys.to_dict
+    draft: PairingDraftKeys
     config: PairedConfig
     files: dict[str, FileSizeDigest]
     embedding: PairedEmbedding | None
@@ -328,6 +341,16 @@ class Sections(TypedDict, total=False):
     against_hub: AgainstHubSection
 
 
+class FindingDict(TypedDict):
+    """One finding as `--json` prints it (`Finding.to_dict`)."""
+
+    code: str
+    severity: Severity
+    where: str
+    message: str
+    hint: str | None
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem (or note) found in a checkpoint."""
@@ -338,7 +361,7 @@ class Finding:
     message: str
     hint: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FindingDict:
         return {"code": self.code, "severity": self.severity, "where": self.where,
                 "message": self.message, "hint": self.hint}
 
@@ -372,6 +395,25 @@ class FindingsMixin:
         return {f.code for f in self.findings}
 
 
+class SummaryFile(TypedDict):
+    name: str
+    size: int
+
+
+class SummaryDict(TypedDict):
+    """`summary` as `--json` prints it (`Summary.to_dict`)."""
+
+    model_type: str | None
+    format: str | None
+    layout: str | None
+    files: list[SummaryFile]
+    tensors: int
+    parameters: dict[str, int] | None
+    bytes: int
+    dtypes: dict[str, int]
+    metadata: dict[str, str] | None
+
+
 @dataclass
 class Summary:
     """What the checkpoint holds, as read from its headers and config."""
@@ -379,14 +421,14 @@ class Summary:
     model_type: str | None = None
     format: str | None = None           # the draft format verified ("k3_dspark", "speculators_dspark") or None
     layout: str | None = None           # "single", "sharded" or None (no weights)
-    files: list[dict[str, Any]] = field(default_factory=list)   # [{"name", "size"}]
+    files: list[SummaryFile] = field(default_factory=list)
     tensors: int = 0
     parameters: dict[str, int] | None = None   # {"total", "trained", "frozen", "maps"}
     bytes: int = 0                      # sum of weight-file sizes
     dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> tensor count
     metadata: dict[str, str] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SummaryDict:
         return {"model_type": self.model_type, "format": self.format, "layout": self.layout, "files": self.files,
                 "tensors": self.tensors, "parameters": self.parameters, "bytes": self.bytes,
                 "dtypes": dict(sorted(self.dtypes.items())), "metadata": self.metadata}

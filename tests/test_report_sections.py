@@ -151,29 +151,44 @@ def verify_json(*args: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, hub_server) -> dict[str, dict[str, Any]]:
-    """run name -> the `sections` of its `verify --json`: the runtimes runs above and three against-hub runs
-    (clean, then with an extra and a changed file, then with a truncated and a missing file)."""
+def documents(tmp_path_factory, hub_server) -> dict[str, dict[str, Any]]:
+    """run name -> its `verify --json` document: the runtimes runs above and three against-hub runs (clean,
+    then with an extra and a changed file, then with the weights missing)."""
     tmp = tmp_path_factory.mktemp("typed-runs")
-    out = {case: verify_json(build(case, tmp / case), "--runtime", "all")["sections"] for case in RUNTIME_CASES}
+    out = {case: verify_json(build(case, tmp / case), "--runtime", "all") for case in RUNTIME_CASES}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(availability, "vllm_importable", lambda: True)
         for i, (case, changed) in enumerate(EXECUTED_CASES):
             folder = build(case, tmp / f"executed-{i}")
             load = executed_like(folder, changed)
             patch.setattr(execute_vllm, "run_isolated", lambda path, load=load: load)
-            out[f"executed {case} {dict(changed)}"] = verify_json(folder, "--runtime", "vllm", "--execute")["sections"]
+            out[f"executed {case} {dict(changed)}"] = verify_json(folder, "--runtime", "vllm", "--execute")
     folder = write_checkpoint(tmp / "hub")
     repo = f"{hub_server.user}/sections-{uuid.uuid4().hex[:10]}"
     assert publish(folder, repo, token=hub_server.token, endpoint=hub_server.url).ok
     against = ("--against-hub", repo, "--endpoint", hub_server.url)
-    out["hub clean"] = verify_json(folder, *against)["sections"]
+    out["hub clean"] = verify_json(folder, *against)
     (folder / "extra.txt").write_text("local only")
     (folder / contract.CONFIG_NAME).write_text((folder / contract.CONFIG_NAME).read_text() + " ")
-    out["hub extra and changed"] = verify_json(folder, *against)["sections"]
+    out["hub extra and changed"] = verify_json(folder, *against)
     (folder / contract.WEIGHTS_NAME).unlink()
-    out["hub missing"] = verify_json(folder, *against)["sections"]
+    out["hub missing"] = verify_json(folder, *against)
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(documents) -> dict[str, dict[str, Any]]:
+    """run name -> the `sections` of its `verify --json`."""
+    return {name: doc["sections"] for name, doc in documents.items()}
+
+
+def test_every_run_has_a_typed_summary_and_typed_findings(documents):
+    found = {name: mismatches(report.SummaryDict, doc["summary"], "summary")
+             + [m for i, f in enumerate(doc["findings"]) for m in mismatches(report.FindingDict, f, f"findings[{i}]")]
+             for name, doc in documents.items()}
+    assert {name: problems for name, problems in found.items() if problems} == {}
+    assert {f["severity"] for doc in documents.values() for f in doc["findings"]} >= {"error", "info"}
+    assert any(doc["summary"]["files"] for doc in documents.values())
 
 
 @pytest.mark.parametrize("name", TYPED)
