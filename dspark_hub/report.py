@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import Literal, NotRequired, TypedDict, cast
 
 from dspark_hub import schemas
 
@@ -414,6 +414,17 @@ class SummaryDict(TypedDict):
     metadata: dict[str, str] | None
 
 
+class ReportDict(TypedDict):
+    """The `verify --json` document (`Report.to_dict`): `sections` has every name of SECTIONS (null: not run)."""
+
+    schema: str
+    ok: bool
+    path: str
+    summary: SummaryDict
+    findings: list[FindingDict]
+    sections: dict[str, object]     # name -> that section's type in `Sections`, or null
+
+
 @dataclass
 class Summary:
     """What the checkpoint holds, as read from its headers and config."""
@@ -446,7 +457,7 @@ class Report(FindingsMixin):
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], f.where, f.code))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReportDict:
         return {
             "schema": SCHEMA,
             "ok": self.ok,
