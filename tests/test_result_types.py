@@ -1,6 +1,6 @@
-"""The hub commands' `--json` documents against their TypedDicts (`checksums`, `checksums --check`, `package`,
-`publish`), as tests/test_report_sections.py checks the verify report: every run's document has exactly
-the typed keys, and between them the runs write every key the types declare.
+"""The hub and golden commands' `--json` documents against their TypedDicts (`checksums`, `checksums --check`,
+`package`, `publish`, `golden`, `golden check`), as tests/test_report_sections.py checks the verify report:
+every run's document has exactly the typed keys, and between them the runs write every key the types declare.
 """
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ import uuid
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from click.testing import CliRunner
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from dspark_hub.cards.render import render_card
 from dspark_hub.cli.main import cli
@@ -19,6 +22,7 @@ from dspark_hub.format import contract
 from dspark_hub.hub.checksums import ChecksumCheckDict, ChecksumFilesDict
 from dspark_hub.hub.package import PackageDict
 from dspark_hub.hub.release import PublicationDict
+from dspark_hub.verify.golden import GoldenCheckDict, GoldenWriteDict
 
 from .factories import write_checkpoint
 from .test_publish import FRONT
@@ -64,6 +68,28 @@ def documents(tmp_path_factory, hub_server) -> dict[str, tuple[Any, dict[str, An
     config = json.loads((carded / contract.CONFIG_NAME).read_text())
     (carded / contract.CONFIG_NAME).write_text(json.dumps({**config, "rope_interleave": True}))
     out["publish, refused (verify findings)"] = publish(carded)
+    out.update(golden_documents(tmp))
+    return out
+
+
+def golden_documents(tmp: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """golden with the stand-in and with an lm_head file; golden check passing, and on a fixture one of whose
+    stored outputs has another shape (a comparison that cannot be made says why)."""
+    ckpt = write_checkpoint(tmp / "golden-ckpt")
+    head = tmp / "head.safetensors"
+    config = contract.TINY_CONFIG
+    save_file({"lm_head.weight": torch.randn(config["draft_vocab_size"], config["hidden_size"])}, str(head))
+    standin, with_file, reshaped = tmp / "standin.safetensors", tmp / "file.safetensors", tmp / "reshaped.safetensors"
+    out = {"golden": (GoldenWriteDict, run_json("golden", ckpt, "-o", standin)),
+           "golden --lm-head": (GoldenWriteDict, run_json("golden", ckpt, "-o", with_file, "--lm-head", head)),
+           "golden check": (GoldenCheckDict, run_json("golden", "check", ckpt, standin))}
+    with safe_open(str(standin), framework="pt") as handle:
+        metadata = handle.metadata()
+        names = handle.keys()
+        tensors = {name: handle.get_tensor(name) for name in names}
+    tensors["short.last_hidden_state"] = tensors["short.last_hidden_state"][:1].contiguous()
+    save_file(tensors, str(reshaped), metadata=metadata)
+    out["golden check, reshaped output"] = (GoldenCheckDict, run_json("golden", "check", ckpt, reshaped))
     return out
 
 
@@ -81,12 +107,15 @@ def test_every_declared_key_is_written_by_some_run(documents):
     assert expected - seen == set()
 
 
-def test_the_runs_cover_each_publish_status_and_both_checksum_outcomes(documents):
+def test_the_runs_cover_each_publish_status_both_check_outcomes_and_both_lm_heads(documents):
     statuses = {doc["status"] for tp, doc in documents.values() if tp is PublicationDict}
     assert statuses == {"dry_run", "published", "unchanged", "refused"}
     checks = [doc for tp, doc in documents.values() if tp is ChecksumCheckDict]
     assert {doc["ok"] for doc in checks} == {True, False}
     assert {p["kind"] for doc in checks for p in doc["problems"]} >= {"mismatch", "extra"}
+    assert {doc["lm_head"]["kind"] for tp, doc in documents.values() if tp is GoldenWriteDict} == {
+        "file", "seeded-standin"}
+    assert {doc["ok"] for tp, doc in documents.values() if tp is GoldenCheckDict} == {True, False}
 
 
 @pytest.mark.parametrize("tp, change, expected", [
@@ -95,6 +124,8 @@ def test_the_runs_cover_each_publish_status_and_both_checksum_outcomes(documents
     (PublicationDict, lambda d: d["gate"].update(extra=1), ["$.gate.extra: not in GateDict"]),
     (PublicationDict, lambda d: d.update(status="uploaded"), [
         "$.status: 'uploaded' is not one of ['refused', 'dry_run', 'published', 'unchanged']"]),
+    (GoldenWriteDict, lambda d: d["lm_head"].update(kind="file"), [      # the stand-in's keys under the file's kind
+        "$.lm_head.kind: 'file' is not one of ['seeded-standin']"]),
 ])
 def test_a_document_out_of_shape_is_named(documents, tp, change, expected):
     doc = json.loads(json.dumps(next(doc for t, doc in documents.values() if t is tp)))
