@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 #: How long a value quoted in a message may be (a config can hold a 50 MB string).
 SHORT_VALUE = 200
@@ -19,6 +18,6 @@ def shortened(text: str, limit: int = SHORT_VALUE) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def short_json(value: Any, limit: int = SHORT_VALUE) -> str:
+def short_json(value: object, limit: int = SHORT_VALUE) -> str:
     """`value` as JSON, `shortened` to `limit` characters."""
     return shortened(json.dumps(value), limit)

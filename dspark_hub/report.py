@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, cast
+from typing import Literal, NotRequired, TypedDict, cast
 
 from dspark_hub import schemas
 
@@ -103,18 +103,31 @@ class FamilySection(TypedDict):
     confidence: str
     evidence: list[str]
     methods: dict[str, str | None]
-    config_model_type: Any
+    config_model_type: object          # the config's model_type as written (any JSON value, or null)
     format: str
     speculators_type: str | None
 
 
 class PairedConfig(TypedDict):
-    """The target config's facts a pairing records (values as the config gives them)."""
+    """The target config's facts a pairing records (values as the config gives them: any JSON, or null)."""
 
-    hidden_size: Any
-    num_hidden_layers: Any
-    vocab_size: Any
+    hidden_size: object
+    num_hidden_layers: object
+    vocab_size: object
     sha256: str
+
+
+class PairingDraftKeys(TypedDict):
+    """What the draft config says about its target (`format.registry.PairingKeys.to_dict`)."""
+
+    tap_width: int | None
+    vocab_size: int | None
+    draft_vocab_size: int | None
+    target_layers: int | None
+    target_layer_ids: list[int] | None          # our convention: entry l = output of target layer l
+    native_layer_ids: list[int] | None          # as the config writes them
+    native_layer_ids_key: str
+    verifier: str | None
 
 
 class FileSizeDigest(TypedDict):
@@ -141,11 +154,179 @@ class PairingSection(TypedDict):
     revision: str | None
     revision_source: str | None
     format: str
-    draft: dict[str, Any]          # format.registry.PairingKeys.to_dict
+    draft: PairingDraftKeys
     config: PairedConfig
     files: dict[str, FileSizeDigest]
     embedding: PairedEmbedding | None
     mask_token: TokenDict | None
+
+
+# `sections["runtimes"]` (`verify.runtimes`): runtime name -> what its loader does with the draft.
+
+#: A runtime loader's verdict on one tensor, or on one parameter no tensor fills (`verify.runtimes.verdicts`).
+Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
+#: How a loader rule is known: run against the runtime, or read in its code.
+Evidence = Literal["executed", "read"]
+#: Where a runtime refuses a draft before judging any tensor.
+RefusalStage = Literal["config", "load", "after loading"]
+
+
+class CitedRule(TypedDict):
+    """One loader rule and where it comes from (`verify.runtimes.verdicts.Cited`)."""
+
+    id: str | None
+    rule: str
+    source: str
+    evidence: Evidence | None
+
+
+class VerdictFields(TypedDict):
+    """A row's verdict, why, the id of the rule that decided it and how that is known."""
+
+    verdict: Verdict
+    detail: str
+    rule: str | None
+    evidence: Evidence | None
+
+
+class TensorVerdictRow(VerdictFields):
+    """What the loader does with one tensor of the checkpoint."""
+
+    tensor: str
+
+
+class ParameterVerdictRow(VerdictFields):
+    """A parameter the runtime builds that no tensor fills (`fatal` or `ignored`)."""
+
+    parameter: str
+
+
+class RefusalDict(TypedDict):
+    """A start-up failure that names no tensor (`verify.runtimes.verdicts.Refusal` as reported)."""
+
+    rule: str | None
+    stage: RefusalStage
+    message: str
+    source: str
+    evidence: Evidence | None
+
+
+class Execution(TypedDict):
+    """What running vLLM's own loader adds (`verify.runtimes.execute_vllm.as_verdicts`)."""
+
+    vllm_version: str
+    model_class: str
+    outcome: str
+    rounds: int
+    replaced_after_load: dict[str, str]
+    stubs: dict[str, str]
+    shims: dict[str, str]
+    worker_setup: list[str]
+    warnings: list[str]
+    seconds: dict[str, float]
+
+
+class ComparedRow(TypedDict):
+    """One row of the rules against an executed load (`verify.runtimes.verdicts.Row`)."""
+
+    kind: Literal["tensor", "parameter", "refusal"]
+    name: str
+    rules: str
+    executed: str
+    agree: bool
+
+
+class ServingCommand(TypedDict):
+    """How to start the runtime with the draft (`verdicts.recipe_parameters`, `speculators_rules`)."""
+
+    method: str
+    num_speculative_tokens: int | None
+    block_size_source: str
+    target_layer_ids: object           # the config's value as written (not validated here: any JSON)
+    target_layer_ids_source: str
+    verifier: NotRequired[str]         # speculators DSpark only: the target model the command serves
+    command: str
+    alternatives: list[str]
+    source: str
+    note: str | None
+
+
+class RuntimeVerdictsDict(TypedDict):
+    """Every verdict of one runtime (`verify.runtimes.verdicts.RuntimeVerdicts.to_dict`)."""
+
+    title: str
+    verdicts: list[TensorVerdictRow]
+    unfilled: list[ParameterVerdictRow]
+    refusal: RefusalDict | None
+    counts: dict[Verdict, int]
+    executed: bool
+    measured_by: str
+    rules: list[CitedRule]
+    notes: list[str]
+    execution: NotRequired[Execution]   # only when the runtime's loader was run (`verify --execute`)
+
+
+class RuleAgreement(TypedDict, total=False):
+    """How the rules compare with an executed load, row by row: all three keys under `verify --execute`, else none."""
+
+    rules_agree: bool
+    rows_compared: int
+    disagreements: list[ComparedRow]
+
+
+class Serving(TypedDict):
+    """`serving` is null for a runtime the verdicts say refuses the draft; `serving_withheld` then says why."""
+
+    serving: ServingCommand | None
+    serving_withheld: NotRequired[str]
+
+
+class JudgedRuntime(RuntimeVerdictsDict, RuleAgreement, Serving):
+    """A runtime with loader rules for the checkpoint's format (`verify.runtimes.report.runtimes_section`)."""
+
+    supported: Literal[True]
+
+
+class UnjudgedRuntime(TypedDict):
+    """A runtime with no loader rules for the checkpoint's format: nothing judged, no command (`extend_report`)."""
+
+    title: str
+    supported: Literal[False]
+    verdicts: list[TensorVerdictRow]        # always empty
+    unfilled: list[ParameterVerdictRow]     # always empty
+    counts: dict[Verdict, int]              # always empty
+    rules: list[CitedRule]                  # always empty
+    notes: list[str]
+    serving: None
+
+
+RuntimeEntry = JudgedRuntime | UnjudgedRuntime
+
+
+# `sections["against_hub"]` (`verify.against_hub`).
+
+#: How a file differs from its reference (`format.digests.FileProblem`).
+ProblemKind = Literal["mismatch", "missing", "extra"]
+
+
+class FileProblemDict(TypedDict):
+    """A file that differs from its reference (`format.digests.FileProblem`); null for a side with no file."""
+
+    path: str
+    kind: ProblemKind
+    message: str
+    expected: str | None
+    actual: str | None
+
+
+class AgainstHubSection(TypedDict):
+    """`sections["against_hub"]` (`verify.against_hub.HubComparison`): local files against a Hub revision."""
+
+    location: str
+    commit: str
+    files_compared: int
+    ok: bool
+    problems: list[FileProblemDict]
 
 
 class Sections(TypedDict, total=False):
@@ -155,9 +336,19 @@ class Sections(TypedDict, total=False):
     deep: DeepSection
     frozen_embed: FrozenEmbedSection
     family: FamilySection
-    runtimes: dict[str, dict[str, Any]]   # verify.runtimes.report's per-runtime records
+    runtimes: dict[str, RuntimeEntry]
     pairing: PairingSection
-    against_hub: dict[str, Any]           # verify.against_hub
+    against_hub: AgainstHubSection
+
+
+class FindingDict(TypedDict):
+    """One finding as `--json` prints it (`Finding.to_dict`)."""
+
+    code: str
+    severity: Severity
+    where: str
+    message: str
+    hint: str | None
 
 
 @dataclass(frozen=True)
@@ -170,7 +361,7 @@ class Finding:
     message: str
     hint: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FindingDict:
         return {"code": self.code, "severity": self.severity, "where": self.where,
                 "message": self.message, "hint": self.hint}
 
@@ -204,6 +395,36 @@ class FindingsMixin:
         return {f.code for f in self.findings}
 
 
+class SummaryFile(TypedDict):
+    name: str
+    size: int
+
+
+class SummaryDict(TypedDict):
+    """`summary` as `--json` prints it (`Summary.to_dict`)."""
+
+    model_type: str | None
+    format: str | None
+    layout: str | None
+    files: list[SummaryFile]
+    tensors: int
+    parameters: dict[str, int] | None
+    bytes: int
+    dtypes: dict[str, int]
+    metadata: dict[str, str] | None
+
+
+class ReportDict(TypedDict):
+    """The `verify --json` document (`Report.to_dict`): `sections` has every name of SECTIONS (null: not run)."""
+
+    schema: str
+    ok: bool
+    path: str
+    summary: SummaryDict
+    findings: list[FindingDict]
+    sections: dict[str, object]     # name -> that section's type in `Sections`, or null
+
+
 @dataclass
 class Summary:
     """What the checkpoint holds, as read from its headers and config."""
@@ -211,14 +432,14 @@ class Summary:
     model_type: str | None = None
     format: str | None = None           # the draft format verified ("k3_dspark", "speculators_dspark") or None
     layout: str | None = None           # "single", "sharded" or None (no weights)
-    files: list[dict[str, Any]] = field(default_factory=list)   # [{"name", "size"}]
+    files: list[SummaryFile] = field(default_factory=list)
     tensors: int = 0
     parameters: dict[str, int] | None = None   # {"total", "trained", "frozen", "maps"}
     bytes: int = 0                      # sum of weight-file sizes
     dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> tensor count
     metadata: dict[str, str] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SummaryDict:
         return {"model_type": self.model_type, "format": self.format, "layout": self.layout, "files": self.files,
                 "tensors": self.tensors, "parameters": self.parameters, "bytes": self.bytes,
                 "dtypes": dict(sorted(self.dtypes.items())), "metadata": self.metadata}
@@ -236,7 +457,7 @@ class Report(FindingsMixin):
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], f.where, f.code))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReportDict:
         return {
             "schema": SCHEMA,
             "ok": self.ok,

@@ -108,6 +108,27 @@ def test_lm_head_file_is_recorded_and_required(tmp_path):
     assert refused.exit_code == 2 and "already exists" in refused.output
 
 
+#: lm_head files of the wrong shape for the tiny draft ([draft_vocab_size 512, hidden_size 64]).
+WRONG_HEADS = {"fewer rows": (300, 64), "transposed": (64, 512), "one axis": (512,), "three axes": (512, 64, 1)}
+
+
+@pytest.mark.parametrize("shape", WRONG_HEADS.values(), ids=WRONG_HEADS.keys())
+def test_an_lm_head_of_the_wrong_shape_is_a_usage_error_naming_the_file(tmp_path, shape):
+    ckpt = write_checkpoint(tmp_path / "c")
+    good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
+    save_file({"lm_head.weight": torch.randn(TINY["draft_vocab_size"], TINY["hidden_size"])}, str(good))
+    save_file({"lm_head.weight": torch.randn(*shape)}, str(bad))
+    golden = tmp_path / "g.safetensors"
+    written = CliRunner().invoke(cli, ["golden", str(ckpt), "-o", str(golden), "--lm-head", str(good)])
+    assert written.exit_code == 0, written.output
+    assert CliRunner().invoke(cli, ["golden", "check", str(ckpt), str(golden), "--lm-head", str(good)]).exit_code == 0
+    for args in (["golden", str(ckpt), "-o", str(tmp_path / "g2.safetensors")],
+                 ["golden", "check", str(ckpt), str(golden)]):
+        result = CliRunner().invoke(cli, [*args, "--lm-head", str(bad)])
+        assert_one_line_error(result, str(bad), f"lm_head.weight is {list(shape)}", "[512, 64]")
+    assert not (tmp_path / "g2.safetensors").exists()
+
+
 def test_fixture_ships_under_golden_and_the_card_lists_it(tmp_path, fixture):
     import shutil
 

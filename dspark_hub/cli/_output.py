@@ -19,7 +19,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol, cast
 
@@ -102,7 +102,7 @@ CLOCK: Callable[[], float] = time.monotonic
 class Result(Protocol):
     """What a library call returns to a command: its `--json` document, and `ok` where it has findings."""
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> Mapping[str, object]: ...     # a TypedDict, or a dict[str, Any]
 
 
 def json_text(data: Any) -> str:

@@ -86,7 +86,7 @@ def _render_sections(report: Report) -> None:
         evidence = f" ({'; '.join(family['evidence'])})" if family["evidence"] else ""
         stdout.print(f"family: {family['title']}{evidence}")
     for data in (report.sections.get("runtimes") or {}).values():
-        if not data.get("supported", True):
+        if data["supported"] is False:
             stdout.print(f"{data['title']}: {'; '.join(data['notes'])}")
             continue
         execution = data.get("execution")
@@ -98,8 +98,8 @@ def _render_sections(report: Report) -> None:
             rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
             rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
             loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
-            shown = [[tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail]   # --json lists every tensor
-                     for tensor, verdict, detail in rows if verdict != "loaded"]
+            shown: list[list[str | Text]] = [[tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail]
+                                             for tensor, verdict, detail in rows if verdict != "loaded"]  # --json: all
             if shown:
                 print_table(f"{data['title']}: per-tensor verdicts{how}",
                             (Column("tensor"), Column("verdict"), Column("detail", prose=True)), shown)
@@ -116,7 +116,9 @@ def _render_sections(report: Report) -> None:
         if serving is None:
             stdout.print(f"no serving command: {data.get('serving_withheld') or data['title'] + ' refuses this draft'}")
             continue
-        stdout.print(f"serve with {data['title']} ({plural(serving['num_speculative_tokens'], 'draft token')}; "
+        tokens = serving["num_speculative_tokens"]     # None: neither the config nor --block-size gives it
+        count = "draft tokens unknown" if tokens is None else plural(tokens, "draft token")
+        stdout.print(f"serve with {data['title']} ({count}; "
                      f"{in_cli_terms(serving['block_size_source'])}; target layers {serving['target_layer_ids']} "
                      "from config.json):")
         for command in [serving["command"], *serving.get("alternatives", [])]:

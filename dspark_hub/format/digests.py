@@ -37,12 +37,13 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypedDict
 
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.folder import folder_files, open_regular, read_regular
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.report import FileProblemDict, ProblemKind
 from dspark_hub.schemas import CHECKSUMS, current
 
 SUMS_NAME = "SHA256SUMS"
@@ -76,7 +77,29 @@ DIGEST_CODES: dict[str, str] = {
 #: How to repair a sidecar `dspark-hub checksums` wrote.
 REGENERATE = "regenerate it with 'dspark-hub checksums --force'"
 
-ProblemKind = Literal["mismatch", "missing", "extra"]
+class FileDigestDict(TypedDict):
+    """One file of a manifest (`FileDigest.to_dict`): null for what the source does not state."""
+
+    path: str
+    size: int | None
+    sha256: str | None
+    blob_id: str | None
+    lfs: bool | None
+
+
+class ManifestListing(TypedDict):
+    """What a manifest lists (`Manifest.listing`): `checksums.json` without its schema."""
+
+    algorithm: str
+    file_count: int
+    total_bytes: int
+    files: list[FileDigestDict]
+
+
+class ManifestDict(ManifestListing):
+    """`checksums.json` (`Manifest.to_dict`)."""
+
+    schema: str
 
 
 @dataclass(frozen=True)
@@ -96,7 +119,7 @@ class FileDigest:
     lfs: bool | None = None
     origin: str | None = field(default=None, compare=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FileDigestDict:
         return {"path": self.path, "size": self.size, "sha256": self.sha256,
                 "blob_id": self.blob_id, "lfs": self.lfs}
 
@@ -114,9 +137,12 @@ class Manifest:
     def by_path(self) -> dict[str, FileDigest]:
         return {f.path: f for f in self.files}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": CHECKSUMS, "algorithm": "sha256", "file_count": len(self.files),
-                "total_bytes": self.total_bytes, "files": [f.to_dict() for f in self.files]}
+    def listing(self) -> ManifestListing:
+        return {"algorithm": "sha256", "file_count": len(self.files), "total_bytes": self.total_bytes,
+                "files": [f.to_dict() for f in self.files]}
+
+    def to_dict(self) -> ManifestDict:
+        return {"schema": CHECKSUMS, **self.listing()}
 
 
 @dataclass(frozen=True)
@@ -134,7 +160,7 @@ class FileProblem:
     expected: str | None = None
     actual: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FileProblemDict:
         return {"path": self.path, "kind": self.kind, "message": self.message,
                 "expected": self.expected, "actual": self.actual}
 

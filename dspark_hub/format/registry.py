@@ -31,7 +31,7 @@ from typing import Any
 from dspark_hub.errors import ContractError
 from dspark_hub.format import contract, speculators, taps
 from dspark_hub.format.contract import ParameterCounts, TensorSpec
-from dspark_hub.report import Finding
+from dspark_hub.report import Finding, PairingDraftKeys
 
 #: The family names (`verify.family`) of the registered formats.
 K3_DSPARK = "k3_dspark"
@@ -61,7 +61,7 @@ class PairingKeys:
     verifier: str | None = None        # the model the draft was trained against, when recorded
     verifier_architectures: list[str] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PairingDraftKeys:
         return {"tap_width": self.tap_width, "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
                 "target_layers": self.target_layers, "target_layer_ids": self.taps,
                 "native_layer_ids": self.native_taps, "native_layer_ids_key": self.taps_key,

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointNotFoundError, RefusedOverwriteError
@@ -20,6 +20,7 @@ from dspark_hub.format.digests import (
     FileDigest,
     FileProblem,
     Manifest,
+    ManifestListing,
     checkpoint_files,
     compute_manifest,
     read_digest_file,
@@ -27,6 +28,26 @@ from dspark_hub.format.digests import (
 )
 from dspark_hub.format.writer import atomic_file
 from dspark_hub.progress import Progress
+from dspark_hub.report import FileProblemDict
+
+
+class ChecksumFilesDict(ManifestListing):
+    """`dspark-hub checksums --json` (`ChecksumFiles.to_dict`)."""
+
+    schema: str
+    path: str
+    sums_path: str
+    manifest_path: str
+
+
+class ChecksumCheckDict(TypedDict):
+    """`dspark-hub checksums --check --json` (`ChecksumCheck.to_dict`)."""
+
+    schema: str
+    ok: bool
+    input: str
+    path: str
+    problems: list[FileProblemDict]
 
 
 @dataclass(frozen=True)
@@ -38,11 +59,10 @@ class ChecksumFiles:
     manifest_path: Path
     manifest: Manifest = field(repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ChecksumFilesDict:
         """`dspark-hub checksums --json`: where the sidecars went and what they list (as `checksums.json`)."""
-        listing = {k: v for k, v in self.manifest.to_dict().items() if k != "schema"}
         return {"schema": schemas.command("checksums"), "path": str(self.path), "sums_path": str(self.sums_path),
-                "manifest_path": str(self.manifest_path), **listing}
+                "manifest_path": str(self.manifest_path), **self.manifest.listing()}
 
 
 @dataclass(frozen=True)
@@ -56,7 +76,7 @@ class ChecksumCheck:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ChecksumCheckDict:
         # `input` is the folder checked; `path`, the same, stays for readers of version 1
         return {"schema": schemas.command("checksums-check"), "ok": self.ok, "input": str(self.path),
                 "path": str(self.path),

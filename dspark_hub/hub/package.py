@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import quote, urlsplit
 
 from dspark_hub import schemas
@@ -42,6 +42,23 @@ from dspark_hub.hub.checksums import manifest_text, sums_text
 PackageProgress = Callable[[str, int, int], None]
 
 
+class PackageDict(TypedDict):
+    """`dspark-hub package --json` (`PackageResult.to_dict`)."""
+
+    schema: str
+    input: str
+    path: str
+    files: dict[str, str]           # role -> the file written
+    repo_id: str
+    revision: str
+    infohash: str
+    magnet: str
+    webseeds: list[str]
+    piece_size: int
+    file_count: int
+    total_bytes: int
+
+
 @dataclass(frozen=True)
 class PackageResult:
     """What `package` wrote (the package folder `path`, from the checkpoint folder `input`), and the torrent."""
@@ -57,7 +74,7 @@ class PackageResult:
     piece_size: int
     manifest: Manifest
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PackageDict:
         return {"schema": schemas.command("package"), "input": str(self.input), "path": str(self.path),
                 "files": {k: str(v) for k, v in self.files.items()}, "repo_id": self.repo_id,
                 "revision": self.revision, "infohash": self.infohash, "magnet": self.magnet,

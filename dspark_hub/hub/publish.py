@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 from urllib.parse import quote
 
 from dspark_hub import __version__
 from dspark_hub.errors import HubError, UsageError
 from dspark_hub.format.contract import CONFIG_NAME
-from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest
+from dspark_hub.format.digests import FileDigest, FileDigestDict, FileProblem, Manifest, compute_manifest
 from dspark_hub.format.remote import (
     HubSource,
     hf_location,
@@ -32,6 +32,7 @@ from dspark_hub.format.remote import (
     validate_repo_id,
 )
 from dspark_hub.progress import Progress
+from dspark_hub.report import FileProblemDict
 from dspark_hub.verify.against_hub import compare_files, local_digests
 
 if TYPE_CHECKING:
@@ -43,6 +44,46 @@ _LAST = (CONFIG_NAME, "README.md")
 #: How the weights travel: `auto` (Xet where client and endpoint both have it, else LFS), or one forced.
 Transfer = Literal["auto", "xet", "lfs"]
 TRANSFERS: tuple[Transfer, ...] = ("auto", "xet", "lfs")
+
+class PlannedFile(FileDigestDict):
+    source: str                     # the local file it is read from
+
+
+class PublishPlanDict(TypedDict):
+    """`publish`'s plan (`PublishPlan.to_dict`): every file in upload order."""
+
+    repo_id: str
+    revision: str
+    endpoint: str
+    private: bool | None
+    tag: str | None
+    commit_message: str
+    transfer: Transfer
+    files: list[PlannedFile]
+    file_count: int
+    total_bytes: int
+    lfs_bytes: int
+
+
+class TransferChoiceDict(TypedDict):
+    name: Literal["xet", "lfs"]
+    reason: str
+
+
+class PublishResultDict(TypedDict):
+    """What `publish` did (`PublishResult.to_dict`)."""
+
+    status: PublishStatus
+    ok: bool
+    refusals: list[str]
+    repo_url: str | None
+    commit_oid: str | None
+    commit_url: str | None
+    tag: str | None
+    transfer: TransferChoiceDict | None
+    plan: PublishPlanDict
+    problems: list[FileProblemDict]
+
 
 @dataclass(frozen=True)
 class PublishPlan:
@@ -68,7 +109,7 @@ class PublishPlan:
     def lfs_bytes(self) -> int:
         return sum(f.size or 0 for f in self.files if f.lfs)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PublishPlanDict:
         return {"repo_id": self.repo_id, "revision": self.revision, "endpoint": self.endpoint,
                 "private": self.private, "tag": self.tag, "commit_message": self.commit_message,
                 "transfer": self.transfer,
@@ -103,7 +144,7 @@ class PublishResult:
     def ok(self) -> bool:
         return self.status in ("dry_run", "published", "unchanged") and not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PublishResultDict:
         return {"status": self.status, "ok": self.ok,
                 "refusals": list(self.refusals), "repo_url": self.repo_url, "commit_oid": self.commit_oid,
                 "commit_url": self.commit_url, "tag": self.tag,
@@ -119,7 +160,7 @@ class TransferChoice:
     name: Literal["xet", "lfs"]
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TransferChoiceDict:
         return {"name": self.name, "reason": self.reason}
 
 

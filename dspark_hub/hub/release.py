@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
@@ -32,14 +32,35 @@ from dspark_hub.format.registry import FORMATS, titles
 from dspark_hub.format.remote import validate_repo_id
 from dspark_hub.format.remote_code import export_code
 from dspark_hub.hub.checksums import check_checksums, has_sidecars
-from dspark_hub.hub.publish import PublishResult, Transfer, publish
+from dspark_hub.hub.publish import PublishResult, PublishResultDict, PublishStatus, Transfer, publish
 from dspark_hub.progress import Progress
-from dspark_hub.report import Report
+from dspark_hub.report import Report, ReportDict
 from dspark_hub.verify.against_hub import local_digests
 from dspark_hub.verify.checks import verify
 from dspark_hub.verify.family import detect
 
 CARD_NAME = "README.md"
+
+
+class GateDict(TypedDict):
+    """The preflight (`Gate.to_dict`): the verify report, the card lint (the cards package's document)."""
+
+    ok: bool
+    refusals: list[str]
+    verify: ReportDict
+    card_lint: Mapping[str, object] | None
+
+
+class PublicationDict(TypedDict):
+    """`dspark-hub publish --json` (`Publication.to_dict`)."""
+
+    schema: str
+    ok: bool
+    status: PublishStatus           # "refused" also when the gate refused (no publish ran)
+    input: str
+    repo_id: str
+    gate: GateDict
+    publish: PublishResultDict | None
 
 
 @dataclass
@@ -53,7 +74,7 @@ class Gate:
     def ok(self) -> bool:
         return not self.refusals
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GateDict:
         return {"ok": self.ok, "refusals": self.refusals, "verify": self.verify.to_dict(),
                 "card_lint": self.lint.to_dict() if self.lint is not None else None}
 
@@ -164,7 +185,7 @@ class Publication:
     def ok(self) -> bool:
         return self.gate.ok and (self.result is None or self.result.ok)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PublicationDict:
         return {"schema": schemas.command("publish"), "ok": self.ok,
                 "status": self.result.status if self.result is not None else "refused",
                 "input": self.input, "repo_id": self.repo_id,

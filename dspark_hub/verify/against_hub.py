@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest, git_blob_sha1
 from dspark_hub.format.folder import folder_files, read_regular
 from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
 from dspark_hub.progress import Progress
+from dspark_hub.report import AgainstHubSection
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class HubComparison:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AgainstHubSection:
         return {"location": self.location, "commit": self.commit,
                 "files_compared": self.files_compared, "ok": self.ok,
                 "problems": [p.to_dict() for p in self.problems]}

@@ -7,7 +7,7 @@ those too. docs/codes.md lists all of them, generated from these dicts by `docs/
 
 from __future__ import annotations
 
-from dspark_hub.format.digests import ProblemKind
+from dspark_hub.report import ProblemKind
 from dspark_hub.vllm.pin import PINNED_VERSION
 
 FINDING_CODES: dict[str, str] = {

@@ -24,7 +24,7 @@ _TRANSFORMERS_METADATA = {"format": "pt"}
 ALLOWED_EXTRA_KEYS = {"auto_map": "added by 'dspark-hub export-code' for trust_remote_code; runtimes ignore it"}
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     return short_json(value)   # the reference's config is someone else's file: a value may be 50 MB
 
 

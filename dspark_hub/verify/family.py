@@ -107,7 +107,7 @@ class Fingerprint:
     family: str
     confidence: str                       # "config" | "names" | "config+names" | "none"
     evidence: list[str] = field(default_factory=list)
-    config_model_type: Any = None
+    config_model_type: object = None
 
     @property
     def spec(self) -> FamilySpec:

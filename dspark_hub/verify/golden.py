@@ -44,7 +44,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
@@ -93,6 +93,51 @@ class Comparison(TypedDict):
     rtol: NotRequired[float]
 
 
+class LmHeadFile(TypedDict):
+    """The fixture was computed with this lm_head file (`check` needs the same bytes)."""
+
+    kind: Literal["file"]
+    sha256: str
+    shape: list[int]
+
+
+class LmHeadStandin(TypedDict):
+    """The fixture was computed with the documented seeded stand-in (`standin_lm_head`)."""
+
+    kind: Literal["seeded-standin"]
+    seed: int
+    std: str
+    dtype: str
+    shape: list[int]
+    recipe: str
+
+
+LmHead = LmHeadFile | LmHeadStandin
+
+
+class GoldenWriteDict(TypedDict):
+    """`dspark-hub golden --json` (`GoldenWrite.to_dict`)."""
+
+    schema: str
+    path: str
+    input: str
+    cases: dict[str, int]
+    tensors: list[str]
+    lm_head: LmHead
+    bytes: int
+
+
+class GoldenCheckDict(TypedDict):
+    """`dspark-hub golden check --json` (`GoldenCheck.to_dict`)."""
+
+    schema: str
+    ok: bool
+    input: str
+    fixture: str
+    problems: list[str]
+    comparisons: list[Comparison]
+
+
 @dataclass(frozen=True)
 class GoldenWrite:
     """What `write_golden` wrote: the fixture `path` of the checkpoint `input`."""
@@ -101,10 +146,10 @@ class GoldenWrite:
     input: Path
     cases: dict[str, int]             # case name -> first context position
     tensors: list[str]
-    lm_head: dict[str, Any]
+    lm_head: LmHead
     bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GoldenWriteDict:
         return {"schema": schemas.command("golden-write"), "path": str(self.path), "input": str(self.input),
                 "cases": self.cases, "tensors": self.tensors, "lm_head": self.lm_head, "bytes": self.bytes}
 
@@ -122,7 +167,7 @@ class GoldenCheck:
     def ok(self) -> bool:
         return not self.problems and all(c["ok"] for c in self.comparisons)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GoldenCheckDict:
         return {"schema": schemas.command("golden-check"), "ok": self.ok, "input": self.input,
                 "fixture": self.fixture, "problems": self.problems, "comparisons": self.comparisons}
 
@@ -169,14 +214,20 @@ def standin_lm_head(config: Mapping[str, Any], seed: int) -> torch.Tensor:
     return torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed)) * scale
 
 
-def _load_lm_head(path: str | os.PathLike[str]) -> torch.Tensor:
+def _load_lm_head(path: str | os.PathLike[str], config: Mapping[str, Any]) -> torch.Tensor:
+    """The lm_head weight in `path`, which must be [draft_vocab_size, hidden_size] of `config`."""
     from safetensors.torch import load_file
 
     tensors = load_file(str(path))
     if len(tensors) != 1 and LM_HEAD_NAME not in tensors:
         raise UsageError(f"{path}: holds {plural(len(tensors), 'tensor')} and no {LM_HEAD_NAME}; pass a file with the "
                          "target's lm_head weight")
-    head = tensors[LM_HEAD_NAME] if LM_HEAD_NAME in tensors else next(iter(tensors.values()))
+    name = LM_HEAD_NAME if LM_HEAD_NAME in tensors else next(iter(tensors))
+    head = tensors[name]
+    want = [int(config["draft_vocab_size"]), int(config["hidden_size"])]
+    if list(head.shape) != want:
+        raise UsageError(f"{path}: {name} is {list(head.shape)}; this draft scores with a {want} lm_head "
+                         "(draft_vocab_size, hidden_size)", hint="pass the lm_head of the target it was trained on")
     return head.float()
 
 
@@ -271,11 +322,12 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         raise RefusedOverwriteError(str(target))
     config = _verified_config(folder)
     model = _load_model(folder)
-    head = _load_lm_head(lm_head) if lm_head is not None else standin_lm_head(config, seed)
-    head_info = ({"kind": "file", "sha256": sha256_file(Path(lm_head)), "shape": list(head.shape)} if lm_head else
-                 {"kind": "seeded-standin", "seed": seed, "std": "hidden_size ** -0.5", "dtype": "float32",
-                  "shape": list(head.shape), "recipe": "torch.randn(V, D, generator=torch.Generator()."
-                                                        "manual_seed(seed)) * D ** -0.5"})
+    head = _load_lm_head(lm_head, config) if lm_head is not None else standin_lm_head(config, seed)
+    head_info: LmHead = (
+        {"kind": "file", "sha256": sha256_file(Path(lm_head)), "shape": list(head.shape)} if lm_head else
+        {"kind": "seeded-standin", "seed": seed, "std": "hidden_size ** -0.5", "dtype": "float32",
+         "shape": list(head.shape), "recipe": "torch.randn(V, D, generator=torch.Generator()."
+                                              "manual_seed(seed)) * D ** -0.5"})
     generator = torch.Generator().manual_seed(seed)
     cases = _cases(config, block_size)
     tensors: dict[str, torch.Tensor] = {}
@@ -383,7 +435,7 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
                              "it as `lm_head`")
         if sha256_file(Path(lm_head)) != head_info["sha256"]:
             result.problems.append("the lm_head file differs from the one the fixture was written with")
-        head = _load_lm_head(lm_head)
+        head = _load_lm_head(lm_head, written_for)
     else:
         head = standin_lm_head(written_for, int(head_info["seed"]))
     tolerances = meta["tolerances"]

@@ -25,7 +25,7 @@ REQUIRED_KEYS = (
 )
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     return short_json(value)
 
 
@@ -87,7 +87,7 @@ def _non_negative(value: object, types: tuple[type[int] | type[float], ...]) -> 
     return isinstance(value, types) and not isinstance(value, bool) and value >= 0
 
 
-def _rope_rules(rope: Any) -> list[Finding]:
+def _rope_rules(rope: object) -> list[Finding]:
     """`rope_parameters` must be the YaRN block the draft was trained with; a modeling default never fills it."""
     reference = _fmt(contract.REFERENCE_CONFIG["rope_parameters"])
     hint = f"write the YaRN block the draft was trained with (reference: {reference})"

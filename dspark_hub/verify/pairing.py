@@ -137,7 +137,7 @@ def target_embedding_name(view: CheckpointView) -> str | None:
     return next((n for n in TARGET_EMBED_NAMES if n in view.tensors), None)
 
 
-def _read_json(view: CheckpointView, name: str) -> Any:
+def _read_json(view: CheckpointView, name: str) -> object:
     if name not in view.files:
         return None
     try:
@@ -244,7 +244,7 @@ def _mask_findings(mask: int | None, tcfg: Mapping[str, Any], view: CheckpointVi
 
 # ---------------------------------------------------------------- shape facts
 
-def _compare(mine: Any, draft_key: str, target: Mapping[str, Any], target_key: str,
+def _compare(mine: object, draft_key: str, target: Mapping[str, Any], target_key: str,
              code: str, what: str, why: str) -> list[Finding]:
     theirs = target.get(target_key)
     if theirs is None or mine == theirs:
@@ -254,7 +254,7 @@ def _compare(mine: Any, draft_key: str, target: Mapping[str, Any], target_key: s
                   "pair the draft with the target it was trained on")]
 
 
-def _not_a_target(tcfg: Mapping[str, Any], vocab: Any, location: str) -> list[Finding]:
+def _not_a_target(tcfg: Mapping[str, Any], vocab: object, location: str) -> list[Finding]:
     """A target must say what the draft pairs against; a draft passed as its own target says nothing."""
     missing = [key for key, value in (("hidden_size", tcfg.get("hidden_size")),
                                       ("num_hidden_layers", tcfg.get("num_hidden_layers")),

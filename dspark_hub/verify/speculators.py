@@ -111,7 +111,7 @@ BOOLEAN_FLAGS = ("enable_confidence_head", "confidence_head_with_markov", "sampl
                  "sliding_window_non_causal")
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     return short_json(value)
 
 
@@ -122,7 +122,7 @@ def _rule(rule_id: str, key: str, message: str, hint: str, *, severity: str = "e
     return make(code, f"config.json:{key}", f"{message} {RULES[rule_id].note}", hint)
 
 
-def _layer_rules(tl: Any) -> list[Finding]:
+def _layer_rules(tl: object) -> list[Finding]:
     key = speculators.LAYER_CONFIG_KEY
     if not isinstance(tl, Mapping):
         return [_rule("layer_config", key, f"{key} is {_fmt(tl)}, not an object", "save the draft with "

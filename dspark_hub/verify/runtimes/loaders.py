@@ -23,7 +23,7 @@ from typing import Any
 
 from dspark_hub.format import contract
 from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
-from dspark_hub.report import Finding
+from dspark_hub.report import Finding, ServingCommand, Verdict
 from dspark_hub.verify.runtimes.speculators_rules import RUNTIMES as SPECULATORS_RUNTIMES
 from dspark_hub.verify.runtimes.verdicts import (
     Cited,
@@ -31,7 +31,6 @@ from dspark_hub.verify.runtimes.verdicts import (
     RuntimeLoader,
     RuntimeVerdicts,
     ServingRecipe,
-    Verdict,
     recipe_parameters,
 )
 from dspark_hub.verify.runtimes.vllm_rules import VLLM, VllmK3Loader
@@ -66,7 +65,7 @@ class RuntimeSpec:
         return runtime_verdicts(list(tensors), config, self)
 
     def serving_parameters(self, config: Mapping[str, Any], *, draft: str = "DRAFT",
-                           block_size: int | None = None) -> dict[str, Any]:
+                           block_size: int | None = None) -> ServingCommand:
         return serving_parameters(config, self, draft=draft, block_size=block_size)
 
     def serving_findings(self, config: Mapping[str, Any], block_size: int | None) -> list[Finding]:
@@ -301,7 +300,7 @@ def runtime_verdicts(tensor_names: list[str], config: Mapping[str, Any], spec: R
 
 
 def serving_parameters(config: Mapping[str, Any], spec: RuntimeSpec | VllmK3Loader, *, draft: str = "DRAFT",
-                       target: str = "TARGET", block_size: int | None = None) -> dict[str, Any]:
+                       target: str = "TARGET", block_size: int | None = None) -> ServingCommand:
     """The serving parameters a k3_dspark config implies for `spec` (`verdicts.recipe_parameters`)."""
     return recipe_parameters(config, spec.serving, draft=draft, target=target, block_size=block_size)
 

@@ -3,14 +3,10 @@
 The verdicts come from the loader specs (`loaders`), or, under `verify --execute`, from running
 vLLM's own loader (`execute_vllm`); the findings use the same codes either way.
 
-`sections["runtimes"]` (JSON)::
-
-    {runtime: {"title", "verdicts": [{"tensor", "verdict", "detail", "rule", "evidence"}],
-               "unfilled": [{"parameter", "verdict", "detail", "rule", "evidence"}],
-               "refusal": {"stage", "message", "rule", "source", "evidence"} | null,
-               "counts": {verdict: int}, "executed": bool, "measured_by": "rules" | "...",
-               "serving": {...} | null, "serving_withheld": str (when serving is null),
-               "rules": [{"id", "rule", "source", "evidence"}], "notes": [...]}}
+`sections["runtimes"]` (JSON) maps each runtime's name to a `report.JudgedRuntime` (its verdicts per tensor
+and per unfilled parameter, its refusal, counts, rules and serving command; under `--execute` also what the
+execution found and how the rules compare) or, for a runtime with no loader rules for the format, a
+`report.UnjudgedRuntime` (`supported` false, nothing judged, no command).
 
 `serving` is null for a runtime the verdicts say refuses to start with the draft: no command is
 offered that cannot work (`serving_withheld` says why).
@@ -30,7 +26,18 @@ from typing import Any
 from dspark_hub._text import plural
 from dspark_hub.errors import ContractError
 from dspark_hub.format.checkpoint import CheckpointView
-from dspark_hub.report import Finding, Report, error, info, warning
+from dspark_hub.report import (
+    Finding,
+    JudgedRuntime,
+    Report,
+    RuleAgreement,
+    RuntimeEntry,
+    Serving,
+    UnjudgedRuntime,
+    error,
+    info,
+    warning,
+)
 from dspark_hub.verify.family import detect, methods_text
 from dspark_hub.verify.runtimes import execute_vllm
 from dspark_hub.verify.runtimes.loaders import RUNTIMES, loaders_for
@@ -113,7 +120,7 @@ def findings(result: RuntimeVerdicts) -> list[Finding]:
 
 
 def _serving(spec: RuntimeLoader, result: RuntimeVerdicts, config: Mapping[str, Any], draft: str,
-             block_size: int | None) -> dict[str, Any]:
+             block_size: int | None) -> Serving:
     """`serving` (the command) for a runtime that starts with the draft; for one the verdicts say refuses
     it, `serving` is null and `serving_withheld` says why (no command is offered that cannot work)."""
     if not result.loads:
@@ -124,7 +131,8 @@ def _serving(spec: RuntimeLoader, result: RuntimeVerdicts, config: Mapping[str, 
 
 def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[str], config: Mapping[str, Any],
                      specs: list[RuntimeLoader], *, draft: str = "DRAFT", block_size: int | None = None,
-                     measured: Mapping[str, RuntimeVerdicts] | None = None) -> tuple[dict[str, Any], list[Finding]]:
+                     measured: Mapping[str, RuntimeVerdicts] | None = None
+                     ) -> tuple[dict[str, RuntimeEntry], list[Finding]]:
     """`sections["runtimes"]` and the findings for the named runtimes' loaders.
 
     `tensors` maps name -> (shape, dtype) (a list of names is read as names of unknown shape).
@@ -133,18 +141,18 @@ def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[s
     (`rules_agree`, `disagreements`; a `RUNTIME_RULES_DIFFER` warning when they differ).
     """
     present = tensors if isinstance(tensors, Mapping) else {name: ((), "") for name in tensors}
-    section: dict[str, Any] = {}
+    section: dict[str, RuntimeEntry] = {}
     out: list[Finding] = []
     for spec in specs:
         result = spec.verdicts(present, config)
-        entry: dict[str, Any] = {}
+        agreement: RuleAgreement = {}
         if measured and spec.name in measured:
             measured[spec.name].adopt_rule_ids(result)
             rows = compare(result, measured[spec.name])
             differ = [row.to_dict() for row in rows if not row.agree]
-            entry = {"rules_agree": not differ, "rows_compared": len(rows), "disagreements": differ}
+            agreement = {"rules_agree": not differ, "rows_compared": len(rows), "disagreements": differ}
             if differ:
-                measured_by = (measured[spec.name].executed or {}).get("measured_by", "the runtime")
+                measured_by = measured[spec.name].measured_by
                 shown = "; ".join(f"{d['name']}: rules {d['rules']}, executed {d['executed']}" for d in differ[:4])
                 out.append(warning("RUNTIME_RULES_DIFFER", f"runtime:{spec.name}",
                                    f"{measured_by} did otherwise than dspark-hub's rules on "
@@ -152,8 +160,9 @@ def runtimes_section(tensors: Mapping[str, tuple[tuple[int, ...], str]] | list[s
                                    "the executed verdicts are what this vLLM does; report the difference to "
                                    "dspark-hub"))
             result = measured[spec.name]
-        section[spec.name] = {**result.to_dict(), "supported": True, **entry, **_serving(spec, result, config,
-                                                                                     draft, block_size)}
+        judged: JudgedRuntime = {**result.to_dict(), "supported": True, **agreement,
+                                 **_serving(spec, result, config, draft, block_size)}
+        section[spec.name] = judged
         out.extend(findings(result))
         out.extend(spec.serving_findings(config, block_size))
     return section, out
@@ -187,9 +196,10 @@ def extend_report(report: Report, view: CheckpointView, names: str | list[str], 
     explicit = names not in ("all", ["all"])
     for name in (n for n in wanted if n not in loaders):
         title = RUNTIMES[name].title if name in RUNTIMES else name
-        section[name] = {"title": title, "supported": False, "verdicts": [], "unfilled": [], "counts": {},
-                         "rules": [], "notes": [f"no {title} loader for {fmt.title} checkpoints is known"],
-                         "serving": None}
+        unjudged: UnjudgedRuntime = {"title": title, "supported": False, "verdicts": [], "unfilled": [], "counts": {},
+                                     "rules": [], "notes": [f"no {title} loader for {fmt.title} checkpoints is known"],
+                                     "serving": None}
+        section[name] = unjudged
         if explicit:
             out.append(warning("RUNTIME_NO_RULES", f"runtime:{name}", f"dspark-hub knows no {title} loader for "
                                f"{fmt.title} checkpoints ({methods_text(found.spec)}); nothing was judged",

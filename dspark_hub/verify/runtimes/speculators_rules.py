@@ -38,7 +38,7 @@ from dspark_hub.format import speculators
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.registry import serving_facts
 from dspark_hub.format.taps import taps_from_aux_ids
-from dspark_hub.report import Finding, warning
+from dspark_hub.report import Finding, ServingCommand, warning
 from dspark_hub.verify.runtimes.verdicts import Cited, RuntimeVerdicts, by_id, draft_id
 from dspark_hub.verify.runtimes.vllm_rules import ROTARY_BUFFERS, VERSION, ModuleTree, ShardId, stacked_module, truthy
 from dspark_hub.verify.runtimes.vllm_rules import rule as _rule
@@ -281,7 +281,7 @@ class SpeculatorsLoader:
         return result, filled, plan
 
     def serving_parameters(self, config: Mapping[str, Any], *, draft: str = "DRAFT",
-                           block_size: int | None = None) -> dict[str, Any]:
+                           block_size: int | None = None) -> ServingCommand:
         return serving_parameters(config, draft=draft, block_size=block_size)
 
     def serving_findings(self, config: Mapping[str, Any], block_size: int | None) -> list[Finding]:
@@ -301,7 +301,7 @@ class SpeculatorsLoader:
 
 
 def serving_parameters(config: Mapping[str, Any], *, draft: str = "DRAFT", target: str | None = None,
-                       block_size: int | None = None) -> dict[str, Any]:
+                       block_size: int | None = None) -> ServingCommand:
     """Both spellings of the vLLM serving command the config implies, with N given explicitly.
 
     `vllm serve VERIFIER --speculative-config '{"method": "dspark", "model": DRAFT, "num_speculative_tokens": N}'`

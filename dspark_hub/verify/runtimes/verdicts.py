@@ -28,14 +28,25 @@ import json
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 from dspark_hub.format import contract
-from dspark_hub.report import Finding
+from dspark_hub.report import (
+    CitedRule,
+    ComparedRow,
+    Evidence,
+    Execution,
+    Finding,
+    ParameterVerdictRow,
+    RefusalDict,
+    RefusalStage,
+    RuntimeVerdictsDict,
+    ServingCommand,
+    TensorVerdictRow,
+    Verdict,
+)
 
-Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
 Policy = Literal["raise", "ignore"]
-Evidence = Literal["executed", "read"]
 VERDICTS: tuple[Verdict, ...] = ("loaded", "skipped", "ignored", "fatal")
 
 
@@ -53,7 +64,7 @@ class Cited:
     evidence: Evidence | None = None
     id: str | None = None
 
-    def to_dict(self) -> dict[str, str | None]:
+    def to_dict(self) -> CitedRule:
         return {"id": self.id, "rule": self.rule, "source": self.source, "evidence": self.evidence}
 
 
@@ -97,11 +108,25 @@ class RuntimeLoader(Protocol):
         """What the loader does with every tensor (name -> (shape, dtype)) of a checkpoint."""
 
     def serving_parameters(self, config: Mapping[str, Any], *, draft: str = "DRAFT",
-                           block_size: int | None = None) -> dict[str, Any]:
+                           block_size: int | None = None) -> ServingCommand:
         """The serving command the config implies (`sections["runtimes"][name]["serving"]`)."""
 
     def serving_findings(self, config: Mapping[str, Any], block_size: int | None) -> list[Finding]:
         """Findings about how the draft must be served."""
+
+
+class Refusal(TypedDict):
+    """A start-up failure that names no tensor: where it happens, what the runtime says, and why we know.
+
+    `rule` is the id of the rule that predicts it (absent for an executed refusal no rule predicts);
+    `evidence` is set when the refusal was observed (``executed``), else the rule's evidence applies.
+    """
+
+    stage: RefusalStage
+    message: str
+    source: str
+    rule: NotRequired[str]
+    evidence: NotRequired[Evidence]
 
 
 @dataclass
@@ -110,9 +135,9 @@ class RuntimeVerdicts:
 
     `runtime` is the loader spec (a `RuntimeLoader`); `decided_by` / `unfilled_by` name the rule id
     behind a tensor's / a parameter's verdict, where the loader's rules have ids.
-    `refusal` (``{"stage": "config" | "load" | "after loading", "message", "rule", "source", "evidence"}``)
-    is a start-up failure that names no tensor; with one, no tensor is judged. `executed` holds what an
-    executed run adds (`execute_vllm.ExecutedLoad`: version, stubs, rounds); None for rules.
+    `refusal` (a `Refusal`) is a start-up failure that names no tensor; with one, no tensor is judged.
+    `executed` holds what an executed run adds (`execute_vllm.as_verdicts`: version, stubs, rounds) and
+    `measured_by` what measured it; None and ``rules`` for verdicts from rules.
 
     Every row's `evidence` (`to_dict`) says how its verdict is known: ``executed`` when it was observed by
     running the runtime's loader on this checkpoint (`executed` set), else the evidence of the rule that
@@ -126,8 +151,9 @@ class RuntimeVerdicts:
     harmless: set[str] = field(default_factory=set)    # ignored names whose bare form is skipped by design
     decided_by: dict[str, str] = field(default_factory=dict)   # tensor -> rule id
     unfilled_by: dict[str, str] = field(default_factory=dict)  # unfilled parameter -> rule id
-    refusal: dict[str, str] | None = None
-    executed: dict[str, Any] | None = None
+    refusal: Refusal | None = None
+    executed: Execution | None = None
+    measured_by: str = "rules"
 
     def names(self, verdict: Verdict) -> list[str]:
         return [n for n, (v, _) in self.tensors.items() if v == verdict]
@@ -139,8 +165,8 @@ class RuntimeVerdicts:
     def loads(self) -> bool:
         return self.refusal is None and not self.names("fatal") and not self.unfilled_names("fatal")
 
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {v: 0 for v in VERDICTS}
+    def counts(self) -> dict[Verdict, int]:
+        out: dict[Verdict, int] = {v: 0 for v in VERDICTS}
         for v, _ in self.tensors.values():
             out[v] += 1
         return out
@@ -158,27 +184,42 @@ class RuntimeVerdicts:
         self.decided_by = {n: rules.decided_by[n] for n in self.tensors if n in rules.decided_by}
         self.unfilled_by = {n: rules.unfilled_by[n] for n in self.unfilled if n in rules.unfilled_by}
         if self.refusal is not None:
-            rule = (rules.refusal or {}).get("rule")
-            self.refusal = {k: v for k, v in self.refusal.items() if k != "rule"} | ({"rule": rule} if rule else {})
+            refusal = self.refusal.copy()
+            refusal.pop("rule", None)
+            rule = rules.refusal.get("rule") if rules.refusal is not None else None
+            if rule:
+                refusal["rule"] = rule
+            self.refusal = refusal
 
-    def to_dict(self) -> dict[str, Any]:
-        def row(key: str, name: str, verdict: Verdict, detail: str, rule: str | None) -> dict[str, Any]:
-            return {key: name, "verdict": verdict, "detail": detail, "rule": rule, "evidence": self.evidence(rule)}
+    def _tensor_row(self, name: str, verdict: Verdict, detail: str) -> TensorVerdictRow:
+        rule = self.decided_by.get(name)
+        return {"tensor": name, "verdict": verdict, "detail": detail, "rule": rule, "evidence": self.evidence(rule)}
 
-        refusal = None if self.refusal is None else {
-            "rule": None, **self.refusal, "evidence": self.refusal.get("evidence") or self.evidence(
-                self.refusal.get("rule"))}
-        doc = {"title": self.runtime.title,
-               "verdicts": [row("tensor", n, v, d, self.decided_by.get(n)) for n, (v, d) in self.tensors.items()],
-               "unfilled": [row("parameter", n, v, d, self.unfilled_by.get(n)) for n, (v, d) in self.unfilled.items()],
-               "refusal": refusal,
-               "counts": self.counts(),
-               "executed": self.executed is not None,
-               "measured_by": (self.executed or {}).get("measured_by") or "rules",
-               "rules": [r.to_dict() for r in self.runtime.rules],
-               "notes": list(self.runtime.notes)}
+    def _parameter_row(self, name: str, verdict: Verdict, detail: str) -> ParameterVerdictRow:
+        rule = self.unfilled_by.get(name)
+        return {"parameter": name, "verdict": verdict, "detail": detail, "rule": rule,
+                "evidence": self.evidence(rule)}
+
+    def _refusal_dict(self) -> RefusalDict | None:
+        if self.refusal is None:
+            return None
+        rule = self.refusal.get("rule")
+        return {"rule": rule, "stage": self.refusal["stage"], "message": self.refusal["message"],
+                "source": self.refusal["source"], "evidence": self.refusal.get("evidence") or self.evidence(rule)}
+
+    def to_dict(self) -> RuntimeVerdictsDict:
+        doc: RuntimeVerdictsDict = {
+            "title": self.runtime.title,
+            "verdicts": [self._tensor_row(n, v, d) for n, (v, d) in self.tensors.items()],
+            "unfilled": [self._parameter_row(n, v, d) for n, (v, d) in self.unfilled.items()],
+            "refusal": self._refusal_dict(),
+            "counts": self.counts(),
+            "executed": self.executed is not None,
+            "measured_by": self.measured_by,
+            "rules": [r.to_dict() for r in self.runtime.rules],
+            "notes": list(self.runtime.notes)}
         if self.executed is not None:
-            doc["execution"] = {k: v for k, v in self.executed.items() if k != "measured_by"}
+            doc["execution"] = self.executed.copy()
         return doc
 
 
@@ -190,7 +231,7 @@ def draft_id(draft: str) -> str:
 
 
 def recipe_parameters(config: Mapping[str, Any], recipe: ServingRecipe, *, draft: str = "DRAFT",
-                      target: str = "TARGET", block_size: int | None = None) -> dict[str, Any]:
+                      target: str = "TARGET", block_size: int | None = None) -> ServingCommand:
     """The serving parameters a k3_dspark config implies under `recipe`, as a ready-to-paste command fragment.
 
     Args:
@@ -232,12 +273,12 @@ class Row:
     def agree(self) -> bool:
         return self.rules == self.executed
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ComparedRow:
         return {"kind": self.kind, "name": self.name, "rules": self.rules, "executed": self.executed,
                 "agree": self.agree}
 
 
-def _refusal_text(refusal: dict[str, str] | None) -> str:
+def _refusal_text(refusal: Refusal | None) -> str:
     return "none" if refusal is None else f"refused at {refusal['stage']}: {refusal['message']}"
 
 

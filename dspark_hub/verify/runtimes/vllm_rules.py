@@ -32,13 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from dspark_hub.format import contract
-from dspark_hub.report import Finding
+from dspark_hub.report import Evidence, Finding, ServingCommand, Verdict
 from dspark_hub.verify.runtimes.verdicts import (
     Cited,
-    Evidence,
     RuntimeVerdicts,
     ServingRecipe,
-    Verdict,
     by_id,
     recipe_parameters,
 )
@@ -373,7 +371,7 @@ class VllmK3Loader:
         return result
 
     def serving_parameters(self, config: Mapping[str, Any], *, draft: str = "DRAFT",
-                           block_size: int | None = None) -> dict[str, Any]:
+                           block_size: int | None = None) -> ServingCommand:
         return recipe_parameters(config, self.serving, draft=draft, block_size=block_size)
 
     def serving_findings(self, config: Mapping[str, Any], block_size: int | None) -> list[Finding]:

@@ -7,9 +7,14 @@ under the checkpoint name that fills it, from the models' own name mappers.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from dspark_hub.verify.runtimes.execute_vllm.result import TENSOR_VERDICTS
+from dspark_hub.verify.runtimes.execute_vllm.result import (
+    TENSOR_VERDICTS,
+    ExecutedParameter,
+    ExecutedStatus,
+    ExecutedTensor,
+)
 from dspark_hub.verify.runtimes.execute_vllm.trace import Trace
 from dspark_hub.verify.runtimes.vllm_rules import ShardId
 
@@ -66,11 +71,11 @@ def checkpoint_name(vllm_name: str) -> str:
     return "d2t" if vllm_name == "draft_id_to_target_id" else vllm_name
 
 
-def parameters(t: Trace, replaced: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+def parameters(t: Trace, replaced: Mapping[str, str]) -> dict[str, ExecutedParameter]:
     model, snap = t.model, t.snapshot or {}
     labels = _stacked_labels(model)
     raised_for = set(t.strict.get("raised_for") or ())
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ExecutedParameter] = {}
     for pname, entry in snap.items():
         if pname in replaced or any(pname.startswith(r + ".") for r in replaced):
             continue
@@ -92,9 +97,10 @@ def parameters(t: Trace, replaced: Mapping[str, str]) -> dict[str, dict[str, Any
     return out
 
 
-def classify(t: Trace, header_names: list[str], raised: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, dict[str, Any]] = {}
+def classify(t: Trace, header_names: list[str], raised: Mapping[str, str]) -> dict[str, ExecutedTensor]:
+    out: dict[str, ExecutedTensor] = {}
     for name in header_names:
+        status: ExecutedStatus
         if name in raised:
             status, detail = "raised", raised[name]
         elif t.writes.get(name):

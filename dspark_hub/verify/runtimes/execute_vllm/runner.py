@@ -102,7 +102,8 @@ def _add_verdicts(result: ExecutedLoad, t: Trace, outcome: Mapping[str, Any], na
     result.strict_check = {"ran": bool(t.strict.get("ran")),
                            "raised_for": [checkpoint_name(p) for p in t.strict.get("raised_for") or ()]}
     if outcome.get("error"):
-        result.strict_check.update(error=outcome["error"], site=outcome.get("site", ""))
+        result.strict_check["error"] = outcome["error"]
+        result.strict_check["site"] = outcome.get("site", "")
 
 
 @contextlib.contextmanager
