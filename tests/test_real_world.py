@@ -65,17 +65,24 @@ def test_init_target_sizes_a_draft_for_smollm2_that_pairs(tmp_path, fmt, extra):
 @pytest.mark.slow
 @needs_world
 def test_the_ci_sized_real_recipe_runs_and_training_beats_the_untrained_draft(tmp_path):
-    """bench/real_recipe.py --ci: init --target, rollouts, finetune, eval on SmolLM2, every step as written."""
+    """bench/real_recipe.py --ci: both formats through init --target, rollouts, finetune, eval, verify and card."""
     import subprocess
     import sys
 
     script = PROMPTS.parent / "real_recipe.py"
-    run = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), "--ci", "--target", str(WORLD / "f32"),
-                          "--threads", "1"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), "--ci", "--threads", "1"],
+                         capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "recipe.json").read_text())
-    assert [s["step"] for s in summary["steps"]] == ["init", "rollouts train", "rollouts held-out", "finetune", "eval"]
+    per_draft = ["finetune", "eval", "verify", "card", "card lint"]
+    assert [s["step"] for s in summary["steps"]] == [
+        "init k3", "rollouts train", "rollouts held-out", "init spec",
+        *(f"{step} k3" for step in per_draft), *(f"{step} spec" for step in per_draft)]
     assert all(s["exit"] == 0 and s["peak_rss_mib"] > 0 for s in summary["steps"])
-    acceptance = summary["acceptance"]
-    assert acceptance["trained"]["acceptance_length"] > acceptance["untrained base"]["acceptance_length"]
-    assert set(summary["by_dataset"]) <= {"chat", "code", "lists", "arithmetic", "explanation"}
+    assert set(summary["drafts"]) == {"k3_dspark", "speculators"}
+    for draft in summary["drafts"].values():
+        simulated = draft["simulated"]
+        assert simulated["trained"]["acceptance_length"] > simulated["untrained base"]["acceptance_length"]
+        assert set(draft["by_dataset"]) <= {"chat", "code", "lists", "arithmetic", "explanation"}
+    card = (tmp_path / "run" / "card-k3.md").read_text()
+    assert "simulated" in card

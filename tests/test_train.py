@@ -81,6 +81,29 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
     assert "hidden_states[l + 1]" in manifest["tap_convention"]
 
 
+def test_prompts_of_many_lengths_share_a_generate_call_and_continue_as_each_would_alone(world, monkeypatch):
+    """`rollouts` left-pads a batch of mixed lengths: one `generate` call, and each row equals its run alone."""
+    from dspark_hub.train.generate import Prompt, generate_rollouts
+    from dspark_hub.train.teacher import load_teacher
+
+    teacher = load_teacher(world["teacher"])
+    rng = torch.Generator().manual_seed(7)
+    prompts = [Prompt(i, torch.randint(10, 70, (length,), generator=rng).tolist(), "words")
+               for i, length in enumerate([9, 12, 5, 12, 7, 10])]
+    calls = []
+    generate = teacher.generate
+    monkeypatch.setattr(teacher, "generate", lambda **kw: calls.append(kw["input_ids"].shape) or generate(**kw))
+    together = list(generate_rollouts(teacher, prompts, [1, 3, 4], max_new_tokens=16, batch_size=6))
+    assert calls == [(6, 12)]
+    assert [r.prompt_index for r in together] == [2, 4, 0, 5, 1, 3]       # by prompt length, as before
+    for rollout in together:
+        alone, = generate_rollouts(teacher, [prompts[rollout.prompt_index]], [1, 3, 4], max_new_tokens=16)
+        assert torch.equal(rollout.input_ids, alone.input_ids)
+        assert torch.equal(rollout.aux_hidden_states, alone.aux_hidden_states)
+        assert torch.equal(rollout.final_hidden_states, alone.final_hidden_states)
+        assert rollout.greedy_agreement == alone.greedy_agreement
+
+
 def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
     from transformers import LlamaForCausalLM
 

@@ -111,12 +111,43 @@ def _batches(prompts: list[Prompt], batch_size: int) -> Iterator[list[Prompt]]:
             yield group[i:i + batch_size]
 
 
+def _generation_batches(prompts: list[Prompt], batch_size: int) -> Iterator[list[Prompt]]:
+    """Prompts sorted by length, `batch_size` at a time: full batches, with as little left padding as can be."""
+    ordered = sorted(prompts, key=lambda p: (len(p.input_ids), p.index))
+    for i in range(0, len(ordered), batch_size):
+        yield ordered[i:i + batch_size]
+
+
+def _generate_left_padded(model: CausalLM, group: list[Prompt], config: Any, pad: int) -> list[torch.Tensor]:
+    """Each prompt with its greedy continuation (EOS-padded to one length), the left padding taken off.
+
+    Prompts of several lengths share one `generate` call: a real prompt set has many lengths, and
+    batching only equal ones leaves most batches nearly empty. The attention mask hides the padding and
+    transformers derives the positions from it, so each row continues as it would alone (the greedy
+    agreement recorded per rollout checks it).
+    """
+    import torch
+
+    device = model.get_output_embeddings().weight.device
+    width = max(len(p.input_ids) for p in group)
+    ids = torch.full((len(group), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(group):
+        ids[row, width - len(prompt.input_ids):] = torch.tensor(prompt.input_ids, dtype=torch.long)
+        mask[row, width - len(prompt.input_ids):] = 1
+    with torch.no_grad():
+        sequences = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    return [sequences[row, width - len(prompt.input_ids):] for row, prompt in enumerate(group)]
+
+
 def generate_rollouts(model: CausalLM, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int,
                       batch_size: int = 8, ignore_eos: bool = False, progress: Progress | None = None,
                       states_dtype: torch.dtype | None = None) -> Iterator[Rollout]:
     """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length).
 
-    The states are kept in `states_dtype` (default bfloat16, what a rollouts folder stores).
+    Continuations are generated `batch_size` prompts at a time (left-padded); the states are then
+    captured without padding, prompts of one length together, so every stored row is exact for its
+    tokens. They are kept in `states_dtype` (default bfloat16, what a rollouts folder stores).
     """
     import torch
     from transformers import GenerationConfig
@@ -124,25 +155,32 @@ def generate_rollouts(model: CausalLM, prompts: list[Prompt], layer_ids: list[in
     eos = _eos_ids(model, ignore_eos)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else (eos[0] if eos else 0)
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
-    lm_head = model.get_output_embeddings().weight
-    device = lm_head.device
-    for group in _batches(prompts, batch_size):
-        ids = torch.tensor([p.input_ids for p in group], dtype=torch.long, device=device)
-        with torch.no_grad():
-            sequences = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
-        states = capture_states(model, sequences, layer_ids)  # causal: rows past EOS do not change earlier ones
-        start = ids.shape[1]
-        for row, prompt in enumerate(group):
-            length = _trimmed_length(sequences[row].tolist(), start, eos)
-            dtype = states_dtype or torch.bfloat16
-            rollout = Rollout(prompt.index, prompt.dataset, sequences[row, :length].cpu().clone(), start,
-                              states.aux_hidden_states[row, :length].to(dtype).cpu().clone(),
-                              states.final_hidden_states[row, :length].to(dtype).cpu().clone())
-            rollout.greedy_agreement = greedy_agreement(states.final_hidden_states[row, :length],
-                                                        sequences[row, :length], rollout.loss_mask, lm_head)
-            yield rollout
+    for group in _generation_batches(prompts, batch_size):
+        continued = dict(zip((p.index for p in group), _generate_left_padded(model, group, config, pad), strict=True))
+        for same_length in _batches(group, batch_size):
+            sequences = torch.stack([continued[p.index] for p in same_length])
+            yield from _captured(model, same_length, sequences, layer_ids, eos, states_dtype)
         if progress:
             progress(len(group))
+
+
+def _captured(model: CausalLM, group: list[Prompt], sequences: torch.Tensor, layer_ids: list[int],
+              eos: list[int] | None, states_dtype: torch.dtype | None) -> Iterator[Rollout]:
+    """The rollouts of prompts of one length: their states from one unpadded forward."""
+    import torch
+
+    lm_head = model.get_output_embeddings().weight
+    states = capture_states(model, sequences, layer_ids)  # causal: rows past EOS do not change earlier ones
+    start = len(group[0].input_ids)
+    dtype = states_dtype or torch.bfloat16
+    for row, prompt in enumerate(group):
+        length = _trimmed_length(sequences[row].tolist(), start, eos)
+        rollout = Rollout(prompt.index, prompt.dataset, sequences[row, :length].cpu().clone(), start,
+                          states.aux_hidden_states[row, :length].to(dtype).cpu().clone(),
+                          states.final_hidden_states[row, :length].to(dtype).cpu().clone())
+        rollout.greedy_agreement = greedy_agreement(states.final_hidden_states[row, :length],
+                                                    sequences[row, :length], rollout.loss_mask, lm_head)
+        yield rollout
 
 
 def prefill_rollouts(model: PreTrainedModel, prompts: list[Prompt], layer_ids: list[int], *, batch_size: int = 8,
