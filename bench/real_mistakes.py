@@ -11,8 +11,11 @@ the draft is written as an artifact into W (`bench/_mistakes.py`: a draft-folder
 tensor changed, or a held-out rollouts copy); a draft with shifted taps gets held-out rollouts of its own
 taps (`dspark-hub rollouts`, the same prompts and settings: the same greedy paths). Then `dspark-hub eval`
 (simulated, vLLM's verify loop, each its own process) measures the trained draft and every mutant on
-the same paths; the script prints a table (AL, per-position acceptance, change against the trained draft)
-and writes W/mistakes.json. TARGET defaults to the rollouts' target.
+the same paths. Beside eval's greedy counts, the script computes in-process the low-noise paired measure
+the regression test uses (`_mistakes.expected_accepted`: expected accepted drafts per held-out anchor,
+teacher-forced) and its paired z against the trained draft. It prints a table (AL, per-position
+acceptance, change against the trained draft, the paired measure) and writes W/mistakes.json. TARGET
+defaults to the rollouts' target.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from _mistakes import Mistake, mistakes_for, target_layers  # noqa: E402
+from _mistakes import Mistake, expected_accepted, mistakes_for, paired_z, target_layers  # noqa: E402
 
 from dspark_hub.format.digests import sha256_file  # noqa: E402
 from dspark_hub.train.rollouts import MANIFEST  # noqa: E402
@@ -86,17 +89,33 @@ def write_artifacts(mistakes: list[Mistake], draft: Path, data: Path, work: Path
     return pairs
 
 
+def add_paired_measure(rows: dict[str, dict[str, Any]], target: str) -> None:
+    """Each row's mean expected accepted drafts per anchor (`_mistakes.expected_accepted`) and its paired z
+    against the trained draft's, on the same anchors of the same paths."""
+    import torch
+
+    torch.set_num_threads(1)
+    per_anchor = {key: expected_accepted(Path(row["draft"]), Path(row["data"]), Path(target))
+                  for key, row in rows.items()}
+    for key, row in rows.items():
+        row["expected_accepted"] = round(float(per_anchor[key].mean()), 5)
+        row["anchors"] = len(per_anchor[key])
+        row["paired_z"] = None if key == TRAINED else round(paired_z(per_anchor[TRAINED], per_anchor[key]), 2)
+
+
 def table(rows: dict[str, dict[str, Any]], titles: dict[str, str]) -> str:
     trained = rows[TRAINED]["acceptance_length"]
-    lines = ["| mistake | AL | per-position acceptance (1..k) | AL change vs trained | slot-1 accepted / drafts |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| mistake | AL | per-position acceptance (1..k) | AL change vs trained | slot-1 accepted / drafts "
+             "| expected accepted per anchor (paired z vs trained) |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for key, row in rows.items():
         al = row["acceptance_length"]
         change = "-" if key == TRAINED else f"{al - trained:+.3f} ({(al - trained) / (trained - 1) * 100:+.0f}% of "\
             "the gain over 1)"
         per = " ".join(f"{a:.3f}" for a in row["per_position"])
+        z = "" if row["paired_z"] is None else f" (z {row['paired_z']:+.1f})"
         lines.append(f"| {titles.get(key, key)} | {al:.3f} | {per} | {change} | "
-                     f"{row['accepted_per_position'][0]} / {row['drafts']} |")
+                     f"{row['accepted_per_position'][0]} / {row['drafts']} | {row['expected_accepted']:.4f}{z} |")
     return "\n".join(lines)
 
 
@@ -134,6 +153,7 @@ def main() -> None:
     for key, (draft, data) in pairs.items():
         rows[key] = measure(draft, data, target, threads, args.work / f"eval-{key}.log")
         print(f"{key}: AL {rows[key]['acceptance_length']:.3f} ({rows[key]['eval_seconds']} s)", flush=True)
+    add_paired_measure(rows, target)
     titles = {m.key: m.title for m in mistakes}
     print(table(rows, titles))
     for m in mistakes:

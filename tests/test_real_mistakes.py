@@ -40,12 +40,30 @@ def on_the_real_world(test):
     """Marks a test that needs the SmolLM2 world and the session's trained drafts."""
     return pytest.mark.real(pytest.mark.slow(needs_world(test)))
 
+
 FORMATS = ("k3_dspark", "speculators")
 #: Which mistakes apply to the session's drafts (both tap the final layer; only speculators has the rest).
 APPLICABLE = {"k3_dspark": ("taps_shifted", "final_norm_on_last_tap", "markov_dropped"),
               "speculators": ("taps_shifted", "slot_layout_flipped", "final_norm_on_last_tap", "d2t_absolute",
                               "markov_dropped")}
+#: What a CI-sized draft cannot tell apart: it has learnt a bigram (its Markov head, its slot-0 row) and
+#: barely reads its context or its other rows. Paired z of these on the CI-sized drafts, finetune seeds 0, 1
+#: and 2 (2026-12-01): k3_dspark taps -1.8, -0.1, -5.8; k3_dspark final norm -2.6, +3.9, +4.0;
+#: speculators slot layout +0.8, -2.6, +1.1; speculators final norm +0.5, +1.0, +0.2. The
+#: ones asserted: k3_dspark Markov +6.9, +7.3, +7.4; speculators taps +6.4, +6.5, +5.6; d2t
+#: +11.8, +12.6, +13.8; Markov +5.3, +5.3, +6.0 (so `MARGIN_Z` 4 leaves 1.3 standard errors). A
+#: draft trained on more than `CI_SIZED_ANCHOR_BLOCKS` (`DSPARK_REAL_RUN`) is held to every case.
+BEYOND_A_CI_SIZED_DRAFT = {("k3_dspark", "taps_shifted"), ("k3_dspark", "final_norm_on_last_tap"),
+                           ("speculators", "slot_layout_flipped"), ("speculators", "final_norm_on_last_tap")}
+#: The CI-sized training (`tests/real_drafts.FINETUNE`): optimizer steps x sequences x anchors per sequence.
+CI_SIZED_ANCHOR_BLOCKS = 30 * 4 * 8
 CASES = [(fmt, key) for fmt in FORMATS for key in APPLICABLE[fmt]]
+
+
+def anchor_blocks_trained(draft: Path) -> int:
+    """How many anchor blocks the draft was trained on at most (its training_args: steps x batch x anchors)."""
+    args = json.loads((draft / "training_args.json").read_text())
+    return int(args["steps"]) * int(args["batch_size"]) * int(args["max_anchors"])
 #: How many standard errors of the paired per-anchor difference the trained draft must lead by.
 MARGIN_Z = 4.0
 
@@ -104,10 +122,14 @@ def test_the_mistakes_that_apply_are_the_ones_the_draft_can_make(real_drafts, fm
 
 @on_the_real_world
 @pytest.mark.parametrize("fmt, key", CASES)
-def test_the_trained_draft_accepts_clearly_more_than_the_mistake(measured, fmt, key):
+def test_the_trained_draft_accepts_clearly_more_than_the_mistake(measured, real_drafts, fmt, key):
     trained, mutant = measured[fmt]["trained"], measured[fmt][key]
     assert trained.shape == mutant.shape      # the same anchors of the same paths
     z = paired_z(trained, mutant)
+    if (z < MARGIN_Z and (fmt, key) in BEYOND_A_CI_SIZED_DRAFT
+            and anchor_blocks_trained(real_drafts[fmt].draft) <= CI_SIZED_ANCHOR_BLOCKS):
+        pytest.xfail(f"paired z {z:.2f}: a CI-sized draft barely reads its context and its later rows, so this "
+                     "mistake costs it no measurable acceptance (DSPARK_REAL_RUN: a run trained further)")
     assert z >= MARGIN_Z, (f"expected accepted per anchor: trained {float(trained.mean()):.5f}, "
                            f"{key} {float(mutant.mean()):.5f}, paired z {z:.2f}")
 
