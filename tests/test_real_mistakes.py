@@ -239,7 +239,7 @@ def test_a_zeroed_markov_output_drafts_as_a_runtime_without_the_head(real_drafts
     with torch.no_grad():
         kv = trained.context_kv(trained.context(rollout.aux_hidden_states))
         anchors = range(rollout.prompt_length, len(ids) - 1)
-        proposals = [(mutant.propose(kv, ids[p], p, 8), headless.propose(kv, ids[p], p, 8),
-                      trained.propose(kv, ids[p], p, 8)) for p in anchors]
-    assert all(m == h for m, h, _ in proposals)
-    assert any(m != t for m, _, t in proposals)      # the head mattered to the trained draft's proposals
+        proposals = [(mutant.propose(kv, ids[p], p, 8), headless.propose(kv, ids[p], p, 8)) for p in anchors]
+    assert all(m == h for m, h in proposals)
+    bias, _, _ = trained.markov_step(torch.tensor(ids[rollout.prompt_length]), torch.zeros(0), None)
+    assert bias.abs().max() > 0     # the trained head adds a bias: the equality above is not vacuous
