@@ -110,8 +110,8 @@ def table(rows: dict[str, dict[str, Any]], titles: dict[str, str]) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for key, row in rows.items():
         al = row["acceptance_length"]
-        change = "-" if key == TRAINED else f"{al - trained:+.3f} ({(al - trained) / (trained - 1) * 100:+.0f}% of "\
-            "the gain over 1)"
+        change = "-" if key == TRAINED else f"{al - trained:+.3f}" + (
+            f" ({(al - trained) / (trained - 1) * 100:+.0f}% of the gain over 1)" if trained > 1 else "")
         per = " ".join(f"{a:.3f}" for a in row["per_position"])
         z = "" if row["paired_z"] is None else f" (z {row['paired_z']:+.1f})"
         lines.append(f"| {titles.get(key, key)} | {al:.3f} | {per} | {change} | "

@@ -243,3 +243,23 @@ def test_a_zeroed_markov_output_drafts_as_a_runtime_without_the_head(real_drafts
     assert all(m == h for m, h in proposals)
     bias, _, _ = trained.markov_step(torch.tensor(ids[rollout.prompt_length]), torch.zeros(0), None)
     assert bias.abs().max() > 0     # the trained head adds a bias: the equality above is not vacuous
+
+
+@pytest.mark.parametrize("case", ["other prompts", "work exists"])
+def test_the_bench_refuses_before_any_work(tmp_path, case):
+    """bench/real_mistakes.py: prompts that are not the rollouts' own, or a work folder it would replace."""
+    data = tmp_path / "data"
+    data.mkdir()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "hi"}\n')
+    from dspark_hub.format.digests import sha256_file
+
+    digest = "0" * 64 if case == "other prompts" else sha256_file(prompts)
+    (data / "manifest.json").write_text(json.dumps({"settings": {"prompts_sha256": digest, "teacher": "t"}}))
+    (tmp_path / "work").mkdir()
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "real_mistakes.py"), str(tmp_path / "draft"),
+                           "--data", str(data), "--prompts", str(prompts), "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert ("is not the prompts file" if case == "other prompts" else "exists; pass --force") in done.stderr
+    assert (tmp_path / "work").is_dir() and not any((tmp_path / "work").iterdir())
