@@ -53,7 +53,7 @@ def drafts_in(run: Path) -> dict[str, RealDraft]:
             for fmt, (_, trained) in FOLDERS.items()}
 
 
-def _dspark_hub(*args: str) -> None:
+def dspark_hub(*args: str) -> None:
     """One command in its own process, at one thread (`init` takes no `--threads`: it runs no model)."""
     threads = () if args[0] == "init" else ("--threads", "1")
     done = subprocess.run([sys.executable, "-m", "dspark_hub", *args, *threads, "-q"], cwd=ROOT,
@@ -74,15 +74,15 @@ def build_real_drafts(run: Path) -> dict[str, RealDraft]:
     heldout = _first_lines(PROMPTS / "smollm2-heldout.jsonl", HELDOUT_PROMPTS, run / "heldout.jsonl")
     target = str(TARGET)
     init = ["init", "--target", target, "--taps", TAPS, "--force"]
-    _dspark_hub(*init, str(run / "base"))
-    _dspark_hub(*init, str(run / "speculators-base"), "--format", "speculators", "--draft-vocab", "8192",
+    dspark_hub(*init, str(run / "base"))
+    dspark_hub(*init, str(run / "speculators-base"), "--format", "speculators", "--draft-vocab", "8192",
                 "--vocab-from", str(train))
     for prompts, out in ((train, "train-data"), (heldout, "heldout-data")):
-        _dspark_hub("rollouts", "--target", target, "--prompts", str(prompts), "--draft-config",
+        dspark_hub("rollouts", "--target", target, "--prompts", str(prompts), "--draft-config",
                     str(run / "base" / "config.json"), "--out", str(run / out), "--max-new-tokens", str(NEW_TOKENS),
                     "--batch-size", "16", "--force")
     for base, trained in FOLDERS.values():
-        _dspark_hub("finetune", "--base", str(run / base), "--data", str(run / "train-data"), "--target", target,
+        dspark_hub("finetune", "--base", str(run / base), "--data", str(run / "train-data"), "--target", target,
                     "--out", str(run / trained), *FINETUNE, "--force")
     return drafts_in(run)
 

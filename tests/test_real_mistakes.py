@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.real_drafts import ROOT, TARGET, WORLD_READY
+from tests.real_drafts import ROOT, TARGET, WORLD_READY, dspark_hub
 
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -68,16 +68,6 @@ def anchor_blocks_trained(draft: Path) -> int:
 MARGIN_Z = 4.0
 
 
-def _rollouts(config: Path, prompts: Path, out: Path, max_new_tokens: int) -> Path:
-    """`dspark-hub rollouts` of the held-out prompts for another draft config, in its own process."""
-    done = subprocess.run([sys.executable, "-m", "dspark_hub", "rollouts", "--target", str(TARGET), "--prompts",
-                           str(prompts), "--draft-config", str(config), "--out", str(out), "--max-new-tokens",
-                           str(max_new_tokens), "--batch-size", "16", "--threads", "1", "-q"], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
-
-
 @pytest.fixture(scope="module")
 def measured(real_drafts, tmp_path_factory) -> dict[str, dict[str, Any]]:
     """Per format: the expected accepted drafts per held-out anchor of the trained draft (`trained`) and of
@@ -101,8 +91,10 @@ def measured(real_drafts, tmp_path_factory) -> dict[str, dict[str, Any]]:
             if mistake.key == "taps_shifted":   # same prompts and settings, the shifted taps: the same paths
                 manifest = json.loads((real.heldout_data / "manifest.json").read_text())
                 if shifted_data is None:     # both formats shift the same taps the same way
-                    shifted_data = _rollouts(artifact / "config.json", real.heldout_prompts, work / "shifted-data",
-                                             manifest["settings"]["max_new_tokens"])
+                    shifted_data = work / "shifted-data"
+                    dspark_hub("rollouts", "--target", str(real.target), "--prompts", str(real.heldout_prompts),
+                               "--draft-config", str(artifact / "config.json"), "--out", str(shifted_data),
+                               "--max-new-tokens", str(manifest["settings"]["max_new_tokens"]), "--batch-size", "16")
                 data = shifted_data
             results[mistake.key] = expected_accepted(draft, data, real.target)
         out[fmt] = results
