@@ -29,7 +29,7 @@ from typing import Any
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.registry import DraftFormat
 from dspark_hub.format.tensorio import tensor_files
-from dspark_hub.format.writer import atomic_dir, atomic_file, write_weights_like
+from dspark_hub.format.writer import atomic_dir, write_weights_like
 from dspark_hub.train.eval_inputs import read_draft
 from dspark_hub.train.rollouts import MANIFEST
 
@@ -70,14 +70,10 @@ def _read_tensor(folder: Path, name: str) -> Any:
         return handle.get_tensor(name)
 
 
-def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
-    with atomic_file(path, force=True, mode="w") as f:
-        f.write(json.dumps(doc, indent=2) + "\n")
-
-
 def write_draft_copy(src: Path, dst: Path, *, config: Mapping[str, Any] | None = None,
                      replace: Mapping[str, bytes] | None = None) -> None:
-    """`src`'s weights (some tensors' bytes replaced) and config (or `config`) into a new folder `dst`."""
+    """`src`'s weights (some tensors' bytes replaced) and config (or `config`) into a new folder `dst`: what eval
+    reads; the training log and init notes stay behind."""
     with atomic_dir(dst) as tmp:
         write_weights_like(src, tmp, replace or {})
         if config is not None:
