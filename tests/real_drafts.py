@@ -7,8 +7,8 @@
     init run/speculators-base --target T --format speculators --taps 1,7,14,22,29 --draft-vocab 8192 --vocab-from ...
     rollouts --draft-config run/base/config.json --prompts run/train.jsonl --out run/train-data     (24 prompts)
     rollouts ... --prompts run/heldout.jsonl --out run/heldout-data                                  (8 prompts)
-    finetune --base run/base --data run/train-data --out run/draft
-    finetune --base run/speculators-base --data run/train-data --out run/speculators-draft
+    finetune --base run/base --data run/train-data --out run/draft                        (30 steps, 4 x 8 anchors)
+    finetune --base run/speculators-base --data run/train-data --out run/speculators-draft  (150 steps, 8 x 32)
 
 Both drafts tap the same layers, the last being the target's final layer (29), so one pair of rollouts
 serves both and the final-norm mistake applies to both. `DSPARK_REAL_RUN=DIR` names a run folder already
@@ -31,8 +31,12 @@ TARGET = WORLD / "f32"
 #: The taps: the K3 recipe's spread, its last moved onto the final layer (29 of 30), where the norm matters.
 TAPS = "1,7,14,22,29"
 TRAIN_PROMPTS, HELDOUT_PROMPTS, NEW_TOKENS = 24, 8, 48
-FINETUNE = ["--steps", "30", "--batch-size", "4", "--anchors", "8", "--warmup", "2", "--lr", "3e-3",
-            "--loss", '{"kl": 1}']
+#: Each format's CI-sized finetune: the k3_dspark step scores the whole 49,152-token vocabulary (2.4 s at 4 x 8
+#: anchors), the speculators one its pruned 8,192 (0.5 s at 8 x 32), so the speculators draft gets 150 steps.
+FINETUNE = {"k3_dspark": ["--steps", "30", "--batch-size", "4", "--anchors", "8", "--warmup", "2", "--lr", "3e-3",
+                          "--loss", '{"kl": 1}'],
+            "speculators": ["--steps", "150", "--batch-size", "8", "--anchors", "32", "--warmup", "8", "--lr", "1e-3",
+                            "--loss", '{"kl": 1}']}
 #: Each format's (untrained base, trained draft) folder names inside a run.
 FOLDERS = {"k3_dspark": ("base", "draft"), "speculators": ("speculators-base", "speculators-draft")}
 
@@ -81,9 +85,9 @@ def build_real_drafts(run: Path) -> dict[str, RealDraft]:
         dspark_hub("rollouts", "--target", target, "--prompts", str(prompts), "--draft-config",
                     str(run / "base" / "config.json"), "--out", str(run / out), "--max-new-tokens", str(NEW_TOKENS),
                     "--batch-size", "16", "--force")
-    for base, trained in FOLDERS.values():
+    for fmt, (base, trained) in FOLDERS.items():
         dspark_hub("finetune", "--base", str(run / base), "--data", str(run / "train-data"), "--target", target,
-                    "--out", str(run / trained), *FINETUNE, "--force")
+                   "--out", str(run / trained), *FINETUNE[fmt], "--force")
     return drafts_in(run)
 
 
