@@ -1,14 +1,14 @@
 """CI-sized trained drafts on the SmolLM2 world, one per format, built once per test session.
 
 `build_real_drafts(run)` runs, each as its own `dspark-hub` process, the real recipe's commands at CI size
-(docs/real-model.md; `bench/real_recipe.py --ci` writes the same layout for its k3_dspark draft):
+(docs/real-model.md; `bench/real_recipe.py --ci` writes the same layout, with its own settings):
 
-    init run/base --target T --taps 1,7,14,22,29
-    init run/speculators-base --target T --format speculators --taps 1,7,14,22,29 --draft-vocab 8192 --vocab-from ...
-    rollouts --draft-config run/base/config.json --prompts run/train.jsonl --out run/train-data     (24 prompts)
+    init run/k3-base --target T --taps 1,7,14,22,29
+    init run/spec-base --target T --format speculators --taps 1,7,14,22,29 --draft-vocab 8192 --vocab-from ...
+    rollouts --draft-config run/k3-base/config.json --prompts run/train.jsonl --out run/train-data     (24 prompts)
     rollouts ... --prompts run/heldout.jsonl --out run/heldout-data                                  (8 prompts)
-    finetune --base run/base --data run/train-data --out run/draft                        (30 steps, 4 x 8 anchors)
-    finetune --base run/speculators-base --data run/train-data --out run/speculators-draft  (150 steps, 8 x 32)
+    finetune --base run/k3-base --data run/train-data --out run/k3-draft        (30 steps, 4 x 8 anchors)
+    finetune --base run/spec-base --data run/train-data --out run/spec-draft    (150 steps, 8 x 32)
 
 Both drafts tap the same layers, the last being the target's final layer (29), so one pair of rollouts
 serves both and the final-norm mistake applies to both. `DSPARK_REAL_RUN=DIR` names a run folder already
@@ -38,7 +38,7 @@ FINETUNE = {"k3_dspark": ["--steps", "30", "--batch-size", "4", "--anchors", "8"
             "speculators": ["--steps", "150", "--batch-size", "8", "--anchors", "32", "--warmup", "8", "--lr", "1e-3",
                             "--loss", '{"kl": 1}']}
 #: Each format's (untrained base, trained draft) folder names inside a run.
-FOLDERS = {"k3_dspark": ("base", "draft"), "speculators": ("speculators-base", "speculators-draft")}
+FOLDERS = {"k3_dspark": ("k3-base", "k3-draft"), "speculators": ("spec-base", "spec-draft")}
 
 
 @dataclass(frozen=True)
@@ -78,12 +78,12 @@ def build_real_drafts(run: Path) -> dict[str, RealDraft]:
     heldout = _first_lines(PROMPTS / "smollm2-heldout.jsonl", HELDOUT_PROMPTS, run / "heldout.jsonl")
     target = str(TARGET)
     init = ["init", "--target", target, "--taps", TAPS, "--force"]
-    dspark_hub(*init, str(run / "base"))
-    dspark_hub(*init, str(run / "speculators-base"), "--format", "speculators", "--draft-vocab", "8192",
+    dspark_hub(*init, str(run / "k3-base"))
+    dspark_hub(*init, str(run / "spec-base"), "--format", "speculators", "--draft-vocab", "8192",
                 "--vocab-from", str(train))
     for prompts, out in ((train, "train-data"), (heldout, "heldout-data")):
         dspark_hub("rollouts", "--target", target, "--prompts", str(prompts), "--draft-config",
-                    str(run / "base" / "config.json"), "--out", str(run / out), "--max-new-tokens", str(NEW_TOKENS),
+                    str(run / "k3-base" / "config.json"), "--out", str(run / out), "--max-new-tokens", str(NEW_TOKENS),
                     "--batch-size", "16", "--force")
     for fmt, (base, trained) in FOLDERS.items():
         dspark_hub("finetune", "--base", str(run / base), "--data", str(run / "train-data"), "--target", target,

