@@ -3,8 +3,11 @@
 
 Each mistake is a mutated artifact (`bench/_mistakes.py`): a copy of the trained draft with one config
 key or tensor changed, or a copy of the held-out rollouts with the last tap captured the other way. The
-trained draft is each mutant's passing twin: both are measured by `dspark-hub eval` (simulated, vLLM's
-verify loop) on the same held-out greedy paths, and the trained draft must accept clearly more.
+trained draft is each mutant's passing twin: both are measured on the same anchors of the same held-out
+greedy paths by the expected accepted drafts per anchor (`_mistakes.expected_accepted`, teacher-forced as
+the draft is served), and the trained draft must lead by `MARGIN_Z` paired standard errors. (Greedy
+acceptance from `dspark-hub eval`, which bench/real_mistakes.py reports too, barely moves on a draft
+trained for minutes.)
 """
 
 from __future__ import annotations
