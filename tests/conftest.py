@@ -52,6 +52,15 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def real_drafts(tmp_path_factory):
+    """One CI-sized trained draft per format on the SmolLM2 world (`tests/real_drafts.py`), built once a session
+    (or the run `DSPARK_REAL_RUN` names)."""
+    from tests.real_drafts import real_drafts as trained_or_given
+
+    return trained_or_given(tmp_path_factory.mktemp("real-run"))
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
