@@ -54,10 +54,10 @@ APPLICABLE = {"k3_dspark": ("taps_shifted", "final_norm_on_last_tap", "markov_dr
 #: (`tests/real_drafts.FINETUNE`), finetune seeds 0, 1, 2 (2026-12-01): k3_dspark taps -1.8, -0.1, -5.8 and
 #: final norm -2.6, +3.9, +4.0; speculators taps -1.8, +0.4, -2.9 and final norm -2.2, +0.7, -1.5. The ones
 #: asserted: k3_dspark Markov +6.9, +7.3, +7.4; speculators slot layout +5.7, +6.4, +5.4, d2t +8.4, +8.8, +8.2,
-#: Markov +5.6, +6.1, +5.9 (so `MARGIN_Z` 4 leaves 1.4 standard errors). These two are measured and reported
-#: (an expected failure, with its z, when it falls short), not asserted: even a four-minute speculators draft
-#: shows the final norm (z +6.4) but not shifted taps (z +1.5) (docs/convention-mistakes.md). Take a case out
-#: of this set once the drafts the test trains show it over several seeds.
+#: Markov +5.6, +6.1, +5.9 (so `MARGIN_Z` 4 leaves 1.4 standard errors). For these two the test asserts that
+#: the mistake reaches the draft (its per-anchor values change), not a loss: even a four-minute speculators
+#: draft shows the final norm (z +6.4) but not shifted taps (z +1.5) (docs/convention-mistakes.md). Take a
+#: case out of this set once the drafts the test trains show it over several seeds.
 NOT_YET_MEASURABLE = {("k3_dspark", "taps_shifted"), ("k3_dspark", "final_norm_on_last_tap"),
                       ("speculators", "taps_shifted"), ("speculators", "final_norm_on_last_tap")}
 CASES = [(fmt, key) for fmt in FORMATS for key in APPLICABLE[fmt]]
@@ -120,9 +120,13 @@ def test_the_trained_draft_accepts_clearly_more_than_the_mistake(measured, fmt, 
     trained, mutant = measured[fmt]["trained"], measured[fmt][key]
     assert trained.shape == mutant.shape      # the same anchors of the same paths
     z = paired_z(trained, mutant)
-    if z < MARGIN_Z and (fmt, key) in NOT_YET_MEASURABLE:
-        pytest.xfail(f"paired z {z:.2f}: a draft trained for minutes barely reads its context, so this mistake "
-                     "costs it no measurable acceptance yet")
+    if (fmt, key) in NOT_YET_MEASURABLE:
+        # Not yet a significant loss on a draft this small, but the pipeline must still tell the two apart: the
+        # mutated taps reach the draft at (nearly) every anchor. A pipeline that ignored the draft's tap ids, or
+        # that normed every capture the same way, would give both the same values and fail here.
+        changed = float(((trained - mutant).abs() > 1e-7).float().mean())
+        assert changed > 0.9, f"{key} changed the draft's expected acceptance at {changed:.0%} of the anchors"
+        return
     assert z >= MARGIN_Z, (f"expected accepted per anchor: trained {float(trained.mean()):.5f}, "
                            f"{key} {float(mutant.mean()):.5f}, paired z {z:.2f}")
 
