@@ -1,7 +1,7 @@
 """The real recipe on SmolLM2-135M-Instruct, both formats, every step timed (docs/real-model.md).
 
 Usage:
-    python bench/real_recipe.py OUT [--ci] [--target DIR] [--vllm-python PY] [--threads N]
+    python bench/real_recipe.py OUT [--ci] [--target DIR] [--vllm-python PY] [--rollouts-engine vllm] [--threads N]
                                     [--train N] [--heldout N] [--max-new-tokens N] [--steps N] [--batch-size N]
                                     [--anchors N] [--lr X] [--loss JSON] [--gamma X] [--draft-vocab N]
 
@@ -11,7 +11,8 @@ reaped, so a vLLM engine process is counted on its own, not added), prints a tab
 
 1. `init --target`: a k3_dspark draft;
 2. `rollouts` of the train prompts (greedy, the bfloat16 target) and of the held-out prompts (the float32
-   target, whose greedy path vLLM's float32 run repeats), transformers engine, at the k3_dspark draft's taps;
+   target, whose greedy path vLLM's float32 run repeats), at the k3_dspark draft's taps, with the transformers
+   engine or (`--rollouts-engine vllm`) vLLM's;
    then `init --target --format speculators` at the same taps (`--taps`), so one rollouts folder trains both,
    with a pruned vocabulary from the train rollouts' tokens;
 3. `finetune` of each draft on the train rollouts (bfloat16 autocast, the bfloat16 target's lm_head);
@@ -23,7 +24,7 @@ reaped, so a vLLM engine process is counted on its own, not added), prints a tab
 5. `verify --drop-in BASE --target T` and `card render` + `card lint` of each trained draft.
 
 `--ci` is the CI-sized run (tests/test_real_world.py): 24 train and 8 held-out prompts, 48 new tokens,
-60 steps of 4 sequences x 16 anchors. The full run: 200 and 40 prompts, 96 new tokens,
+40 steps of 4 sequences x 8 anchors. The full run: 200 and 40 prompts, 96 new tokens,
 300 steps of 8 x 16. The targets default to the folders `.ci/real-target.sh` builds.
 """
 
@@ -44,7 +45,7 @@ WORLD = Path(os.environ.get("DSPARK_WORLD_CACHE", Path.home() / ".cache" / "dspa
 CLI = [sys.executable, "-m", "dspark_hub"]
 FORMATS = {"k3": "k3_dspark", "spec": "speculators"}
 FULL = {"train": 200, "heldout": 40, "max_new_tokens": 96, "steps": 300, "batch_size": 8, "anchors": 16}
-CI = {"train": 24, "heldout": 8, "max_new_tokens": 48, "steps": 60, "batch_size": 4, "anchors": 16}
+CI = {"train": 24, "heldout": 8, "max_new_tokens": 48, "steps": 40, "batch_size": 4, "anchors": 8}
 
 
 def first_lines(src: Path, n: int, dst: Path) -> Path:
@@ -86,6 +87,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gamma", type=float, default=2.0, help="finetune --gamma")
     parser.add_argument("--draft-vocab", type=int, default=8192, help="the speculators draft's pruned vocabulary")
     parser.add_argument("--vllm-python", help="also eval --engine vllm (the speculators drafts) in this vLLM venv")
+    parser.add_argument("--rollouts-engine", choices=["transformers", "vllm"], default="transformers",
+                        help="rollouts --engine (vllm: in the --vllm-python venv)")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--formats", default="k3,spec", help="which drafts: k3, spec or both (k3,spec)")
     parser.add_argument("--ci", action="store_true", help="the CI-sized run")
@@ -93,6 +96,8 @@ def parse_args() -> argparse.Namespace:
     for key, value in (CI if args.ci else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.rollouts_engine == "vllm" and not args.vllm_python:
+        parser.error("--rollouts-engine vllm needs --vllm-python \"$(.ci/venv-vllm.sh)\"")
     args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if not args.formats or set(args.formats) - set(FORMATS):
         parser.error(f"--formats: a comma-separated subset of {', '.join(FORMATS)}")
@@ -110,8 +115,11 @@ def init_steps(args: argparse.Namespace, out: Path, taps: str) -> list[tuple[str
 
 
 def rollout_steps(args: argparse.Namespace, out: Path, threads: list[str]) -> list[tuple[str, list[str]]]:
+    engine = ["--engine", args.rollouts_engine]
+    if args.rollouts_engine == "vllm":
+        engine += ["--engine-python", args.vllm_python]
     common = ["--draft-config", str(out / "k3-base" / "config.json"), "--max-new-tokens", str(args.max_new_tokens),
-              "--batch-size", "100", *threads, "--force"]
+              "--batch-size", "100", *engine, *threads, "--force"]
     return [("rollouts train", ["rollouts", "--target", str(args.train_target), "--prompts", str(out / "train.jsonl"),
                                 "--out", str(out / "train-data"), *common]),
             ("rollouts held-out", ["rollouts", "--target", str(args.target), "--prompts", str(out / "heldout.jsonl"),
