@@ -122,10 +122,11 @@ def test_the_trained_draft_accepts_clearly_more_than_the_mistake(measured, fmt, 
     z = paired_z(trained, mutant)
     if (fmt, key) in NOT_YET_MEASURABLE:
         # Not yet a significant loss on a draft this small, but the pipeline must still tell the two apart: the
-        # mutated taps reach the draft at (nearly) every anchor. A pipeline that ignored the draft's tap ids, or
-        # that normed every capture the same way, would give both the same values and fail here.
+        # mutated taps reach the draft and change its values at many anchors (65% for the CI-sized k3_dspark
+        # draft's shifted taps, 2026-12-01; the rest are ~0 both ways). A pipeline that ignored the draft's tap
+        # ids, or normed every capture the same way, would give both the same values (0%) and fail here.
         changed = float(((trained - mutant).abs() > 1e-7).float().mean())
-        assert changed > 0.9, f"{key} changed the draft's expected acceptance at {changed:.0%} of the anchors"
+        assert changed > 0.25, f"{key} changed the draft's expected acceptance at {changed:.0%} of the anchors"
         return
     assert z >= MARGIN_Z, (f"expected accepted per anchor: trained {float(trained.mean()):.5f}, "
                            f"{key} {float(mutant.mean()):.5f}, paired z {z:.2f}")
