@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 WORLD = Path(os.environ.get("DSPARK_WORLD_CACHE", Path.home() / ".cache" / "dspark-hub")) / "smollm2-135m-instruct"
 TAPS = [1, 7, 14, 22, 27]
+MIN_RUNS = 5
 
 
 def prompts_of(target: Path, count: int) -> list:
@@ -62,8 +63,10 @@ def main() -> None:
     parser.add_argument("--target", type=Path, default=WORLD / "bf16")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=24)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=MIN_RUNS, help=f"alternating rounds (at least {MIN_RUNS})")
     args = parser.parse_args()
+    if args.runs < MIN_RUNS:
+        parser.error(f"--runs: at least {MIN_RUNS}, so one disturbed round cannot decide the median")
     import torch
 
     from dspark_hub.train.teacher import load_teacher
@@ -74,17 +77,17 @@ def main() -> None:
     print(f"{len(prompts)} prompts of {len({len(p.input_ids) for p in prompts})} lengths, {args.new_tokens} new "
           f"tokens, {args.target.name}, 1 thread, load average {os.getloadavg()[0]:.1f}")
     ratios = []
+    ways = (("per length", per_length), ("together", together))
     for round_ in range(args.runs):
-        times = {}
-        for name, way in (("per length", per_length), ("together", together))[:: 1 if round_ % 2 == 0 else -1]:
+        seconds, made = {}, {}
+        for name, way in ways[:: 1 if round_ % 2 == 0 else -1]:
             start = time.perf_counter()
-            rollouts = way(model, prompts, args.new_tokens)
-            times[name] = time.perf_counter() - start
-            times[name + " rollouts"] = sorted(rollouts, key=lambda r: r.prompt_index)
+            made[name] = sorted(way(model, prompts, args.new_tokens), key=lambda r: r.prompt_index)
+            seconds[name] = time.perf_counter() - start
         same = all(torch.equal(a.input_ids, b.input_ids) and torch.equal(a.aux_hidden_states, b.aux_hidden_states)
-                   for a, b in zip(times["per length rollouts"], times["together rollouts"], strict=True))
-        ratios.append(times["per length"] / times["together"])
-        print(f"round {round_ + 1}: per length {times['per length']:.1f} s, together {times['together']:.1f} s, "
+                   for a, b in zip(made["per length"], made["together"], strict=True))
+        ratios.append(seconds["per length"] / seconds["together"])
+        print(f"round {round_ + 1}: per length {seconds['per length']:.1f} s, together {seconds['together']:.1f} s, "
               f"ratio {ratios[-1]:.2f}, same tokens and states: {same}", flush=True)
     print(f"median ratio per length / together over {args.runs} rounds: {statistics.median(ratios):.2f} "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f}); load average {os.getloadavg()[0]:.1f}")

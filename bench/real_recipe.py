@@ -104,14 +104,15 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def init_steps(args: argparse.Namespace, out: Path, taps: str) -> list[tuple[str, list[str]]]:
-    target = str(args.train_target)
-    steps = [("init k3", ["init", str(out / "k3-base"), "--target", target, "--force"])]
-    if "spec" in args.formats:
-        steps.append(("init spec", ["init", str(out / "spec-base"), "--target", target, "--format", "speculators",
-                                    "--taps", taps, "--draft-vocab", str(args.draft_vocab),
-                                    "--vocab-from", str(out / "train-data"), "--force"]))
-    return steps
+def init_k3_step(args: argparse.Namespace, out: Path) -> tuple[str, list[str]]:
+    return "init k3", ["init", str(out / "k3-base"), "--target", str(args.train_target), "--force"]
+
+
+def init_spec_step(args: argparse.Namespace, out: Path, taps: str) -> tuple[str, list[str]]:
+    """The speculators draft at the k3_dspark draft's taps, its pruned vocabulary from the train rollouts."""
+    return "init spec", ["init", str(out / "spec-base"), "--target", str(args.train_target), "--format",
+                         "speculators", "--taps", taps, "--draft-vocab", str(args.draft_vocab),
+                         "--vocab-from", str(out / "train-data"), "--force"]
 
 
 def rollout_steps(args: argparse.Namespace, out: Path, threads: list[str]) -> list[tuple[str, list[str]]]:
@@ -161,9 +162,12 @@ def main() -> None:
     first_lines(PROMPTS / "smollm2-train.jsonl", args.train, out / "train.jsonl")
     first_lines(PROMPTS / "smollm2-heldout.jsonl", args.heldout, out / "heldout.jsonl")
     threads = ["--threads", str(args.threads)] if args.threads else []
-    record = [run_step("init k3", CLI + init_steps(args, out, "")[0][1], out / "init-k3.log")]
+    name, command = init_k3_step(args, out)
+    record = [run_step(name, CLI + command, out / "init-k3.log")]
     taps = ",".join(str(t) for t in json.loads((out / "k3-base" / "config.json").read_text())["target_layer_ids"])
-    steps = rollout_steps(args, out, threads) + init_steps(args, out, taps)[1:]
+    steps = rollout_steps(args, out, threads)
+    if "spec" in args.formats:
+        steps.append(init_spec_step(args, out, taps))
     for fmt in args.formats:
         steps += draft_steps(args, out, fmt, threads)
     for name, command in steps:
