@@ -126,8 +126,9 @@ groups = [{{"outputs": [[5, 6, 7 if spec is None else 8] for _ in group],
                          "vllm:spec_decode_num_accepted_tokens_per_pos": [len(group), 0, 0, 0]}} if spec else {{}}}}
           for group in job["groups"]]
 report = {{"ok": True, "vllm_version": "0.32.0", "untested_version": False, "torch": "2", "platform": "cpu",
-           "speculative_config": spec, "dtype": job["dtype"], "model_runner": "v2", "triton_interpret": True,
-           "async_scheduling": False, "enable_prefix_caching": False, "timing_s": 0.1, "groups": groups}}
+           "speculative_config": spec, "dtype": job["dtype"], "model_runner": "v2" if spec else "v1",
+           "triton_interpret": job["interpreter"] is not False, "async_scheduling": False,
+           "enable_prefix_caching": False, "timing_s": 0.1, "groups": groups}}
 print(json.dumps(report), flush=True)
 """)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -148,6 +149,10 @@ def test_a_measurement_that_is_not_lossless_exits_1_and_says_so(tmp_path):
     doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)
     assert (doc["ok"], doc["lossless"], doc["engine"]) == (False, False, "vllm")
     assert doc["accepted_per_position"] == [8, 0, 0, 0] and doc["drafts"] == 24
+    # the plain run is asked for vLLM's native path; the speculative one is left to the engine (interpreter on CPU)
+    by = doc["measured_by"]
+    assert by["plain_run"] == {"model_runner": "v1", "triton_interpret": False}
+    assert (by["model_runner"], by["triton_interpret"]) == ("v2", True)
 
 
 def test_without_a_gpu_a_teacher_cpu_attention_cannot_run_is_refused_before_the_engine(tmp_path):

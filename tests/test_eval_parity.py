@@ -123,6 +123,8 @@ def test_vllm_ran_the_dspark_speculator_on_model_runner_v2_through_the_interpret
     assert by["vllm_version"] == "0.32.0" and not by["untested_version"]
     assert (by["model_runner"], by["triton_interpret"], by["dtype"], by["platform"]) == ("v2", True, "float32", "cpu")
     assert by["speculative_config"] == {"method": "dspark", "model": str(DRAFT.resolve()), "num_speculative_tokens": 4}
+    # the lossless reference is vLLM's native CPU decoding, not the interpreted route
+    assert by["plain_run"] == {"model_runner": "v1", "triton_interpret": False}
     assert measured["harness"]["mode"] == "measured" and measured["engine"] == "vllm"
 
 

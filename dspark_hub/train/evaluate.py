@@ -237,7 +237,8 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
     measured_by = {"engine": "vllm", **{key: report[key] for key in MEASURED_KEYS}, "temperature": 0.0,
                    "max_tokens": max_new_tokens, "stop_token_ids": stops, "prompts": len(items),
                    "prompts_sha256": sha256_file(prompts), "python": python,
-                   "timing_s": {"plain": plain.report["timing_s"], "speculative": report["timing_s"]}}
+                   "timing_s": {"plain": plain.report["timing_s"], "speculative": report["timing_s"]},
+                   "plain_run": {key: plain.report[key] for key in ("model_runner", "triton_interpret")}}
     harness = _measured_harness(draft, report, teacher, ignore_eos=ignore_eos, max_new_tokens=max_new_tokens,
                                 prompts_sha256=measured_by["prompts_sha256"])
     return EvalResult(Measurement(overall, by_dataset), None, harness, engine="vllm", measured_by=measured_by,

@@ -11,7 +11,10 @@ the same sampling parameters and stop tokens the simulated eval uses. vLLM's own
 
 On a machine without CUDA, vLLM's CPU wheel runs DSpark through Model Runner V2 with Triton's
 interpreter (`vllm_eval_worker` explains the route); a k3_dspark draft needs vLLM's MLA path,
-which runs on GPUs (`bench/gpu_smoke_eval_vllm.py`).
+which runs on GPUs (`bench/gpu_smoke_eval_vllm.py`). The plain run needs no Triton: it takes vLLM's
+native CPU path (Model Runner V1), measured 22x faster than the interpreted V2 runner with equal
+outputs (vLLM 0.32.0, 8 SmolLM2 prompts x 96 tokens: 3.1 s against 67.9 s), and it is what plain greedy
+decoding on that machine is.
 """
 
 from __future__ import annotations
@@ -79,6 +82,9 @@ def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], promp
             cpu_refusal: str | None = None) -> tuple[EngineRun, EngineRun, str]:
     """The plain greedy run and the speculative run on the same prompts (one engine at a time).
 
+    The plain run never uses Triton's interpreter; `interpreter` (None: on when the engine sees no CUDA
+    device) is the speculative run's.
+
     `cpu_refusal` is why the teacher cannot run on vLLM's CPU attention (its head size), if so: the
     engine process, which knows whether it runs on CPU, refuses with it before vLLM starts.
 
@@ -88,9 +94,10 @@ def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], promp
     interpreter_path = engine_python(python)
     job = {"target": str(Path(target).resolve()), "prompts": prompts, "groups": groups, "max_tokens": max_tokens,
            "stop_token_ids": list(stop_token_ids), "dtype": dtype,
-           "max_model_len": max(len(p) for p in prompts) + max_tokens + k + 1, "interpreter": interpreter,
+           "max_model_len": max(len(p) for p in prompts) + max_tokens + k + 1, "interpreter": False,
            "speculative_config": None, "cpu_refusal": cpu_refusal}
     plain = run_engine(interpreter_path, job, what="plain greedy")
     spec = {"method": "dspark", "model": str(Path(draft).resolve()), "num_speculative_tokens": k}
-    speculative = run_engine(interpreter_path, {**job, "speculative_config": spec}, what="speculative decoding")
+    speculative = run_engine(interpreter_path, {**job, "interpreter": interpreter, "speculative_config": spec},
+                             what="speculative decoding")
     return plain, speculative, interpreter_path

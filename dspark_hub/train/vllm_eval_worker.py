@@ -9,7 +9,8 @@ speculative one. Only light modules of ours are imported before vLLM (none impor
 JOB: `{"target", "prompts": [[ids]], "groups": [[prompt indices]], "max_tokens", "stop_token_ids",
 "dtype", "max_model_len", "speculative_config" (null: plain greedy), "interpreter" (true, false or
 null = on when torch sees no CUDA device), "cpu_refusal" (null, or why the teacher cannot run on vLLM's
-CPU attention: refused as a `UsageError` about `teacher` when the run is on CPU, before vLLM starts)}`.
+CPU attention: refused as a `UsageError` about `teacher` when torch sees no CUDA device, before vLLM
+starts)}`.
 
 OUT: `{"ok": true, "vllm_version", "untested_version", "version_warning", "torch", "platform", "model_runner",
 "triton_interpret", "speculative_config" (as the engine resolved it), "dtype", "async_scheduling",
@@ -110,10 +111,9 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
         raise missing_vllm(WHAT)
     import torch
 
-    interpreter = job.get("interpreter")
-    if interpreter is None:
-        interpreter = not torch.cuda.is_available()
-    if interpreter and job.get("cpu_refusal"):      # before vLLM's slow start, which would fail on it
+    on_cpu = not torch.cuda.is_available()
+    interpreter = on_cpu if job.get("interpreter") is None else job["interpreter"]
+    if on_cpu and job.get("cpu_refusal"):      # before vLLM's slow start, which would fail on it
         raise UsageError(job["cpu_refusal"], param="teacher")
     if importlib.util.find_spec("vllm") is None:
         raise missing_vllm(WHAT)
