@@ -113,6 +113,60 @@ def test_a_stop_token_ends_the_request_after_its_step_is_counted():
                     stop_ids=[99]).drafts == 0               # the prefill token itself stops it
 
 
+def _partly_predicted_rollouts(model, lm_head, k: int, shapes: list[tuple[int, int]], seed: int = 0):
+    """Rollouts of random taps whose paths take, at each step, a planned number of the draft's own drafts
+    (0 to k) and then a token the draft did not propose; with the planned counts, one per step."""
+    from dspark_hub.train.acceptance import draft_proposer
+
+    generator = torch.Generator().manual_seed(seed)
+    config = model.config
+    width = len(config.target_layer_ids) * config.target_hidden_size
+    rollouts, planned = [], []
+    for n, (prompt, new) in enumerate(shapes):
+        ids = torch.randint(0, config.draft_vocab_size, (prompt + new,), generator=generator)
+        rollout = SimpleNamespace(input_ids=ids, prompt_length=prompt, dataset=f"kind{n % 2}",
+                                  aux_hidden_states=torch.randn(len(ids), width, generator=generator))
+        p, plan = prompt, []
+        while p + 1 < len(ids):
+            drafts = draft_proposer(model, lm_head, rollout, k)(p)
+            j = min(int(torch.randint(0, k + 1, (1,), generator=generator)), len(ids) - p - 1)
+            ids[p + 1:p + 1 + j] = torch.tensor(drafts[:j])
+            if j < k and p + 1 + j < len(ids):
+                ids[p + 1 + j] = (drafts[j] + 1) % config.draft_vocab_size
+            plan.append(j)
+            p += j + 1
+        rollouts.append(rollout)
+        planned.append(plan)
+    return rollouts, planned
+
+
+def test_lockstep_simulation_of_a_k3_draft_counts_what_one_request_at_a_time_counts():
+    """`measure_batched` drafts every unfinished request of a window in one call per round; each request's
+    counts must be its own (requests finish at different rounds, windows split the rollouts)."""
+    from dspark_hub.train.acceptance import (
+        draft_batch_proposer,
+        draft_proposer,
+        measure,
+        measure_batched,
+    )
+
+    model, lm_head, *_ = _draft_case(seed=3)
+    model.eval()
+    k = 7
+    rollouts, planned = _partly_predicted_rollouts(model, lm_head, k, [(5, 20), (9, 3), (6, 33), (12, 11), (4, 26)])
+    expected = AcceptanceStats(k)
+    for accepted in itertools.chain.from_iterable(planned):
+        expected.record(accepted)
+    with torch.no_grad():
+        alone = measure(rollouts, lambda r: draft_proposer(model, lm_head, r, k), k)
+        together = measure_batched(rollouts, lambda chunk: draft_batch_proposer(model, lm_head, chunk, k), k,
+                                   window=3)
+    assert together.to_dict() == alone.to_dict()
+    assert together.overall.accepted_per_position == expected.accepted_per_position
+    assert together.overall.drafts == expected.drafts and min(expected.accepted_per_position) > 0
+    assert together.by_dataset["kind1"].drafts == len(planned[1]) + len(planned[3])
+
+
 def _draft_case(seed: int = 0):
     """A tiny draft, its hidden rows as a leaf, and a batch with padded anchors and unsupervised holes."""
     from dspark_hub.format import contract

@@ -740,12 +740,28 @@ class K3DSparkModel(K3DSparkPreTrainedModel):
             position_ids: as in `forward` (`[B, C + K]` or `[B, K]`).
             context_latents: per-layer rows from `encode_context`, instead of `context_states`.
         """
-        batch = anchor_ids.shape[0]
-        block = torch.full((batch, block_size), self.config.mask_token_id, dtype=torch.long,
+        hidden = self(input_ids=self.draft_block(anchor_ids, block_size), context_states=context_states,
+                      position_ids=position_ids, context_latents=context_latents).last_hidden_state
+        return self.decode_block(hidden, anchor_ids, lm_head_weight)
+
+    def draft_block(self, anchor_ids: torch.Tensor, block_size: int) -> torch.Tensor:
+        """The block's input ids `[anchor, M, ..., M]`: `[B]` -> `[B, block_size]`."""
+        block = torch.full((anchor_ids.shape[0], block_size), self.config.mask_token_id, dtype=torch.long,
                            device=anchor_ids.device)
         block[:, 0] = anchor_ids
-        hidden = self(input_ids=block, context_states=context_states, position_ids=position_ids,
-                      context_latents=context_latents).last_hidden_state
+        return block
+
+    @torch.no_grad()
+    def decode_block(self, hidden: torch.Tensor, anchor_ids: torch.Tensor,
+                     lm_head_weight: torch.Tensor) -> K3DSparkProposal:
+        """Greedy drafts from a block's final rows: the lm_head, then the Markov chain (`propose_block`).
+
+        Args:
+            hidden: `[B, K, D]` final-normed block rows (`forward`'s `last_hidden_state`).
+            anchor_ids: `[B]` each block's anchor, the first Markov predecessor.
+            lm_head_weight: `[draft_vocab_size, D]` the target's lm_head weight.
+        """
+        block_size = hidden.shape[1]
         base = self.draft_logits(hidden, lm_head_weight)
         prev = anchor_ids.long()
         tokens, logits, confidence = [], [], []

@@ -36,6 +36,7 @@ from dspark_hub.train.acceptance import (
     Measurement,
     draft_proposer,
     measure,
+    measure_batched,
     measure_draft,
     measure_ngram,
     ngram_proposer,
@@ -59,7 +60,7 @@ from dspark_hub.train.vllm_worker import cpu_head_dim_problem
 #: The names callers import from here, though they live in `acceptance` and `eval_inputs`.
 __all__ = ["BASELINE", "DEFINITION", "DTYPES", "ENGINES", "SIMULATION", "AcceptanceStats", "DraftUnderTest",
            "EvalResult", "Measurement", "draft_proposer", "evaluate", "load_eval_rollouts", "measure",
-           "measure_draft", "measure_ngram", "ngram_proposer", "plot_acceptance", "read_draft",
+           "measure_batched", "measure_draft", "measure_ngram", "ngram_proposer", "plot_acceptance", "read_draft",
            "refuse_unpaired_teacher", "require_matplotlib", "simulate", "speculators_proposer", "stop_token_ids"]
 
 ENGINES = ("simulated", "vllm")
@@ -192,9 +193,9 @@ def _evaluate_simulated(draft: DraftUnderTest, *, teacher: str | None, prompts: 
                                                            "stop_ids": stop_token_ids(teacher, ignore_eos)}
     announce_stage(progress, "eval: draft", len(rollouts))
     with torch.no_grad():
-        result = measure(rollouts, make_proposer(draft, teacher, markov=markov), draft.k, progress, **bounds)
-        ref = None if ref_draft is None else measure(rollouts, make_proposer(ref_draft, teacher, markov=True),
-                                                     draft.k, **bounds)
+        result = measure_batched(rollouts, make_proposer(draft, teacher, markov=markov), draft.k, progress, **bounds)
+        ref = None if ref_draft is None else measure_batched(rollouts, make_proposer(ref_draft, teacher, markov=True),
+                                                             draft.k, **bounds)
     harness = {"definition": DEFINITION, "mode": "simulated", "simulation": SIMULATION, "decoding": "greedy",
                "temperature": 0.0, "block_size": draft.k, "dtype": "float32", "format": draft.format.name,
                "draft": draft.path, "ignore_eos": ignore_eos, **facts}
