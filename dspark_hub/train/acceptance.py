@@ -17,6 +17,10 @@ accepted, IN FULL even when it crosses `max_tokens`; it emits `j + 1` tokens and
 
 A prompt-lookup drafter (n-gram copy, `BASELINE`) runs through the same simulation on the same
 paths, so a looping or degenerate dataset cannot pass for a good draft.
+
+`measure_batched` runs the loops of many rollouts in lockstep (`VerifyLoop`), drafting one step of
+each unfinished request per call, so a drafter can share work across requests; the counts are each
+request's own.
 """
 
 from __future__ import annotations
@@ -116,10 +120,9 @@ class VerifyLoop:
         self.budget = len(self.tokens) - start if max_tokens is None else min(max_tokens, len(self.tokens) - start)
         self.stats = AcceptanceStats(k, prompts=1)
         self.stops = set(stop_ids)
-        self.p, self.emitted = start, 1                     # x_P is sampled at prefill
-        self.stopped = self.budget <= 0 or self.tokens[start] in self.stops
-        if self.budget <= 0:
-            self.emitted = 0
+        self.p = start
+        self.emitted = 1 if self.budget > 0 else 0          # x_P is sampled at prefill
+        self.stopped = self.emitted == 0 or self.tokens[start] in self.stops
         self.stats.tokens = self.emitted
 
     @property
