@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _alternate import MIN_RUNS, alternate  # noqa: E402
+
 WORLD = Path(os.environ.get("DSPARK_WORLD_CACHE", Path.home() / ".cache" / "dspark-hub")) / "smollm2-135m-instruct"
 TAPS = [1, 7, 14, 22, 27]
-MIN_RUNS = 5
 
 
 def prompts_of(target: Path, count: int) -> list:
@@ -76,21 +76,15 @@ def main() -> None:
     prompts = prompts_of(args.target, args.prompts)
     print(f"{len(prompts)} prompts of {len({len(p.input_ids) for p in prompts})} lengths, {args.new_tokens} new "
           f"tokens, {args.target.name}, 1 thread, load average {os.getloadavg()[0]:.1f}")
-    ratios = []
-    ways = (("per length", per_length), ("together", together))
-    for round_ in range(args.runs):
-        seconds, made = {}, {}
-        for name, way in ways[:: 1 if round_ % 2 == 0 else -1]:
-            start = time.perf_counter()
-            made[name] = sorted(way(model, prompts, args.new_tokens), key=lambda r: r.prompt_index)
-            seconds[name] = time.perf_counter() - start
-        same = all(torch.equal(a.input_ids, b.input_ids) and torch.equal(a.aux_hidden_states, b.aux_hidden_states)
-                   for a, b in zip(made["per length"], made["together"], strict=True))
-        ratios.append(seconds["per length"] / seconds["together"])
-        print(f"round {round_ + 1}: per length {seconds['per length']:.1f} s, together {seconds['together']:.1f} s, "
-              f"ratio {ratios[-1]:.2f}, same tokens and states: {same}", flush=True)
-    print(f"median ratio per length / together over {args.runs} rounds: {statistics.median(ratios):.2f} "
-          f"(min {min(ratios):.2f}, max {max(ratios):.2f}); load average {os.getloadavg()[0]:.1f}")
+
+    def same(a: list, b: list) -> bool:
+        return all(torch.equal(x.input_ids, y.input_ids) and torch.equal(x.aux_hidden_states, y.aux_hidden_states)
+                   for x, y in zip(a, b, strict=True))
+
+    def in_order(way):
+        return lambda: sorted(way(model, prompts, args.new_tokens), key=lambda r: r.prompt_index)
+
+    alternate(("per length", in_order(per_length)), ("together", in_order(together)), args.runs, same)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,9 @@ def test_gpu_smoke_eval_vllm_without_a_gpu_exits_77_in_one_line():
     assert done.returncode == 77, done.stderr
     (line,) = done.stdout.strip().splitlines()
     assert line.startswith("no CUDA GPU here") and "--no-engine" in line and done.stderr == ""
+
+
+def test_bench_eval_lockstep_refuses_fewer_than_five_rounds(tmp_path):
+    run = subprocess.run([sys.executable, str(BENCH / "bench_eval_lockstep.py"), str(tmp_path), str(tmp_path),
+                          "--runs", "4"], capture_output=True, text=True)
+    assert run.returncode == 2 and "--runs: at least 5" in run.stderr
