@@ -30,8 +30,8 @@ from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.registry import DraftFormat
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.format.writer import atomic_dir, write_weights_like
-from dspark_hub.train.eval_inputs import read_draft
-from dspark_hub.train.rollouts import MANIFEST
+from dspark_hub.train.data.rollouts import MANIFEST
+from dspark_hub.train.evaluation.inputs import read_draft
 
 MARKOV_OUTPUT = "markov_head.markov_w2.weight"
 D2T = "d2t"
@@ -229,8 +229,8 @@ def expected_accepted(draft: Path, data: Path, target: Path) -> Any:
     """
     import torch
 
-    from dspark_hub.train.rollouts import RolloutData
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.target.target import read_lm_head
 
     under_test = read_draft(draft)
     lm_head = read_lm_head(target).float()
@@ -271,7 +271,7 @@ def _speculators_slot_probabilities(under_test: Any, target: Path, lm_head: Any)
     import torch
 
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
-    from dspark_hub.train.eval_inputs import read_embedding
+    from dspark_hub.train.evaluation.inputs import read_embedding
 
     model = SpeculatorsDSpark.from_folder(under_test.path, read_embedding(target), lm_head, dtype=torch.float32)
     k, vocab = under_test.k, lm_head.shape[0]

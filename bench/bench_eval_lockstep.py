@@ -41,10 +41,10 @@ def main() -> None:
     import torch
 
     from dspark_hub.modeling import load_checkpoint
-    from dspark_hub.train.acceptance import draft_batch_proposer, draft_proposer, measure, measure_batched
-    from dspark_hub.train.eval_inputs import read_draft
-    from dspark_hub.train.rollouts import RolloutData
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.evaluation.acceptance import draft_batch_proposer, draft_proposer, measure, measure_batched
+    from dspark_hub.train.evaluation.inputs import read_draft
+    from dspark_hub.train.target.target import read_lm_head
 
     torch.set_num_threads(args.threads)
     k = read_draft(args.draft).k

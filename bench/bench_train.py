@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dspark_hub.format import contract
-from dspark_hub.train import objective
+from dspark_hub.train.finetuning import objective
 
 STEP_CONFIG = {**contract.TINY_CONFIG, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
                "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 128, "kv_lora_rank": 64,
@@ -44,7 +44,7 @@ def tiny_world(root: Path) -> None:
     from transformers import LlamaForCausalLM
 
     from dspark_hub.ops.init import init_checkpoint
-    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.data.rollouts import make_rollouts
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from teacher_factory import teacher_config
@@ -60,7 +60,7 @@ def tiny_world(root: Path) -> None:
 
 
 def throughput(steps: int) -> float:
-    from dspark_hub.train.trainer import TrainConfig, finetune
+    from dspark_hub.train.finetuning.trainer import TrainConfig, finetune
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -85,7 +85,7 @@ def timed(fn, repeats: int = 5) -> float:
 
 def draft_step_time(seq: int, anchors: int, block: int) -> float:
     from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
-    from dspark_hub.train.objective import Batch
+    from dspark_hub.train.finetuning.objective import Batch
 
     torch.manual_seed(0)
     cfg = STEP_CONFIG

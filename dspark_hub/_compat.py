@@ -1,10 +1,11 @@
-"""Import paths that moved in 0.2 (the flat modules became area packages) keep working, with a warning.
+"""Import paths that moved keep working, with a warning: in 0.2 the flat modules became area packages,
+in 0.3 `train/`'s flat modules became its four wings.
 
 `dspark_hub.checks.verify` still resolves: `dspark_hub.checks` is a stand-in module whose
 attributes come from the modules that replaced it (`MOVED`), looked up on first use. Importing an
 old path raises a `DeprecationWarning` naming the new one: the 0.1 README documented these paths as
-the Python API, so they stay until a release says they go. The README's "Moved in 0.2" table is
-this one.
+the Python API, so they stay until a release says they go. docs/architecture.md's "Moved in 0.2"
+and "Moved in 0.3" tables are this one.
 """
 
 from __future__ import annotations
@@ -28,11 +29,28 @@ MOVED: dict[str, tuple[str, ...]] = {
     "runtimes": ("verify.runtimes.loaders", "verify.runtimes.report", "verify.runtimes.verdicts"),
     "pairing": ("verify.pairing",), "family": ("verify.family",), "golden": ("verify.golden",),
     "convert": ("ops.convert",), "diff": ("ops.diff",),
-    "teacher": ("train.teacher",), "rollouts": ("train.rollouts",), "objective": ("train.objective",),
-    "evaluate": ("train.evaluate",),
+    "teacher": ("train.target.target",), "rollouts": ("train.data.rollouts",),
+    "objective": ("train.finetuning.objective",), "evaluate": ("train.evaluation.evaluate",),
     "card_results": ("cards.results",), "cardlint": ("cards.lint",), "hub_vocab": ("cards.hub_vocab",),
     "release": ("hub.release",), "package": ("hub.package",),
 }
+#: `train`'s flat modules of 0.2 -> their wing (0.3).
+MOVED_IN_0_3: dict[str, tuple[str, ...]] = {
+    f"train.{old}": (f"train.{new}",) for old, new in (
+        ("teacher", "target.target"), ("generate", "target.generate"), ("engines", "target.engines"),
+        ("vllm_engine", "target.vllm_engine"), ("vllm_worker", "target.vllm_worker"),
+        ("vllm_connector", "target.vllm_connector"), ("toy", "target.toy"),
+        ("rollouts", "data.rollouts"), ("hidden_state_files", "data.hidden_state_files"),
+        ("draft_taps", "data.draft_taps"),
+        ("evaluate", "evaluation.evaluate"), ("acceptance", "evaluation.acceptance"),
+        ("eval_inputs", "evaluation.inputs"), ("vllm_eval", "evaluation.vllm_eval"),
+        ("vllm_eval_worker", "evaluation.vllm_eval_worker"),
+        *((name, f"finetuning.{name}") for name in (
+            "trainer", "checkpointer", "distributed", "training_log", "config", "plan", "objective",
+            "objective_speculators", "finetune_speculators", "finetuners", "draft_step", "on_policy", "threads")),
+    )
+}
+MOVED.update(MOVED_IN_0_3)
 
 
 class _MovedModule(ModuleType):
@@ -41,6 +59,8 @@ class _MovedModule(ModuleType):
     _targets: tuple[str, ...]
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):      # the import system's own probes (`__path__`, `__file__`): not a moved name
+            raise AttributeError(name)
         for target in self._targets:
             module = importlib.import_module(f"dspark_hub.{target}")
             if hasattr(module, name):
@@ -71,7 +91,8 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Nothing to run (names resolve on first use); say where the module went."""
         old = module.__name__
         new = ", ".join(f"dspark_hub.{target}" for target in MOVED[old.split(".", 1)[1]])
-        warnings.warn(f"{old} moved in 0.2 to {new}; import it from there", DeprecationWarning, stacklevel=2)
+        release = "0.3" if old.split(".", 1)[1] in MOVED_IN_0_3 else "0.2"
+        warnings.warn(f"{old} moved in {release} to {new}; import it from there", DeprecationWarning, stacklevel=2)
 
 
 def install() -> None:

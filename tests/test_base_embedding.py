@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
 from dspark_hub.ops.init import init_checkpoint
-from dspark_hub.train.trainer import check_base_embedding
+from dspark_hub.train.finetuning.trainer import check_base_embedding
 
 from . import test_hidden_state_files as hsf
 

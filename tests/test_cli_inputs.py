@@ -131,15 +131,15 @@ def pair(teacher):
 def _no_heavy_loads(monkeypatch):
     """A model or engine loaded before the paths are checked fails the test."""
     import dspark_hub.modeling
-    import dspark_hub.train.rollouts
-    import dspark_hub.train.teacher
+    import dspark_hub.train.data.rollouts
+    import dspark_hub.train.target.target
 
     def loaded(*_args, **_kwargs):
         raise AssertionError("a model was loaded before the inputs were checked")
 
     monkeypatch.setattr(dspark_hub.modeling, "load_checkpoint", loaded)
-    monkeypatch.setattr(dspark_hub.train.teacher, "load_teacher", loaded)
-    monkeypatch.setattr(dspark_hub.train.rollouts, "open_engine", loaded)
+    monkeypatch.setattr(dspark_hub.train.target.target, "load_teacher", loaded)
+    monkeypatch.setattr(dspark_hub.train.data.rollouts, "open_engine", loaded)
 
 
 def _path_commands(root, out):
@@ -175,7 +175,7 @@ def test_a_missing_path_names_its_option_before_anything_loads(pair, tmp_path, m
 
 
 def test_finetune_checks_its_eval_data_before_loading(pair, tmp_path, monkeypatch):
-    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.data.rollouts import make_rollouts
 
     make_rollouts(pair / "teacher", pair / "p.jsonl", pair / "draft.json", tmp_path / "data", max_new_tokens=2)
     args = _path_commands(pair, tmp_path / "out")["finetune"]

@@ -190,7 +190,7 @@ def test_transformers_bars_stay_on_a_terminal(transformers_bars, monkeypatch):
 def toy(tmp_path_factory):
     """`init --profile tiny` and `init-teacher --draft` of it, and four prompts."""
     from dspark_hub.ops.init import init_checkpoint
-    from dspark_hub.train.toy import init_teacher
+    from dspark_hub.train.target.toy import init_teacher
 
     from .teacher_factory import write_prompts
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
-from dspark_hub.train.config import TrainConfig, canonical_dtype
-from dspark_hub.train.evaluate import DTYPES, ENGINES
+from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES
+from dspark_hub.train.finetuning.config import TrainConfig, canonical_dtype
 
 from .cli_errors import assert_one_line_error
 
@@ -30,7 +30,7 @@ class Recorded(UsageError):
 @pytest.fixture
 def finetune_config(monkeypatch):
     """`finetune`'s command line -> the `TrainConfig` it builds (the run itself is replaced)."""
-    import dspark_hub.train.trainer
+    import dspark_hub.train.finetuning.trainer
 
     seen: list[TrainConfig] = []
 
@@ -38,7 +38,7 @@ def finetune_config(monkeypatch):
         seen.append(config)
         raise Recorded("recorded")
 
-    monkeypatch.setattr(dspark_hub.train.trainer, "finetune", record)
+    monkeypatch.setattr(dspark_hub.train.finetuning.trainer, "finetune", record)
 
     def invoke(*args: object) -> TrainConfig:
         result = run("finetune", "--base", "b", "--out", "o", *args)
@@ -124,7 +124,7 @@ def test_the_dtype_normaliser_is_the_one_the_library_applies():
 
 
 def test_eval_in_the_library_normalises_before_it_judges_the_dtype(tmp_path):
-    from dspark_hub.train.evaluate import evaluate
+    from dspark_hub.train.evaluation.evaluate import evaluate
 
     with pytest.raises(UsageError, match="the simulation runs in float32"):
         evaluate(tmp_path / "none", dtype="bf16")
@@ -164,7 +164,7 @@ def test_the_engine_dtype_takes_either_spelling(monkeypatch):
 def test_eval_without_options_hands_evaluate_its_own_defaults(eval_call):
     import inspect
 
-    from dspark_hub.train.evaluate import evaluate
+    from dspark_hub.train.evaluation.evaluate import evaluate
 
     given = eval_call()
     defaults = {name: p.default for name, p in inspect.signature(evaluate).parameters.items()

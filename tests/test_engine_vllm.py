@@ -21,12 +21,12 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
-from dspark_hub.train.engines import EngineOptions, open_engine
-from dspark_hub.train.evaluate import evaluate
-from dspark_hub.train.hidden_state_files import HiddenStateData, open_training_data
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import capture_states, load_teacher
-from dspark_hub.train.trainer import TrainConfig, finetune
+from dspark_hub.train.data.hidden_state_files import HiddenStateData, open_training_data
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.evaluation.evaluate import evaluate
+from dspark_hub.train.finetuning.trainer import TrainConfig, finetune
+from dspark_hub.train.target.engines import EngineOptions, open_engine
+from dspark_hub.train.target.target import capture_states, load_teacher
 
 from .teacher_factory import build_teacher, sentence, word_language, write_draft_base, write_prompts
 
@@ -219,7 +219,7 @@ def test_the_vllm_internals_the_connector_relies_on_are_the_pinned_ones():
     assert vllm.__version__.startswith("0.32."), (
         f"vLLM {vllm.__version__}: the connector subclass and the drain are written against 0.32; re-check "
         "vllm_connector.PINNED_* and vllm_worker (scheduler.has_requests, kv_transfer_params) before moving the pin")
-    from dspark_hub.train.vllm_connector import check_upstream
+    from dspark_hub.train.target.vllm_connector import check_upstream
 
     assert check_upstream() == []
     assert callable(getattr(LLM, "sleep", None)) and callable(getattr(LLM, "wake_up", None))

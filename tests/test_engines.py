@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from dspark_hub.errors import MissingDependencyError, RefusedOverwriteError, UsageError
-from dspark_hub.train.engines import ENGINES, EngineOptions, engine_names, open_engine
-from dspark_hub.train.generate import greedy_agreement
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import capture_states, load_teacher, read_final_norm, teacher_eos_ids
-from dspark_hub.train.vllm_engine import tap_columns, vllm_layer_ids
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.target.engines import ENGINES, EngineOptions, engine_names, open_engine
+from dspark_hub.train.target.generate import greedy_agreement
+from dspark_hub.train.target.target import capture_states, load_teacher, read_final_norm, teacher_eos_ids
+from dspark_hub.train.target.vllm_engine import tap_columns, vllm_layer_ids
 
 from .teacher_factory import teacher_config, write_draft_base, write_prompts
 
@@ -158,8 +158,7 @@ def test_rollouts_passes_the_engine_and_its_options_through(small, tmp_path, mon
     from click.testing import CliRunner
 
     from dspark_hub.cli.main import cli
-    from dspark_hub.train import rollouts
-
+    from dspark_hub.train.data import rollouts
     opened = []
 
     def recording_open_engine(name, teacher, layer_ids, options=None, **kwargs):

@@ -12,8 +12,8 @@ import pytest
 
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
 from dspark_hub.ops.init import init_checkpoint
-from dspark_hub.train import vllm_eval
-from dspark_hub.train.evaluate import evaluate, read_draft, stop_token_ids
+from dspark_hub.train.evaluation import vllm_eval
+from dspark_hub.train.evaluation.evaluate import evaluate, read_draft, stop_token_ids
 from tests.spec_fixtures import VERIFIER, copy_fixture, fixture, read_config
 
 SPECDEC = Path(__file__).parent / "fixtures" / "specdec"
@@ -92,7 +92,7 @@ def test_a_missing_interpreter_is_a_missing_dependency(tmp_path):
 def test_a_teacher_config_without_a_layer_count_is_refused_not_a_type_error():
     # refuse_unpaired_teacher compared the taps with num_hidden_layers unchecked: None raised TypeError out of eval.
     from dspark_hub.errors import UsageError
-    from dspark_hub.train.evaluate import refuse_unpaired_teacher
+    from dspark_hub.train.evaluation.evaluate import refuse_unpaired_teacher
 
     draft = read_draft(fixture("dspark"))
     keys = draft.format.pairing_keys(draft.config)

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import MissingDependencyError
-from dspark_hub.train.evaluate import evaluate
+from dspark_hub.train.evaluation.evaluate import evaluate
 
 SPECDEC = Path(__file__).parent / "fixtures" / "specdec"
 DRAFT, TARGET, PROMPTS = SPECDEC / "dspark", SPECDEC / "target", SPECDEC / "prompts.jsonl"

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.ops.init import init_checkpoint
-from dspark_hub.train.hidden_state_files import (
+from dspark_hub.train.data.hidden_state_files import (
     HiddenStateData,
     detect_format,
     open_training_data,
@@ -28,7 +28,7 @@ from dspark_hub.train.hidden_state_files import (
     resolve_columns,
     write_hidden_state_file,
 )
-from dspark_hub.train.teacher import read_final_norm
+from dspark_hub.train.target.target import read_final_norm
 
 from .cli_errors import assert_one_line_error
 from .modeling_factory import tiny_config
@@ -115,7 +115,7 @@ def test_a_hidden_size_or_layout_other_than_the_drafts_is_refused_in_one_line(pa
 
 
 def test_a_rollouts_folder_takes_layer_ids_only_when_they_name_its_own_taps(tmp_path):
-    from dspark_hub.train.rollouts import SCHEMA, RolloutData
+    from dspark_hub.train.data.rollouts import SCHEMA, RolloutData
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "shards": [], "settings": {

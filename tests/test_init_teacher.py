@@ -68,7 +68,7 @@ def test_init_teacher_refuses_a_teacher_that_is_no_toy(tmp_path):
 
 def test_init_teacher_head_dim_makes_a_teacher_vllms_cpu_attention_runs(tmp_path):
     from dspark_hub.errors import UsageError
-    from dspark_hub.train.vllm_worker import _check_cpu_head_dim
+    from dspark_hub.train.target.vllm_worker import _check_cpu_head_dim
 
     from .cli_errors import assert_one_line_error
 

@@ -48,7 +48,7 @@ def test_public_args_replace_every_path_and_keep_the_rest(tmp_path, monkeypatch)
 
 
 def test_training_args_name_no_local_path(tmp_path, monkeypatch):
-    from dspark_hub.train.trainer import TrainConfig
+    from dspark_hub.train.finetuning.trainer import TrainConfig
 
     monkeypatch.chdir(tmp_path)
     write_checkpoint(tmp_path / "base")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dspark_hub.train.eval_inputs import read_draft
+from dspark_hub.train.evaluation.inputs import read_draft
 from tests.real_drafts import ROOT, TARGET, WORLD_READY, dspark_hub
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -181,7 +181,7 @@ def test_the_normed_tap_is_the_target_final_norm_of_the_captured_tap(real_drafts
     from safetensors import safe_open
 
     from dspark_hub.format.tensorio import tensor_files
-    from dspark_hub.train.rollouts import RolloutData
+    from dspark_hub.train.data.rollouts import RolloutData
 
     if read_draft(real_drafts["k3_dspark"].draft).taps[-1] != 29:
         pytest.skip("this k3_dspark draft does not tap the final layer")
@@ -226,9 +226,9 @@ def test_a_zeroed_markov_output_drafts_as_a_runtime_without_the_head(real_drafts
     import torch
 
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
-    from dspark_hub.train.eval_inputs import read_embedding
-    from dspark_hub.train.rollouts import RolloutData
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.evaluation.inputs import read_embedding
+    from dspark_hub.train.target.target import read_lm_head
 
     real = real_drafts["speculators"]
     next(m for m in mistakes_for(real.draft, 30) if m.key == "markov_dropped").write(real.draft, tmp_path / "m")

@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dspark_hub.train import objective
-from dspark_hub.train.config import TrainConfig
-from dspark_hub.train.draft_step import batch_indices
-from dspark_hub.train.finetune_speculators import SpeculatorsFinetune, packed_row
-from dspark_hub.train.hidden_state_files import write_hidden_state_file
+from dspark_hub.train.data.hidden_state_files import write_hidden_state_file
+from dspark_hub.train.finetuning import objective
+from dspark_hub.train.finetuning.config import TrainConfig
+from dspark_hub.train.finetuning.draft_step import batch_indices
+from dspark_hub.train.finetuning.finetune_speculators import SpeculatorsFinetune, packed_row
 from tests.spec_fixtures import VERIFIER, fixture
 from tests.test_speculators_objective import _config, _library, _library_step  # skips without speculators
 

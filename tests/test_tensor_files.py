@@ -14,7 +14,7 @@ from dspark_hub.format import contract
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.modeling.speculators_dspark import read_tensors
-from dspark_hub.train.teacher import read_lm_head
+from dspark_hub.train.target.target import read_lm_head
 
 from .factories import raw_safetensors, write_checkpoint
 

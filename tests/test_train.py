@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from dspark_hub.cli.main import cli
-from dspark_hub.train.config import TrainConfig
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.trainer import Trainer, finetune
-from dspark_hub.train.training_log import MEASURED
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.finetuning.config import TrainConfig
+from dspark_hub.train.finetuning.trainer import Trainer, finetune
+from dspark_hub.train.finetuning.training_log import MEASURED
 from dspark_hub.verify.checks import verify
 
 from .teacher_factory import build_teacher, write_draft_base, write_prompts
@@ -62,7 +62,7 @@ def small_config(world, out: Path, **changes) -> TrainConfig:
 
 
 def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
-    from dspark_hub.train.teacher import capture_states, load_teacher
+    from dspark_hub.train.target.target import capture_states, load_teacher
 
     summary = world["rollouts"]
     assert summary["sequences"] == 96 and summary["continuation_tokens"] == 96 * 48
@@ -83,8 +83,8 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
 
 def test_prompts_of_many_lengths_share_a_generate_call_and_continue_as_each_would_alone(world, monkeypatch):
     """`rollouts` left-pads a batch of mixed lengths: one `generate` call, and each row equals its run alone."""
-    from dspark_hub.train.generate import Prompt, generate_rollouts
-    from dspark_hub.train.teacher import load_teacher
+    from dspark_hub.train.target.generate import Prompt, generate_rollouts
+    from dspark_hub.train.target.target import load_teacher
 
     teacher = load_teacher(world["teacher"])
     rng = torch.Generator().manual_seed(7)
@@ -107,7 +107,7 @@ def test_prompts_of_many_lengths_share_a_generate_call_and_continue_as_each_woul
 def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from dspark_hub.train.teacher import capture_states
+    from dspark_hub.train.target.target import capture_states
 
     from .teacher_factory import teacher_config
 
@@ -220,7 +220,7 @@ def test_eval_counts_follow_vllms_definitions(tuned):
 
 @pytest.mark.slow
 def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
-    from dspark_hub.train.teacher import sha256_file
+    from dspark_hub.train.target.target import sha256_file
 
     doc = tuned["eval"]
     assert set(doc["by_dataset"]) == {"words"} and doc["by_dataset"]["words"]["baseline"]["drafts"] > 0
@@ -236,7 +236,7 @@ def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
 @pytest.mark.slow
 def test_the_card_reads_the_eval_naming_target_and_reference_by_digest_never_by_path(world, tuned):
     from dspark_hub.cards.results import load_eval
-    from dspark_hub.train.teacher import sha256_file
+    from dspark_hub.train.target.target import sha256_file
 
     doc, harness = tuned["eval"], tuned["eval"]["harness"]
     card = dict(load_eval(tuned["eval_path"]).by_dataset.harness)
@@ -251,7 +251,7 @@ def test_the_card_reads_the_eval_naming_target_and_reference_by_digest_never_by_
 @pytest.mark.slow
 def test_the_held_out_rollouts_folder_measures_nearly_what_the_prompts_do(world, tuned):
     """bfloat16 taps, and no tokens past the folder's end: nearly the same measurement."""
-    from dspark_hub.train.evaluate import evaluate
+    from dspark_hub.train.evaluation.evaluate import evaluate
 
     measured = evaluate(tuned["out"], data=str(world["heldout"])).to_dict()["acceptance_length"]
     assert measured == pytest.approx(tuned["eval"]["acceptance_length"], abs=0.15)
@@ -298,8 +298,8 @@ def test_eval_plot_names_its_missing_dependency(world, tmp_path):
 
 def test_a_block_in_the_packed_training_batch_equals_single_block_inference(world):
     from dspark_hub.modeling import load_checkpoint
-    from dspark_hub.train import objective
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.finetuning import objective
+    from dspark_hub.train.target.target import read_lm_head
 
     model = load_checkpoint(world["base"], dtype=torch.float32).model.eval()
     lm_head = read_lm_head(world["teacher"]).float()
@@ -403,7 +403,7 @@ def test_states_rotate_to_the_newest_n_and_resume_after_rotation_reproduces_the_
 
 
 def test_rotation_never_leaves_zero_complete_states(tmp_path):
-    from dspark_hub.train.checkpointer import rotate_states, state_files
+    from dspark_hub.train.finetuning.checkpointer import rotate_states, state_files
 
     for step in (2, 4, 6):
         (tmp_path / f"step-{step:06d}.pt").write_bytes(b"state")
@@ -484,7 +484,7 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from dspark_hub.train.rollouts import read_prompts
+    from dspark_hub.train.data.rollouts import read_prompts
 
     vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "user:", "assistant:", "hello", "world", "\n"])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
@@ -557,7 +557,7 @@ def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(wor
 
 def test_the_device_defaults_to_cuda_only_when_torch_sees_one_and_a_missing_one_is_refused():
     from dspark_hub.errors import UsageError
-    from dspark_hub.train.distributed import resolve_device
+    from dspark_hub.train.finetuning.distributed import resolve_device
 
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")
@@ -624,8 +624,7 @@ def test_a_torchrun_resume_reads_the_state_on_rank_0_only_and_reproduces_the_run
 def test_dist_timeout_reaches_the_process_group(monkeypatch, device, backend):
     from datetime import timedelta
 
-    from dspark_hub.train import distributed
-
+    from dspark_hub.train.finetuning import distributed
     joined: list[dict] = []
     monkeypatch.setattr(distributed, "launched_by_torchrun", lambda: True)
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: bool(joined))

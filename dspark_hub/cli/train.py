@@ -23,8 +23,11 @@ from dspark_hub.cli._render import (
 )
 from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
-from dspark_hub.train import objective
-from dspark_hub.train.config import (
+from dspark_hub.train.data.hidden_state_files import parse_layer_ids
+from dspark_hub.train.data.rollouts import make_rollouts
+from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
+from dspark_hub.train.finetuning import objective
+from dspark_hub.train.finetuning.config import (
     DTYPE_ALIASES,
     TRAIN_DTYPES,
     TrainConfig,
@@ -32,12 +35,9 @@ from dspark_hub.train.config import (
     default,
     dtype_spellings,
 )
-from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
-from dspark_hub.train.evaluate import DTYPES, ENGINES, evaluate
-from dspark_hub.train.hidden_state_files import parse_layer_ids
-from dspark_hub.train.rollouts import make_rollouts
-from dspark_hub.train.threads import apply_threads, choose_threads
-from dspark_hub.train.toy import init_teacher as write_init_teacher
+from dspark_hub.train.finetuning.threads import apply_threads, choose_threads
+from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
+from dspark_hub.train.target.toy import init_teacher as write_init_teacher
 
 
 def keyword_default(function: Callable[..., Any], name: str) -> Any:
@@ -274,7 +274,7 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: bool, as_json: bool,
              **options: Any) -> None:
     """Fine-tune drop-in weights (k3_dspark or speculators DSpark) on target rollouts (one process or torchrun)."""
-    from dspark_hub.train.finetuners import finetune as run  # torch: only a run pays for it
+    from dspark_hub.train.finetuning.finetuners import finetune as run  # torch: only a run pays for it
 
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)

@@ -15,7 +15,7 @@ from dspark_hub.format import contract
 from dspark_hub.format.registry import FORMATS
 from dspark_hub.ops.init import INIT_KINDS, init_checkpoint
 from dspark_hub.ops.target_draft import init_for_target
-from dspark_hub.train.rollouts import token_counts
+from dspark_hub.train.data.rollouts import token_counts
 from dspark_hub.verify.runtimes.loaders import RUNTIMES
 
 

@@ -96,7 +96,7 @@ RULES: dict[str, ConfigRule] = {r.id: r for r in (
                + V + "model_executor/models/qwen3_dspark.py:220, 366-368", "executed"),
     ConfigRule("sliding_window_non_causal", "sliding_window_non_causal is not carried over to vLLM (its block is "
                "causal on sliding-window layers)", V + "algos.py:197-209", "executed"),
-    ConfigRule("dtype", "dtype names the float dtype of the tensors", S + "train/checkpointer.py:282-298 "
+    ConfigRule("dtype", "dtype names the float dtype of the tensors", S + "train/finetuning/checkpointer.py:282-298 "
                "(patch_config_dtype)", "read"),
 )}
 

@@ -37,9 +37,15 @@ from dspark_hub.errors import CheckpointFormatError, MissingDependencyError, Usa
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.taps import layer_id_from_residual, residual_index
-from dspark_hub.train.generate import Rollout
-from dspark_hub.train.rollouts import MANIFEST, RolloutData
-from dspark_hub.train.teacher import FinalNorm, check_teacher_matches, read_final_norm, read_json, read_teacher_config
+from dspark_hub.train.data.rollouts import MANIFEST, RolloutData
+from dspark_hub.train.target.generate import Rollout
+from dspark_hub.train.target.target import (
+    FinalNorm,
+    check_teacher_matches,
+    read_final_norm,
+    read_json,
+    read_teacher_config,
+)
 
 # torch, safetensors and pyarrow (speculators' Arrow files) are imported inside the readers: the
 # CLI imports this module (`parse_layer_ids`) for `--help`.

@@ -1,6 +1,6 @@
 """The `vllm` teacher engine: rollouts from the real vLLM engine with hidden-state extraction.
 
-vLLM runs in a child process (`dspark_hub.train.vllm_worker`, started on first use), for three
+vLLM runs in a child process (`dspark_hub.train.target.vllm_worker`, started on first use), for three
 reasons measured on vLLM 0.32: its CPU worker patches torch for the whole process (thread count,
 CUDA events, pinned memory), so the trainer must not share the process; on CPU there is no sleep
 mode, so ending the process is the only complete release between on-policy rounds; and vLLM pins
@@ -37,14 +37,14 @@ from typing import Any
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, VllmInternalsMoved
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.taps import residual_index, text_config
-from dspark_hub.train.engines import EngineOptions, Mode, Progress, option_param
-from dspark_hub.train.generate import Prompt, Rollout, greedy_agreement, prefill_rollout
-from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, teacher_eos_ids
+from dspark_hub.train.target.engines import EngineOptions, Mode, Progress, option_param
+from dspark_hub.train.target.generate import Prompt, Rollout, greedy_agreement, prefill_rollout
+from dspark_hub.train.target.target import read_final_norm, read_json, read_lm_head, teacher_eos_ids
 from dspark_hub.vllm.availability import missing_vllm, vllm_importable
 from dspark_hub.vllm.child import Child
 
 #: The engine process's module (`python -m`; `vllm.child` launches it).
-WORKER_MODULE = "dspark_hub.train.vllm_worker"
+WORKER_MODULE = "dspark_hub.train.target.vllm_worker"
 #: Prompts per engine request: vLLM batches within a request; progress is reported per request.
 REQUEST_SIZE = 256
 

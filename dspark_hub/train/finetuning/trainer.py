@@ -42,11 +42,13 @@ from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.remote_code import require_k3_dspark
 from dspark_hub.format.writer import atomic_dir, check_writable
 from dspark_hub.progress import Progress, announce_plan, announce_total
-from dspark_hub.train import objective
-from dspark_hub.train.acceptance import measure_draft, measure_ngram
-from dspark_hub.train.checkpointer import Checkpointer, full_model_state, rotate_states, state_files
-from dspark_hub.train.config import TrainConfig
-from dspark_hub.train.distributed import (
+from dspark_hub.train.data.hidden_state_files import HiddenStateData, detect_format, open_training_data
+from dspark_hub.train.data.rollouts import RolloutData, require_file
+from dspark_hub.train.evaluation.acceptance import measure_draft, measure_ngram
+from dspark_hub.train.finetuning import objective
+from dspark_hub.train.finetuning.checkpointer import Checkpointer, full_model_state, rotate_states, state_files
+from dspark_hub.train.finetuning.config import TrainConfig
+from dspark_hub.train.finetuning.distributed import (
     all_reduce,
     barrier,
     init_distributed,
@@ -55,13 +57,11 @@ from dspark_hub.train.distributed import (
     resolve_device,
     wrap,
 )
-from dspark_hub.train.draft_step import DraftStep, batch_indices, chunkable_draft_logits
-from dspark_hub.train.hidden_state_files import HiddenStateData, detect_format, open_training_data
-from dspark_hub.train.on_policy import fit_on_policy
-from dspark_hub.train.plan import TrainPlan, step_plan
-from dspark_hub.train.rollouts import RolloutData, require_file
-from dspark_hub.train.teacher import moved, read_json, read_lm_head, read_teacher_config
-from dspark_hub.train.training_log import LOG_NAME, MEASURED, TrainingLog
+from dspark_hub.train.finetuning.draft_step import DraftStep, batch_indices, chunkable_draft_logits
+from dspark_hub.train.finetuning.on_policy import fit_on_policy
+from dspark_hub.train.finetuning.plan import TrainPlan, step_plan
+from dspark_hub.train.finetuning.training_log import LOG_NAME, MEASURED, TrainingLog
+from dspark_hub.train.target.target import moved, read_json, read_lm_head, read_teacher_config
 
 if TYPE_CHECKING:
     from dspark_hub.modeling import K3DSparkModel

@@ -1,6 +1,6 @@
 """One vLLM engine run for `eval --engine vllm`, in vLLM's own interpreter (`python -m` this module).
 
-`dspark_hub.train.vllm_eval` starts it through `dspark_hub.vllm.child` (dspark_hub need not be
+`dspark_hub.train.evaluation.vllm_eval` starts it through `dspark_hub.vllm.child` (dspark_hub need not be
 installed in the vLLM virtualenv, and vLLM's torch patches never reach the caller's process) and sends
 one request, `{"op": "run", "job": JOB}`, in that module's JSON-lines protocol; the reply is OUT. One
 engine per process, one process at a time: a plain greedy run (the lossless reference), then the

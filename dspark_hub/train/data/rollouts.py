@@ -23,7 +23,7 @@ Per token:
   - `final_hidden_states` (bf16 `[T, hidden]`): the teacher's last hidden state after its final
     norm, i.e. the input of `lm_head`. Target distributions are recomputed from it at training time.
 
-The teacher runs in an engine (`dspark_hub.train.engines`): `transformers` (default, the oracle)
+The teacher runs in an engine (`dspark_hub.train.target.engines`): `transformers` (default, the oracle)
 or `vllm` (the real serving engine; its states equal transformers' to float32 rounding).
 
 Layout of DATA (schema `dspark-hub/rollouts-data/1`; folders written before 0.2 say `dspark-hub/rollouts/1`):
@@ -51,16 +51,16 @@ from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_r
 from dspark_hub.format.taps import TAP_CONVENTION
 from dspark_hub.format.writer import atomic_file, atomic_path
 from dspark_hub.progress import Progress, announce_total
-from dspark_hub.train.draft_taps import tap_view
-from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TeacherEngine, open_engine
-from dspark_hub.train.generate import (  # noqa: F401 (re-exported: the names callers know rollouts by)
+from dspark_hub.train.data.draft_taps import tap_view
+from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TeacherEngine, open_engine
+from dspark_hub.train.target.generate import (  # noqa: F401 (re-exported: the names callers know rollouts by)
     Prompt,
     Rollout,
     generate_rollouts,
     prefill_rollout,
     prefill_rollouts,
 )
-from dspark_hub.train.teacher import (
+from dspark_hub.train.target.target import (
     chat_template_digest,
     load_tokenizer,
     read_json,

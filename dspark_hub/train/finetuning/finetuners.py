@@ -21,13 +21,13 @@ from dspark_hub.format.registry import FORMATS, SPECULATORS
 
 if TYPE_CHECKING:
     from dspark_hub.progress import Progress
-    from dspark_hub.train.trainer import TrainConfig, TrainResult
+    from dspark_hub.train.finetuning.trainer import TrainConfig, TrainResult
 
 Finetuner = Callable[["TrainConfig", "Progress | None"], "TrainResult"]
 
 
 def _speculators(config: TrainConfig, progress: Progress | None) -> TrainResult:
-    from dspark_hub.train.finetune_speculators import finetune_speculators  # torch: only a run pays for it
+    from dspark_hub.train.finetuning.finetune_speculators import finetune_speculators  # torch: only a run pays for it
 
     return finetune_speculators(config, progress)
 
@@ -58,7 +58,7 @@ def finetuner_for(base: str | os.PathLike[str]) -> Finetuner | None:
 
 
 def _k3_dspark(config: TrainConfig, progress: Progress | None) -> TrainResult:
-    from dspark_hub.train.trainer import finetune as run  # torch: only a run pays for it
+    from dspark_hub.train.finetuning.trainer import finetune as run  # torch: only a run pays for it
 
     return run(config, progress)
 

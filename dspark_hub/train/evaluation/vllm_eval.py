@@ -30,7 +30,7 @@ from dspark_hub.vllm.availability import missing_vllm, vllm_importable
 from dspark_hub.vllm.child import Child, session
 
 #: The engine process's module (`python -m`).
-WORKER_MODULE = "dspark_hub.train.vllm_eval_worker"
+WORKER_MODULE = "dspark_hub.train.evaluation.vllm_eval_worker"
 
 
 @dataclass(frozen=True)

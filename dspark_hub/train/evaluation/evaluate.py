@@ -8,7 +8,7 @@ equal vLLM's exactly (`tests/test_eval_parity.py`). `k` is the number of drafted
 the speculators `speculative_tokens` (the block size for a DSpark drafting from its anchor), the
 reference 7 for k3_dspark, or `block_size` when given. A prompt-lookup drafter runs beside it.
 
-`engine="vllm"` (`dspark_hub.train.vllm_eval`) serves the target with the draft in vLLM and reads
+`engine="vllm"` (`dspark_hub.train.evaluation.vllm_eval`) serves the target with the draft in vLLM and reads
 the same counts from vLLM's metrics, plus `measured_by` and `lossless`.
 
 The definitions and the simulation: `train.acceptance`; the draft, target and rollouts a run
@@ -27,8 +27,9 @@ from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.provenance import describe, identify
 from dspark_hub.progress import Progress, announce_stage
-from dspark_hub.train import vllm_eval
-from dspark_hub.train.acceptance import (
+from dspark_hub.train.data.rollouts import read_prompts
+from dspark_hub.train.evaluation import vllm_eval
+from dspark_hub.train.evaluation.acceptance import (
     BASELINE,
     DEFINITION,
     SIMULATION,
@@ -43,8 +44,7 @@ from dspark_hub.train.acceptance import (
     simulate,
     speculators_proposer,
 )
-from dspark_hub.train.config import canonical_dtype
-from dspark_hub.train.eval_inputs import (
+from dspark_hub.train.evaluation.inputs import (
     DraftUnderTest,
     load_eval_rollouts,
     make_proposer,
@@ -52,10 +52,10 @@ from dspark_hub.train.eval_inputs import (
     refuse_unpaired_teacher,
     stop_token_ids,
 )
-from dspark_hub.train.generate import Prompt
-from dspark_hub.train.rollouts import read_prompts
-from dspark_hub.train.teacher import chat_template_digest, read_teacher_config, teacher_identity
-from dspark_hub.train.vllm_worker import cpu_head_dim_problem
+from dspark_hub.train.finetuning.config import canonical_dtype
+from dspark_hub.train.target.generate import Prompt
+from dspark_hub.train.target.target import chat_template_digest, read_teacher_config, teacher_identity
+from dspark_hub.train.target.vllm_worker import cpu_head_dim_problem
 
 #: The names callers import from here, though they live in `acceptance` and `eval_inputs`.
 __all__ = ["BASELINE", "DEFINITION", "DTYPES", "ENGINES", "SIMULATION", "AcceptanceStats", "DraftUnderTest",
@@ -143,7 +143,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         batch_size: target generation batch.
         plot: also write a PNG of acceptance by position there (needs matplotlib; checked first).
         ignore_eos: never stop a request at the target's EOS.
-        engine: `simulated` or `vllm` (`dspark_hub.train.vllm_eval`).
+        engine: `simulated` or `vllm` (`dspark_hub.train.evaluation.vllm_eval`).
         vllm_python: the interpreter of a vLLM virtualenv (default: this one, when it has vllm).
         dtype: the vllm engine's dtype (`DTYPES`, or fp32, bf16, fp16); the simulation runs in
             float32, so only a float32 measurement can equal it exactly.

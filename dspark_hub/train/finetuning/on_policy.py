@@ -1,7 +1,7 @@
 """On-policy rounds (`on_policy=True, rounds=K`): the target's rollouts and the draft's updates, alternating.
 
 The prompts are split into K rounds; each round the target greedily continues that round's prompts
-(`dspark_hub.train.rollouts`, resumable, under `state_dir/round-NNN/`) in the target engine
+(`dspark_hub.train.data.rollouts`, resumable, under `state_dir/round-NNN/`) in the target engine
 `engine` (`transformers` or `vllm`), the engine releases its memory (vLLM: sleep mode where the
 platform has it, else its process stops; the log says which), then the draft trains on those
 cached states for its share of the steps. Rank 0 runs the engine; the other ranks wait.
@@ -17,11 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from dspark_hub.train.checkpointer import Checkpointer
-from dspark_hub.train.config import TrainConfig
-from dspark_hub.train.distributed import barrier
-from dspark_hub.train.engines import TeacherEngine, open_engine
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.finetuning.checkpointer import Checkpointer
+from dspark_hub.train.finetuning.config import TrainConfig
+from dspark_hub.train.finetuning.distributed import barrier
+from dspark_hub.train.target.engines import TeacherEngine, open_engine
 
 
 class Trainer(Protocol):

@@ -19,7 +19,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from dspark_hub.errors import UsageError
-from dspark_hub.train.engines import peak_rss_bytes
+from dspark_hub.train.target.engines import peak_rss_bytes
 
 
 def launched_by_torchrun() -> bool:

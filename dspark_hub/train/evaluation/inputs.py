@@ -20,11 +20,16 @@ from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.progress import Progress, announce_stage, announce_total
-from dspark_hub.train.acceptance import ProposeMany, draft_batch_proposer, one_at_a_time, speculators_proposer
-from dspark_hub.train.draft_taps import tap_view
-from dspark_hub.train.generate import Rollout, generate_rollouts
-from dspark_hub.train.rollouts import MemoryRollouts, RolloutData, read_prompts
-from dspark_hub.train.teacher import (
+from dspark_hub.train.data.draft_taps import tap_view
+from dspark_hub.train.data.rollouts import MemoryRollouts, RolloutData, read_prompts
+from dspark_hub.train.evaluation.acceptance import (
+    ProposeMany,
+    draft_batch_proposer,
+    one_at_a_time,
+    speculators_proposer,
+)
+from dspark_hub.train.target.generate import Rollout, generate_rollouts
+from dspark_hub.train.target.target import (
     chat_template_digest,
     load_teacher,
     read_json,

@@ -18,8 +18,8 @@ from typing import Any
 
 from dspark_hub.errors import UsageError
 from dspark_hub.format.provenance import TRAINING_ARGS_PATHS, public_args
-from dspark_hub.train import objective
-from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions
+from dspark_hub.train.finetuning import objective
+from dspark_hub.train.target.engines import DEFAULT_ENGINE, EngineOptions
 
 #: Short dtype spellings -> the torch name each stands for.
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from dspark_hub.modeling import K3DSparkModel
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
-    from dspark_hub.train.generate import Rollout
+    from dspark_hub.train.target.generate import Rollout
 
 DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that carried k drafted tokens; "
               "accepted_per_position[i] = drafts whose first i+1 tokens were all accepted; per_position[i] = "

@@ -1,6 +1,6 @@
-"""The vLLM teacher engine's process: `python -m dspark_hub.train.vllm_worker`, in vLLM's interpreter.
+"""The vLLM teacher engine's process: `python -m dspark_hub.train.target.vllm_worker`, in vLLM's interpreter.
 
-`dspark_hub.train.vllm_engine.VllmEngine` starts it and talks to it in the JSON-lines protocol of
+`dspark_hub.train.target.vllm_engine.VllmEngine` starts it and talks to it in the JSON-lines protocol of
 `dspark_hub.vllm.child` (one request per line on stdin, one reply per line on the process's original
 stdout; vLLM's own printing goes to the log). Every reply carries `peak_rss_bytes`.
 
@@ -36,7 +36,7 @@ from typing import Any
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, VllmInternalsMoved
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.jsonio import loads_strict
-from dspark_hub.train.engines import peak_rss_bytes
+from dspark_hub.train.target.engines import peak_rss_bytes
 from dspark_hub.vllm.availability import missing_vllm
 from dspark_hub.vllm.child import serve
 from dspark_hub.vllm.pin import judge_version
@@ -111,7 +111,7 @@ class Worker:
         if cpu:
             _check_cpu_head_dim(teacher)    # before the engine starts: vLLM would fail only after its slow start
         try:
-            from dspark_hub.train.vllm_connector import connector_config
+            from dspark_hub.train.target.vllm_connector import connector_config
         except ImportError as exc:
             raise VllmInternalsMoved(str(exc)) from None
         options = dict(request.get("options") or {})

@@ -1,6 +1,6 @@
 """Teacher engines: what runs the teacher to produce a rollout's tokens and hidden states.
 
-An engine turns prompts into `Rollout`s (`dspark_hub.train.rollouts`): the teacher's greedy
+An engine turns prompts into `Rollout`s (`dspark_hub.train.data.rollouts`): the teacher's greedy
 continuation (mode `generate`) or the given sequence as it is (mode `prefill`, for offline data),
 with the teacher states at the draft's taps and the teacher's final-normed last hidden state.
 
@@ -11,7 +11,7 @@ opened:
   - `transformers` (the default, and the oracle): the teacher as a transformers causal LM in this
     process; taps captured with forward hooks.
   - `vllm`: the real vLLM engine with hidden-state extraction, in a child process
-    (`dspark_hub.train.vllm_engine`).
+    (`dspark_hub.train.target.vllm_engine`).
 
 An engine holds memory between calls; `release()` frees it (for on-policy rounds that alternate
 teacher rollouts with draft updates) and says how, and the next call brings the engine back.
@@ -26,19 +26,19 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dspark_hub.errors import UsageError
-from dspark_hub.train.generate import Prompt, Rollout, generate_rollouts, prefill_rollouts
-from dspark_hub.train.teacher import load_teacher, moved
+from dspark_hub.train.target.generate import Prompt, Rollout, generate_rollouts, prefill_rollouts
+from dspark_hub.train.target.target import load_teacher, moved
 
 if TYPE_CHECKING:
-    from dspark_hub.train.teacher import CausalLM
+    from dspark_hub.train.target.target import CausalLM
 
 # torch and transformers are imported inside the functions that run them: the CLI imports this
 # module (the engine names and options) for `--help`.
 
 #: engine name -> "module:Class" (imported when the engine is opened).
 ENGINES: dict[str, str] = {
-    "transformers": "dspark_hub.train.engines:TransformersEngine",
-    "vllm": "dspark_hub.train.vllm_engine:VllmEngine",
+    "transformers": "dspark_hub.train.target.engines:TransformersEngine",
+    "vllm": "dspark_hub.train.target.vllm_engine:VllmEngine",
 }
 DEFAULT_ENGINE = "transformers"
 Mode = Literal["generate", "prefill"]

@@ -18,7 +18,7 @@ from typing import Any
 from dspark_hub.errors import UsageError
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.taps import text_config
-from dspark_hub.train.teacher import TeacherMismatchError, check_teacher_matches
+from dspark_hub.train.target.target import TeacherMismatchError, check_teacher_matches
 
 
 def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, where: str,

@@ -41,7 +41,7 @@ from dspark_hub.format.jsonio import loads_strict
 if TYPE_CHECKING:
     import torch
 
-    from dspark_hub.train.generate import Rollout
+    from dspark_hub.train.target.generate import Rollout
 
 LOSS_TERMS = ("ce", "kl", "tv")
 DraftLogits = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]

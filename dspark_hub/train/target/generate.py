@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dspark_hub.progress import Progress
-from dspark_hub.train.teacher import capture_states
+from dspark_hub.train.target.target import capture_states
 
 # torch and transformers are imported inside the functions that run the target: the CLI imports
 # this module (through `engines`) for `--help`.
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-    from dspark_hub.train.teacher import CausalLM
+    from dspark_hub.train.target.target import CausalLM
 
 
 @dataclass(frozen=True)

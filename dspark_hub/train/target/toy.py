@@ -37,7 +37,7 @@ from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.writer import atomic_dir, check_writable
 from dspark_hub.progress import Progress, announce_total
-from dspark_hub.train.teacher import moved
+from dspark_hub.train.target.target import moved
 
 # torch, transformers, tokenizers and safetensors are imported inside the writers: the CLI imports
 # this module for `--help`.

@@ -48,24 +48,24 @@ from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_weights_like
 from dspark_hub.progress import Progress, announce_total
-from dspark_hub.train import objective
-from dspark_hub.train.checkpointer import rotate_states, state_files
-from dspark_hub.train.config import TrainConfig, default
-from dspark_hub.train.distributed import peak_memory_bytes
-from dspark_hub.train.draft_step import batch_indices
-from dspark_hub.train.draft_taps import tap_view
-from dspark_hub.train.generate import Rollout
-from dspark_hub.train.hidden_state_files import HiddenStateData, detect_format, open_training_data
-from dspark_hub.train.objective_speculators import (
+from dspark_hub.train.data.draft_taps import tap_view
+from dspark_hub.train.data.hidden_state_files import HiddenStateData, detect_format, open_training_data
+from dspark_hub.train.data.rollouts import RolloutData
+from dspark_hub.train.finetuning import objective
+from dspark_hub.train.finetuning.checkpointer import rotate_states, state_files
+from dspark_hub.train.finetuning.config import TrainConfig, default
+from dspark_hub.train.finetuning.distributed import peak_memory_bytes
+from dspark_hub.train.finetuning.draft_step import batch_indices
+from dspark_hub.train.finetuning.objective_speculators import (
     Objective,
     PackedRow,
     SpeculatorsDSparkTrainer,
     library_anchors,
 )
-from dspark_hub.train.rollouts import RolloutData
-from dspark_hub.train.teacher import read_final_norm, read_json, read_lm_head, read_teacher_config
-from dspark_hub.train.trainer import TrainResult
-from dspark_hub.train.training_log import TrainingLog
+from dspark_hub.train.finetuning.trainer import TrainResult
+from dspark_hub.train.finetuning.training_log import TrainingLog
+from dspark_hub.train.target.generate import Rollout
+from dspark_hub.train.target.target import read_final_norm, read_json, read_lm_head, read_teacher_config
 
 #: Our k3_dspark term names the library spells otherwise (the same quantity).
 LOSS_ALIASES = {"kl": "kl_div"}
@@ -156,7 +156,7 @@ def packed_row(rollouts: Sequence[Rollout]) -> PackedRow:
 
 def read_target(teacher: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The target's input embedding, lm_head and final norm weight (float32), read from its files."""
-    from dspark_hub.train.eval_inputs import read_embedding
+    from dspark_hub.train.evaluation.inputs import read_embedding
 
     return (read_embedding(teacher).float(), read_lm_head(teacher).float(), read_final_norm(teacher).weight.float())
 

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 from dspark_hub.errors import UsageError
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.writer import atomic_file
-from dspark_hub.train.distributed import barrier
+from dspark_hub.train.finetuning.distributed import barrier
 
 #: State file names: `step-NNNNNN.pt` (NNNNNN the optimizer steps taken).
 STATE_PATTERN = re.compile(r"^step-(\d+)\.pt$")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from dspark_hub.train import objective
+from dspark_hub.train.finetuning import objective
 
 if TYPE_CHECKING:
     from dspark_hub.modeling import K3DSparkModel
