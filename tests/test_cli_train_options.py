@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES
-from dspark_hub.train.finetuning.config import TrainConfig, canonical_dtype
+from dspark_hub.train.finetuning.config import TrainConfig
+from dspark_hub.train.target.dtypes import canonical_dtype
 
 from .cli_errors import assert_one_line_error
 

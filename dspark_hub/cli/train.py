@@ -27,15 +27,9 @@ from dspark_hub.train.data.hidden_state_files import parse_layer_ids
 from dspark_hub.train.data.rollouts import make_rollouts
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
 from dspark_hub.train.finetuning import objective
-from dspark_hub.train.finetuning.config import (
-    DTYPE_ALIASES,
-    TRAIN_DTYPES,
-    TrainConfig,
-    canonical_dtype,
-    default,
-    dtype_spellings,
-)
+from dspark_hub.train.finetuning.config import TRAIN_DTYPES, TrainConfig, default
 from dspark_hub.train.finetuning.threads import apply_threads, choose_threads
+from dspark_hub.train.target.dtypes import DTYPE_ALIASES, canonical_dtype, dtype_spellings
 from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
 from dspark_hub.train.target.toy import init_teacher as write_init_teacher
 
@@ -72,7 +66,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Dtype(click.ParamType):  # type: ignore[type-arg]  # click 8.1 ParamType is not generic
-    """A dtype in either spelling (`bfloat16` or `bf16`), passed on as its torch name (`config.canonical_dtype`)."""
+    """A dtype in either spelling (`bfloat16` or `bf16`), passed on as its torch name (`canonical_dtype`)."""
 
     name = "dtype"
 

@@ -52,7 +52,7 @@ from dspark_hub.train.evaluation.inputs import (
     refuse_unpaired_teacher,
     stop_token_ids,
 )
-from dspark_hub.train.finetuning.config import canonical_dtype
+from dspark_hub.train.target.dtypes import canonical_dtype
 from dspark_hub.train.target.generate import Prompt
 from dspark_hub.train.target.target import chat_template_digest, read_teacher_config, teacher_identity
 from dspark_hub.train.target.vllm_worker import cpu_head_dim_problem
@@ -64,7 +64,7 @@ __all__ = ["BASELINE", "DEFINITION", "DTYPES", "ENGINES", "SIMULATION", "Accepta
            "refuse_unpaired_teacher", "require_matplotlib", "simulate", "speculators_proposer", "stop_token_ids"]
 
 ENGINES = ("simulated", "vllm")
-#: The vllm engine's dtypes (torch names; `config.canonical_dtype` also takes fp32, bf16, fp16).
+#: The vllm engine's dtypes (torch names; `target.dtypes.canonical_dtype` also takes fp32, bf16, fp16).
 DTYPES = ("float32", "bfloat16", "float16")
 #: What the measured report carries over from the vLLM engine's own report.
 MEASURED_KEYS = ("vllm_version", "untested_version", "torch", "platform", "speculative_config", "dtype",

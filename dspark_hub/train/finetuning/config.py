@@ -1,49 +1,24 @@
-"""The options of a `finetune` run (`TrainConfig`) and the one spelling of a dtype.
+"""The options of a `finetune` run (`TrainConfig`).
 
 Torch-free: the command line builds its `finetune` options from `TrainConfig`'s fields (their
-defaults are typed once, here), and `--help` must not import torch.
-
-Dtypes are named as torch names them (`float32`, `bfloat16`, `float16`); the short spellings
-(`fp32`, `bf16`, `fp16`) are accepted wherever a dtype is given and mean the same
-(`canonical_dtype`).
+defaults are typed once, here), and `--help` must not import torch. Dtypes in either spelling
+(`target.dtypes.canonical_dtype`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from dspark_hub.errors import UsageError
 from dspark_hub.format.provenance import TRAINING_ARGS_PATHS, public_args
 from dspark_hub.train.finetuning import objective
+from dspark_hub.train.target.dtypes import canonical_dtype
 from dspark_hub.train.target.engines import DEFAULT_ENGINE, EngineOptions
 
-#: Short dtype spellings -> the torch name each stands for.
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: What `finetune` trains in: fp32 master weights, the forward in fp32 or under bf16 autocast.
 TRAIN_DTYPES = ("float32", "bfloat16")
-
-
-def canonical_dtype(name: str, allowed: Iterable[str], *, param: str = "dtype") -> str:
-    """`name` as its torch name (`bf16` -> `bfloat16`), if it is one of `allowed` (torch names).
-
-    Raises:
-        UsageError: a dtype outside `allowed`, in either spelling.
-    """
-    choices = tuple(allowed)
-    canonical = DTYPE_ALIASES.get(name, name)
-    if canonical not in choices:
-        raise UsageError(f"{name!r}; use one of {', '.join(dtype_spellings(choices))}", param=param)
-    return canonical
-
-
-def dtype_spellings(allowed: Iterable[str]) -> list[str]:
-    """Every spelling of the `allowed` torch names: each name, then its short form."""
-    choices = tuple(allowed)
-    return [*choices, *(short for short, name in DTYPE_ALIASES.items() if name in choices)]
 
 
 @dataclass
