@@ -26,7 +26,8 @@ from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.evaluation.evaluate import evaluate
 from dspark_hub.train.finetuning.trainer import TrainConfig, finetune
 from dspark_hub.train.target.engines import EngineOptions, open_engine
-from dspark_hub.train.target.target import capture_states, load_teacher
+from dspark_hub.train.target.generate import capture_states
+from dspark_hub.train.target.target import load_teacher
 
 from .teacher_factory import build_teacher, sentence, word_language, write_draft_base, write_prompts
 

@@ -16,8 +16,8 @@ import torch
 from dspark_hub.errors import MissingDependencyError, RefusedOverwriteError, UsageError
 from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.target.engines import ENGINES, EngineOptions, engine_names, open_engine
-from dspark_hub.train.target.generate import greedy_agreement
-from dspark_hub.train.target.target import capture_states, load_teacher, read_final_norm, teacher_eos_ids
+from dspark_hub.train.target.generate import capture_states, greedy_agreement
+from dspark_hub.train.target.target import Target, load_teacher
 from dspark_hub.train.target.vllm_engine import tap_columns, vllm_layer_ids
 
 from .teacher_factory import teacher_config, write_draft_base, write_prompts
@@ -64,7 +64,7 @@ def test_our_tap_l_is_vllm_aux_id_l_plus_one_and_the_last_layer_is_always_extrac
 
 def test_the_final_norm_from_the_weights_is_transformers_own_final_norm(small):
     model = load_teacher(small["teacher"])
-    norm = read_final_norm(small["teacher"])
+    norm = Target.open(small["teacher"]).final_norm()
     assert norm.tensor == "model.norm.weight" and norm.eps == model.config.rms_norm_eps
     x = torch.randn(3, 5, 64) * 4
     for dtype in (torch.float32, torch.bfloat16):
@@ -79,11 +79,11 @@ def test_the_final_norm_from_the_weights_is_transformers_own_final_norm(small):
 
 
 def test_eos_ids_come_from_the_generation_config_then_the_config(small, tmp_path):
-    assert teacher_eos_ids(small["teacher"]) == []                 # the factory's teacher has none
+    assert Target.open(small["teacher"]).eos_ids == []              # the factory's teacher has none
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
-    assert teacher_eos_ids(tmp_path) == [2]
+    assert Target.open(tmp_path).eos_ids == [2]
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 2]}))
-    assert teacher_eos_ids(tmp_path) == [7, 2]
+    assert Target.open(tmp_path).eos_ids == [7, 2]
 
 
 def test_greedy_agreement_counts_supervised_tokens_whose_previous_row_argmax_is_them():

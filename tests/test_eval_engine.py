@@ -13,7 +13,9 @@ import pytest
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
 from dspark_hub.ops.init import init_checkpoint
 from dspark_hub.train.evaluation import vllm_eval
-from dspark_hub.train.evaluation.evaluate import evaluate, read_draft, stop_token_ids
+from dspark_hub.train.evaluation.evaluate import evaluate
+from dspark_hub.train.evaluation.inputs import EvalInputs, read_draft
+from dspark_hub.train.target.target import Target
 from tests.spec_fixtures import VERIFIER, copy_fixture, fixture, read_config
 
 SPECDEC = Path(__file__).parent / "fixtures" / "specdec"
@@ -55,8 +57,9 @@ def test_a_bonus_anchor_draft_runs_its_one_plus_k_block(tmp_path):
 
 
 def test_stop_tokens_come_from_the_generation_config(tmp_path):
-    assert stop_token_ids(SPECDEC / "target", ignore_eos=False) == [254]
-    assert stop_token_ids(SPECDEC / "target", ignore_eos=True) == []
+    inputs = EvalInputs(read_draft(fixture("dspark")), Target.open(SPECDEC / "target"))
+    assert inputs.stop_ids(ignore_eos=False) == [254]
+    assert inputs.stop_ids(ignore_eos=True) == []
 
 
 def _fake_python(tmp_path: Path, reply: dict | None, exit_code: int = 1) -> str:
@@ -90,15 +93,15 @@ def test_a_missing_interpreter_is_a_missing_dependency(tmp_path):
 
 
 def test_a_teacher_config_without_a_layer_count_is_refused_not_a_type_error():
-    # refuse_unpaired_teacher compared the taps with num_hidden_layers unchecked: None raised TypeError out of eval.
+    # The pairing compared the taps with num_hidden_layers unchecked: None raised TypeError out of eval.
     from dspark_hub.errors import UsageError
-    from dspark_hub.train.evaluation.evaluate import refuse_unpaired_teacher
+    from dspark_hub.train.data.draft_taps import tap_view
 
     draft = read_draft(fixture("dspark"))
     keys = draft.format.pairing_keys(draft.config)
     teacher = {"hidden_size": keys.tap_width, "vocab_size": keys.vocab_size}
     with pytest.raises(UsageError, match="no num_hidden_layers"):
-        refuse_unpaired_teacher(draft, teacher, "teacher")
+        tap_view(draft.config, teacher, where=draft.path, target="teacher", param="draft")
 
 
 def test_one_vllm_pin_everywhere_and_the_install_hint_works_as_written():

@@ -28,7 +28,7 @@ from dspark_hub.train.data.hidden_state_files import (
     resolve_columns,
     write_hidden_state_file,
 )
-from dspark_hub.train.target.target import read_final_norm
+from dspark_hub.train.target.target import Target
 
 from .cli_errors import assert_one_line_error
 from .modeling_factory import tiny_config
@@ -70,7 +70,7 @@ def test_speculators_rows_give_masks_and_the_files_give_taps_and_the_normed_fina
     assert isinstance(data, HiddenStateData) and (data.format, len(data), data.missing) == ("speculators", 4, 0)
     assert (data.layer_ids, data.columns) == ([2, 4, 5, 6], [0, 1, 2])     # the draft's [1, 3, 4] + 1, and the last
     rows = ipc.open_stream(str(SAMPLE / "data-00000-of-00001.arrow")).read_all().to_pylist()
-    norm = read_final_norm(pair["teacher"])
+    norm = Target.open(pair["teacher"]).final_norm()
     for i in range(4):
         row, raw = data[i], load_file(str(SAMPLE / "hidden_states" / f"hs_{i}.safetensors"))
         assert row.input_ids.tolist() == rows[i]["input_ids"] == raw["token_ids"].tolist()

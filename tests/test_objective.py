@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dspark_hub.errors import UsageError
-from dspark_hub.train.evaluation.evaluate import AcceptanceStats, ngram_proposer, simulate
+from dspark_hub.train.evaluation.acceptance import AcceptanceStats, simulate
+from dspark_hub.train.evaluation.drafters import ngram_proposer
 from dspark_hub.train.finetuning import objective
 
 
@@ -116,7 +117,7 @@ def test_a_stop_token_ends_the_request_after_its_step_is_counted():
 def _partly_predicted_rollouts(model, lm_head, k: int, shapes: list[tuple[int, int]], seed: int = 0):
     """Rollouts of random taps whose paths take, at each step, a planned number of the draft's own drafts
     (0 to k) and then a token the draft did not propose; with the planned counts, one per step."""
-    from dspark_hub.train.evaluation.acceptance import draft_proposer
+    from dspark_hub.train.evaluation.drafters import draft_proposer
 
     generator = torch.Generator().manual_seed(seed)
     config = model.config
@@ -143,12 +144,8 @@ def _partly_predicted_rollouts(model, lm_head, k: int, shapes: list[tuple[int, i
 def test_lockstep_simulation_of_a_k3_draft_counts_what_one_request_at_a_time_counts():
     """`measure_batched` drafts every unfinished request of a window in one call per round; each request's
     counts must be its own (requests finish at different rounds, windows split the rollouts)."""
-    from dspark_hub.train.evaluation.acceptance import (
-        draft_batch_proposer,
-        draft_proposer,
-        measure,
-        measure_batched,
-    )
+    from dspark_hub.train.evaluation.acceptance import measure, measure_batched
+    from dspark_hub.train.evaluation.drafters import draft_batch_proposer, draft_proposer
 
     model, lm_head, *_ = _draft_case(seed=3)
     model.eval()

@@ -227,12 +227,12 @@ def test_a_zeroed_markov_output_drafts_as_a_runtime_without_the_head(real_drafts
 
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
     from dspark_hub.train.data.rollouts import RolloutData
-    from dspark_hub.train.evaluation.inputs import read_embedding
-    from dspark_hub.train.target.target import read_lm_head
+    from dspark_hub.train.target.target import Target
 
     real = real_drafts["speculators"]
     next(m for m in mistakes_for(real.draft, 30) if m.key == "markov_dropped").write(real.draft, tmp_path / "m")
-    embed, lm_head = read_embedding(real.target), read_lm_head(real.target).float()
+    target = Target.open(real.target)
+    embed, lm_head = target.embedding(), target.lm_head().float()
     mutant = SpeculatorsDSpark.from_folder(tmp_path / "m", embed, lm_head)
     headless = SpeculatorsDSpark.from_folder(real.draft, embed, lm_head, markov=False)
     trained = SpeculatorsDSpark.from_folder(real.draft, embed, lm_head)

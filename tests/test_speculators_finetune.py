@@ -48,7 +48,7 @@ def data(tmp_path_factory):
     """The three data sources, recorded from the verifier at B's taps (aux ids [1, 3, 5] = our [0, 2, 4])."""
     from transformers import AutoModelForCausalLM
 
-    from dspark_hub.train.target.target import capture_states
+    from dspark_hub.train.target.generate import capture_states
 
     root = tmp_path_factory.mktemp("specft")
     prompts = root / "p.jsonl"

@@ -62,7 +62,8 @@ def small_config(world, out: Path, **changes) -> TrainConfig:
 
 
 def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
-    from dspark_hub.train.target.target import capture_states, load_teacher
+    from dspark_hub.train.target.generate import capture_states
+    from dspark_hub.train.target.target import load_teacher
 
     summary = world["rollouts"]
     assert summary["sequences"] == 96 and summary["continuation_tokens"] == 96 * 48
@@ -107,7 +108,7 @@ def test_prompts_of_many_lengths_share_a_generate_call_and_continue_as_each_woul
 def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from dspark_hub.train.target.target import capture_states
+    from dspark_hub.train.target.generate import capture_states
 
     from .teacher_factory import teacher_config
 
@@ -299,10 +300,10 @@ def test_eval_plot_names_its_missing_dependency(world, tmp_path):
 def test_a_block_in_the_packed_training_batch_equals_single_block_inference(world):
     from dspark_hub.modeling import load_checkpoint
     from dspark_hub.train.finetuning import objective
-    from dspark_hub.train.target.target import read_lm_head
+    from dspark_hub.train.target.target import Target
 
     model = load_checkpoint(world["base"], dtype=torch.float32).model.eval()
-    lm_head = read_lm_head(world["teacher"]).float()
+    lm_head = Target.open(world["teacher"]).lm_head().float()
     data = RolloutData(world["data"])
     short, long = data[0], data[1]
     short.input_ids, short.aux_hidden_states = short.input_ids[:40], short.aux_hidden_states[:40]
@@ -459,11 +460,17 @@ def test_two_process_torchrun_equals_one_process_on_the_same_global_batch(world,
 
 
 @pytest.mark.slow
-def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path):
+def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path, monkeypatch):
+    from dspark_hub.format.digests import sha256_file
+    from dspark_hub.train.target import target as target_module
+
+    hashed: list[str] = []
+    monkeypatch.setattr(target_module, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256_file(path))
     prompts = write_prompts(tmp_path / "p.jsonl", count=8, seed=31)
     config = small_config(world, tmp_path / "onpolicy", data=None, on_policy=True, rounds=2, prompts=str(prompts),
                           teacher=str(world["teacher"]), max_new_tokens=16, steps=4)
     result = finetune(config)
+    assert sorted(hashed) == ["config.json", "model.safetensors"]      # the target's identity: once for both rounds
     state = Path(result.state_dir)
     assert [len(RolloutData(state / f"round-{r:03d}" / "data")) for r in (0, 1)] == [4, 4]
     log = [json.loads(line) for line in (tmp_path / "onpolicy" / "training_log.jsonl").read_text().splitlines()]

@@ -39,13 +39,7 @@ from dspark_hub.format.reader import read_header
 from dspark_hub.format.taps import layer_id_from_residual, residual_index
 from dspark_hub.train.data.rollouts import MANIFEST, RolloutData
 from dspark_hub.train.target.generate import Rollout
-from dspark_hub.train.target.target import (
-    FinalNorm,
-    check_teacher_matches,
-    read_final_norm,
-    read_json,
-    read_teacher_config,
-)
+from dspark_hub.train.target.target import FinalNorm, Target, read_json
 
 # torch, safetensors and pyarrow (speculators' Arrow files) are imported inside the readers: the
 # CLI imports this module (`parse_layer_ids`) for `--help`.
@@ -196,15 +190,17 @@ class HiddenStateData:
 
     teacher_path: str | None = None
 
-    def __init__(self, path: str | os.PathLike[str], *, draft_config: dict[str, Any], teacher: str,
-                 layer_ids: list[int] | None = None, final_norm: FinalNorm | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, draft_config: dict[str, Any],
+                 teacher: str | os.PathLike[str] | Target, layer_ids: list[int] | None = None,
+                 final_norm: FinalNorm | None = None) -> None:
         folder = Path(path)
         self.format: DataFormat = detect_format(folder)
         if self.format == "rollouts":
             raise UsageError(f"{folder}: is a rollouts folder; read it with RolloutData")
-        self.teacher_path = str(teacher)
-        check_teacher_matches(read_teacher_config(teacher), draft_config, teacher_name=str(teacher))
-        self.final_norm = final_norm or read_final_norm(teacher)
+        target = Target.open(teacher, param="teacher")
+        self.teacher_path = target.path
+        target.check_pairs(draft_config)
+        self.final_norm = final_norm or target.final_norm()
         hidden = int(draft_config["target_hidden_size"])
         num_layers = int(draft_config["target_num_hidden_layers"])
         self.rows: list[dict[str, Any]] | None = None
@@ -271,7 +267,8 @@ class HiddenStateData:
                 "layer_ids": self.layer_ids, "tap_columns": self.columns, "final_norm": self.final_norm.describe()}
 
 
-def open_training_data(path: str | os.PathLike[str], *, draft_config: dict[str, Any], teacher: str | None,
+def open_training_data(path: str | os.PathLike[str], *, draft_config: dict[str, Any],
+                       teacher: str | os.PathLike[str] | Target | None,
                        layer_ids: list[int] | None = None, param: str | None = None) -> RolloutData | HiddenStateData:
     """Rollouts, speculators or vLLM-extraction data at `path`, as a dataset of `Rollout`s.
 

@@ -60,13 +60,7 @@ from dspark_hub.train.target.generate import (  # noqa: F401 (re-exported: the n
     prefill_rollout,
     prefill_rollouts,
 )
-from dspark_hub.train.target.target import (
-    chat_template_digest,
-    load_tokenizer,
-    read_json,
-    read_teacher_config,
-    teacher_identity,
-)
+from dspark_hub.train.target.target import Target, read_json
 
 # safetensors (and torch through it) is imported inside the shard readers and writers: the CLI
 # imports this module for `--help`.
@@ -117,7 +111,7 @@ def require_file(path: str | os.PathLike[str], what: str, *, param: str | None =
         raise UsageError(f"{path}: {'is a folder' if Path(path).is_dir() else 'not found'}; pass {what}", param=param)
 
 
-def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None, *,
+def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | Target | None = None, *,
                  param: str | None = None) -> list[Prompt]:
     """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it).
 
@@ -143,7 +137,7 @@ def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] |
         if kinds[0] != "input_ids" and tokenizer is None:
             if teacher is None:
                 raise UsageError(f"{path}:{number}: {kinds[0]} needs the teacher's tokenizer; pass `teacher`")
-            tokenizer = load_tokenizer(teacher, required=True)
+            tokenizer = Target.open(teacher, param="teacher").tokenizer(required=True)
         ids = _encode(record, kinds[0], tokenizer)
         if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
             raise UsageError(f"{path}:{number}: the prompt encodes to no tokens or to non-integer ids")
@@ -237,7 +231,7 @@ class RolloutData:
         return teacher if isinstance(teacher, str) else None
 
 
-def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None, *,
+def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] | Target | None = None, *,
                  param: str | None = None) -> dict[int, int]:
     """How often each token id occurs in `data`: a rollouts folder (the continuations, what a draft predicts)
     or a prompts JSONL file (every prompt token; `teacher`'s tokenizer encodes text and messages).
@@ -260,10 +254,10 @@ def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] |
 # ----------------------------------------------------------------------------- the command
 
 
-def _settings(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str], draft: dict[str, Any],
+def _settings(teacher: Target, prompts: str | os.PathLike[str], draft: dict[str, Any],
               max_new_tokens: int, ignore_eos: bool, *, mode: Mode = "generate", engine: str = DEFAULT_ENGINE,
               engine_dtype: str = "float32") -> dict[str, Any]:
-    return {"teacher": str(Path(teacher).resolve()), "prompts_sha256": sha256_file(prompts), "mode": mode,
+    return {"teacher": str(teacher.folder.resolve()), "prompts_sha256": sha256_file(prompts), "mode": mode,
             "max_new_tokens": max_new_tokens if mode == "generate" else 0, "ignore_eos": ignore_eos,
             "decoding": "greedy", "engine": engine, "engine_dtype": engine_dtype,
             "target_layer_ids": list(draft["target_layer_ids"]), "target_hidden_size": draft["target_hidden_size"],
@@ -296,7 +290,7 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
     return manifest
 
 
-def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[str],
+def make_rollouts(teacher: str | os.PathLike[str] | Target, prompts: str | os.PathLike[str],
                   draft_config: str | os.PathLike[str] | dict[str, Any], out: str | os.PathLike[str], *,
                   max_new_tokens: int, batch_size: int = 8, shard_size: int = 256, ignore_eos: bool = False,
                   force: bool = False, mode: Mode = "generate", engine: str | TeacherEngine = DEFAULT_ENGINE,
@@ -304,7 +298,7 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     """Write (or resume) a rollouts folder; see the module docstring for the layout.
 
     Args:
-        teacher: local transformers causal LM folder.
+        teacher: the target (`Target`), or its local transformers causal LM folder.
         prompts: JSONL prompts file.
         draft_config: the draft's `config.json` (path or dict): taps and pairing keys come from it (a
             speculators DSpark's `aux_hidden_state_layer_ids` as our ids, `draft_taps.tap_view`).
@@ -330,12 +324,12 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
         raise UsageError(f"rollouts mode {mode!r}: use one of {', '.join(MODES)}")
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file", param="draft_config"))
-    teacher_config = read_teacher_config(teacher, param="teacher")
+    target = Target.open(teacher, param="teacher")
     # A speculators DSpark's aux ids become our target_layer_ids here (format.taps, through its DraftFormat).
-    draft = tap_view(draft, teacher_config, target=str(teacher),
+    draft = tap_view(draft, target.config, target=target.path,
                      where="the draft's config" if isinstance(draft_config, dict) else str(draft_config))
     # The inputs are checked before the engine starts (a vLLM start takes seconds to minutes).
-    all_prompts = read_prompts(prompts, teacher, param="prompts")
+    all_prompts = read_prompts(prompts, target, param="prompts")
     if mode == "generate":
         masked = next((p for p in all_prompts if p.loss_mask is not None), None)
         if masked is not None:
@@ -343,15 +337,15 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
                              "reads (generate mode supervises the continuation)", param="prompts")
     out = Path(out)
     owned = isinstance(engine, str)
-    runner = (open_engine(engine, str(teacher), list(draft["target_layer_ids"]), engine_options)
+    runner = (open_engine(engine, target, list(draft["target_layer_ids"]), engine_options)
               if isinstance(engine, str) else engine)
     try:
-        settings = _settings(teacher, prompts, draft, max_new_tokens, ignore_eos, mode=mode, engine=runner.name,
+        settings = _settings(target, prompts, draft, max_new_tokens, ignore_eos, mode=mode, engine=runner.name,
                              engine_dtype=runner.dtype)
         manifest = _open_manifest(out, settings, force)
         if manifest is None:
-            manifest = {"schema": SCHEMA, "settings": settings, "teacher": teacher_identity(teacher).to_dict(),
-                        "chat_template_sha256": chat_template_digest(teacher), "tap_convention": TAP_CONVENTION,
+            manifest = {"schema": SCHEMA, "settings": settings, "teacher": target.identity.to_dict(),
+                        "chat_template_sha256": target.chat_template_sha256, "tap_convention": TAP_CONVENTION,
                         "fields": FIELDS, "shards": []}
         done = {seq["prompt_index"] for shard in manifest["shards"] for seq in shard["sequences"]}
         todo = [p for p in all_prompts if p.index not in done]

@@ -1,4 +1,4 @@
-"""Acceptance with vLLM's definitions, simulated: the counts, the verify loop, the drafters.
+"""Acceptance with vLLM's definitions, simulated: the counts and the verify loop (the drafters: `drafters`).
 
 The definitions (vLLM 0.32.0's spec-decoding metrics, `DEFINITION`): a *draft* is one verification
 step of one request that carried `k` drafted tokens; `accepted_per_position[i]` counts the drafts
@@ -15,8 +15,8 @@ drafts); `j` = the longest prefix equal to the path; the step counts as one draf
 accepted, IN FULL even when it crosses `max_tokens`; it emits `j + 1` tokens and the next anchor is
 `x_{p+j+1}`. The request stops once it has `max_tokens` tokens or emitted a stop token.
 
-A prompt-lookup drafter (n-gram copy, `BASELINE`) runs through the same simulation on the same
-paths, so a looping or degenerate dataset cannot pass for a good draft.
+A prompt-lookup drafter (n-gram copy, `BASELINE`, in `drafters`) runs through the same simulation on
+the same paths, so a looping or degenerate dataset cannot pass for a good draft.
 
 `measure_batched` runs the loops of many rollouts in lockstep (`VerifyLoop`), drafting one step of
 each unfinished request per call, so a drafter can share work across requests; the counts are each
@@ -33,10 +33,6 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub.progress import Progress
 
 if TYPE_CHECKING:
-    import torch
-
-    from dspark_hub.modeling import K3DSparkModel
-    from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
     from dspark_hub.train.target.generate import Rollout
 
 DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that carried k drafted tokens; "
@@ -162,75 +158,6 @@ def simulate(rollout: Rollout, propose: Callable[[int], list[int]], k: int, *, m
     return loop.stats
 
 
-def draft_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollout: Rollout,
-                   block_size: int) -> Callable[[int], list[int]]:
-    """`propose(p)` for a k3_dspark draft: context = taps of positions < p, anchor = x_p."""
-    propose_many = draft_batch_proposer(model, lm_head_weight, [rollout], block_size)
-    return lambda p: propose_many([(0, p)])[0]
-
-
-def draft_batch_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
-                         block_size: int) -> ProposeMany:
-    """`propose_many` for a k3_dspark draft over `rollouts`: one block forward per request, then one
-    vocabulary projection and one Markov chain for all of them.
-
-    The projection and the chain read the whole vocabulary's weights for a few rows each, so they are
-    bound by memory: on 40 SmolLM2 requests at once they cost 5 ms a request against 56 ms one at a
-    time (2 cores, float32).
-    """
-    import torch  # heavy: only a measurement of a draft pays for it
-
-    dtype, device = model.context_proj.weight.dtype, model.context_proj.weight.device
-    with torch.no_grad():
-        latents = [model.encode_context(r.aux_hidden_states[None].to(device=device, dtype=dtype)) for r in rollouts]
-    ids = [r.input_ids.to(device) for r in rollouts]
-
-    def propose_many(requests: list[tuple[int, int]]) -> list[list[int]]:
-        anchors = torch.stack([ids[i][p] for i, p in requests])
-        blocks = model.draft_block(anchors, block_size)
-        rows = []
-        for n, (i, p) in enumerate(requests):        # contexts differ in length: one forward each
-            context = tuple(latent[:, :p] for latent in latents[i])
-            rows.append(model(input_ids=blocks[n:n + 1], context_latents=context).last_hidden_state)
-        proposal = model.decode_block(torch.cat(rows), anchors, lm_head_weight)
-        assert proposal.tokens is not None   # decode_block always sets the tokens
-        tokens: list[list[int]] = proposal.tokens.tolist()
-        return tokens
-
-    return propose_many
-
-
-def speculators_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], list[int]]:
-    """`propose(p)` for a speculators DSpark (`modeling.speculators_dspark.SpeculatorsDSpark`)."""
-    import torch  # heavy: only a measurement of a draft pays for it
-
-    with torch.no_grad():
-        kv = draft.context_kv(draft.context(rollout.aux_hidden_states))
-    ids = rollout.input_ids.tolist()
-    return lambda p: draft.propose(kv, ids[p], p, k)
-
-
-def ngram_proposer(rollout: Rollout, block_size: int, max_ngram: int = 3,
-                   min_ngram: int = 1) -> Callable[[int], list[int]]:
-    """Prompt-lookup drafting over the tokens up to and including the anchor.
-
-    As transformers' `prompt_lookup_decoding`: longest n first, the earliest earlier occurrence of
-    the last n tokens, and the (up to K) tokens that followed it.
-    """
-    tokens = rollout.input_ids.tolist()
-
-    def propose(p: int) -> list[int]:
-        history = tokens[:p + 1]
-        for n in range(max_ngram, min_ngram - 1, -1):
-            suffix = history[-n:]
-            for start in range(len(history) - n):
-                if history[start:start + n] == suffix:
-                    return history[start + n:start + n + block_size]
-        return []
-
-    return propose
-
-
 @dataclass
 class Measurement:
     """Acceptance over a set of rollouts, overall and per dataset label."""
@@ -282,23 +209,3 @@ def measure_batched(rollouts: Iterable[Rollout], make_batch_proposer: Callable[[
             if progress:
                 progress(1)
     return Measurement(overall, by_dataset)
-
-
-def measure_draft(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: Iterable[Rollout], block_size: int,
-                  progress: Progress | None = None, **bounds: Any) -> Measurement:
-    """Acceptance of a k3_dspark draft (in eval mode, no gradients) on rollouts; `bounds` as `measure`'s."""
-    import torch  # heavy: only a measurement of a draft pays for it
-
-    was_training = model.training
-    model.train(False)
-    try:
-        with torch.no_grad():
-            return measure_batched(rollouts, lambda chunk: draft_batch_proposer(model, lm_head_weight, chunk,
-                                                                                 block_size), block_size,
-                                   progress, **bounds)
-    finally:
-        model.train(was_training)
-
-
-def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -> Measurement:
-    return measure(rollouts, lambda r: ngram_proposer(r, block_size), block_size, **bounds)

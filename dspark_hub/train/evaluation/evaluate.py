@@ -11,8 +11,10 @@ reference 7 for k3_dspark, or `block_size` when given. A prompt-lookup drafter r
 `engine="vllm"` (`dspark_hub.train.evaluation.vllm_eval`) serves the target with the draft in vLLM and reads
 the same counts from vLLM's metrics, plus `measured_by` and `lossless`.
 
-The definitions and the simulation: `train.acceptance`; the draft, target and rollouts a run
-measures on: `train.eval_inputs`.
+`evaluate` is three steps: open the inputs (`inputs.open_inputs`: the draft, the target, the
+rollouts), choose the drafter for the draft's format (`drafters.drafter_for`), count
+(`acceptance.measure_batched`); with the vllm engine, vLLM serving the draft is the drafter and
+its metrics are the count (`vllm_eval.measure_served`).
 """
 
 from __future__ import annotations
@@ -24,51 +26,17 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
-from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.provenance import describe, identify
 from dspark_hub.progress import Progress, announce_stage
-from dspark_hub.train.data.rollouts import read_prompts
 from dspark_hub.train.evaluation import vllm_eval
-from dspark_hub.train.evaluation.acceptance import (
-    BASELINE,
-    DEFINITION,
-    SIMULATION,
-    AcceptanceStats,
-    Measurement,
-    draft_proposer,
-    measure,
-    measure_batched,
-    measure_draft,
-    measure_ngram,
-    ngram_proposer,
-    simulate,
-    speculators_proposer,
-)
-from dspark_hub.train.evaluation.inputs import (
-    DraftUnderTest,
-    load_eval_rollouts,
-    make_proposer,
-    read_draft,
-    refuse_unpaired_teacher,
-    stop_token_ids,
-)
+from dspark_hub.train.evaluation.acceptance import BASELINE, DEFINITION, SIMULATION, Measurement, measure_batched
+from dspark_hub.train.evaluation.drafters import drafter_for, measure_ngram
+from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
 from dspark_hub.train.target.dtypes import canonical_dtype
-from dspark_hub.train.target.generate import Prompt
-from dspark_hub.train.target.target import chat_template_digest, read_teacher_config, teacher_identity
-from dspark_hub.train.target.vllm_worker import cpu_head_dim_problem
-
-#: The names callers import from here, though they live in `acceptance` and `eval_inputs`.
-__all__ = ["BASELINE", "DEFINITION", "DTYPES", "ENGINES", "SIMULATION", "AcceptanceStats", "DraftUnderTest",
-           "EvalResult", "Measurement", "draft_proposer", "evaluate", "load_eval_rollouts", "measure",
-           "measure_batched", "measure_draft", "measure_ngram", "ngram_proposer", "plot_acceptance", "read_draft",
-           "refuse_unpaired_teacher", "require_matplotlib", "simulate", "speculators_proposer", "stop_token_ids"]
 
 ENGINES = ("simulated", "vllm")
 #: The vllm engine's dtypes (torch names; `target.dtypes.canonical_dtype` also takes fp32, bf16, fp16).
 DTYPES = ("float32", "bfloat16", "float16")
-#: What the measured report carries over from the vLLM engine's own report.
-MEASURED_KEYS = ("vllm_version", "untested_version", "torch", "platform", "speculative_config", "dtype",
-                 "model_runner", "triton_interpret", "async_scheduling", "enable_prefix_caching")
 
 
 @dataclass
@@ -163,117 +131,46 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
     if plot is not None:
         require_matplotlib()   # fail before the long run, not after it
-    under_test = read_draft(draft, block_size)
+    inputs = open_inputs(draft, target=teacher, prompts=prompts, data=data, reference=reference,
+                         block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                         progress=progress)
     if engine == "vllm":
-        outcome = _evaluate_vllm(under_test, teacher=teacher, prompts=prompts, data=data, reference=reference,
-                                 max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, vllm_python=vllm_python,
-                                 dtype=dtype, progress=progress)
+        served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
+                                          python=vllm_python, dtype=dtype, progress=progress)
+        outcome = EvalResult(served.measurement, None, served.harness, engine="vllm", measured_by=served.measured_by,
+                             lossless=served.lossless)
     else:
-        outcome = _evaluate_simulated(under_test, teacher=teacher, prompts=prompts, data=data, reference=reference,
-                                      max_new_tokens=max_new_tokens, batch_size=batch_size, ignore_eos=ignore_eos,
-                                      markov=markov, progress=progress)
+        outcome = _simulated(inputs, max_new_tokens=max_new_tokens if data is None else None, ignore_eos=ignore_eos,
+                             markov=markov, progress=progress)
     if plot is not None:
         outcome.plot = str(plot_acceptance(outcome, plot))
     return outcome
 
 
-def _evaluate_simulated(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,
-                        reference: str | None, max_new_tokens: int, batch_size: int, ignore_eos: bool, markov: bool,
-                        progress: Progress | None) -> EvalResult:
+def _simulated(inputs: EvalInputs, *, max_new_tokens: int | None, ignore_eos: bool, markov: bool,
+               progress: Progress | None) -> EvalResult:
+    """The draft (and the reference) drafting on the rollouts, counted next to the prompt-lookup baseline.
+
+    `max_new_tokens` None: a rollouts folder's sequences are measured to their end (no tokens past it).
+    """
     import torch  # heavy: only a simulated measurement pays for it
 
-    ref_draft = read_draft(reference, draft.k, param="reference") if reference else None
-    if ref_draft is not None and ref_draft.taps != draft.taps:
-        raise UsageError(f"{reference}: taps layers {ref_draft.taps}, the draft {draft.taps}; a reference is "
-                         "measured on the same rollouts, so it needs the same taps", param="reference")
-    rollouts, teacher, facts = load_eval_rollouts(draft, teacher=teacher, prompts=prompts, data=data,
-                                                  max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                                  progress=progress)
-    bounds: dict[str, Any] = {} if data is not None else {"max_tokens": max_new_tokens,
-                                                           "stop_ids": stop_token_ids(teacher, ignore_eos)}
+    draft, rollouts = inputs.draft, inputs.rollouts
+    assert rollouts is not None    # the simulation's inputs always hold rollouts
+    bounds: dict[str, Any] = {} if max_new_tokens is None else {"max_tokens": max_new_tokens,
+                                                                  "stop_ids": inputs.stop_ids(ignore_eos)}
     announce_stage(progress, "eval: draft", len(rollouts))
     with torch.no_grad():
-        result = measure_batched(rollouts, make_proposer(draft, teacher, markov=markov), draft.k, progress, **bounds)
-        ref = None if ref_draft is None else measure_batched(rollouts, make_proposer(ref_draft, teacher, markov=True),
-                                                             draft.k, **bounds)
+        result = measure_batched(rollouts, drafter_for(draft, inputs.target, markov=markov), draft.k, progress,
+                                 **bounds)
+        ref = None if inputs.reference is None else measure_batched(
+            rollouts, drafter_for(inputs.reference, inputs.target), draft.k, **bounds)
     harness = {"definition": DEFINITION, "mode": "simulated", "simulation": SIMULATION, "decoding": "greedy",
                "temperature": 0.0, "block_size": draft.k, "dtype": "float32", "format": draft.format.name,
-               "draft": draft.path, "ignore_eos": ignore_eos, **facts}
-    return EvalResult(result, measure_ngram(rollouts, draft.k, **bounds), harness, ref,
-                      str(reference) if reference else None, identify(reference) if reference else None)
-
-
-def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,
-                   reference: str | None, max_new_tokens: int, ignore_eos: bool,
-                   vllm_python: str | os.PathLike[str] | None, dtype: str, progress: Progress | None) -> EvalResult:
-    if data is not None:
-        raise UsageError("the vllm engine generates its own continuations; pass `prompts` instead", param="data")
-    if reference is not None:
-        raise UsageError("the vllm engine measures one draft per run; measure the reference in a run of its own",
-                         param="reference")
-    if prompts is None or teacher is None:
-        raise UsageError("the vllm engine needs `prompts` and `teacher`", param="prompts" if prompts is None
-                         else "teacher")
-    python = vllm_eval.engine_python(vllm_python)       # before any work
-    teacher_config = read_teacher_config(teacher, param="teacher")
-    refuse_unpaired_teacher(draft, teacher_config, teacher)
-    items = read_prompts(prompts, teacher, param="prompts")
-    groups = dataset_groups(items)
-    announce_stage(progress, "eval: vLLM, plain then speculative (2 runs of every prompt)", 2 * len(items))
-    stops = stop_token_ids(teacher, ignore_eos)
-    plain, speculative, python = vllm_eval.measure(teacher, draft.path, [item.input_ids for item in items], groups,
-                                                   k=draft.k, max_tokens=max_new_tokens, stop_token_ids=stops,
-                                                   python=python, dtype=dtype,
-                                                   cpu_refusal=cpu_head_dim_problem(teacher_config, teacher))
-    if progress:
-        progress(2 * len(items))
-    overall, by_dataset = AcceptanceStats(draft.k), {}
-    for g, group in enumerate(groups):
-        stats = group_stats(speculative, g, draft.k, prompts=len(group))
-        overall.add(stats)
-        label = items[group[0]].dataset
-        if label is not None:
-            by_dataset[label] = stats
-    report = speculative.report
-    measured_by = {"engine": "vllm", **{key: report[key] for key in MEASURED_KEYS}, "temperature": 0.0,
-                   "max_tokens": max_new_tokens, "stop_token_ids": stops, "prompts": len(items),
-                   "prompts_sha256": sha256_file(prompts), "python": python,
-                   "timing_s": {"plain": plain.report["timing_s"], "speculative": report["timing_s"]},
-                   "plain_run": {key: plain.report[key] for key in ("model_runner", "triton_interpret")}}
-    harness = _measured_harness(draft, report, teacher, ignore_eos=ignore_eos, max_new_tokens=max_new_tokens,
-                                prompts_sha256=measured_by["prompts_sha256"])
-    return EvalResult(Measurement(overall, by_dataset), None, harness, engine="vllm", measured_by=measured_by,
-                      lossless=plain.outputs == speculative.outputs)
-
-
-def dataset_groups(items: list[Prompt]) -> list[list[int]]:
-    """Prompt indices grouped by dataset label (sorted labels, then the unlabelled), empty groups dropped."""
-    labels = sorted({item.dataset for item in items if item.dataset is not None})
-    groups = [[i for i, item in enumerate(items) if item.dataset == label] for label in labels]
-    groups += [[i for i, item in enumerate(items) if item.dataset is None]]
-    return [g for g in groups if g]
-
-
-def group_stats(run: vllm_eval.EngineRun, group: int, k: int, *, prompts: int) -> AcceptanceStats:
-    """One group's counts, read from the speculative run's vLLM metrics."""
-    metrics = run.metrics(group)
-    per_position = [int(v) for v in metrics.get("vllm:spec_decode_num_accepted_tokens_per_pos") or [0] * k]
-    return AcceptanceStats(k, drafts=int(metrics.get("vllm:spec_decode_num_drafts") or 0),
-                           accepted_per_position=per_position,
-                           tokens=sum(len(out) for out in run.outputs[group]), prompts=prompts)
-
-
-def _measured_harness(draft: DraftUnderTest, report: dict[str, Any], teacher: str, *, ignore_eos: bool,
-                      max_new_tokens: int, prompts_sha256: str) -> dict[str, Any]:
-    """The harness facts of a vLLM measurement (what the card shows)."""
-    identity = teacher_identity(teacher).to_dict()
-    engine = (f"vLLM {report['vllm_version']} ({report['model_runner']} runner"
-              + (", Triton interpreter" if report["triton_interpret"] else "") + ")")
-    return {"definition": DEFINITION, "mode": "measured", "decoding": "greedy", "temperature": 0.0,
-            "block_size": draft.k, "dtype": report["dtype"], "format": draft.format.name, "draft": draft.path,
-            "ignore_eos": ignore_eos, "engine": engine, "prompts_sha256": prompts_sha256,
-            "max_new_tokens": max_new_tokens, "chat_template_sha256": chat_template_digest(teacher),
-            "teacher": identity["label"], "teacher_identity": identity, "data": None}
+               "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
+    reference = inputs.reference.path if inputs.reference else None
+    return EvalResult(result, measure_ngram(rollouts, draft.k, **bounds), harness, ref, reference,
+                      identify(reference) if reference else None)
 
 
 def require_matplotlib() -> Any:

@@ -1,50 +1,33 @@
-"""What `eval` measures on: the draft under test, the target it pairs with, and the rollouts.
+"""What `eval` measures on, opened in one step: the draft under test, the target it pairs with, the data.
 
 A draft is a k3_dspark or a speculators DSpark checkpoint (`read_draft`: its format, taps and k);
-its target must pair with it (`refuse_unpaired_teacher`); the rollouts come from a prompts file
-the target continues greedily (float32 taps, `max_new_tokens + k` tokens ignoring EOS, so the last
-step can overshoot as it does in vLLM) or from a rollouts folder (`load_eval_rollouts`).
+its target (`target.Target`, opened once) must pair with it; the data is a prompts file or a
+rollouts folder. For the simulation the rollouts are made here: the target, in the `transformers`
+engine (`target.engines.open_engine`, the one way rollouts are made), continues each prompt greedily
+`max_new_tokens + k` tokens ignoring EOS with float32 taps, so the last step can overshoot as it does
+in vLLM; a rollouts folder is read as it is. The vllm engine makes its own continuations: it gets the
+prompts (`open_inputs(..., engine="vllm")`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dspark_hub.errors import UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
-from dspark_hub.format.tensorio import tensor_files
+from dspark_hub.format.registry import DraftFormat
 from dspark_hub.progress import Progress, announce_stage, announce_total
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.data.rollouts import MemoryRollouts, RolloutData, read_prompts
-from dspark_hub.train.evaluation.acceptance import (
-    ProposeMany,
-    draft_batch_proposer,
-    one_at_a_time,
-    speculators_proposer,
-)
-from dspark_hub.train.target.generate import Rollout, generate_rollouts
-from dspark_hub.train.target.target import (
-    chat_template_digest,
-    load_teacher,
-    read_json,
-    read_lm_head,
-    read_teacher_config,
-    teacher_eos_ids,
-    teacher_identity,
-)
+from dspark_hub.train.target.engines import EngineOptions, open_engine
+from dspark_hub.train.target.generate import Prompt
+from dspark_hub.train.target.target import Target, read_json
 from dspark_hub.verify.family import detect
 from dspark_hub.vllm.pin import PINNED_VERSION
-
-if TYPE_CHECKING:
-    import torch
-
-    from dspark_hub.modeling import K3DSparkModel
 
 
 @dataclass(frozen=True)
@@ -90,120 +73,124 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None, *,
     return DraftUnderTest(str(path), config, fmt, list(taps), k)
 
 
-def refuse_unpaired_teacher(draft: DraftUnderTest, teacher_config: Mapping[str, Any], teacher: str) -> None:
-    """Refuse a teacher the draft does not pair with (hidden size, vocabulary, taps in range).
+@dataclass
+class EvalInputs:
+    """Everything one eval measures on: the draft (and a reference draft), the target, and the data.
+
+    `rollouts` is what the simulation runs on (None for the vllm engine, which continues `prompts`
+    itself); `facts` are the harness facts about the data (prompts digest, chat template, target identity).
+    """
+
+    draft: DraftUnderTest
+    target: Target
+    reference: DraftUnderTest | None = None
+    prompts: list[Prompt] = field(default_factory=list)
+    prompts_path: str | None = None
+    rollouts: RolloutData | MemoryRollouts | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def stop_ids(self, ignore_eos: bool) -> list[int]:
+        """The target's EOS ids (`Target.eos_ids`: generation_config.json, else config.json), none with `ignore_eos`."""
+        return [] if ignore_eos else list(self.target.eos_ids)
+
+
+def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str] | None, prompts: str | None,
+                data: str | None, reference: str | None = None, block_size: int | None = None,
+                engine: str = "simulated", max_new_tokens: int = 256, batch_size: int = 8,
+                progress: Progress | None = None) -> EvalInputs:
+    """The draft, the target and the data of one eval, every input checked before any model loads.
+
+    For the simulation the rollouts are made (from `prompts`) or read (`data`); for the vllm engine only
+    the prompts are read.
 
     Raises:
-        TeacherMismatchError: one line naming the first disagreeing key.
-        UsageError: a tap out of the teacher's range.
+        UsageError: not exactly one of `prompts` and `data`, no target, what the engine cannot do, a
+            draft eval cannot measure, or a reference with other taps.
+        TeacherMismatchError: the target does not pair with the draft.
     """
-    tap_view(draft.config, teacher_config, where=f"{draft.path}/{CONFIG_NAME}", target=teacher, param="draft")
-
-
-def stop_token_ids(teacher: str | os.PathLike[str], ignore_eos: bool) -> list[int]:
-    """The target's EOS ids (`teacher.teacher_eos_ids`: generation_config.json, else config.json), none with
-    `ignore_eos`."""
-    return [] if ignore_eos else teacher_eos_ids(teacher)
-
-
-def read_embedding(teacher: str | os.PathLike[str]) -> torch.Tensor:
-    """The teacher's input embedding `[V, H]`, read from its safetensors (no model built)."""
-    from safetensors import safe_open  # framework="pt": torch, only when a speculators draft is measured
-
-    files = tensor_files(teacher)
-    hits = [n for n in files if n == "embed_tokens.weight" or n.endswith(".embed_tokens.weight")]
-    if len(hits) != 1:
-        raise UsageError(f"{teacher}: no unique embed_tokens.weight among {len(files)} tensors; pass a causal LM "
-                         "checkpoint folder", param="teacher")
-    with safe_open(str(files[hits[0]]), framework="pt") as handle:
-        embedding: torch.Tensor = handle.get_tensor(hits[0])
-    return embedding
-
-
-def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
-    # torch and modeling (transformers): only a measurement of a k3_dspark draft pays for them
-    import torch
-
-    from dspark_hub.modeling import load_checkpoint
-
-    model: K3DSparkModel = load_checkpoint(path, dtype=torch.float32).model
-    model.train(False)
-    return model
-
-
-def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: str | None, data: str | None,
-                       max_new_tokens: int, batch_size: int, progress: Progress | None = None
-                       ) -> tuple[RolloutData | MemoryRollouts, str, dict[str, Any]]:
-    """(rollouts, teacher path, harness facts about the data) from a prompts file or a rollouts folder.
-
-    From prompts the teacher rolls out `max_new_tokens + k` tokens ignoring EOS (the last step may
-    overshoot, and the simulation applies the stop tokens itself), with float32 taps.
-    """
-    import torch  # heavy: only a run that loads rollouts pays for it
-
+    under_test = read_draft(draft, block_size)
+    if engine == "vllm":
+        return _served_inputs(under_test, target=target, prompts=prompts, data=data, reference=reference)
+    ref = read_draft(reference, under_test.k, param="reference") if reference else None
+    if ref is not None and ref.taps != under_test.taps:
+        raise UsageError(f"{reference}: taps layers {ref.taps}, the draft {under_test.taps}; a reference is "
+                         "measured on the same rollouts, so it needs the same taps", param="reference")
     if (prompts is None) == (data is None):
         raise UsageError("pass exactly one of `prompts` (with `teacher`) and `data`")
     if data is not None:
-        rollouts = RolloutData(data, param="data")
-        announce_total(progress, len(rollouts))
-        teacher = teacher or rollouts.teacher_path
-        settings = rollouts.manifest["settings"]
-        if list(settings.get("target_layer_ids", draft.taps)) != draft.taps:
-            raise UsageError(f"{data}: the rollouts hold the taps of layers {settings['target_layer_ids']}, the draft "
-                             f"reads {draft.taps}; roll out with this draft's config", param="data")
-        identity = rollouts.manifest["teacher"]
-        facts = {"prompts_sha256": settings["prompts_sha256"], "max_new_tokens": settings["max_new_tokens"],
-                 "chat_template_sha256": rollouts.manifest.get("chat_template_sha256"),
-                 "teacher": identity["label"], "teacher_identity": identity, "data": str(data)}
-        if teacher is None:
-            raise UsageError(f"{data}: the manifest names no teacher; pass `teacher`")
-        return rollouts, teacher, facts
-    if teacher is None:
+        return _folder_inputs(under_test, ref, data=data, target=target, progress=progress)
+    if target is None:
         raise UsageError("needs `teacher`", param="prompts")
     assert prompts is not None   # exactly one of prompts and data, checked above
-    refuse_unpaired_teacher(draft, read_teacher_config(teacher, param="teacher"), teacher)
-    items = read_prompts(prompts, teacher, param="prompts")   # before the teacher loads
-    model = load_teacher(teacher)
-    announce_stage(progress, "eval: teacher continuations", len(items))
-    memory = MemoryRollouts(list(generate_rollouts(model, items, draft.taps, max_new_tokens=max_new_tokens + draft.k,
-                                                   batch_size=batch_size, ignore_eos=True, progress=progress,
-                                                   states_dtype=torch.float32)))
+    inputs = _paired(under_test, Target.open(target, param="teacher"), prompts, reference=ref)
+    inputs.rollouts = _roll_out(inputs, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)
+    inputs.facts = {"prompts_sha256": sha256_file(prompts), "max_new_tokens": max_new_tokens, **_target_facts(inputs)}
+    return inputs
+
+
+def _paired(draft: DraftUnderTest, target: Target, prompts: str, *, reference: DraftUnderTest | None = None
+            ) -> EvalInputs:
+    """The inputs once the target pairs with the draft (hidden size, vocabulary, taps in range) and the prompts
+    are read (before any model loads)."""
+    tap_view(draft.config, target.config, where=f"{draft.path}/{CONFIG_NAME}", target=target.path, param="draft")
+    items = read_prompts(prompts, target, param="prompts")
+    return EvalInputs(draft, target, reference, prompts=items, prompts_path=str(prompts))
+
+
+def _roll_out(inputs: EvalInputs, *, max_new_tokens: int, batch_size: int,
+              progress: Progress | None) -> MemoryRollouts:
+    """The target's greedy continuations of the prompts, `max_new_tokens + k` tokens ignoring EOS (the
+    simulation applies the stop tokens itself), float32 taps, in prompt order."""
+    engine = open_engine("transformers", inputs.target, inputs.draft.taps, EngineOptions(dtype="float32"))
+    announce_stage(progress, "eval: teacher continuations", len(inputs.prompts))
+    try:
+        memory = MemoryRollouts(list(engine.rollouts(inputs.prompts, mode="generate",
+                                                     max_new_tokens=max_new_tokens + inputs.draft.k,
+                                                     ignore_eos=True, batch_size=batch_size, progress=progress,
+                                                     states_dtype="float32")))
+    finally:
+        engine.close()
     memory.rollouts.sort(key=lambda r: r.prompt_index)
-    identity = teacher_identity(teacher).to_dict()
-    facts = {"prompts_sha256": sha256_file(prompts), "max_new_tokens": max_new_tokens,
-             "chat_template_sha256": chat_template_digest(teacher), "teacher": identity["label"],
-             "teacher_identity": identity, "data": None}
-    return memory, teacher, facts
+    return memory
 
 
-def make_proposer(draft: DraftUnderTest, teacher: str, *,
-                  markov: bool) -> Callable[[list[Rollout]], ProposeMany]:
-    """rollouts -> propose_many (`acceptance.measure_batched`), for either format."""
-    if not markov and not draft.format.markov_optional:
-        raise UsageError(f"a {draft.format.title} draft always drafts with its Markov head; `markov` False is for "
-                         "drafts whose head is optional")
-    lm_head = read_lm_head(teacher).float()
-    return PROPOSERS[draft.format.name](draft, teacher, lm_head, markov)
+def _target_facts(inputs: EvalInputs) -> dict[str, Any]:
+    """The harness facts about the target: its chat template's digest and its identity (computed once)."""
+    identity = inputs.target.identity.to_dict()
+    return {"chat_template_sha256": inputs.target.chat_template_sha256, "teacher": identity["label"],
+            "teacher_identity": identity, "data": None}
 
 
-def _speculators_proposer(draft: DraftUnderTest, teacher: str, lm_head: torch.Tensor,
-                          markov: bool) -> Callable[[list[Rollout]], ProposeMany]:
-    import torch  # heavy: only a measurement pays for it
+def _folder_inputs(draft: DraftUnderTest, reference: DraftUnderTest | None, *, data: str,
+                   target: str | os.PathLike[str] | None, progress: Progress | None) -> EvalInputs:
+    """A rollouts folder as it is (bfloat16 taps, no tokens past its end); the target defaults to its manifest's."""
+    rollouts = RolloutData(data, param="data")
+    announce_total(progress, len(rollouts))
+    settings = rollouts.manifest["settings"]
+    if list(settings.get("target_layer_ids", draft.taps)) != draft.taps:
+        raise UsageError(f"{data}: the rollouts hold the taps of layers {settings['target_layer_ids']}, the draft "
+                         f"reads {draft.taps}; roll out with this draft's config", param="data")
+    folder = target or rollouts.teacher_path
+    if folder is None:
+        raise UsageError(f"{data}: the manifest names no teacher; pass `teacher`")
+    identity = rollouts.manifest["teacher"]
+    facts = {"prompts_sha256": settings["prompts_sha256"], "max_new_tokens": settings["max_new_tokens"],
+             "chat_template_sha256": rollouts.manifest.get("chat_template_sha256"),
+             "teacher": identity["label"], "teacher_identity": identity, "data": str(data)}
+    return EvalInputs(draft, Target.open(folder, param="teacher"), reference, rollouts=rollouts, facts=facts)
 
-    # modeling imports torch and transformers: only a measurement of a speculators draft pays for them
-    from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
 
-    model = SpeculatorsDSpark.from_folder(draft.path, read_embedding(teacher), lm_head, dtype=torch.float32,
-                                          markov=markov)
-    # its pruned vocabulary makes a request cheap (10 ms on SmolLM2): drafted one at a time
-    return one_at_a_time(lambda r: speculators_proposer(model, r, draft.k))
-
-
-def _k3_proposer(draft: DraftUnderTest, teacher: str, lm_head: torch.Tensor,
-                 markov: bool) -> Callable[[list[Rollout]], ProposeMany]:
-    k3 = _load_draft(draft.path)
-    return lambda rollouts: draft_batch_proposer(k3, lm_head, rollouts, draft.k)
-
-
-#: How a draft of each format proposes (the modeling classes sit above format/, so the table lives here).
-PROPOSERS = {K3.name: _k3_proposer, SPECULATORS.name: _speculators_proposer}
+def _served_inputs(draft: DraftUnderTest, *, target: str | os.PathLike[str] | None, prompts: str | None,
+                   data: str | None, reference: str | None) -> EvalInputs:
+    """What the vllm engine needs: the target and the prompts (it continues them itself)."""
+    if data is not None:
+        raise UsageError("the vllm engine generates its own continuations; pass `prompts` instead", param="data")
+    if reference is not None:
+        raise UsageError("the vllm engine measures one draft per run; measure the reference in a run of its own",
+                         param="reference")
+    if prompts is None or target is None:
+        raise UsageError("the vllm engine needs `prompts` and `teacher`", param="prompts" if prompts is None
+                         else "teacher")
+    inputs = _paired(draft, Target.open(target, param="teacher"), prompts)
+    inputs.facts = {"prompts_sha256": sha256_file(prompts), **_target_facts(inputs)}
+    return inputs

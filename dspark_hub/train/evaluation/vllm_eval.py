@@ -26,11 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import EngineError
+from dspark_hub.progress import Progress, announce_stage
+from dspark_hub.train.evaluation.acceptance import DEFINITION, AcceptanceStats, Measurement
+from dspark_hub.train.evaluation.inputs import EvalInputs
+from dspark_hub.train.target.generate import Prompt
+from dspark_hub.train.target.vllm_worker import cpu_head_dim_problem
 from dspark_hub.vllm.availability import missing_vllm, vllm_importable
 from dspark_hub.vllm.child import Child, session
 
 #: The engine process's module (`python -m`).
 WORKER_MODULE = "dspark_hub.train.evaluation.vllm_eval_worker"
+#: What the measured report carries over from the vLLM engine's own report.
+MEASURED_KEYS = ("vllm_version", "untested_version", "torch", "platform", "speculative_config", "dtype",
+                 "model_runner", "triton_interpret", "async_scheduling", "enable_prefix_caching")
 
 
 @dataclass(frozen=True)
@@ -101,3 +109,73 @@ def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], promp
     speculative = run_engine(interpreter_path, {**job, "interpreter": interpreter, "speculative_config": spec},
                              what="speculative decoding")
     return plain, speculative, interpreter_path
+
+
+@dataclass(frozen=True)
+class Served:
+    """A draft measured by vLLM serving it: the counts, the harness, how vLLM ran, whether it was lossless."""
+
+    measurement: Measurement
+    harness: dict[str, Any]
+    measured_by: dict[str, Any]
+    lossless: bool
+
+
+def measure_served(inputs: EvalInputs, *, max_new_tokens: int, ignore_eos: bool,
+                   python: str | os.PathLike[str] | None, dtype: str, progress: Progress | None = None) -> Served:
+    """vLLM serves the target with the draft: plain greedy, then speculative decoding; the counts from its metrics.
+
+    Raises:
+        MissingDependencyError: no vLLM in `python` (before any engine starts).
+        EngineError: the vLLM engine failed (its log is kept and named).
+    """
+    interpreter = engine_python(python)       # before any work
+    draft, target, items = inputs.draft, inputs.target, inputs.prompts
+    groups = dataset_groups(items)
+    announce_stage(progress, "eval: vLLM, plain then speculative (2 runs of every prompt)", 2 * len(items))
+    stops = inputs.stop_ids(ignore_eos)
+    plain, speculative, interpreter = measure(target.path, draft.path, [item.input_ids for item in items], groups,
+                                              k=draft.k, max_tokens=max_new_tokens, stop_token_ids=stops,
+                                              python=interpreter, dtype=dtype,
+                                              cpu_refusal=cpu_head_dim_problem(target.config, target.path))
+    if progress:
+        progress(2 * len(items))
+    overall, by_dataset = AcceptanceStats(draft.k), {}
+    for g, group in enumerate(groups):
+        stats = group_stats(speculative, g, draft.k, prompts=len(group))
+        overall.add(stats)
+        label = items[group[0]].dataset
+        if label is not None:
+            by_dataset[label] = stats
+    report = speculative.report
+    measured_by = {"engine": "vllm", **{key: report[key] for key in MEASURED_KEYS}, "temperature": 0.0,
+                   "max_tokens": max_new_tokens, "stop_token_ids": stops, "prompts": len(items),
+                   "prompts_sha256": inputs.facts["prompts_sha256"], "python": interpreter,
+                   "timing_s": {"plain": plain.report["timing_s"], "speculative": report["timing_s"]},
+                   "plain_run": {key: plain.report[key] for key in ("model_runner", "triton_interpret")}}
+    engine = (f"vLLM {report['vllm_version']} ({report['model_runner']} runner"
+              + (", Triton interpreter" if report["triton_interpret"] else "") + ")")
+    facts = inputs.facts
+    harness = {"definition": DEFINITION, "mode": "measured", "decoding": "greedy", "temperature": 0.0,
+               "block_size": draft.k, "dtype": report["dtype"], "format": draft.format.name, "draft": draft.path,
+               "ignore_eos": ignore_eos, "engine": engine, "prompts_sha256": facts["prompts_sha256"],
+               "max_new_tokens": max_new_tokens, "chat_template_sha256": facts["chat_template_sha256"],
+               "teacher": facts["teacher"], "teacher_identity": facts["teacher_identity"], "data": None}
+    return Served(Measurement(overall, by_dataset), harness, measured_by, plain.outputs == speculative.outputs)
+
+
+def dataset_groups(items: list[Prompt]) -> list[list[int]]:
+    """Prompt indices grouped by dataset label (sorted labels, then the unlabelled), empty groups dropped."""
+    labels = sorted({item.dataset for item in items if item.dataset is not None})
+    groups = [[i for i, item in enumerate(items) if item.dataset == label] for label in labels]
+    groups += [[i for i, item in enumerate(items) if item.dataset is None]]
+    return [g for g in groups if g]
+
+
+def group_stats(run: EngineRun, group: int, k: int, *, prompts: int) -> AcceptanceStats:
+    """One group's counts, read from the speculative run's vLLM metrics."""
+    metrics = run.metrics(group)
+    per_position = [int(v) for v in metrics.get("vllm:spec_decode_num_accepted_tokens_per_pos") or [0] * k]
+    return AcceptanceStats(k, drafts=int(metrics.get("vllm:spec_decode_num_drafts") or 0),
+                           accepted_per_position=per_position,
+                           tokens=sum(len(out) for out in run.outputs[group]), prompts=prompts)

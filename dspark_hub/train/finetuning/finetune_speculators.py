@@ -65,7 +65,7 @@ from dspark_hub.train.finetuning.objective_speculators import (
 from dspark_hub.train.finetuning.trainer import TrainResult
 from dspark_hub.train.finetuning.training_log import TrainingLog
 from dspark_hub.train.target.generate import Rollout
-from dspark_hub.train.target.target import read_final_norm, read_json, read_lm_head, read_teacher_config
+from dspark_hub.train.target.target import Target, read_json
 
 #: Our k3_dspark term names the library spells otherwise (the same quantity).
 LOSS_ALIASES = {"kl": "kl_div"}
@@ -154,11 +154,9 @@ def packed_row(rollouts: Sequence[Rollout]) -> PackedRow:
         final_normed=True)
 
 
-def read_target(teacher: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def read_target(target: Target) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The target's input embedding, lm_head and final norm weight (float32), read from its files."""
-    from dspark_hub.train.evaluation.inputs import read_embedding
-
-    return (read_embedding(teacher).float(), read_lm_head(teacher).float(), read_final_norm(teacher).weight.float())
+    return target.embedding().float(), target.lm_head().float(), target.final_norm().weight.float()
 
 
 def check_roster(base: str, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
@@ -199,12 +197,12 @@ class SpeculatorsFinetune:
                                      if detect_format(config.data, param="data") == "rollouts" else None)
         if not teacher:
             raise UsageError("no target; pass `teacher` (its embedding, lm_head and final norm)", param="teacher")
-        self.teacher = teacher
-        teacher_config = read_teacher_config(teacher, param="teacher")
-        self.view = tap_view(self.base_config, teacher_config, where=str(Path(config.base) / contract.CONFIG_NAME),
-                             target=teacher)
+        self.target = Target.open(teacher, param="teacher")
+        self.view = tap_view(self.base_config, self.target.config,
+                             where=str(Path(config.base) / contract.CONFIG_NAME), target=self.target.path)
         self.data: RolloutData | HiddenStateData = open_training_data(
-            config.data, draft_config=self.view, teacher=teacher, layer_ids=config.data_layer_ids, param="data")
+            config.data, draft_config=self.view, teacher=self.target, layer_ids=config.data_layer_ids,
+            param="data")
         if isinstance(self.data, RolloutData):
             check_recorded_taps(self.data, self.view)
         self.total_steps = self._total_steps()
@@ -214,7 +212,7 @@ class SpeculatorsFinetune:
         torch.manual_seed(config.seed)
         self.model = SpeculatorsDSparkTrainer(
             self.base_config, {n: t.float() if t.is_floating_point() else t for n, t in tensors.items()},
-            *read_target(teacher))
+            *read_target(self.target))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.95),
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: objective.cosine_lr(

@@ -22,12 +22,14 @@ from dspark_hub.train.finetuning.checkpointer import Checkpointer
 from dspark_hub.train.finetuning.config import TrainConfig
 from dspark_hub.train.finetuning.distributed import barrier
 from dspark_hub.train.target.engines import TeacherEngine, open_engine
+from dspark_hub.train.target.target import Target
 
 
 class Trainer(Protocol):
     """What the rounds use of `trainer.Trainer`."""
 
     config: TrainConfig
+    target: Target
     rank: int
     base_config: dict[str, Any]
     checkpointer: Checkpointer
@@ -53,12 +55,12 @@ def share(total: int, parts: int, index: int) -> tuple[int, int]:
 def fit_on_policy(trainer: Trainer) -> None:
     """Run every round not yet done (a resumed run skips the rounds its steps already cover)."""
     config = trainer.config
-    assert config.prompts and config.teacher   # checked when the trainer was made
+    assert config.prompts   # checked when the trainer was made
     lines = prompt_lines(config.prompts)
     rounds = max(1, min(config.rounds, len(lines)))
     engine: TeacherEngine | None = None
     if trainer.rank == 0:
-        engine = open_engine(config.engine, config.teacher, list(trainer.base_config["target_layer_ids"]),
+        engine = open_engine(config.engine, trainer.target, list(trainer.base_config["target_layer_ids"]),
                              config.engine_options, releasable=rounds > 1)
     trainer.checkpointer.make_dir()     # after the engine was accepted
     try:
@@ -84,8 +86,7 @@ def fit_on_policy(trainer: Trainer) -> None:
 def roll_out(trainer: Trainer, engine: TeacherEngine, folder: Path, chunk: list[str]) -> None:
     """One round's rollouts: its prompts to `folder/prompts.jsonl`, the target's continuations to `folder/data`."""
     config = trainer.config
-    assert config.teacher   # checked when the trainer was made
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "prompts.jsonl").write_text("".join(line + "\n" for line in chunk), encoding="utf-8")
-    make_rollouts(config.teacher, folder / "prompts.jsonl", trainer.base_config, folder / "data",
+    make_rollouts(trainer.target, folder / "prompts.jsonl", trainer.base_config, folder / "data",
                   max_new_tokens=config.max_new_tokens, engine=engine)

@@ -44,7 +44,7 @@ from dspark_hub.format.writer import atomic_dir, check_writable
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train.data.hidden_state_files import HiddenStateData, detect_format, open_training_data
 from dspark_hub.train.data.rollouts import RolloutData, require_file
-from dspark_hub.train.evaluation.acceptance import measure_draft, measure_ngram
+from dspark_hub.train.evaluation.drafters import measure_draft, measure_ngram
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.finetuning.checkpointer import Checkpointer, full_model_state, rotate_states, state_files
 from dspark_hub.train.finetuning.config import TrainConfig
@@ -61,7 +61,7 @@ from dspark_hub.train.finetuning.draft_step import DraftStep, batch_indices, chu
 from dspark_hub.train.finetuning.on_policy import fit_on_policy
 from dspark_hub.train.finetuning.plan import TrainPlan, step_plan
 from dspark_hub.train.finetuning.training_log import LOG_NAME, MEASURED, TrainingLog
-from dspark_hub.train.target.target import moved, read_json, read_lm_head, read_teacher_config
+from dspark_hub.train.target.target import Target, moved, read_json
 
 if TYPE_CHECKING:
     from dspark_hub.modeling import K3DSparkModel
@@ -153,9 +153,10 @@ class Trainer:
         self._check_inputs()
         self.data = None if config.on_policy else self._open_data(config.data)
         torch.manual_seed(config.seed)
+        self.target = self._target()
         self.model = self._load_model()
-        self.lm_head = read_lm_head(self._teacher_path()).float().to(self.device)
-        self.embedding = check_base_embedding(config.base, self._teacher_path())
+        self.lm_head = self.target.lm_head().float().to(self.device)
+        self.embedding = check_base_embedding(config.base, self.target.path)
         if config.loss_chunk < 0:
             raise UsageError(f"{config.loss_chunk}; use rows per chunk, or 0 for no chunking", param="loss_chunk")
         step = DraftStep(self.model, config.block_size, terms=list(self.loss_weights), gamma=config.gamma,
@@ -210,19 +211,19 @@ class Trainer:
         self.save_dtype = getattr(torch, self.base_config.get("torch_dtype") or "bfloat16")
         return model
 
-    def _teacher_path(self) -> str:
-        if self.config.teacher:
-            return self.config.teacher
+    def _target(self) -> Target:
+        """The target given, else the one the rollouts folder names (opened once for the run)."""
+        if self.given_target is not None:
+            return self.given_target
         teacher = getattr(self.data, "teacher_path", None)
         if isinstance(teacher, str) and teacher:
-            return teacher
+            return Target.open(teacher, param="teacher")
         raise UsageError("no target; pass `teacher` (its lm_head gives the target distributions)", param="teacher")
 
     def _check_inputs(self) -> None:
         """The target's config, on-policy's prompts and the eval data exist, before anything loads."""
         config = self.config
-        if config.teacher:
-            read_teacher_config(config.teacher, param="teacher")
+        self.given_target = Target.open(config.teacher, param="teacher") if config.teacher else None
         if config.on_policy:
             if not (config.prompts and config.teacher):
                 raise UsageError("needs `prompts` and `teacher`", param="on_policy")
@@ -233,7 +234,7 @@ class Trainer:
     def _open_data(self, path: str | None) -> TrainingData:
         if not path:
             raise UsageError("no training data; pass `data` (or `on_policy` with `prompts`)", param="data")
-        return open_training_data(path, draft_config=self.base_config, teacher=self.config.teacher,
+        return open_training_data(path, draft_config=self.base_config, teacher=self.given_target,
                                   layer_ids=self.config.data_layer_ids, param="data")
 
     def _total_steps(self) -> int:
@@ -370,7 +371,7 @@ class Trainer:
         if not due or config.fsdp or config.eval_data is None:
             return
         if self.rank == 0:
-            data = open_training_data(config.eval_data, draft_config=self.base_config, teacher=self._teacher_path(),
+            data = open_training_data(config.eval_data, draft_config=self.base_config, teacher=self.target,
                                       layer_ids=config.data_layer_ids)
             self.last_eval = {**measure_draft(self.model, self.lm_head, data, config.block_size).to_dict(),
                               "baseline": measure_ngram(data, config.block_size).overall.to_dict()}

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dspark_hub.errors import UsageError
 from dspark_hub.train.target.generate import Prompt, Rollout, generate_rollouts, prefill_rollouts
-from dspark_hub.train.target.target import load_teacher, moved
+from dspark_hub.train.target.target import Target, moved
 
 if TYPE_CHECKING:
     from dspark_hub.train.target.target import CausalLM
@@ -77,8 +78,10 @@ class TeacherEngine(Protocol):
     dtype: str     # the teacher dtype it runs (resolved default included): a rollouts setting
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
-                 batch_size: int, progress: Progress | None = None) -> Iterator[Rollout]:
-        """One `Rollout` per prompt, in any order (each carries its prompt index)."""
+                 batch_size: int, progress: Progress | None = None,
+                 states_dtype: str = "bfloat16") -> Iterator[Rollout]:
+        """One `Rollout` per prompt, in any order (each carries its prompt index), its states in `states_dtype`
+        (bfloat16: what a rollouts folder stores; eval keeps float32)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -118,15 +121,15 @@ def engine_names() -> list[str]:
     return sorted(ENGINES)
 
 
-def open_engine(name: str, teacher: str, layer_ids: list[int], options: EngineOptions | None = None, *,
-                releasable: bool = False) -> TeacherEngine:
-    """Open the engine `name` on `teacher`, capturing the taps `layer_ids` (our convention).
+def open_engine(name: str, target: str | os.PathLike[str] | Target, layer_ids: list[int],
+                options: EngineOptions | None = None, *, releasable: bool = False) -> TeacherEngine:
+    """Open the engine `name` on `target`, capturing the taps `layer_ids` (our convention).
 
-    Nothing heavy starts here: an engine loads its teacher on first use.
+    Nothing heavy starts here: an engine loads its target on first use.
 
     Args:
         name: a key of `ENGINES`.
-        teacher: local teacher folder.
+        target: the target (`Target`), or its local folder.
         layer_ids: the draft's `target_layer_ids`.
         options: engine settings; an option the engine does not take is refused.
         releasable: the caller will `release()` between uses (the vLLM engine then asks for
@@ -144,7 +147,7 @@ def open_engine(name: str, teacher: str, layer_ids: list[int], options: EngineOp
     if foreign:
         raise UsageError(f"teacher engine {name!r} does not take {', '.join(foreign)}; "
                          f"it takes {', '.join(sorted(cls.accepts))}", param=option_param(foreign[0]))
-    engine: TeacherEngine = cls(teacher, list(layer_ids), options, releasable=releasable)
+    engine: TeacherEngine = cls(Target.open(target), list(layer_ids), options, releasable=releasable)
     return engine
 
 
@@ -154,9 +157,9 @@ class TransformersEngine:
     name = "transformers"
     accepts = frozenset({"dtype", "device"})
 
-    def __init__(self, teacher: str, layer_ids: list[int], options: EngineOptions, *,
+    def __init__(self, target: Target, layer_ids: list[int], options: EngineOptions, *,
                  releasable: bool = False) -> None:
-        self.teacher = str(teacher)
+        self.target = target
         self.layer_ids = layer_ids
         self.dtype = options.dtype or "float32"
         self.device = options.device or "cpu"
@@ -164,15 +167,20 @@ class TransformersEngine:
 
     def _model(self) -> CausalLM:
         if self.model is None:
-            self.model = moved(load_teacher(self.teacher, dtype=self.dtype), self.device)
+            self.model = moved(self.target.load(dtype=self.dtype), self.device)
         return self.model
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
-                 batch_size: int, progress: Progress | None = None) -> Iterator[Rollout]:
+                 batch_size: int, progress: Progress | None = None,
+                 states_dtype: str = "bfloat16") -> Iterator[Rollout]:
+        import torch
+
+        dtype = getattr(torch, states_dtype)
         if mode == "prefill":
-            return prefill_rollouts(self._model(), prompts, self.layer_ids, batch_size=batch_size, progress=progress)
+            return prefill_rollouts(self._model(), prompts, self.layer_ids, batch_size=batch_size, progress=progress,
+                                    states_dtype=dtype)
         return generate_rollouts(self._model(), prompts, self.layer_ids, max_new_tokens=max_new_tokens,
-                                 batch_size=batch_size, ignore_eos=ignore_eos, progress=progress)
+                                 batch_size=batch_size, ignore_eos=ignore_eos, progress=progress, states_dtype=dtype)
 
     def describe(self) -> dict[str, Any]:
         import torch

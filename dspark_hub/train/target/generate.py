@@ -8,12 +8,12 @@ greedy-agreement count every rollout carries.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dspark_hub.errors import UsageError
 from dspark_hub.progress import Progress
-from dspark_hub.train.target.target import capture_states
 
 # torch and transformers are imported inside the functions that run the target: the CLI imports
 # this module (through `engines`) for `--help`.
@@ -23,6 +23,55 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from dspark_hub.train.target.target import CausalLM
+
+
+def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
+    """The teacher's decoder layer list (`model.model.layers` for Llama/Qwen/DeepSeek families)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise UsageError(f"teacher: {type(model).__name__} has no decoder .layers to tap; "
+                         "use a transformers causal LM with a standard decoder stack")
+    stack: torch.nn.ModuleList = layers
+    return stack
+
+
+@dataclass
+class TeacherStates:
+    """What one teacher prefill pass yields for a batch of sequences `[B, T]`."""
+
+    aux_hidden_states: torch.Tensor     # [B, T, len(layer_ids) * hidden]: layer outputs, ascending ids
+    final_hidden_states: torch.Tensor   # [B, T, hidden]: input of lm_head (after the final norm)
+
+
+def capture_states(model: PreTrainedModel, input_ids: torch.Tensor, layer_ids: list[int]) -> TeacherStates:
+    """One prefill forward; taps are captured with forward hooks on the named decoder layers.
+
+    Args:
+        model: a causal LM from `load_teacher`.
+        input_ids: `[B, T]` (no padding: every row is attended in full).
+        layer_ids: the draft's `target_layer_ids`; concatenated in ascending order.
+    """
+    import torch
+
+    layers = decoder_layers(model)
+    captured: dict[int, torch.Tensor] = {}
+
+    def hook_for(layer: int) -> Callable[[torch.nn.Module, Any, Any], None]:
+        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:   # output: a layer's, any shape
+            captured[layer] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    handles = [layers[layer].register_forward_hook(hook_for(layer)) for layer in sorted(set(layer_ids))]
+    try:
+        with torch.no_grad():
+            out = model.get_decoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                      use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    aux = torch.cat([captured[layer] for layer in sorted(layer_ids)], dim=-1)
+    return TeacherStates(aux_hidden_states=aux, final_hidden_states=out.last_hidden_state)
 
 
 @dataclass(frozen=True)
@@ -184,8 +233,9 @@ def _captured(model: CausalLM, group: list[Prompt], sequences: torch.Tensor, lay
 
 
 def prefill_rollouts(model: PreTrainedModel, prompts: list[Prompt], layer_ids: list[int], *, batch_size: int = 8,
-                     progress: Progress | None = None) -> Iterator[Rollout]:
-    """The states of each prompt's sequence as it is (no generation), with its `loss_mask` (all ones if none)."""
+                     progress: Progress | None = None, states_dtype: torch.dtype | None = None) -> Iterator[Rollout]:
+    """The states of each prompt's sequence as it is (no generation), with its `loss_mask` (all ones if none),
+    kept in `states_dtype` (default bfloat16)."""
     import torch
 
     lm_head = model.get_output_embeddings().weight
@@ -194,18 +244,20 @@ def prefill_rollouts(model: PreTrainedModel, prompts: list[Prompt], layer_ids: l
         states = capture_states(model, ids, layer_ids)
         for row, prompt in enumerate(group):
             yield prefill_rollout(prompt, ids[row].cpu(), states.aux_hidden_states[row].cpu(),
-                                  states.final_hidden_states[row], lm_head)
+                                  states.final_hidden_states[row], lm_head, states_dtype=states_dtype)
         if progress:
             progress(len(group))
 
 
 def prefill_rollout(prompt: Prompt, tokens: torch.Tensor, aux: torch.Tensor, final: torch.Tensor,
-                    lm_head: torch.Tensor) -> Rollout:
-    """A `Rollout` of a given sequence: its mask (all ones if none), states stored in bf16."""
+                    lm_head: torch.Tensor, *, states_dtype: torch.dtype | None = None) -> Rollout:
+    """A `Rollout` of a given sequence: its mask (all ones if none), states kept in `states_dtype` (default bf16)."""
     import torch
+
+    dtype = states_dtype or torch.bfloat16
 
     mask = torch.tensor(prompt.loss_mask if prompt.loss_mask is not None else [1] * len(prompt.input_ids),
                         dtype=torch.uint8)
     start = int(mask.nonzero()[0]) if bool(mask.any()) else len(prompt.input_ids)
-    return Rollout(prompt.index, prompt.dataset, tokens.long().clone(), start, aux.to(torch.bfloat16).clone(),
-                   final.to(torch.bfloat16).cpu().clone(), greedy_agreement(final, tokens, mask, lm_head), mask)
+    return Rollout(prompt.index, prompt.dataset, tokens.long().clone(), start, aux.to(dtype).clone(),
+                   final.to(dtype).cpu().clone(), greedy_agreement(final, tokens, mask, lm_head), mask)

@@ -13,7 +13,12 @@ the INPUT of a listed layer must shift by one (`l + 1`); DeepSpec, LumenRL and t
 
 The teacher's final hidden state is the input of its `lm_head` (after the final norm); target
 distributions are `softmax(final_hidden @ lm_head.weight.T)`, recomputed at training time from
-the weight read straight out of the teacher's safetensors (`read_lm_head`).
+the weight read straight out of the teacher's safetensors (`Target.lm_head`).
+
+The target a command works against is one value, `Target`, opened once (`Target.open`): its path,
+its `config.json` (read there, once), its tokenizer (loaded on first use), its identity (computed
+on first use, once, from the files the one folder listing sees: `format.folder`) and readers of
+single tensors (`lm_head`, `final_norm`, `embedding`) that never build the model.
 """
 
 from __future__ import annotations
@@ -22,15 +27,18 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dspark_hub._text import plural
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
-from dspark_hub.format.contract import CONFIG_NAME
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError, about
+from dspark_hub.format.contract import CONFIG_NAME, INDEX_NAME
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.folder import list_folder
 from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.format.taps import require_tap_layers, text_config
 from dspark_hub.format.tensorio import tensor_files
@@ -80,16 +88,6 @@ def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder
         return load_json_object(path)
     except CheckpointFormatError as e:
         raise UsageError(f"{e.message}; pass {what}", param=param) from None
-
-
-def read_teacher_config(folder: str | os.PathLike[str], *, param: str | None = None) -> dict[str, Any]:
-    """The target folder's `config.json`: the one way every part of `train` reads it.
-
-    Raises:
-        CheckpointNotFoundError, UsageError: as `read_json`'s, asking for a folder that holds config.json
-            (about `param`, the caller's argument, when given).
-    """
-    return read_json(Path(folder) / CONFIG_NAME, what="a teacher folder that holds config.json", param=param)
 
 
 def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
@@ -152,14 +150,30 @@ class TeacherIdentity:
 
 
 def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
-    """Identify a local teacher folder (see `TeacherIdentity`)."""
+    """Identify a local target folder (see `TeacherIdentity`): its config and weight files as the one
+    folder listing (`format.folder.list_folder`) sees them, so a link out of the folder is never hashed.
+
+    Raises:
+        CheckpointFormatError: a config, index or weight file is left out of the listing (a link out of
+            the folder, a special file): the identity would not be the files the target loads.
+    """
     resolved = Path(folder).resolve()
     match = _SNAPSHOT.search(resolved.as_posix())
     if match:
         return TeacherIdentity(str(folder), repo=f"{match['org']}/{match['name']}", revision=match["rev"])
-    files = sorted(p for p in resolved.iterdir() if p.is_file() and
-                   (p.suffix == ".safetensors" or p.name in (CONFIG_NAME, "model.safetensors.index.json")))
-    return TeacherIdentity(str(folder), digests={p.name: sha256_file(p) for p in files})
+    listing = list_folder(folder)
+    left_out = [p for p in listing.problems if _identifies(p.path)]
+    if left_out:
+        first = left_out[0]
+        raise CheckpointFormatError(first.code, f"{first.detail}; the target's identity is the files it loads",
+                                    path=str(Path(folder) / first.path), hint=first.hint)
+    return TeacherIdentity(str(folder), digests={name: sha256_file(Path(folder) / name)
+                                                 for name in listing.files if _identifies(name)})
+
+
+def _identifies(name: str) -> bool:
+    """A top-level file the identity hashes: the config, the index and the weight files."""
+    return "/" not in name and (name.endswith(".safetensors") or name in (CONFIG_NAME, INDEX_NAME))
 
 
 # ----------------------------------------------------------------------------- lm_head
@@ -179,18 +193,11 @@ def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
                      "pass a causal LM checkpoint folder")
 
 
-def read_lm_head(folder: str | os.PathLike[str]) -> torch.Tensor:
-    """The teacher's lm_head weight `[vocab, hidden]` read from its safetensors (no model built).
-
-    Only the header and that one tensor are read, so this is cheap even for a huge teacher.
-    """
+def read_tensor(file: str | os.PathLike[str], name: str) -> torch.Tensor:
+    """One tensor of a safetensors file (only its header and that tensor's bytes are read)."""
     from safetensors import safe_open
 
-    folder = Path(folder)
-    config = read_teacher_config(folder)
-    files = tensor_files(folder)
-    name = lm_head_name(files, config)
-    with safe_open(str(files[name]), framework="pt") as handle:
+    with safe_open(str(file), framework="pt") as handle:
         tensor: torch.Tensor = handle.get_tensor(name)
     return tensor
 
@@ -227,42 +234,33 @@ _FINAL_NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight")
 _ONE_PLUS_WEIGHT_NORMS = ("gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_next")
 
 
-def read_final_norm(folder: str | os.PathLike[str]) -> FinalNorm:
-    """The teacher's final norm weight and epsilon, read from its safetensors and config (no model built).
+def final_norm_of(folder: Path, config: Mapping[str, Any], files: Mapping[str, Path]) -> FinalNorm:
+    """The final norm weight and epsilon of the target in `folder` (its config and tensor files; no model built).
 
     Raises:
         UsageError: no unique final norm tensor, or a family whose norm is not `w * x / rms`.
     """
-    from safetensors import safe_open
-
-    folder = Path(folder)
-    config = read_teacher_config(folder)
     text = text_config(config)
     if text.get("model_type") in _ONE_PLUS_WEIGHT_NORMS or config.get("model_type") in _ONE_PLUS_WEIGHT_NORMS:
         raise UsageError(f"{folder}: model_type {text.get('model_type') or config.get('model_type')} scales its "
                          "norm by (1 + weight); its final states cannot be rebuilt from a pre-norm capture here")
-    files = tensor_files(folder)
     names = [n for n in files if any(n == suffix or n.endswith("." + suffix) for suffix in _FINAL_NORM_NAMES)]
     if len(names) != 1:
         raise UsageError(f"{folder}: no unique final norm tensor ({' or '.join(_FINAL_NORM_NAMES)}) among "
                          f"{len(files)} tensors; use a causal LM checkpoint folder")
-    with safe_open(str(files[names[0]]), framework="pt") as handle:
-        weight = handle.get_tensor(names[0])
     eps = text.get("rms_norm_eps", config.get("rms_norm_eps", 1e-6))
-    return FinalNorm(names[0], weight, float(eps))
+    return FinalNorm(names[0], read_tensor(files[names[0]], names[0]), float(eps))
 
 
-def teacher_eos_ids(folder: str | os.PathLike[str]) -> list[int]:
+def eos_ids_of(folder: Path, config: Mapping[str, Any]) -> list[int]:
     """The ids a greedy continuation stops at: `generation_config.json`'s `eos_token_id`, else `config.json`'s.
 
     The transformers engine gets the same ids from `model.generation_config`, which is read from the same files.
     """
-    folder = Path(folder)
     eos = None
     if (folder / "generation_config.json").is_file():
         eos = read_json(folder / "generation_config.json").get("eos_token_id")
     if eos is None:
-        config = read_teacher_config(folder)
         eos = text_config(config).get("eos_token_id", config.get("eos_token_id"))
     if eos is None:
         return []
@@ -293,72 +291,124 @@ def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> C
     return model
 
 
-def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
-    """The teacher's decoder layer list (`model.model.layers` for Llama/Qwen/DeepSeek families)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    layers = getattr(decoder, "layers", None)
-    if layers is None:
-        raise UsageError(f"teacher: {type(model).__name__} has no decoder .layers to tap; "
-                         "use a transformers causal LM with a standard decoder stack")
-    stack: torch.nn.ModuleList = layers
-    return stack
+# ----------------------------------------------------------------------------- the target, opened once
 
 
-@dataclass
-class TeacherStates:
-    """What one teacher prefill pass yields for a batch of sequences `[B, T]`."""
+@dataclass(frozen=True, eq=False)
+class Target:
+    """The target a command works against, opened once (`Target.open`).
 
-    aux_hidden_states: torch.Tensor     # [B, T, len(layer_ids) * hidden]: layer outputs, ascending ids
-    final_hidden_states: torch.Tensor   # [B, T, hidden]: input of lm_head (after the final norm)
-
-
-def capture_states(model: PreTrainedModel, input_ids: torch.Tensor, layer_ids: list[int]) -> TeacherStates:
-    """One prefill forward; taps are captured with forward hooks on the named decoder layers.
-
-    Args:
-        model: a causal LM from `load_teacher`.
-        input_ids: `[B, T]` (no padding: every row is attended in full).
-        layer_ids: the draft's `target_layer_ids`; concatenated in ascending order.
+    `config` is its `config.json`, read when it was opened; the tokenizer, the identity, the EOS ids
+    and the chat template's digest are computed on first use and kept, so a command that needs them
+    several times (rollouts, on-policy rounds, eval) reads and hashes the folder once. Single tensors
+    (`lm_head`, `final_norm`, `embedding`) are read from its safetensors without building the model.
     """
-    import torch
 
-    layers = decoder_layers(model)
-    captured: dict[int, torch.Tensor] = {}
+    path: str
+    config: dict[str, Any]
+    param: str | None = "target"
 
-    def hook_for(layer: int) -> Callable[[torch.nn.Module, Any, Any], None]:
-        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:   # output: a layer's, any shape
-            captured[layer] = output[0] if isinstance(output, tuple) else output
-        return hook
+    @classmethod
+    def open(cls, folder: str | os.PathLike[str] | Target, *, param: str | None = "target") -> Target:
+        """The target in `folder` (a `Target` is returned as it is).
 
-    handles = [layers[layer].register_forward_hook(hook_for(layer)) for layer in sorted(set(layer_ids))]
-    try:
-        with torch.no_grad():
-            out = model.get_decoder()(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                      use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
-    aux = torch.cat([captured[layer] for layer in sorted(layer_ids)], dim=-1)
-    return TeacherStates(aux_hidden_states=aux, final_hidden_states=out.last_hidden_state)
+        Raises:
+            CheckpointNotFoundError, UsageError: no readable `config.json` object in `folder` (about `param`).
+        """
+        if isinstance(folder, Target):
+            return folder
+        config = read_json(Path(folder) / CONFIG_NAME, what="a target folder that holds config.json", param=param)
+        return cls(str(folder), config, param)
 
+    @property
+    def folder(self) -> Path:
+        return Path(self.path)
 
-def chat_template_digest(folder: str | os.PathLike[str]) -> str | None:
-    """SHA-256 of the teacher tokenizer's chat template (None when it has none or no tokenizer)."""
-    tokenizer = load_tokenizer(folder, required=False)
-    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
-    if isinstance(template, dict):
-        template = json.dumps(template, sort_keys=True)
-    return sha256_text(template)
+    @property
+    def text(self) -> Mapping[str, Any]:
+        """The text model's config (a multimodal target nests it; `format.taps.text_config`)."""
+        return text_config(self.config)
 
+    @cached_property
+    def identity(self) -> TeacherIdentity:
+        """`repo@revision` of a Hub snapshot, else the SHA-256 of its config and weight files (once)."""
+        with self._about():
+            return teacher_identity(self.path)
 
-def load_tokenizer(folder: str | os.PathLike[str], *, required: bool) -> PreTrainedTokenizerBase | None:
-    """The teacher's tokenizer, or None when the folder ships none and `required` is False."""
-    from transformers import AutoTokenizer
+    @cached_property
+    def tensor_files(self) -> dict[str, Path]:
+        """Tensor name -> the file that holds it (`format.tensorio.tensor_files`: headers only)."""
+        with self._about():
+            return tensor_files(self.path)
 
-    try:
-        return AutoTokenizer.from_pretrained(str(folder))
-    except (OSError, ValueError, TypeError) as exc:
-        if required:
-            raise UsageError(f"{folder}: no usable tokenizer ({exc}); give prompts as input_ids "
-                             "or use a teacher folder with a tokenizer") from exc
-        return None
+    @cached_property
+    def eos_ids(self) -> list[int]:
+        """The ids a greedy continuation stops at (`generation_config.json`, else `config.json`)."""
+        return eos_ids_of(self.folder, self.config)
+
+    @cached_property
+    def _tokenizer(self) -> tuple[PreTrainedTokenizerBase | None, str | None]:
+        """(the tokenizer, None), or (None, why it could not be loaded)."""
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(self.path), None
+        except (OSError, ValueError, TypeError) as exc:
+            return None, str(exc)
+
+    def tokenizer(self, *, required: bool) -> PreTrainedTokenizerBase | None:
+        """The target's tokenizer (loaded once), or None when the folder ships none and `required` is False.
+
+        Raises:
+            UsageError: `required` and no usable tokenizer.
+        """
+        tokenizer, why = self._tokenizer
+        if tokenizer is None and required:
+            raise UsageError(f"{self.path}: no usable tokenizer ({why}); give prompts as input_ids "
+                             "or use a target folder with a tokenizer")
+        return tokenizer
+
+    @cached_property
+    def chat_template_sha256(self) -> str | None:
+        """SHA-256 of the tokenizer's chat template (None when it has none, or no tokenizer)."""
+        template = getattr(self.tokenizer(required=False), "chat_template", None)
+        if isinstance(template, dict):
+            template = json.dumps(template, sort_keys=True)
+        return sha256_text(template)
+
+    def lm_head(self) -> torch.Tensor:
+        """The lm_head weight `[vocab, hidden]` (its input embedding when tied): that one tensor is read."""
+        name = lm_head_name(self.tensor_files, self.config)
+        return read_tensor(self.tensor_files[name], name)
+
+    def final_norm(self) -> FinalNorm:
+        """The final RMSNorm (weight and epsilon), read from the files.
+
+        Raises:
+            UsageError: no unique final norm tensor, or a family whose norm is not `w * x / rms`.
+        """
+        return final_norm_of(self.folder, self.config, self.tensor_files)
+
+    def embedding(self) -> torch.Tensor:
+        """The input embedding `[V, H]`, read from its safetensors (no model built).
+
+        Raises:
+            UsageError: no unique `embed_tokens.weight`.
+        """
+        files = self.tensor_files
+        hits = [n for n in files if n == "embed_tokens.weight" or n.endswith(".embed_tokens.weight")]
+        if len(hits) != 1:
+            raise UsageError(f"{self.path}: no unique embed_tokens.weight among {len(files)} tensors; pass a causal "
+                             "LM checkpoint folder", param=self.param)
+        return read_tensor(files[hits[0]], hits[0])
+
+    def load(self, *, dtype: str = "float32") -> CausalLM:
+        """The model (`AutoModelForCausalLM`) in eval mode, gradients off."""
+        return load_teacher(self.path, dtype=dtype)
+
+    def check_pairs(self, draft_config: Mapping[str, Any]) -> list[int]:
+        """Refuse a draft config this target does not pair with; the draft's tap ids (`check_teacher_matches`)."""
+        return check_teacher_matches(self.config, draft_config, teacher_name=self.path)
+
+    def _about(self) -> AbstractContextManager[None]:
+        return about(self.param) if self.param else nullcontext()

@@ -14,9 +14,9 @@ What it records, per sequence, is what the transformers engine records:
   `l + 1`. `vllm_layer_ids` is the one place the conversion happens; the teacher's last layer
   (id `num_hidden_layers`, before the final norm) is always added for the final state;
 - final state: vLLM captures the last layer's output before the final norm, so the teacher's
-  final norm, read from its weights (`teacher.read_final_norm`), is applied here; the manifest
+  final norm, read from its weights (`Target.final_norm`), is applied here; the manifest
   says so;
-- greedy continuations stop at the teacher's EOS ids (`teacher.teacher_eos_ids`); a sequence that
+- greedy continuations stop at the teacher's EOS ids (`Target.eos_ids`); a sequence that
   stops early is prefilled again so its stop token has a row, as in the transformers engine.
 
 Memory between rounds: `release()` puts the engine to sleep (vLLM sleep mode, level 1) where the
@@ -35,11 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, VllmInternalsMoved
-from dspark_hub.format.contract import CONFIG_NAME
-from dspark_hub.format.taps import residual_index, text_config
+from dspark_hub.format.taps import residual_index
 from dspark_hub.train.target.engines import EngineOptions, Mode, Progress, option_param
 from dspark_hub.train.target.generate import Prompt, Rollout, greedy_agreement, prefill_rollout
-from dspark_hub.train.target.target import read_final_norm, read_json, read_lm_head, teacher_eos_ids
+from dspark_hub.train.target.target import Target
 from dspark_hub.vllm.availability import missing_vllm, vllm_importable
 from dspark_hub.vllm.child import Child
 
@@ -87,24 +86,23 @@ class VllmEngine:
     accepts = frozenset({"dtype", "tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                          "gpu_memory_utilization", "kv_cache_memory_bytes", "python", "engine_args"})
 
-    def __init__(self, teacher: str, layer_ids: list[int], options: EngineOptions, *,
+    def __init__(self, target: Target, layer_ids: list[int], options: EngineOptions, *,
                  releasable: bool = False) -> None:
         require_vllm_options(options)
         if options.python is None and not vllm_importable():   # before any work is done
             raise missing_vllm("the vllm teacher engine")
-        self.teacher = str(teacher)
+        self.target = target
         self.layer_ids = sorted(layer_ids)
         self.options = options
         self.dtype = options.dtype or "auto"
         self.python = options.python or sys.executable
         self.releasable = releasable
-        config = read_json(Path(teacher) / CONFIG_NAME, what="a teacher folder that holds config.json")
-        self.num_layers = int(text_config(config)["num_hidden_layers"])
+        self.num_layers = int(target.text["num_hidden_layers"])
         self.engine_ids = vllm_layer_ids(self.layer_ids, self.num_layers)
         self.columns = tap_columns(self.layer_ids, self.engine_ids)
         self.last_column = self.engine_ids.index(self.num_layers)
-        self.final_norm = read_final_norm(teacher)
-        self.eos = teacher_eos_ids(teacher)
+        self.final_norm = target.final_norm()
+        self.eos = target.eos_ids
         self._lm_head: Any = None
         self.child: Child | None = None
         self.ready: dict[str, Any] | None = None
@@ -137,7 +135,7 @@ class VllmEngine:
         self.child.start()
         storage = self.child.workdir / "hidden_states"
         storage.mkdir(exist_ok=True)
-        self.ready = self._request({"op": "start", "teacher": str(Path(self.teacher).resolve()),
+        self.ready = self._request({"op": "start", "teacher": str(self.target.folder.resolve()),
                                     "engine_ids": self.engine_ids, "dtype": self.options.dtype,
                                     "options": self._engine_options(), "storage": str(storage),
                                     "sleep": self.releasable})
@@ -171,7 +169,7 @@ class VllmEngine:
     @property
     def lm_head(self) -> Any:
         if self._lm_head is None:
-            self._lm_head = read_lm_head(self.teacher).float()
+            self._lm_head = self.target.lm_head().float()
         return self._lm_head
 
     def capture(self, sequences: list[list[int]], *, max_new_tokens: int = 0, ignore_eos: bool = False,
@@ -221,8 +219,11 @@ class VllmEngine:
         return out
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
-                 batch_size: int, progress: Progress | None = None) -> Iterator[Rollout]:
+                 batch_size: int, progress: Progress | None = None,
+                 states_dtype: str = "bfloat16") -> Iterator[Rollout]:
         import torch
+
+        dtype = getattr(torch, states_dtype)
 
         for start in range(0, len(prompts), REQUEST_SIZE):
             group = prompts[start:start + REQUEST_SIZE]
@@ -230,10 +231,11 @@ class VllmEngine:
                                     else 0, ignore_eos=ignore_eos)
             for prompt, capture in zip(group, captures, strict=True):
                 if mode == "prefill":
-                    yield prefill_rollout(prompt, capture["tokens"], capture["aux"], capture["final"], self.lm_head)
+                    yield prefill_rollout(prompt, capture["tokens"], capture["aux"], capture["final"], self.lm_head,
+                                          states_dtype=dtype)
                     continue
                 rollout = Rollout(prompt.index, prompt.dataset, capture["tokens"], capture["prompt_length"],
-                                  capture["aux"].to(torch.bfloat16), capture["final"].to(torch.bfloat16))
+                                  capture["aux"].to(dtype), capture["final"].to(dtype))
                 rollout.greedy_agreement = greedy_agreement(capture["final"], capture["tokens"], rollout.loss_mask,
                                                             self.lm_head)
                 yield rollout
