@@ -42,8 +42,8 @@ def main() -> None:
 
     from dspark_hub.modeling import load_checkpoint
     from dspark_hub.train.data.rollouts import RolloutData
-    from dspark_hub.train.evaluation.acceptance import measure, measure_batched
-    from dspark_hub.train.evaluation.drafters import draft_batch_proposer, draft_proposer
+    from dspark_hub.train.evaluation.acceptance import measure_batched
+    from dspark_hub.train.evaluation.drafters import draft_batch_proposer, draft_proposer, measure
     from dspark_hub.train.evaluation.inputs import read_draft
     from dspark_hub.train.target.target import Target
 

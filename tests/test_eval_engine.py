@@ -14,7 +14,7 @@ from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
 from dspark_hub.ops.init import init_checkpoint
 from dspark_hub.train.evaluation import vllm_eval
 from dspark_hub.train.evaluation.evaluate import evaluate
-from dspark_hub.train.evaluation.inputs import EvalInputs, read_draft
+from dspark_hub.train.evaluation.inputs import open_inputs, read_draft
 from dspark_hub.train.target.target import Target
 from tests.spec_fixtures import VERIFIER, copy_fixture, fixture, read_config
 
@@ -56,10 +56,12 @@ def test_a_bonus_anchor_draft_runs_its_one_plus_k_block(tmp_path):
     assert doc["drafts"] >= 6 and doc["harness"]["format"] == "speculators_dspark"
 
 
-def test_stop_tokens_come_from_the_generation_config(tmp_path):
-    inputs = EvalInputs(read_draft(fixture("dspark")), Target.open(SPECDEC / "target"))
-    assert inputs.stop_ids(ignore_eos=False) == [254]
-    assert inputs.stop_ids(ignore_eos=True) == []
+def test_stop_tokens_come_from_the_generation_config():
+    assert Target.open(SPECDEC / "target").eos_ids == [254]
+    opened = {ignore: open_inputs(SPECDEC / "dspark", target=SPECDEC / "target", prompts=str(SPECDEC / "prompts.jsonl"),
+                                  data=None, engine="vllm", ignore_eos=ignore, vllm_python=sys.executable)
+              for ignore in (False, True)}
+    assert opened[False].stop_ids == [254] and opened[True].stop_ids == []
 
 
 def _fake_python(tmp_path: Path, reply: dict | None, exit_code: int = 1) -> str:

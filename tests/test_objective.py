@@ -144,8 +144,8 @@ def _partly_predicted_rollouts(model, lm_head, k: int, shapes: list[tuple[int, i
 def test_lockstep_simulation_of_a_k3_draft_counts_what_one_request_at_a_time_counts():
     """`measure_batched` drafts every unfinished request of a window in one call per round; each request's
     counts must be its own (requests finish at different rounds, windows split the rollouts)."""
-    from dspark_hub.train.evaluation.acceptance import measure, measure_batched
-    from dspark_hub.train.evaluation.drafters import draft_batch_proposer, draft_proposer
+    from dspark_hub.train.evaluation.acceptance import measure_batched
+    from dspark_hub.train.evaluation.drafters import draft_batch_proposer, draft_proposer, measure
 
     model, lm_head, *_ = _draft_case(seed=3)
     model.eval()

@@ -59,11 +59,11 @@ def test_eval_json_and_train_log_refuse_a_repeated_key(tmp_path):
 
 
 def test_teacher_and_draft_configs_refuse_a_repeated_key(tmp_path):
-    from dspark_hub.train.target.target import read_json
+    from dspark_hub.format.jsonio import read_json_input
 
     path = _config_with_duplicate(tmp_path)
     with pytest.raises(UsageError, match=r"config.json: key 'hidden_size' appears twice.*; pass the draft"):
-        read_json(path, what="the draft's config.json file")
+        read_json_input(path, what="the draft's config.json file")
 
 
 def test_rollouts_manifest_and_prompts_refuse_a_repeated_key(tmp_path):

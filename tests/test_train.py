@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from dspark_hub.cli.main import cli
+from dspark_hub.errors import UsageError
 from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.finetuning.config import TrainConfig
 from dspark_hub.train.finetuning.trainer import Trainer, finetune
@@ -501,6 +502,7 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
     tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
                                "{% if add_generation_prompt %}assistant: {% endif %}")
     tokenizer.save_pretrained(str(tmp_path / "teacher"))
+    (tmp_path / "teacher" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": len(vocab)}))
     lines = [{"messages": [{"role": "user", "content": "hello world"}], "dataset": "chat"},
              {"text": "world hello"}, {"input_ids": [5, 6, 7]}]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -508,7 +510,7 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
     assert prompts[0].input_ids == [3, 5, 6, 4] and prompts[0].dataset == "chat"
     assert prompts[1].input_ids == [6, 5] and prompts[2].input_ids == [5, 6, 7]
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "a", "input_ids": [1]}) + "\n")
-    with pytest.raises(Exception, match=r"bad.jsonl:1: needs exactly one of"):
+    with pytest.raises(UsageError, match=r"bad.jsonl:1: needs exactly one of"):
         read_prompts(tmp_path / "bad.jsonl", tmp_path / "teacher")
 
 
@@ -563,7 +565,6 @@ def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(wor
 
 
 def test_the_device_defaults_to_cuda_only_when_torch_sees_one_and_a_missing_one_is_refused():
-    from dspark_hub.errors import UsageError
     from dspark_hub.train.finetuning.distributed import resolve_device
 
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")

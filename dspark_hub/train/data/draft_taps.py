@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dspark_hub.errors import UsageError
-from dspark_hub.format.jsonio import is_int
-from dspark_hub.format.taps import text_config
-from dspark_hub.train.target.target import TeacherMismatchError, check_teacher_matches
+from dspark_hub.format.jsonio import is_int, json_type
+from dspark_hub.format.taps import require_tap_layers, text_config
+from dspark_hub.train.target.target import TeacherMismatchError
 
 
 def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, where: str,
@@ -43,7 +43,7 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
         raise UsageError(f"{where}: a {found.spec.title} draft config; rollouts and finetune read the taps of a "
                          "k3_dspark or a speculators DSpark config", param=param)
     if fmt.trainable:
-        check_teacher_matches(target_config, draft, teacher_name=target)
+        check_target_matches(target_config, draft, teacher_name=target)
         return dict(draft)
     keys = fmt.pairing_keys(draft)
     text = text_config(target_config)
@@ -64,5 +64,34 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
     view = {"target_layer_ids": list(keys.taps), "num_target_layers": len(keys.taps),
             "target_hidden_size": keys.tap_width, "target_num_hidden_layers": layers,
             "vocab_size": keys.vocab_size, "draft_vocab_size": keys.vocab_size}
-    check_teacher_matches(target_config, view, teacher_name=target)    # the tap rule, the one `verify` applies
+    check_target_matches(target_config, view, teacher_name=target)    # the tap rule, the one `verify` applies
     return view
+
+
+def check_target_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
+                         teacher_name: str = "teacher") -> list[int]:
+    """Refuse a teacher whose hidden size, layer count or vocabulary disagree with the draft config.
+
+    Returns:
+        The draft's tap ids (checked by `format.taps`, the rule `verify` applies).
+
+    Raises:
+        UsageError: either config is not an object, or `target_layer_ids` break the tap rule.
+        TeacherMismatchError: one line naming the first disagreeing key.
+    """
+    if not isinstance(draft_config, Mapping):
+        raise UsageError(f"the draft's config is a JSON {json_type(draft_config)}, not an object; "
+                         "pass the draft's config.json file")
+    if not isinstance(teacher_config, Mapping):
+        raise UsageError(f"{teacher_name}: config.json is a JSON {json_type(teacher_config)}, not an object; "
+                         "pass a transformers causal LM folder")
+    teacher = text_config(teacher_config)
+    pairs = (("hidden_size", "target_hidden_size"), ("num_hidden_layers", "target_num_hidden_layers"),
+             ("vocab_size", "vocab_size"), ("vocab_size", "draft_vocab_size"))
+    for teacher_key, draft_key in pairs:
+        have, want = teacher.get(teacher_key), draft_config.get(draft_key)
+        if have != want:
+            raise TeacherMismatchError(
+                f"{teacher_name}: {teacher_key} is {have}, the draft's {draft_key} is {want}; "
+                "pair the draft with the teacher it was built for")
+    return require_tap_layers(draft_config, target_layers=teacher["num_hidden_layers"])

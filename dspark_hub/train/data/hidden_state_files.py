@@ -34,12 +34,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dspark_hub.errors import CheckpointFormatError, MissingDependencyError, UsageError
-from dspark_hub.format.jsonio import loads_strict
+from dspark_hub.format.jsonio import loads_strict, read_json_input
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.taps import layer_id_from_residual, residual_index
+from dspark_hub.train.data.draft_taps import check_target_matches
 from dspark_hub.train.data.rollouts import MANIFEST, RolloutData
 from dspark_hub.train.target.generate import Rollout
-from dspark_hub.train.target.target import FinalNorm, Target, read_json
+from dspark_hub.train.target.target import FinalNorm, Target
 
 # torch, safetensors and pyarrow (speculators' Arrow files) are imported inside the readers: the
 # CLI imports this module (`parse_layer_ids`) for `--help`.
@@ -169,7 +170,7 @@ def _arrow_rows(folder: Path) -> list[dict[str, Any]]:
         import pyarrow.ipc as ipc
     except ImportError:
         raise MissingDependencyError(f"reading speculators data ({folder}) needs pyarrow; {ARROW_HINT}") from None
-    state = read_json(folder / "state.json")
+    state = read_json_input(folder / "state.json")
     files = [entry.get("filename") for entry in state.get("_data_files", [])] or sorted(
         p.name for p in folder.glob("data-*.arrow"))
     rows: list[dict[str, Any]] = []
@@ -199,7 +200,7 @@ class HiddenStateData:
             raise UsageError(f"{folder}: is a rollouts folder; read it with RolloutData")
         target = Target.open(teacher, param="teacher")
         self.teacher_path = target.path
-        target.check_pairs(draft_config)
+        check_target_matches(target.config, draft_config, teacher_name=target.path)
         self.final_norm = final_norm or target.final_norm()
         hidden = int(draft_config["target_hidden_size"])
         num_layers = int(draft_config["target_num_hidden_layers"])

@@ -47,7 +47,7 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
+from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise, read_json_input
 from dspark_hub.format.taps import TAP_CONVENTION
 from dspark_hub.format.writer import atomic_file, atomic_path
 from dspark_hub.progress import Progress, announce_total
@@ -60,7 +60,7 @@ from dspark_hub.train.target.generate import (  # noqa: F401 (re-exported: the n
     prefill_rollout,
     prefill_rollouts,
 )
-from dspark_hub.train.target.target import Target, read_json
+from dspark_hub.train.target.target import Target
 
 # safetensors (and torch through it) is imported inside the shard readers and writers: the CLI
 # imports this module for `--help`.
@@ -323,7 +323,7 @@ def make_rollouts(teacher: str | os.PathLike[str] | Target, prompts: str | os.Pa
     if mode not in MODES:
         raise UsageError(f"rollouts mode {mode!r}: use one of {', '.join(MODES)}")
     draft = (draft_config if isinstance(draft_config, dict)
-             else read_json(draft_config, what="the draft's config.json file", param="draft_config"))
+             else read_json_input(draft_config, what="the draft's config.json file", param="draft_config"))
     target = Target.open(teacher, param="teacher")
     # A speculators DSpark's aux ids become our target_layer_ids here (format.taps, through its DraftFormat).
     draft = tap_view(draft, target.config, target=target.path,

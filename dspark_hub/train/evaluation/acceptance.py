@@ -169,24 +169,6 @@ class Measurement:
         return {**self.overall.to_dict(), "by_dataset": {k: v.to_dict() for k, v in sorted(self.by_dataset.items())}}
 
 
-def one_at_a_time(make_proposer: Callable[[Rollout], Callable[[int], list[int]]]
-                  ) -> Callable[[list[Rollout]], ProposeMany]:
-    """A batch proposer maker from a per-rollout one: each request is drafted on its own."""
-    def make(rollouts: list[Rollout]) -> ProposeMany:
-        proposers = [make_proposer(r) for r in rollouts]
-        return lambda requests: [proposers[i](p) for i, p in requests]
-
-    return make
-
-
-def measure(rollouts: Iterable[Rollout], make_proposer: Callable[[Rollout], Callable[[int], list[int]]], k: int,
-            progress: Progress | None = None, *, max_tokens: int | None = None,
-            stop_ids: Iterable[int] = ()) -> Measurement:
-    """Simulate every rollout with the proposer `make_proposer(rollout)` builds (`simulate`)."""
-    return measure_batched(rollouts, one_at_a_time(make_proposer), k, progress, max_tokens=max_tokens,
-                           stop_ids=stop_ids)
-
-
 def measure_batched(rollouts: Iterable[Rollout], make_batch_proposer: Callable[[list[Rollout]], ProposeMany], k: int,
                     progress: Progress | None = None, *, max_tokens: int | None = None,
                     stop_ids: Iterable[int] = (), window: int = WINDOW) -> Measurement:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub.errors import UsageError
 from dspark_hub.format.registry import K3, SPECULATORS
 from dspark_hub.progress import Progress
-from dspark_hub.train.evaluation.acceptance import Measurement, ProposeMany, measure, measure_batched, one_at_a_time
+from dspark_hub.train.evaluation.acceptance import Measurement, ProposeMany, measure_batched
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +30,24 @@ if TYPE_CHECKING:
 
 #: rollouts -> propose_many: what `acceptance.measure_batched` drafts with.
 Drafter = Callable[[list["Rollout"]], ProposeMany]
+
+
+def one_at_a_time(make_proposer: Callable[[Rollout], Callable[[int], list[int]]]
+                  ) -> Callable[[list[Rollout]], ProposeMany]:
+    """A batch proposer maker from a per-rollout one: each request is drafted on its own."""
+    def make(rollouts: list[Rollout]) -> ProposeMany:
+        proposers = [make_proposer(r) for r in rollouts]
+        return lambda requests: [proposers[i](p) for i, p in requests]
+
+    return make
+
+
+def measure(rollouts: Iterable[Rollout], make_proposer: Callable[[Rollout], Callable[[int], list[int]]], k: int,
+            progress: Progress | None = None, *, max_tokens: int | None = None,
+            stop_ids: Iterable[int] = ()) -> Measurement:
+    """Simulate every rollout with the proposer `make_proposer(rollout)` builds (`simulate`)."""
+    return measure_batched(rollouts, one_at_a_time(make_proposer), k, progress, max_tokens=max_tokens,
+                           stop_ids=stop_ids)
 
 
 def draft_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollout: Rollout,
@@ -117,8 +135,14 @@ def measure_draft(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: 
         model.train(was_training)
 
 
+def baseline_drafter(block_size: int) -> Drafter:
+    """The prompt-lookup baseline (`acceptance.BASELINE`) as a drafter: each request on its own."""
+    return one_at_a_time(lambda r: ngram_proposer(r, block_size))
+
+
 def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -> Measurement:
-    return measure(rollouts, lambda r: ngram_proposer(r, block_size), block_size, **bounds)
+    """The prompt-lookup baseline's acceptance on rollouts; `bounds` as `acceptance.measure`'s."""
+    return measure_batched(rollouts, baseline_drafter(block_size), block_size, **bounds)
 
 
 # ----------------------------------------------------------------------------- a drafter per format

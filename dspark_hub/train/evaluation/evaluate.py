@@ -30,7 +30,7 @@ from dspark_hub.format.provenance import describe, identify
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train.evaluation import vllm_eval
 from dspark_hub.train.evaluation.acceptance import BASELINE, DEFINITION, SIMULATION, Measurement, measure_batched
-from dspark_hub.train.evaluation.drafters import drafter_for, measure_ngram
+from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for
 from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
 from dspark_hub.train.target.dtypes import canonical_dtype
 
@@ -133,15 +133,15 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         require_matplotlib()   # fail before the long run, not after it
     inputs = open_inputs(draft, target=teacher, prompts=prompts, data=data, reference=reference,
                          block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                         progress=progress)
-    if engine == "vllm":
-        served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
-                                          python=vllm_python, dtype=dtype, progress=progress)
-        outcome = EvalResult(served.measurement, None, served.harness, engine="vllm", measured_by=served.measured_by,
-                             lossless=served.lossless)
-    else:
+                         ignore_eos=ignore_eos, vllm_python=vllm_python, progress=progress)
+    if engine == "simulated":
         outcome = _simulated(inputs, max_new_tokens=max_new_tokens if data is None else None, ignore_eos=ignore_eos,
                              markov=markov, progress=progress)
+    else:
+        served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, dtype=dtype,
+                                          progress=progress)
+        outcome = EvalResult(served.measurement, None, served.harness, engine="vllm", measured_by=served.measured_by,
+                             lossless=served.lossless)
     if plot is not None:
         outcome.plot = str(plot_acceptance(outcome, plot))
     return outcome
@@ -149,28 +149,28 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
 
 def _simulated(inputs: EvalInputs, *, max_new_tokens: int | None, ignore_eos: bool, markov: bool,
                progress: Progress | None) -> EvalResult:
-    """The draft (and the reference) drafting on the rollouts, counted next to the prompt-lookup baseline.
-
-    `max_new_tokens` None: a rollouts folder's sequences are measured to their end (no tokens past it).
+    """Choose the drafters (the draft's, the reference's, the prompt-lookup baseline), then count each on the
+    rollouts. `max_new_tokens` None: a rollouts folder's sequences are measured to their end (no tokens past it).
     """
     import torch  # heavy: only a simulated measurement pays for it
 
-    draft, rollouts = inputs.draft, inputs.rollouts
+    draft, rollouts, k = inputs.draft, inputs.rollouts, inputs.draft.k
     assert rollouts is not None    # the simulation's inputs always hold rollouts
+    drafter = drafter_for(draft, inputs.target, markov=markov)
+    reference = None if inputs.reference is None else drafter_for(inputs.reference, inputs.target)
+    baseline = baseline_drafter(k)
     bounds: dict[str, Any] = {} if max_new_tokens is None else {"max_tokens": max_new_tokens,
-                                                                  "stop_ids": inputs.stop_ids(ignore_eos)}
+                                                                  "stop_ids": inputs.stop_ids}
     announce_stage(progress, "eval: draft", len(rollouts))
     with torch.no_grad():
-        result = measure_batched(rollouts, drafter_for(draft, inputs.target, markov=markov), draft.k, progress,
-                                 **bounds)
-        ref = None if inputs.reference is None else measure_batched(
-            rollouts, drafter_for(inputs.reference, inputs.target), draft.k, **bounds)
+        result = measure_batched(rollouts, drafter, k, progress, **bounds)
+        ref = None if reference is None else measure_batched(rollouts, reference, k, **bounds)
+        prompt_lookup = measure_batched(rollouts, baseline, k, **bounds)
     harness = {"definition": DEFINITION, "mode": "simulated", "simulation": SIMULATION, "decoding": "greedy",
-               "temperature": 0.0, "block_size": draft.k, "dtype": "float32", "format": draft.format.name,
+               "temperature": 0.0, "block_size": k, "dtype": "float32", "format": draft.format.name,
                "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
-    reference = inputs.reference.path if inputs.reference else None
-    return EvalResult(result, measure_ngram(rollouts, draft.k, **bounds), harness, ref, reference,
-                      identify(reference) if reference else None)
+    ref_path = inputs.reference.path if inputs.reference else None
+    return EvalResult(result, prompt_lookup, harness, ref, ref_path, identify(ref_path) if ref_path else None)
 
 
 def require_matplotlib() -> Any:

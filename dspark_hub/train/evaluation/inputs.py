@@ -19,14 +19,16 @@ from typing import Any
 from dspark_hub.errors import UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.jsonio import read_json_input
 from dspark_hub.format.registry import DraftFormat
 from dspark_hub.progress import Progress, announce_stage, announce_total
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.data.rollouts import MemoryRollouts, RolloutData, read_prompts
 from dspark_hub.train.target.engines import EngineOptions, open_engine
 from dspark_hub.train.target.generate import Prompt
-from dspark_hub.train.target.target import Target, read_json
+from dspark_hub.train.target.target import Target
 from dspark_hub.verify.family import detect
+from dspark_hub.vllm.availability import engine_python
 from dspark_hub.vllm.pin import PINNED_VERSION
 
 
@@ -48,7 +50,7 @@ def read_draft(path: str | os.PathLike[str], block_size: int | None = None, *,
     Raises:
         UsageError: another draft family, taps eval cannot capture, or no k.
     """
-    config = read_json(Path(path) / CONFIG_NAME, what="a draft checkpoint folder that holds config.json",
+    config = read_json_input(Path(path) / CONFIG_NAME, what="a draft checkpoint folder that holds config.json",
                        param=param)
     fmt, found = detect(config)
     if fmt is None:
@@ -78,91 +80,85 @@ class EvalInputs:
     """Everything one eval measures on: the draft (and a reference draft), the target, and the data.
 
     `rollouts` is what the simulation runs on (None for the vllm engine, which continues `prompts`
-    itself); `facts` are the harness facts about the data (prompts digest, chat template, target identity).
+    itself); `stop_ids` the target's EOS ids (`Target.eos_ids`; none with `ignore_eos`); `facts` the
+    harness facts about the data (prompts digest, chat template, target identity).
     """
 
     draft: DraftUnderTest
     target: Target
     reference: DraftUnderTest | None = None
     prompts: list[Prompt] = field(default_factory=list)
-    prompts_path: str | None = None
     rollouts: RolloutData | MemoryRollouts | None = None
+    stop_ids: list[int] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
-
-    def stop_ids(self, ignore_eos: bool) -> list[int]:
-        """The target's EOS ids (`Target.eos_ids`: generation_config.json, else config.json), none with `ignore_eos`."""
-        return [] if ignore_eos else list(self.target.eos_ids)
+    python: str | None = None         # the vllm engine's interpreter
 
 
 def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str] | None, prompts: str | None,
                 data: str | None, reference: str | None = None, block_size: int | None = None,
-                engine: str = "simulated", max_new_tokens: int = 256, batch_size: int = 8,
-                progress: Progress | None = None) -> EvalInputs:
+                engine: str = "simulated", max_new_tokens: int = 256, batch_size: int = 8, ignore_eos: bool = False,
+                vllm_python: str | os.PathLike[str] | None = None, progress: Progress | None = None) -> EvalInputs:
     """The draft, the target and the data of one eval, every input checked before any model loads.
 
-    For the simulation the rollouts are made (from `prompts`) or read (`data`); for the vllm engine only
-    the prompts are read.
+    For the simulation the rollouts are made from `prompts` (the target in the `transformers` engine,
+    float32 states, `max_new_tokens + k` tokens ignoring EOS) or read from `data`; the vllm engine gets
+    the prompts and its interpreter (`vllm_python`, else this one: checked before the target is read).
 
     Raises:
+        MissingDependencyError: the vllm engine and no interpreter that can import vLLM.
         UsageError: not exactly one of `prompts` and `data`, no target, what the engine cannot do, a
             draft eval cannot measure, or a reference with other taps.
         TeacherMismatchError: the target does not pair with the draft.
     """
     under_test = read_draft(draft, block_size)
-    if engine == "vllm":
-        return _served_inputs(under_test, target=target, prompts=prompts, data=data, reference=reference)
+    _refuse_for_engine(engine, prompts=prompts, data=data, reference=reference, target=target)
+    python = engine_python(vllm_python) if engine == "vllm" else None
     ref = read_draft(reference, under_test.k, param="reference") if reference else None
     if ref is not None and ref.taps != under_test.taps:
         raise UsageError(f"{reference}: taps layers {ref.taps}, the draft {under_test.taps}; a reference is "
                          "measured on the same rollouts, so it needs the same taps", param="reference")
-    if (prompts is None) == (data is None):
-        raise UsageError("pass exactly one of `prompts` (with `teacher`) and `data`")
     if data is not None:
-        return _folder_inputs(under_test, ref, data=data, target=target, progress=progress)
-    if target is None:
-        raise UsageError("needs `teacher`", param="prompts")
-    assert prompts is not None   # exactly one of prompts and data, checked above
-    inputs = _paired(under_test, Target.open(target, param="teacher"), prompts, reference=ref)
-    inputs.rollouts = _roll_out(inputs, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)
-    inputs.facts = {"prompts_sha256": sha256_file(prompts), "max_new_tokens": max_new_tokens, **_target_facts(inputs)}
+        return _folder_inputs(under_test, ref, data=data, target=target, ignore_eos=ignore_eos, progress=progress)
+    assert prompts is not None and target is not None    # `_refuse_for_engine` asked for both
+    opened = Target.open(target, param="teacher")
+    served = engine == "vllm"
+    inputs = _paired(under_test, opened, prompts, reference=ref, ignore_eos=ignore_eos,
+                     max_new_tokens=None if served else max_new_tokens)
+    if served:
+        inputs.python = python
+        return inputs
+    runner = open_engine("transformers", opened, under_test.taps, EngineOptions(dtype="float32"))
+    announce_stage(progress, "eval: teacher continuations", len(inputs.prompts))
+    try:
+        made = list(runner.rollouts(inputs.prompts, mode="generate", max_new_tokens=max_new_tokens + under_test.k,
+                                    ignore_eos=True, batch_size=batch_size, progress=progress,
+                                    states_dtype="float32"))
+    finally:
+        runner.close()
+    inputs.rollouts = MemoryRollouts(sorted(made, key=lambda r: r.prompt_index))
     return inputs
 
 
-def _paired(draft: DraftUnderTest, target: Target, prompts: str, *, reference: DraftUnderTest | None = None
-            ) -> EvalInputs:
-    """The inputs once the target pairs with the draft (hidden size, vocabulary, taps in range) and the prompts
-    are read (before any model loads)."""
-    tap_view(draft.config, target.config, where=f"{draft.path}/{CONFIG_NAME}", target=target.path, param="draft")
-    items = read_prompts(prompts, target, param="prompts")
-    return EvalInputs(draft, target, reference, prompts=items, prompts_path=str(prompts))
-
-
-def _roll_out(inputs: EvalInputs, *, max_new_tokens: int, batch_size: int,
-              progress: Progress | None) -> MemoryRollouts:
-    """The target's greedy continuations of the prompts, `max_new_tokens + k` tokens ignoring EOS (the
-    simulation applies the stop tokens itself), float32 taps, in prompt order."""
-    engine = open_engine("transformers", inputs.target, inputs.draft.taps, EngineOptions(dtype="float32"))
-    announce_stage(progress, "eval: teacher continuations", len(inputs.prompts))
-    try:
-        memory = MemoryRollouts(list(engine.rollouts(inputs.prompts, mode="generate",
-                                                     max_new_tokens=max_new_tokens + inputs.draft.k,
-                                                     ignore_eos=True, batch_size=batch_size, progress=progress,
-                                                     states_dtype="float32")))
-    finally:
-        engine.close()
-    memory.rollouts.sort(key=lambda r: r.prompt_index)
-    return memory
-
-
-def _target_facts(inputs: EvalInputs) -> dict[str, Any]:
-    """The harness facts about the target: its chat template's digest and its identity (computed once)."""
-    identity = inputs.target.identity.to_dict()
-    return {"chat_template_sha256": inputs.target.chat_template_sha256, "teacher": identity["label"],
-            "teacher_identity": identity, "data": None}
+def _refuse_for_engine(engine: str, *, prompts: str | None, data: str | None, reference: str | None,
+                       target: str | os.PathLike[str] | None) -> None:
+    """The argument combinations the engine cannot measure, refused before anything is read but the draft."""
+    if engine == "vllm":
+        if data is not None:
+            raise UsageError("the vllm engine generates its own continuations; pass `prompts` instead", param="data")
+        if reference is not None:
+            raise UsageError("the vllm engine measures one draft per run; measure the reference in a run of its own",
+                             param="reference")
+        if prompts is None or target is None:
+            raise UsageError("the vllm engine needs `prompts` and `teacher`", param="prompts" if prompts is None
+                             else "teacher")
+    elif (prompts is None) == (data is None):
+        raise UsageError("pass exactly one of `prompts` (with `teacher`) and `data`")
+    elif data is None and target is None:
+        raise UsageError("needs `teacher`", param="prompts")
 
 
 def _folder_inputs(draft: DraftUnderTest, reference: DraftUnderTest | None, *, data: str,
-                   target: str | os.PathLike[str] | None, progress: Progress | None) -> EvalInputs:
+                   target: str | os.PathLike[str] | None, ignore_eos: bool, progress: Progress | None) -> EvalInputs:
     """A rollouts folder as it is (bfloat16 taps, no tokens past its end); the target defaults to its manifest's."""
     rollouts = RolloutData(data, param="data")
     announce_total(progress, len(rollouts))
@@ -173,24 +169,24 @@ def _folder_inputs(draft: DraftUnderTest, reference: DraftUnderTest | None, *, d
     folder = target or rollouts.teacher_path
     if folder is None:
         raise UsageError(f"{data}: the manifest names no teacher; pass `teacher`")
+    opened = Target.open(folder, param="teacher")
     identity = rollouts.manifest["teacher"]
     facts = {"prompts_sha256": settings["prompts_sha256"], "max_new_tokens": settings["max_new_tokens"],
              "chat_template_sha256": rollouts.manifest.get("chat_template_sha256"),
              "teacher": identity["label"], "teacher_identity": identity, "data": str(data)}
-    return EvalInputs(draft, Target.open(folder, param="teacher"), reference, rollouts=rollouts, facts=facts)
+    return EvalInputs(draft, opened, reference, rollouts=rollouts, stop_ids=[] if ignore_eos else opened.eos_ids,
+                      facts=facts)
 
 
-def _served_inputs(draft: DraftUnderTest, *, target: str | os.PathLike[str] | None, prompts: str | None,
-                   data: str | None, reference: str | None) -> EvalInputs:
-    """What the vllm engine needs: the target and the prompts (it continues them itself)."""
-    if data is not None:
-        raise UsageError("the vllm engine generates its own continuations; pass `prompts` instead", param="data")
-    if reference is not None:
-        raise UsageError("the vllm engine measures one draft per run; measure the reference in a run of its own",
-                         param="reference")
-    if prompts is None or target is None:
-        raise UsageError("the vllm engine needs `prompts` and `teacher`", param="prompts" if prompts is None
-                         else "teacher")
-    inputs = _paired(draft, Target.open(target, param="teacher"), prompts)
-    inputs.facts = {"prompts_sha256": sha256_file(prompts), **_target_facts(inputs)}
-    return inputs
+def _paired(draft: DraftUnderTest, target: Target, prompts: str, *, reference: DraftUnderTest | None,
+            ignore_eos: bool, max_new_tokens: int | None) -> EvalInputs:
+    """The inputs once the target pairs with the draft (hidden size, vocabulary, taps in range) and the prompts
+    are read (before any model loads), with the harness facts about the target (its identity, computed once)."""
+    tap_view(draft.config, target.config, where=f"{draft.path}/{CONFIG_NAME}", target=target.path, param="draft")
+    items = read_prompts(prompts, target, param="prompts")
+    identity = target.identity.to_dict()
+    budget = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+    facts = {"prompts_sha256": sha256_file(prompts), **budget, "chat_template_sha256": target.chat_template_sha256,
+             "teacher": identity["label"], "teacher_identity": identity, "data": None}
+    return EvalInputs(draft, target, reference, prompts=items, stop_ids=[] if ignore_eos else target.eos_ids,
+                      facts=facts)

@@ -20,7 +20,6 @@ decoding on that machine is.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,7 @@ from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train.evaluation.acceptance import DEFINITION, AcceptanceStats, Measurement
 from dspark_hub.train.evaluation.inputs import EvalInputs
 from dspark_hub.train.target.generate import Prompt
-from dspark_hub.train.target.vllm_worker import cpu_head_dim_problem
-from dspark_hub.vllm.availability import missing_vllm, vllm_importable
+from dspark_hub.vllm.availability import cpu_head_dim_problem, engine_python
 from dspark_hub.vllm.child import Child, session
 
 #: The engine process's module (`python -m`).
@@ -54,19 +52,6 @@ class EngineRun:
     def metrics(self, group: int) -> dict[str, Any]:
         metrics: dict[str, Any] = self.report["groups"][group]["metrics"]
         return metrics
-
-
-def engine_python(python: str | os.PathLike[str] | None) -> str:
-    """The interpreter to run vLLM in: `python`, else this one when it can import vllm.
-
-    Raises:
-        MissingDependencyError: no `python` and vllm is not importable here.
-    """
-    if python is not None:
-        return str(python)
-    if vllm_importable():
-        return sys.executable
-    raise missing_vllm("the vllm engine", param="vllm_python")
 
 
 def run_engine(python: str, job: dict[str, Any], *, what: str) -> EngineRun:
@@ -121,19 +106,19 @@ class Served:
     lossless: bool
 
 
-def measure_served(inputs: EvalInputs, *, max_new_tokens: int, ignore_eos: bool,
-                   python: str | os.PathLike[str] | None, dtype: str, progress: Progress | None = None) -> Served:
-    """vLLM serves the target with the draft: plain greedy, then speculative decoding; the counts from its metrics.
+def measure_served(inputs: EvalInputs, *, max_new_tokens: int, ignore_eos: bool, dtype: str,
+                   progress: Progress | None = None) -> Served:
+    """vLLM serves the target with the draft, in `inputs.python`: plain greedy, then speculative decoding; the
+    counts from its metrics.
 
     Raises:
-        MissingDependencyError: no vLLM in `python` (before any engine starts).
         EngineError: the vLLM engine failed (its log is kept and named).
     """
-    interpreter = engine_python(python)       # before any work
+    interpreter = inputs.python or engine_python(None)
     draft, target, items = inputs.draft, inputs.target, inputs.prompts
     groups = dataset_groups(items)
     announce_stage(progress, "eval: vLLM, plain then speculative (2 runs of every prompt)", 2 * len(items))
-    stops = inputs.stop_ids(ignore_eos)
+    stops = inputs.stop_ids
     plain, speculative, interpreter = measure(target.path, draft.path, [item.input_ids for item in items], groups,
                                               k=draft.k, max_tokens=max_new_tokens, stop_token_ids=stops,
                                               python=interpreter, dtype=dtype,

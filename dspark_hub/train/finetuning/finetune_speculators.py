@@ -44,7 +44,7 @@ import torch
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format import speculators as spec_format
-from dspark_hub.format.jsonio import load_json_object
+from dspark_hub.format.jsonio import load_json_object, read_json_input
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_weights_like
 from dspark_hub.progress import Progress, announce_total
@@ -65,7 +65,7 @@ from dspark_hub.train.finetuning.objective_speculators import (
 from dspark_hub.train.finetuning.trainer import TrainResult
 from dspark_hub.train.finetuning.training_log import TrainingLog
 from dspark_hub.train.target.generate import Rollout
-from dspark_hub.train.target.target import Target, read_json
+from dspark_hub.train.target.target import Target
 
 #: Our k3_dspark term names the library spells otherwise (the same quantity).
 LOSS_ALIASES = {"kl": "kl_div"}
@@ -101,7 +101,7 @@ def read_base(base: str) -> dict[str, Any]:
     from dspark_hub.verify.speculators import check_config
 
     where = Path(base) / contract.CONFIG_NAME
-    config = read_json(where, what="a speculators DSpark checkpoint folder that holds config.json", param="base")
+    config = read_json_input(where, what="a speculators DSpark checkpoint folder that holds config.json", param="base")
     if not spec_format.is_dspark(config):
         raise UsageError(f"{where}: {spec_format.TYPE_KEY} is {config.get(spec_format.TYPE_KEY)!r}; finetune trains "
                          "a k3_dspark or a speculators DSpark", param="base")

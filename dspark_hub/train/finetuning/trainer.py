@@ -38,6 +38,7 @@ from dspark_hub import schemas
 from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
+from dspark_hub.format.jsonio import read_json_input
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.remote_code import require_k3_dspark
 from dspark_hub.format.writer import atomic_dir, check_writable
@@ -61,7 +62,7 @@ from dspark_hub.train.finetuning.draft_step import DraftStep, batch_indices, chu
 from dspark_hub.train.finetuning.on_policy import fit_on_policy
 from dspark_hub.train.finetuning.plan import TrainPlan, step_plan
 from dspark_hub.train.finetuning.training_log import LOG_NAME, MEASURED, TrainingLog
-from dspark_hub.train.target.target import Target, moved, read_json
+from dspark_hub.train.target.target import Target, moved
 
 if TYPE_CHECKING:
     from dspark_hub.modeling import K3DSparkModel
@@ -146,7 +147,7 @@ class Trainer:
         self.rank, self.world = init_distributed(self.device, config.dist_timeout)
         self._check_options()
         # The cheap inputs first (configs, data, prompts): a mistyped path fails before the base loads.
-        self.base_config = read_json(Path(config.base) / contract.CONFIG_NAME,
+        self.base_config = read_json_input(Path(config.base) / contract.CONFIG_NAME,
                                      what="a k3_dspark checkpoint folder that holds config.json", param="base")
         with about("base"):
             require_k3_dspark(self.base_config, Path(config.base))    # another format: say so before the data

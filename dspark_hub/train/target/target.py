@@ -39,8 +39,8 @@ from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, Ds
 from dspark_hub.format.contract import CONFIG_NAME, INDEX_NAME
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.folder import list_folder
-from dspark_hub.format.jsonio import json_type, load_json_object
-from dspark_hub.format.taps import require_tap_layers, text_config
+from dspark_hub.format.jsonio import read_json_input
+from dspark_hub.format.taps import text_config
 from dspark_hub.format.tensorio import tensor_files
 
 # torch, transformers and safetensors are imported inside the functions that load weights: config
@@ -60,63 +60,6 @@ _SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<
 
 class TeacherMismatchError(DsparkError):
     """The teacher and the draft's config disagree on a pairing key (hidden size, layers, vocabulary)."""
-
-
-# ----------------------------------------------------------------------------- config pairing
-
-
-def read_json(path: str | os.PathLike[str], *, what: str = "the file or a folder that holds it",
-              param: str | None = None) -> dict[str, Any]:
-    """Read a JSON object from `path`.
-
-    Args:
-        path: the file.
-        what: what the caller should pass instead, for the error messages.
-        param: the caller's argument the file came from (the errors' `param`).
-
-    Raises:
-        CheckpointNotFoundError: `path` does not exist.
-        UsageError: `path` is a folder, not strict UTF-8 JSON (`jsonio.loads_strict`: no repeated
-            keys, no NaN), or not a JSON object (one line ending `pass <what>`).
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{path}: is a folder; pass {what}", param=param)
-    if not path.is_file():
-        raise CheckpointNotFoundError(f"{path}: not found; pass {what}", param=param)
-    try:
-        return load_json_object(path)
-    except CheckpointFormatError as e:
-        raise UsageError(f"{e.message}; pass {what}", param=param) from None
-
-
-def check_teacher_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
-                          teacher_name: str = "teacher") -> list[int]:
-    """Refuse a teacher whose hidden size, layer count or vocabulary disagree with the draft config.
-
-    Returns:
-        The draft's tap ids (checked by `format.taps`, the rule `verify` applies).
-
-    Raises:
-        UsageError: either config is not an object, or `target_layer_ids` break the tap rule.
-        TeacherMismatchError: one line naming the first disagreeing key.
-    """
-    if not isinstance(draft_config, Mapping):
-        raise UsageError(f"the draft's config is a JSON {json_type(draft_config)}, not an object; "
-                         "pass the draft's config.json file")
-    if not isinstance(teacher_config, Mapping):
-        raise UsageError(f"{teacher_name}: config.json is a JSON {json_type(teacher_config)}, not an object; "
-                         "pass a transformers causal LM folder")
-    teacher = text_config(teacher_config)
-    pairs = (("hidden_size", "target_hidden_size"), ("num_hidden_layers", "target_num_hidden_layers"),
-             ("vocab_size", "vocab_size"), ("vocab_size", "draft_vocab_size"))
-    for teacher_key, draft_key in pairs:
-        have, want = teacher.get(teacher_key), draft_config.get(draft_key)
-        if have != want:
-            raise TeacherMismatchError(
-                f"{teacher_name}: {teacher_key} is {have}, the draft's {draft_key} is {want}; "
-                "pair the draft with the teacher it was built for")
-    return require_tap_layers(draft_config, target_layers=teacher["num_hidden_layers"])
 
 
 # ----------------------------------------------------------------------------- identity
@@ -259,7 +202,7 @@ def eos_ids_of(folder: Path, config: Mapping[str, Any]) -> list[int]:
     """
     eos = None
     if (folder / "generation_config.json").is_file():
-        eos = read_json(folder / "generation_config.json").get("eos_token_id")
+        eos = read_json_input(folder / "generation_config.json").get("eos_token_id")
     if eos is None:
         eos = text_config(config).get("eos_token_id", config.get("eos_token_id"))
     if eos is None:
@@ -317,7 +260,8 @@ class Target:
         """
         if isinstance(folder, Target):
             return folder
-        config = read_json(Path(folder) / CONFIG_NAME, what="a target folder that holds config.json", param=param)
+        config = read_json_input(Path(folder) / CONFIG_NAME, what="a target folder that holds config.json",
+                                 param=param)
         return cls(str(folder), config, param)
 
     @property
@@ -405,10 +349,6 @@ class Target:
     def load(self, *, dtype: str = "float32") -> CausalLM:
         """The model (`AutoModelForCausalLM`) in eval mode, gradients off."""
         return load_teacher(self.path, dtype=dtype)
-
-    def check_pairs(self, draft_config: Mapping[str, Any]) -> list[int]:
-        """Refuse a draft config this target does not pair with; the draft's tap ids (`check_teacher_matches`)."""
-        return check_teacher_matches(self.config, draft_config, teacher_name=self.path)
 
     def _about(self) -> AbstractContextManager[None]:
         return about(self.param) if self.param else nullcontext()

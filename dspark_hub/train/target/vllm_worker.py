@@ -37,40 +37,12 @@ from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, V
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.target.engines import peak_rss_bytes
-from dspark_hub.vllm.availability import missing_vllm
+from dspark_hub.vllm.availability import CPU_HEAD_SIZES, cpu_head_dim_problem, missing_vllm
 from dspark_hub.vllm.child import serve
 from dspark_hub.vllm.pin import judge_version
 
 #: KV cache reserved on CPU unless the caller sizes it (vLLM's default takes 90% of system RAM there).
 CPU_KV_CACHE_BYTES = 512 << 20
-
-#: Head sizes vLLM 0.32's CPU attention takes (`CPUAttentionBackend.get_supported_head_sizes`), if it cannot be asked.
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
-def head_dim(config: dict[str, Any]) -> int | None:
-    """The teacher's attention head size: `head_dim`, else `hidden_size / num_attention_heads` (text config)."""
-    nested = config.get("text_config")
-    text: dict[str, Any] = nested if isinstance(nested, dict) else config
-    value = text.get("head_dim")
-    if isinstance(value, int) and value > 0:
-        return value
-    hidden, heads = text.get("hidden_size"), text.get("num_attention_heads")
-    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
-        return hidden // heads
-    return None
-
-
-def cpu_head_dim_problem(config: dict[str, Any], teacher: str | Path,
-                         sizes: tuple[int, ...] = CPU_HEAD_SIZES) -> str | None:
-    """Why vLLM's CPU attention cannot run the teacher of `config` (its head size), or None when it can."""
-    size = head_dim(config)
-    if size is None or size in sizes:
-        return None
-    return (f"{teacher}: head_dim is {size}; vLLM's CPU attention needs head_dim >= 32 (one of "
-            f"{', '.join(map(str, sizes))}), so run this teacher on a GPU, or with the transformers engine, or "
-            "make a toy teacher with a larger head ('dspark-hub init-teacher DIR --head-dim 32')")
-
 
 def _check_cpu_head_dim(teacher: Path) -> None:
     """Refuse a teacher vLLM's CPU attention cannot run, in one line (a `UsageError` about `teacher`)."""
