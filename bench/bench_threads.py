@@ -37,7 +37,7 @@ def child(kind: str, root: Path, threads: int | None, steps: int, prompts: int) 
     if threads is not None:
         torch.set_num_threads(threads)
     if kind == "finetune":
-        from dspark_hub.train.finetuning.trainer import TrainConfig, finetune
+        from dspark_hub.train import TrainConfig, finetune
 
         config = TrainConfig(base=str(root / "base"), out=str(root / f"out-{threads}"), data=str(root / "data"),
                              steps=steps, batch_size=8, max_anchors=64, teacher=str(root / "teacher"), force=True)

@@ -60,7 +60,7 @@ def tiny_world(root: Path) -> None:
 
 
 def throughput(steps: int) -> float:
-    from dspark_hub.train.finetuning.trainer import TrainConfig, finetune
+    from dspark_hub.train import TrainConfig, finetune
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -29,24 +29,26 @@ MOVED: dict[str, tuple[str, ...]] = {
     "runtimes": ("verify.runtimes.loaders", "verify.runtimes.report", "verify.runtimes.verdicts"),
     "pairing": ("verify.pairing",), "family": ("verify.family",), "golden": ("verify.golden",),
     "convert": ("ops.convert",), "diff": ("ops.diff",),
-    "teacher": ("train.target.target",), "rollouts": ("train.data.rollouts",),
+    "teacher": ("train.target.target", "errors"), "rollouts": ("train.data.rollouts",),
     "objective": ("train.finetuning.objective",), "evaluate": ("train.evaluation.evaluate",),
     "card_results": ("cards.results",), "cardlint": ("cards.lint",), "hub_vocab": ("cards.hub_vocab",),
     "release": ("hub.release",), "package": ("hub.package",),
 }
-#: `train`'s flat modules of 0.2 -> their wing (0.3).
+#: `train`'s flat modules of 0.2 -> their wing (0.3); where a module's names were split, every module they went to.
 MOVED_IN_0_3: dict[str, tuple[str, ...]] = {
-    f"train.{old}": (f"train.{new}",) for old, new in (
-        ("teacher", "target.target"), ("generate", "target.generate"), ("engines", "target.engines"),
-        ("vllm_engine", "target.vllm_engine"), ("vllm_worker", "target.vllm_worker"),
-        ("vllm_connector", "target.vllm_connector"), ("toy", "target.toy"),
-        ("rollouts", "data.rollouts"), ("hidden_state_files", "data.hidden_state_files"),
-        ("draft_taps", "data.draft_taps"),
-        ("evaluate", "evaluation.evaluate"), ("acceptance", "evaluation.acceptance"),
-        ("eval_inputs", "evaluation.inputs"), ("vllm_eval", "evaluation.vllm_eval"),
-        ("vllm_eval_worker", "evaluation.vllm_eval_worker"),
-        *((name, f"finetuning.{name}") for name in (
-            "trainer", "checkpointer", "distributed", "training_log", "config", "plan", "objective",
+    f"train.{old}": tuple(new if new == "errors" else f"train.{new}" for new in news) for old, news in (
+        ("teacher", ("target.target", "target.generate", "errors")), ("generate", ("target.generate",)),
+        ("engines", ("target.engines",)), ("vllm_engine", ("target.vllm_engine",)),
+        ("vllm_worker", ("target.vllm_worker",)), ("vllm_connector", ("target.vllm_connector",)),
+        ("toy", ("target.toy",)), ("rollouts", ("data.rollouts",)),
+        ("hidden_state_files", ("data.hidden_state_files",)), ("draft_taps", ("data.draft_taps",)),
+        ("evaluate", ("evaluation.evaluate", "evaluation.acceptance", "evaluation.drafters", "evaluation.inputs")),
+        ("acceptance", ("evaluation.acceptance", "evaluation.drafters")),
+        ("eval_inputs", ("evaluation.inputs", "evaluation.drafters")), ("vllm_eval", ("evaluation.vllm_eval",)),
+        ("vllm_eval_worker", ("evaluation.vllm_eval_worker",)),
+        ("trainer", ("finetuning.trainer", "finetuning.finetuners")),      # `finetune` dispatches by format now
+        *((name, (f"finetuning.{name}",)) for name in (
+            "checkpointer", "distributed", "training_log", "config", "plan", "objective",
             "objective_speculators", "finetune_speculators", "finetuners", "draft_step", "on_policy", "threads")),
     )
 }

@@ -17,9 +17,13 @@ a reader can run, `'dspark-hub checksums --force'`: that is advice, true whoever
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+#: Names of 0.2 that still resolve, with a `DeprecationWarning` (until 0.4).
+RENAMED = {"TeacherMismatchError": "TargetMismatchError"}
 
 
 class DsparkError(Exception):
@@ -124,11 +128,23 @@ class RefusedOverwriteError(DsparkError, FileExistsError):
 
 
 class EngineError(DsparkError, RuntimeError):
-    """A teacher engine failed or refused a request (its process died, or it rejected the teacher).
+    """A target engine failed or refused a request (its process died, or it rejected the target).
 
     Example: ``vllm engine: ValueError: max_model_len 4096 exceeds the teacher's 512
     (log: /tmp/dspark-vllm-x/engine.log)``
     """
+
+    error_code = "ENGINE"
+
+
+class TargetMismatchError(DsparkError):
+    """The target and the draft's config disagree on a pairing key (hidden size, layers, vocabulary).
+
+    Example: ``toy/teacher: hidden_size is 64, the draft's target_hidden_size is 128; pair the draft with the
+    teacher it was built for``
+    """
+
+    error_code = "TARGET_MISMATCH"
 
 
 class HubError(DsparkError, OSError):
@@ -194,3 +210,12 @@ class ExecutionFailed(DsparkError):
     """
 
     error_code = "EXECUTION_FAILED"
+
+
+def __getattr__(name: str) -> Any:
+    """An old name (`RENAMED`): the class it became, with a `DeprecationWarning`."""
+    if name in RENAMED:
+        warnings.warn(f"dspark_hub.errors.{name} is {RENAMED[name]} since 0.3; the old name goes in 0.4",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from dspark_hub._compat import MOVED, MOVED_IN_0_3
 from tests.docs_text import read, section
 
+ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = read("docs/architecture.md")
 VLLM_PROCESS_ONLY = "dspark_hub.train.target.vllm_connector"
 PYTHON_API = read("docs/python-api.md")
@@ -117,3 +120,27 @@ def test_importing_the_new_paths_does_not_warn():
     old = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", "import dspark_hub.checks"],
                          capture_output=True, text=True)
     assert old.returncode == 1 and "dspark_hub.checks moved in 0.2 to dspark_hub.verify.checks" in old.stderr
+
+
+def test_the_documented_finetune_is_the_call_that_dispatches_by_format():
+    """docs/python-api.md documents `dspark_hub.train.finetune` for both formats: it is the command's own call (a
+    speculators base trains through it: tests/test_speculators_finetune.py; a k3_dspark one: tests/test_train.py)."""
+    from dspark_hub import train
+    from dspark_hub.train.finetuning import finetuners
+
+    assert train.finetune is finetuners.finetune
+    assert "`dspark_hub.train.finetune(TrainConfig(...))`" in PYTHON_API
+
+
+def functions_named(name: str, root: Path) -> list[str]:
+    """The files under `root` that define a function `name` (at any depth)."""
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*.py")
+                  if any(isinstance(node, ast.FunctionDef) and node.name == name
+                         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+
+
+def test_one_function_is_named_finetune(tmp_path):
+    assert functions_named("finetune", ROOT / "dspark_hub") == ["train/finetuning/finetuners.py"]
+    (tmp_path / "a.py").write_text("def finetune(config):\n    pass\n")
+    (tmp_path / "b.py").write_text("class T:\n    def finetune(self):\n        pass\n")
+    assert functions_named("finetune", tmp_path) == ["a.py", "b.py"]

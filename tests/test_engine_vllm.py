@@ -21,10 +21,10 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
+from dspark_hub.train import TrainConfig, finetune
 from dspark_hub.train.data.hidden_state_files import HiddenStateData, open_training_data
 from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.evaluation.evaluate import evaluate
-from dspark_hub.train.finetuning.trainer import TrainConfig, finetune
 from dspark_hub.train.target.engines import EngineOptions, open_engine
 from dspark_hub.train.target.generate import capture_states
 from dspark_hub.train.target.target import load_teacher

@@ -21,10 +21,10 @@ from safetensors import safe_open
 
 from dspark_hub.cli.main import cli
 from dspark_hub.format.tensorio import tensor_files
+from dspark_hub.train import finetune
 from dspark_hub.train.data.hidden_state_files import write_hidden_state_file
 from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.finetuning.config import TrainConfig
-from dspark_hub.train.finetuning.finetuners import finetune
 
 from .cli_errors import assert_one_line_error
 from .spec_fixtures import VERIFIER, add, copy_fixture, drop, edit_config, edit_tensors, fixture, reshape, set_key

@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
+from dspark_hub.train import finetune
 from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.finetuning.config import TrainConfig
-from dspark_hub.train.finetuning.trainer import Trainer, finetune
+from dspark_hub.train.finetuning.trainer import Trainer
 from dspark_hub.train.finetuning.training_log import MEASURED
 from dspark_hub.verify.checks import verify
 

@@ -27,7 +27,7 @@ def cli(debug: bool) -> None:
 
 
 for _command in (verify.verify, verify.diff, verify.convert, verify.init_command, train.init_teacher, train.rollouts,
-                 train.finetune, train.eval_command, golden.golden, hub.export_code, hub.checksums, hub.package,
+                 train.finetune_command, train.eval_command, golden.golden, hub.export_code, hub.checksums, hub.package,
                  cards.card, hub.publish):
     cli.add_command(_command)
 

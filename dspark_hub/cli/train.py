@@ -204,7 +204,7 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
     emit(summary, as_json=as_json, renderer=render_rollouts)
 
 
-@command()
+@command(name="finetune")
 @click.option("--base", required=True, metavar="CKPT",
               help="The checkpoint to start from: a k3_dspark or a speculators DSpark (docs/training-speculators.md).")
 @click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts'), or hidden-state files from "
@@ -265,10 +265,10 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @force_option
 @quiet_option
 @json_option
-def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: bool, as_json: bool,
-             **options: Any) -> None:
+def finetune_command(loss: str, data_layer_ids: str | None, threads: int | None, quiet: bool, as_json: bool,
+                     **options: Any) -> None:
     """Fine-tune drop-in weights (k3_dspark or speculators DSpark) on target rollouts (one process or torchrun)."""
-    from dspark_hub.train.finetuning.finetuners import finetune as run  # torch: only a run pays for it
+    from dspark_hub.train import finetune  # torch: only a run pays for it
 
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
@@ -277,7 +277,7 @@ def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: 
                          engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
-        result = run(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
+        result = finetune(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer=render_training)
 

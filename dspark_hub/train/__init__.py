@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from dspark_hub._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "TrainConfig": "finetuning.config", "Trainer": "finetuning.trainer", "finetune": "finetuning.trainer",
+    "TrainConfig": "finetuning.config", "Trainer": "finetuning.trainer", "finetune": "finetuning.finetuners",
     "chunkable_draft_logits": "finetuning.draft_step", "make_rollouts": "data.rollouts",
     "EngineOptions": "target.engines", "open_engine": "target.engines",
     "open_training_data": "data.hidden_state_files",
@@ -32,5 +32,6 @@ if TYPE_CHECKING:
     from dspark_hub.train.data.rollouts import make_rollouts
     from dspark_hub.train.finetuning.config import TrainConfig
     from dspark_hub.train.finetuning.draft_step import chunkable_draft_logits
-    from dspark_hub.train.finetuning.trainer import Trainer, finetune
+    from dspark_hub.train.finetuning.finetuners import finetune
+    from dspark_hub.train.finetuning.trainer import Trainer
     from dspark_hub.train.target.engines import EngineOptions, open_engine

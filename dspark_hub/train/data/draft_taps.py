@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import TargetMismatchError, UsageError
 from dspark_hub.format.jsonio import is_int, json_type
 from dspark_hub.format.taps import require_tap_layers, text_config
-from dspark_hub.train.target.target import TeacherMismatchError
 
 
 def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, where: str,
@@ -34,7 +33,7 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
 
     Raises:
         UsageError: the draft is of no registered format, or a tap the target has no layer for.
-        TeacherMismatchError: the target's hidden size or vocabulary differs (naming the draft's key).
+        TargetMismatchError: the target's hidden size or vocabulary differs (naming the draft's key).
     """
     from dspark_hub.verify.family import detect
 
@@ -50,7 +49,7 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
     for have, want, key, theirs in ((text.get("hidden_size"), keys.tap_width, keys.tap_width_key, "hidden_size"),
                                     (text.get("vocab_size"), keys.vocab_size, keys.vocab_key, "vocab_size")):
         if have != want:
-            raise TeacherMismatchError(f"{target}: {theirs} is {have}, the draft's {key} is {want} ({where}); pair "
+            raise TargetMismatchError(f"{target}: {theirs} is {have}, the draft's {key} is {want} ({where}); pair "
                                        "the draft with the target it was trained against")
     layers = text.get("num_hidden_layers")
     if not is_int(layers):
@@ -77,7 +76,7 @@ def check_target_matches(teacher_config: Mapping[str, Any], draft_config: Mappin
 
     Raises:
         UsageError: either config is not an object, or `target_layer_ids` break the tap rule.
-        TeacherMismatchError: one line naming the first disagreeing key.
+        TargetMismatchError: one line naming the first disagreeing key.
     """
     if not isinstance(draft_config, Mapping):
         raise UsageError(f"the draft's config is a JSON {json_type(draft_config)}, not an object; "
@@ -91,7 +90,7 @@ def check_target_matches(teacher_config: Mapping[str, Any], draft_config: Mappin
     for teacher_key, draft_key in pairs:
         have, want = teacher.get(teacher_key), draft_config.get(draft_key)
         if have != want:
-            raise TeacherMismatchError(
+            raise TargetMismatchError(
                 f"{teacher_name}: {teacher_key} is {have}, the draft's {draft_key} is {want}; "
                 "pair the draft with the teacher it was built for")
     return require_tap_layers(draft_config, target_layers=teacher["num_hidden_layers"])

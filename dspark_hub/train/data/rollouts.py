@@ -315,7 +315,7 @@ def make_rollouts(teacher: str | os.PathLike[str] | Target, prompts: str | os.Pa
         progress: called with the number of prompts finished; told the number still to do first.
 
     Raises:
-        TeacherMismatchError: the teacher does not fit the draft config (one line, naming the key).
+        TargetMismatchError: the teacher does not fit the draft config (one line, naming the key).
         UsageError: malformed prompts, an unknown mode or engine.
         RefusedOverwriteError: `out` holds other files, or a resume whose settings differ (and not `force`).
         MissingDependencyError: the engine's package is not installed.

@@ -108,7 +108,7 @@ def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str]
         MissingDependencyError: the vllm engine and no interpreter that can import vLLM.
         UsageError: not exactly one of `prompts` and `data`, no target, what the engine cannot do, a
             draft eval cannot measure, or a reference with other taps.
-        TeacherMismatchError: the target does not pair with the draft.
+        TargetMismatchError: the target does not pair with the draft.
     """
     under_test = read_draft(draft, block_size)
     _refuse_for_engine(engine, prompts=prompts, data=data, reference=reference, target=target)

@@ -58,13 +58,15 @@ def finetuner_for(base: str | os.PathLike[str]) -> Finetuner | None:
 
 
 def _k3_dspark(config: TrainConfig, progress: Progress | None) -> TrainResult:
-    from dspark_hub.train.finetuning.trainer import finetune as run  # torch: only a run pays for it
+    from dspark_hub.train.finetuning.trainer import Trainer  # torch: only a run pays for it
 
-    return run(config, progress)
+    return Trainer(config, progress).fit()
 
 
 def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
-    """`dspark-hub finetune`: the run, in the trainer of the base's format; returns what it wrote and measured.
+    """Fine-tune `config.base` (`dspark-hub finetune`, `dspark_hub.train.finetune`) in the trainer of its format:
+    a k3_dspark base in `trainer.Trainer`, a speculators DSpark in `finetune_speculators`; returns what the run
+    wrote and measured.
 
     Raises:
         UsageError: the base is of a draft family no trainer takes; and whatever that trainer raises.

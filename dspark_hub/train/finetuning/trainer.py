@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 #: The names callers import from here, though they live in the modules the trainer was split into.
 __all__ = ["LOG_NAME", "MEASURED", "TrainConfig", "TrainResult", "Trainer", "check_base_embedding",
-           "chunkable_draft_logits", "finetune", "resolve_device", "rotate_states", "state_files"]
+           "chunkable_draft_logits", "resolve_device", "rotate_states", "state_files"]
 
 #: What a training step reads rollouts from: a rollouts folder, or hidden-state files (speculators, vLLM).
 TrainingData = RolloutData | HiddenStateData
@@ -413,7 +413,3 @@ class Trainer:
                 (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(self.config.public_dict(), indent=2) + "\n")
         barrier()
 
-
-def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
-    """Run a fine-tuning job (see the module docstring); returns what it wrote and measured."""
-    return Trainer(config, progress).fit()

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dspark_hub._text import plural
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError, about
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError, about
 from dspark_hub.format.contract import CONFIG_NAME, INDEX_NAME
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.folder import list_folder
@@ -56,10 +56,6 @@ if TYPE_CHECKING:
     CausalLM = _BaseModelWithGenerate
 
 _SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})")
-
-
-class TeacherMismatchError(DsparkError):
-    """The teacher and the draft's config disagree on a pairing key (hidden size, layers, vocabulary)."""
 
 
 # ----------------------------------------------------------------------------- identity
