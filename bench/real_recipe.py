@@ -25,7 +25,9 @@ reaped, so a vLLM engine process is counted on its own, not added), prints a tab
 
 `--ci` is the CI-sized run (tests/test_real_world.py): 24 train and 8 held-out prompts, 48 new tokens,
 40 steps of 4 sequences x 8 anchors. The full run: 200 and 40 prompts, 96 new tokens,
-300 steps of 8 x 16. The targets default to the folders `.ci/real-target.sh` builds.
+300 steps of 8 x 16. The speculators run draws `--anchors` over its packed row of `--batch-size` sequences
+(`--anchors / --batch-size` a sequence: 8 x 2 in the full run), the supervision its numbers were measured
+with. The targets default to the folders `.ci/real-target.sh` builds.
 """
 
 from __future__ import annotations
@@ -133,9 +135,12 @@ def draft_steps(args: argparse.Namespace, out: Path, fmt: str, threads: list[str
     # k3_dspark scores the target's whole 49,152-token vocabulary: one unchunked loss (~2 GiB) skips the
     # chunks' recomputation; the speculators draft's pruned vocabulary is 6x smaller.
     chunk = ["--loss-chunk", "0"] if fmt == "k3" else []
+    # --anchors is per sequence for both formats; the speculators run keeps the supervision its numbers were
+    # measured with (docs/real-model.md): args.anchors over the packed row of batch_size sequences.
+    anchors = args.anchors if fmt == "k3" else max(1, args.anchors // args.batch_size)
     train = ["finetune", "--base", base, "--data", str(out / "train-data"), "--target", str(args.train_target),
              "--out", draft, "--steps", str(steps_), "--batch-size", str(args.batch_size), "--anchors",
-             str(args.anchors), "--warmup", str(max(1, steps_ // 20)), "--lr", str(args.lr), "--loss", args.loss,
+             str(anchors), "--warmup", str(max(1, steps_ // 20)), "--lr", str(args.lr), "--loss", args.loss,
              "--gamma", str(args.gamma), "--dtype", "bfloat16", *chunk, *threads, "--force"]
     steps = [(f"finetune {fmt}", train),
              (f"eval {fmt}", ["eval", "--draft", draft, "--data", str(out / "heldout-data"), "--reference", base,

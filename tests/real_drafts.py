@@ -32,10 +32,11 @@ TARGET = WORLD / "f32"
 TAPS = "1,7,14,22,29"
 TRAIN_PROMPTS, HELDOUT_PROMPTS, NEW_TOKENS = 24, 8, 48
 #: Each format's CI-sized finetune: the k3_dspark step scores the whole 49,152-token vocabulary (2.4 s at 4 x 8
-#: anchors), the speculators one its pruned 8,192 (0.5 s at 8 x 32), so the speculators draft gets 150 steps.
+#: anchors), the speculators one its pruned 8,192 (0.5 s at 8 sequences x 4 anchors, 32 a packed row), so the
+#: speculators draft gets 150 steps.
 FINETUNE = {"k3_dspark": ["--steps", "30", "--batch-size", "4", "--anchors", "8", "--warmup", "2", "--lr", "3e-3",
                           "--loss", '{"kl": 1}'],
-            "speculators": ["--steps", "150", "--batch-size", "8", "--anchors", "32", "--warmup", "8", "--lr", "1e-3",
+            "speculators": ["--steps", "150", "--batch-size", "8", "--anchors", "4", "--warmup", "8", "--lr", "1e-3",
                             "--loss", '{"kl": 1}']}
 #: Each format's (untrained base, trained draft) folder names inside a run.
 FOLDERS = {"k3_dspark": ("k3-base", "k3-draft"), "speculators": ("spec-base", "spec-draft")}

@@ -101,6 +101,15 @@ def _assert_drop_in(out: Path, base: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("batch_size", "anchors"), [(4, 2), (2, 2), (4, 3)])
+def test_anchors_mean_anchors_per_sequence_as_for_k3_dspark(data, tmp_path, batch_size, anchors):
+    """`--anchors N` supervises N per sequence: the library draws N x the row's sequences over the packed row (its
+    `max_anchors` counts a row), so `--batch-size 4 --anchors 2` draws 8, where it drew 2."""
+    _train(fixture("dspark"), data["rollouts"], tmp_path / "out", steps=2, batch_size=batch_size, max_anchors=anchors)
+    assert [e["anchors"] for e in _log(tmp_path / "out") if "loss" in e] == [batch_size * anchors] * 2
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["rollouts", "vllm", "speculators"])
 def test_each_data_source_trains_the_loss_down_into_a_drop_in_checkpoint(data, source, tmp_path):
     base = _base_for(source, tmp_path)

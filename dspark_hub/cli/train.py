@@ -224,7 +224,8 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--block-size", "block_size", type=int, default=default("block_size"), show_default=True,
               help="K drafts per block.")
 @click.option("--anchors", "max_anchors", type=int, default=default("max_anchors"), show_default=True,
-              help="Max anchors per sequence.")
+              help="Max anchors per sequence (either format: a speculators base draws N x sequences over its packed "
+                   "row).")
 @click.option("--loss", default=default("loss"), show_default=True,
               help="JSON weights of ce, kl, tv; a speculators DSpark base takes the library's terms (kl_div, rkl, jsd, "
                    "ce, tv, nla, lk_hybrid).")

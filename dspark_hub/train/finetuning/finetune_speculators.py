@@ -12,7 +12,8 @@ and gradient-norm clipping. The same options mean the same things, except:
   `kl_div`, the same KL(p || q)), reduced as the library reduces them (see `objective_speculators`);
 - `block_size`: the base's `block_size` (the model is trained for it); another value is refused (the
   option's default reads as not given);
-- `max_anchors`: per packed row (the library's `max_anchors`), not per sequence.
+- `max_anchors`: per sequence, as for k3_dspark; the library draws its anchors over the packed row, so
+  a row of `n` sequences gets the library's `max_anchors = n * max_anchors` (`anchors_per_row`).
 
 Data: a rollouts folder (`dspark-hub rollouts --draft-config B/config.json`), vLLM extraction files
 or speculators' `prepare-data` + `generate-offline-data` output (`hidden_state_files`). Their final
@@ -72,11 +73,19 @@ LOSS_ALIASES = {"kl": "kl_div"}
 
 
 def library_objective(config: TrainConfig) -> Objective:
-    """The library's objective from the run's `loss`, `gamma`, `alpha` and `max_anchors`."""
+    """The library's objective from the run's `loss`, `gamma`, `alpha` and `max_anchors` (its per-row budget for a
+    batch of `batch_size` sequences: `anchors_per_row`)."""
     loss = {LOSS_ALIASES.get(name, name): float(weight) for name, weight in config.loss.items()}
     if config.max_anchors <= 0:
-        raise UsageError(f"{config.max_anchors}; give the anchors per packed row (> 0)", param="max_anchors")
-    return Objective(loss=loss, gamma=config.gamma, alpha=config.alpha, max_anchors=config.max_anchors)
+        raise UsageError(f"{config.max_anchors}; give the anchors per sequence (> 0)", param="max_anchors")
+    return Objective(loss=loss, gamma=config.gamma, alpha=config.alpha,
+                     max_anchors=anchors_per_row(config.max_anchors, config.batch_size))
+
+
+def anchors_per_row(per_sequence: int, sequences: int) -> int:
+    """The library's `max_anchors` (a packed row's) for a row of `sequences` sequences, `per_sequence` each:
+    `--anchors` means anchors per sequence whatever the base's format."""
+    return per_sequence * sequences
 
 
 def refuse_unsupported(config: TrainConfig) -> None:
@@ -232,17 +241,19 @@ class SpeculatorsFinetune:
 
     # -- one step --------------------------------------------------------------------------
 
-    def anchors(self, row: PackedRow) -> torch.Tensor:
-        """The library's anchors for this step's row, drawn from a generator seeded by (seed, step)."""
+    def anchors(self, row: PackedRow, sequences: int) -> torch.Tensor:
+        """The library's anchors for this step's row of `sequences` sequences (`max_anchors` each, drawn over the
+        row), from a generator seeded by (seed, step)."""
         generator = torch.Generator().manual_seed(objective.anchor_seed(self.config.seed, self.step, 0))
-        return library_anchors(row.loss_mask, self.objective.max_anchors, self.block_size, generator)
+        budget = anchors_per_row(self.config.max_anchors, sequences)
+        return library_anchors(row.loss_mask, budget, self.block_size, generator)
 
     def train_step(self) -> dict[str, Any]:
         config = self.config
         started = time.perf_counter()
         indices = batch_indices(len(self.data), config.batch_size, self.step, config.seed)
         row = packed_row([self.data[i] for i in indices])
-        anchors = self.anchors(row)
+        anchors = self.anchors(row, len(indices))
         if anchors.numel() == 0:
             raise UsageError(f"{self.data.folder}: step {self.step + 1}'s sequences have no supervised position "
                              f"before their last {self.block_size} tokens; give longer sequences", param="data")
