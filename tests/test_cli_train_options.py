@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import CheckpointNotFoundError, UsageError
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES
 from dspark_hub.train.finetuning.config import TrainConfig
 from dspark_hub.train.target.dtypes import canonical_dtype
@@ -129,7 +129,7 @@ def test_eval_in_the_library_normalises_before_it_judges_the_dtype(tmp_path):
 
     with pytest.raises(UsageError, match="the simulation runs in float32"):
         evaluate(tmp_path / "none", dtype="bf16")
-    with pytest.raises(Exception, match="none") as passed:     # fp32 is float32: on to reading the draft
+    with pytest.raises(CheckpointNotFoundError, match="none") as passed:     # fp32 is float32: on to reading the draft
         evaluate(tmp_path / "none", dtype="fp32")
     assert "simulation runs in float32" not in str(passed.value)
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from dspark_hub.cli.main import cli
-from dspark_hub.errors import UsageError
+from dspark_hub.errors import RefusedOverwriteError, UsageError
 from dspark_hub.train import finetune
 from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.finetuning.config import TrainConfig
@@ -170,7 +170,7 @@ def test_rollouts_resume_skips_written_prompts_and_equals_a_fresh_run(world, tmp
     for i in a:
         assert torch.equal(a[i].input_ids, b[i].input_ids)
         assert torch.equal(a[i].aux_hidden_states, b[i].aux_hidden_states)
-    with pytest.raises(Exception, match="max_new_tokens"):
+    with pytest.raises(RefusedOverwriteError, match="setting max_new_tokens was 8 and is now 9"):
         make_rollouts(world["teacher"], prompts, config, partial, max_new_tokens=9)
 
 
@@ -485,7 +485,7 @@ def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path
 
 def test_finetune_refuses_an_existing_output_before_training(world, tmp_path):
     (tmp_path / "taken").mkdir()
-    with pytest.raises(Exception, match="already exists"):
+    with pytest.raises(RefusedOverwriteError, match="already exists"):
         Trainer(small_config(world, tmp_path / "taken"))
 
 
@@ -560,7 +560,7 @@ def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(wor
             assert a.keys() == b.keys()
             for key in ("loss", "ce", "kl", "tv", "confidence", "accuracy", "overlap", "grad_norm"):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (chunk, key)
-    with pytest.raises(Exception, match=r"^loss_chunk: -1; "):
+    with pytest.raises(UsageError, match=r"^loss_chunk: -1; "):
         Trainer(small_config(world, tmp_path / "negative", loss_chunk=-1))
     assert run("finetune", "--base", world["base"], "--out", tmp_path / "x", "--loss-chunk", -1).exit_code == 2
 
