@@ -11,14 +11,16 @@ and "Moved in 0.3" tables are this one.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 #: old module (under dspark_hub) -> the modules that now hold its names, searched in order.
 MOVED: dict[str, tuple[str, ...]] = {
@@ -74,15 +76,16 @@ class _MovedModule(ModuleType):
         return sorted({n for t in self._targets for n in dir(importlib.import_module(f"dspark_hub.{t}"))})
 
 
-class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds `dspark_hub.<old>` for every old name in `MOVED`."""
+class _MovedModuleFinder:
+    """Finds `dspark_hub.<old>` for every old name in `MOVED` (a meta path finder and its loader, by protocol:
+    `importlib.abc` would import `importlib.resources`, tempfile and shutil at every start)."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         prefix, _, old = fullname.partition(".")
         if prefix != "dspark_hub" or old not in MOVED:
             return None
-        return importlib.util.spec_from_loader(fullname, self)
+        return importlib.util.spec_from_loader(fullname, cast("Loader", self))
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         module = _MovedModule(spec.name, f"moved to {', '.join(MOVED[spec.name.split('.', 1)[1]])}")

@@ -97,10 +97,14 @@ def test_every_public_name_resolves_to_a_definition_not_a_submodule(package):
         assert getattr(value, "__module__", package).startswith("dspark_hub"), (name, value)
 
 
-def test_the_version_is_the_one_pyproject_declares():
+def test_the_version_is_typed_once_and_is_the_installed_one():
+    """pyproject.toml reads the version from `dspark_hub/_version.py`, so start-up needs no metadata import."""
+    import importlib.metadata
     import tomllib
 
     import dspark_hub
 
-    declared = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
-    assert dspark_hub.__version__ == declared["version"] != "0+unknown"
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"] and pyproject["project"]["dynamic"] == ["version"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dspark_hub._version.__version__"}
+    assert dspark_hub.__version__ == importlib.metadata.version("dspark-hub")

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dspark_hub"
 
 #: The bottom: imported by every area, importing nothing of ours but each other.
-BOTTOM = {"errors", "report", "schemas", "_lazy", "_compat", "_text", "progress"}
+BOTTOM = {"errors", "report", "schemas", "_lazy", "_compat", "_text", "progress", "redaction", "_version"}
 
 #: area -> the areas it may import (besides itself). One row per area; docs/architecture.md shows this table.
 ALLOWED: dict[str, set[str]] = {
@@ -29,6 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "_compat": set(),         # resolves the moved names by string (importlib), never by an import statement
     "_text": set(),
     "progress": set(),
+    "redaction": set(),       # no token in any output: the CLI's gate and the Hub client's messages
+    "_version": set(),
     "format": BOTTOM,
     "vllm": {"format"} | BOTTOM,                    # vLLM's one home: its pin, install hint, child process
     "modeling": {"format"} | BOTTOM,

@@ -28,7 +28,8 @@ from typing import Any
 import click
 
 from dspark_hub import schemas
-from dspark_hub.cli._output import json_text, terminal_text
+from dspark_hub.cli._gate import terminal_text
+from dspark_hub.cli._output import json_text
 from dspark_hub.errors import DsparkError, RefusedOverwriteError
 
 #: `` `name` `` in a library message: an argument named by its Python name.

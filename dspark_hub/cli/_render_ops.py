@@ -6,9 +6,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from dspark_hub._text import plural, short_json
-from dspark_hub.cli._output import TerminalText as Text
-from dspark_hub.cli._output import stderr, stdout
 from dspark_hub.cli._table import Cell, Column, print_table
+from dspark_hub.cli._terminal import TerminalText as Text
+from dspark_hub.cli._terminal import stderr, stdout
 from dspark_hub.format.contract import CONFIG_NAME
 
 if TYPE_CHECKING:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from dspark_hub._text import plural
-from dspark_hub.cli._output import TerminalText as Text
-from dspark_hub.cli._output import size_text, stderr, stdout
+from dspark_hub.cli._output import size_text
 from dspark_hub.cli._table import Cell, Column, print_table
+from dspark_hub.cli._terminal import TerminalText as Text
+from dspark_hub.cli._terminal import stderr, stdout
 
 
 def render_rollouts(summary: Any) -> None:

@@ -13,14 +13,6 @@ import click
 
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
-from dspark_hub.cli._render import (
-    render_eval,
-    render_init_teacher,
-    render_plan,
-    render_rollouts,
-    render_threads,
-    render_training,
-)
 from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.data.hidden_state_files import parse_layer_ids
@@ -201,7 +193,7 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
                                 mode=mode, engine=engine_name, engine_options=engine_options, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
-    emit(summary, as_json=as_json, renderer=render_rollouts)
+    emit(summary, as_json=as_json, renderer="render_rollouts")
 
 
 @command(name="finetune")
@@ -280,7 +272,7 @@ def finetune_command(loss: str, data_layer_ids: str | None, threads: int | None,
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
         result = finetune(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
-        emit(result, as_json=as_json, renderer=render_training)
+        emit(result, as_json=as_json, renderer="render_training")
 
 
 class _Planned:
@@ -297,6 +289,8 @@ class _Planned:
 
     def plan(self, plan: Any) -> None:
         if self.show:
+            from dspark_hub.cli._render import render_plan  # rich: on first use
+
             render_plan(plan)
             say_threads(self.threads, show=True)
 
@@ -304,6 +298,8 @@ class _Planned:
 def say_threads(choice: Any, *, show: bool) -> None:
     """The thread choice on stderr, said only once work has begun or ended (a refusal stays one line)."""
     if show and choice is not None:
+        from dspark_hub.cli._render import render_threads  # rich: on first use
+
         render_threads(choice)
 
 
@@ -327,7 +323,7 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
     with progress("init-teacher", unit="teachers", quiet=quiet or as_json) as bar:
         result = write_init_teacher(dst, profile=profile, draft=draft, seed=seed, force=force, head_dim=head_dim,
                        progress=bar)
-    emit(result, as_json=as_json, renderer=render_init_teacher)
+    emit(result, as_json=as_json, renderer="render_init_teacher")
 
 
 @command(name="eval")
@@ -370,4 +366,4 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
                           progress=bar)
     say_threads(choice, show=not (quiet or as_json))
-    emit(result, as_json=as_json, renderer=render_eval)
+    emit(result, as_json=as_json, renderer="render_eval")

@@ -12,10 +12,8 @@ never put in a message: `hub_tokens` asks huggingface_hub which tokens it would 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
@@ -25,6 +23,7 @@ from dspark_hub._text import shortened
 from dspark_hub.errors import DsparkError, HubError, MissingDependencyError, UsageError
 from dspark_hub.format.checkpoint import LocalSource, Source
 from dspark_hub.format.digests import FileDigest
+from dspark_hub.redaction import REDACTED, hub_tokens, redact_tokens  # noqa: F401 (their home before 0.3)
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -119,39 +118,6 @@ def resolve_endpoint(endpoint: str | None) -> str:
 
 
 # --- errors ----------------------------------------------------------------------------------------
-
-#: What a redacted token reads as.
-REDACTED = "<token>"
-#: Shorter strings are not treated as tokens (replacing them would garble ordinary text).
-_MIN_TOKEN = 4
-
-
-def hub_tokens(*given: object) -> list[str]:
-    """Every token huggingface_hub would send from this process, by its own resolution, plus the `given` ones.
-
-    `huggingface_hub.get_token()` (HF_TOKEN, the token file at HF_TOKEN_PATH or $HF_HOME/token, OIDC,
-    Colab) and `get_stored_tokens()` (every token `hf auth login` saved). Before huggingface_hub is
-    imported nothing could have sent a token, so it is not imported here (header-level commands stay light).
-    Longest first, so a token that contains another is replaced whole.
-    """
-    found = {t for t in given if isinstance(t, str)}
-    if "huggingface_hub" in sys.modules:
-        from huggingface_hub import get_token
-        from huggingface_hub.utils import get_stored_tokens
-
-        with contextlib.suppress(Exception):   # an OIDC exchange that fails has sent nothing to leak
-            found.add(get_token() or "")
-        with contextlib.suppress(Exception):   # an unreadable stored_tokens file holds nothing to print
-            found.update(get_stored_tokens().values())
-    return sorted((t for t in found if len(t.strip()) >= _MIN_TOKEN), key=len, reverse=True)
-
-
-def redact_tokens(text: str, *given: object) -> str:
-    """`text` with every token of `hub_tokens(*given)` replaced by `<token>`."""
-    for secret in hub_tokens(*given):
-        text = text.replace(secret, REDACTED)
-    return text
-
 
 def _scrub(text: str, token: str | bool | None) -> str:
     """Remove every token (the one given, and huggingface_hub's) from a message; keep it on one line."""
