@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
@@ -40,8 +41,10 @@ _EMBED_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
-class EmbeddingSource:
+class EmbeddingSource(Document):
     """Where the written `embed_tokens.weight` came from."""
+
+    KEYS = ("source=kind", "teacher", "teacher_dtype", "cast")
 
     kind: Literal["teacher", "random", "zeros"]
     teacher: str | None = None    # `path:tensor` of the teacher's embedding
@@ -57,13 +60,13 @@ class EmbeddingSource:
                 "embedding frozen, so a pairing check against the target fails until the target's embedding "
                 "is copied in (init_checkpoint(..., embed_from=TEACHER))")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.kind, "teacher": self.teacher, "teacher_dtype": self.teacher_dtype, "cast": self.cast}
-
 
 @dataclass(frozen=True)
-class InitResult:
+class InitResult(Document):
     """What `init_checkpoint` wrote."""
+
+    SCHEMA = schemas.command("init")
+    KEYS = ("path", "profile", "init", "seed", "weights_bytes", "embedding", "warnings")
 
     path: Path
     profile: str | None      # None when a config was given instead
@@ -75,11 +78,6 @@ class InitResult:
     @property
     def warnings(self) -> list[str]:
         return [w for w in (self.embedding.warning,) if w]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("init"), "path": str(self.path), "profile": self.profile,
-                "init": self.init, "seed": self.seed, "weights_bytes": self.weights_bytes,
-                "embedding": self.embedding.to_dict(), "warnings": self.warnings}
 
 
 def _is_norm(name: str) -> bool:

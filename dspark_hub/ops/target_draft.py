@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.jsonio import loads_strict
@@ -127,13 +128,10 @@ def read_target(target: str | Path) -> TargetFacts:
 # ---------------------------------------------------------------- the mask token
 
 @dataclass(frozen=True)
-class MaskChoice:
+class MaskChoice(Document):
     id: int
     content: str | None
     reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "content": self.content, "reason": self.reason}
 
 
 def _added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:

@@ -53,6 +53,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
@@ -68,7 +69,6 @@ from dspark_hub.report import (
     PairedEmbedding,
     PairingSection,
     Report,
-    TokenDict,
     error,
     info,
     warning,
@@ -169,14 +169,11 @@ def target_revision(view: CheckpointView) -> tuple[str | None, str | None]:
 # ---------------------------------------------------------------- mask token
 
 @dataclass(frozen=True)
-class TokenInfo:
+class TokenInfo(Document):
     id: int
     content: str
     special: bool | None
     where: str
-
-    def to_dict(self) -> TokenDict:
-        return {"id": self.id, "content": self.content, "special": self.special, "where": self.where}
 
 
 def find_token(view: CheckpointView, token_id: int) -> TokenInfo | None:

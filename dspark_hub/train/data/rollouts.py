@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise, read_json_input
@@ -78,8 +79,10 @@ FIELDS = {
 
 
 @dataclass(frozen=True)
-class RolloutSummary:
+class RolloutSummary(Document):
     """What `make_rollouts` did."""
+
+    SCHEMA = schemas.command("rollouts")
 
     path: str
     written: int
@@ -90,12 +93,6 @@ class RolloutSummary:
     greedy_agreement: float | None
     engine: str = DEFAULT_ENGINE
     mode: str = "generate"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("rollouts"), "path": self.path, "written": self.written,
-                "skipped": self.skipped,
-                "sequences": self.sequences, "continuation_tokens": self.continuation_tokens, "shards": self.shards,
-                "greedy_agreement": self.greedy_agreement, "engine": self.engine, "mode": self.mode}
 
 
 # ----------------------------------------------------------------------------- prompts

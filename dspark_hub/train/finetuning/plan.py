@@ -36,13 +36,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dspark_hub.documents import Document
+
 #: fp32 `[rows, vocabulary]` tensors alive at once in the loss (logits, log-softmax, softmax, targets, ...).
 LOSS_TENSORS = 6
 
 
 @dataclass(frozen=True)
-class TrainPlan:
+class TrainPlan(Document):
     """One step's shape, compute split and memory estimate (per rank; see the module docstring)."""
+
+    KEYS = ("sequences", "positions", "tokens", "supervised_tokens", "anchors", "block_size", "block_rows",
+            "keys_per_row", "vocabulary", "vocabulary_rows", "flops", "total_flops", "dominant", "memory_bytes=memory",
+            "memory_total_bytes=memory_bytes", "world_size")
 
     sequences: int            # on this rank
     positions: int            # T, the padded sequence length
@@ -70,14 +76,6 @@ class TrainPlan:
     @property
     def memory_bytes(self) -> int:
         return int(sum(self.memory.values()))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"sequences": self.sequences, "positions": self.positions, "tokens": self.tokens,
-                "supervised_tokens": self.supervised_tokens, "anchors": self.anchors, "block_size": self.block_size,
-                "block_rows": self.block_rows, "keys_per_row": self.keys_per_row, "vocabulary": self.vocabulary,
-                "vocabulary_rows": self.vocabulary_rows, "flops": dict(self.flops), "total_flops": self.total_flops,
-                "dominant": self.dominant, "memory_bytes": dict(self.memory), "memory_total_bytes": self.memory_bytes,
-                "world_size": self.world_size}
 
 
 def _get(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
@@ -76,8 +77,12 @@ TrainingData = RolloutData | HiddenStateData
 
 
 @dataclass(frozen=True)
-class TrainResult:
+class TrainResult(Document):
     """What a finished run wrote and measured."""
+
+    SCHEMA = schemas.command("finetune")
+    KEYS = ("path", "steps", "tokens", "seconds", "tokens_per_second", "final_loss", "state_dir", "world_size", "eval",
+            "device", "peak_memory_bytes", "engine_releases", "plan", "states", "warnings")
 
     path: str
     steps: int
@@ -97,14 +102,6 @@ class TrainResult:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("finetune"), "path": self.path, "steps": self.steps, "tokens": self.tokens,
-                "seconds": self.seconds, "tokens_per_second": self.tokens_per_second, "final_loss": self.final_loss,
-                "state_dir": self.state_dir, "world_size": self.world_size, "eval": self.eval, "device": self.device,
-                "peak_memory_bytes": self.peak_memory_bytes, "engine_releases": list(self.engine_releases),
-                "plan": self.plan.to_dict() if self.plan else None, "states": list(self.states),
-                "warnings": list(self.warnings)}
 
 
 def check_base_embedding(base: str | os.PathLike[str], teacher: str | os.PathLike[str]) -> str:

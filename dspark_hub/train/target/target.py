@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dspark_hub._text import plural
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError, about
 from dspark_hub.format.contract import CONFIG_NAME, INDEX_NAME
 from dspark_hub.format.digests import sha256_file
@@ -66,9 +67,11 @@ def sha256_text(text: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class TeacherIdentity:
+class TeacherIdentity(Document):
     """Which teacher produced a measurement: `repo@revision` when the folder is a Hub snapshot,
     else the SHA-256 of its config and weight files."""
+
+    KEYS = ("path", "repo", "revision", "digests", "label")
 
     path: str
     repo: str | None = None
@@ -82,10 +85,6 @@ class TeacherIdentity:
             return f"{self.repo}@{self.revision}"
         digests = ", ".join(f"{name} {digest[:12]}" for name, digest in sorted(self.digests.items()))
         return f"{Path(self.path).name} (sha256 {digests})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "repo": self.repo, "revision": self.revision, "digests": dict(self.digests),
-                "label": self.label}
 
 
 def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import CONFIG_NAME
@@ -52,8 +53,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</
 
 
 @dataclass(frozen=True)
-class TeacherInitResult:
+class TeacherInitResult(Document):
     """What `init_teacher` wrote."""
+
+    SCHEMA = schemas.command("init-teacher")
 
     path: Path
     profile: str | None           # None when the shapes came from a draft
@@ -64,12 +67,6 @@ class TeacherInitResult:
     vocab_size: int
     parameters: int
     embedding_from_draft: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("init-teacher"), "path": str(self.path), "profile": self.profile,
-                "draft": self.draft, "seed": self.seed, "hidden_size": self.hidden_size,
-                "num_hidden_layers": self.num_hidden_layers, "vocab_size": self.vocab_size,
-                "parameters": self.parameters, "embedding_from_draft": self.embedding_from_draft}
 
 
 #: The toy teacher's attention head size unless asked for another (vLLM's CPU attention needs 32 or more).
