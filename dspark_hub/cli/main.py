@@ -15,7 +15,7 @@ import click
 
 from dspark_hub import __version__
 from dspark_hub.cli import cards, golden, hub, train, verify
-from dspark_hub.cli._errors import print_traceback
+from dspark_hub.cli._errors import on_sigint, on_sigterm, print_traceback
 from dspark_hub.cli._framework import DsparkGroup
 
 
@@ -33,9 +33,11 @@ for _command in (verify.verify, verify.diff, verify.convert, verify.init_command
 
 
 def main() -> None:
-    """Console-script entry point: SIGTERM unwinds like Ctrl-C so writers clean up; a traceback (`--debug`, or a
-    bug) is printed through the output gate (no token), exit 1 as Python's own would."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    """Console-script entry point: SIGTERM unwinds like Ctrl-C so writers clean up (a Hub command ends within a
+    second either way: `exit_soon_if_stuck`); a traceback (`--debug`, or a bug) is printed through the output gate
+    (no token), exit 1 as Python's own would."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigint)
     try:
         cli(prog_name="dspark-hub")
     except Exception as error:

@@ -23,6 +23,7 @@ from dspark_hub import __version__
 from dspark_hub.errors import HubError, UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import FileDigest, FileDigestDict, FileProblem, Manifest, compute_manifest
+from dspark_hub.format.hub_http import network_scope
 from dspark_hub.format.remote import (
     HubSource,
     hf_location,
@@ -31,6 +32,7 @@ from dspark_hub.format.remote import (
     resolve_endpoint,
     validate_repo_id,
 )
+from dspark_hub.format.urls import redact_url
 from dspark_hub.progress import Progress
 from dspark_hub.report import FileProblemDict
 from dspark_hub.verify.against_hub import compare_files, local_digests
@@ -110,7 +112,7 @@ class PublishPlan:
         return sum(f.size or 0 for f in self.files if f.lfs)
 
     def to_dict(self) -> PublishPlanDict:
-        return {"repo_id": self.repo_id, "revision": self.revision, "endpoint": self.endpoint,
+        return {"repo_id": self.repo_id, "revision": self.revision, "endpoint": redact_url(self.endpoint),
                 "private": self.private, "tag": self.tag, "commit_message": self.commit_message,
                 "transfer": self.transfer,
                 "files": [{**f.to_dict(), "source": str(self.sources[f.path])} for f in self.files],
@@ -146,11 +148,15 @@ class PublishResult:
 
     def to_dict(self) -> PublishResultDict:
         return {"status": self.status, "ok": self.ok,
-                "refusals": list(self.refusals), "repo_url": self.repo_url, "commit_oid": self.commit_oid,
-                "commit_url": self.commit_url, "tag": self.tag,
+                "refusals": list(self.refusals), "repo_url": _shown(self.repo_url), "commit_oid": self.commit_oid,
+                "commit_url": _shown(self.commit_url), "tag": self.tag,
                 "transfer": self.transfer.to_dict() if self.transfer is not None else None,
                 "plan": self.plan.to_dict(),
                 "problems": [p.to_dict() for p in self.problems]}
+
+
+def _shown(url: str | None) -> str | None:
+    return redact_url(url) if url is not None else None
 
 
 @dataclass(frozen=True)
@@ -267,13 +273,14 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
                          "install hf-xet and unset HF_HUB_DISABLE_XET, or publish through LFS", param="transfer")
     api = HfApi(endpoint=plan.endpoint, token=token, library_name="dspark-hub", library_version=__version__)
     quiet = hf_utils.disable_progress_bars() if not show_hub_progress else _nothing()
-    with quiet:
-        repo_url, info, status, choice = _commit(api, plan, manifest, private=private, token=token,
-                                                 client_xet=client_xet, commit_description=commit_description)
-    commit_oid = str(info.oid)
-    source = HubSource(repo_id, commit_oid, endpoint=plan.endpoint, token=token)
-    problems = compare_files(Path(folder), manifest.files, source.remote_files(),
-                             location=hf_location(repo_id, commit_oid[:12]))
+    with network_scope(plan.endpoint):   # one budget of waiting for the whole publish
+        with quiet:
+            repo_url, info, status, choice = _commit(api, plan, manifest, private=private, token=token,
+                                                     client_xet=client_xet, commit_description=commit_description)
+        commit_oid = str(info.oid)
+        source = HubSource(repo_id, commit_oid, endpoint=plan.endpoint, token=token)
+        problems = compare_files(Path(folder), manifest.files, source.remote_files(),
+                                 location=hf_location(repo_id, commit_oid[:12]))
     return PublishResult(status=status, plan=plan, repo_url=repo_url, commit_oid=commit_oid,
                          commit_url=str(info.commit_url), tag=tag, problems=problems, transfer=choice)
 
