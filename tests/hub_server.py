@@ -30,8 +30,9 @@ Test hooks:
   every `interval` s), sends an `endless` body, headers that never end (`interim`: `100 Continue`
   again and again; `drip_headers`: a byte at a time), `answer`s what it is told (`status`, `headers`,
   `body` as bytes or JSON, `content_type`), `edit`s its JSON answer (`edit(doc) -> doc`, extra
-  `headers`), or `redirect`s (`location`, a format string of `base` and `path`: the same path is a
-  loop). `Fault.arrived` is set when a request met it (so a test can act once the server holds one);
+  `headers`, where `{base}` and `{path}` stand for the server and the request's path), or
+  `redirect`s (`location`, a format string of `base` and `path`: the same path is a loop).
+  `Fault.arrived` is set when a request met it (so a test can act once the server holds one);
 - `seen`: every request with its `Authorization` header; `mirror(host)`: the same Hub on another host
   (127.0.0.2 is loopback too), as a CDN or another origin, that asks for no token;
 - `xet_cas_url`: when set, the Xet token routes answer 200 with that CAS URL and a Xet access token
@@ -392,7 +393,8 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "edit":
             if fault.params.get("edit") is not None and content_type == "application/json":
                 body = json.dumps(fault.params["edit"](json.loads(body))).encode()
-            headers.update(fault.params.get("headers", {}))
+            headers.update({key: value.replace("{base}", self.base).replace("{path}", self.path)
+                            for key, value in fault.params.get("headers", {}).items()})
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

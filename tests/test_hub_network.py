@@ -214,6 +214,15 @@ def test_publish_does_not_wait_a_day(hub, hub_repo_id, carded):  # noqa: F811
     assert_one_line_error(result, "asked to wait 86400 s (Retry-After)", "DSPARK_HUB_MAX_WAIT", "lfs/objects/batch")
 
 
+def test_publish_does_not_ask_a_busy_hub_again_without_end(hub, hub_repo_id, carded):  # noqa: F811
+    """huggingface_hub's `create_repo` asks again at once, forever, while the Hub answers this 409."""
+    fault = hub.misbehave("answer", r"POST /api/repos/create", status=409,
+                          body={"error": "Cannot create repo: another conflicting operation is in progress"})
+    result = run("publish", carded, hub_repo_id, "--endpoint", hub.url, env={"HF_TOKEN": hub.token, **ONE_RETRY})
+    assert_one_line_error(result, "answered HTTP 409 2 times", "DSPARK_HUB_RETRIES=1", "/api/repos/create")
+    assert fault.hits == 2
+
+
 def test_publish_never_accepted_is_a_connect_timeout(carded):  # noqa: F811
     with unaccepting_endpoint() as endpoint:
         result = run("publish", carded, "org/name", "--endpoint", endpoint, env={"HF_TOKEN": "hf_x_0123"})
@@ -252,7 +261,7 @@ def test_a_bound_that_is_not_a_number_is_refused_by_name(hub, repo, name, value)
 
 def test_bounds_in_range_are_taken():
     """The passing twin of the settings."""
-    from dspark_hub.format.hub_http import NetworkBounds
+    from dspark_hub.format.hub_bounds import NetworkBounds
 
     env = {"DSPARK_HUB_TIMEOUT": "2.5", "DSPARK_HUB_RETRIES": "0", "DSPARK_HUB_MAX_WAIT": "0"}
     assert NetworkBounds.from_environment(env) == NetworkBounds(timeout=2.5, retries=0, max_wait=0.0)
@@ -319,8 +328,12 @@ WRONG = {
     "a compressed answer": (tree_route, "answer", dict(body=gzip.compress(b"[]"), headers={"Content-Encoding": "gzip"}),
                             "compressed"),
     "a redirect loop on the listing": (tree_route, "redirect", {}, "redirect loop"),
+    "a pagination loop": (tree_route, "edit", dict(headers={"Link": '<{base}{path}>; rel="next"'}),
+                          "a pagination loop"),
     "a redirect loop on the model info": (info_route, "redirect", {}, "redirect loop"),
     "a redirect to ftp": (info_route, "redirect", dict(location="ftp://127.0.0.1/x"), "not an http(s) URL"),
+    "a redirect without a Location": (info_route, "answer", dict(status=302, body=b""),
+                                      "huggingface_hub could not use the answer"),
 }
 
 
@@ -455,8 +468,10 @@ def test_a_signal_ends_verify_held_by_a_silent_hub(hub, repo, sig):
 
 
 @pytest.mark.slow
-def test_ctrl_c_ends_a_publish_whose_upload_threads_wait_on_a_silent_hub(hub, hub_repo_id, tmp_path):
-    """Three weight files upload in huggingface_hub's threads; the interpreter would wait for them at exit."""
+@pytest.mark.parametrize("transfer", ["lfs", "xet"])
+def test_ctrl_c_ends_a_publish_whose_upload_waits_on_a_silent_hub(hub, hub_repo_id, tmp_path, transfer):
+    """Three weight files: through LFS they upload in huggingface_hub's threads (the interpreter would wait for
+    them at exit); through Xet, in hf_xet's Rust runtime, to a CAS server that never answers."""
     import yaml
 
     from dspark_hub.cards.render import render_card
@@ -468,8 +483,13 @@ def test_ctrl_c_ends_a_publish_whose_upload_threads_wait_on_a_silent_hub(hub, hu
     meta = tmp_path / "card.yaml"
     meta.write_text(yaml.safe_dump({"name": "Tiny", "front_matter": FRONT, "architecture": {"block_size": 2}}))
     (folder / "README.md").write_text(render_card(meta, folder))
-    proc = _held(hub, hub.misbehave("silent", r"PUT /lfs-upload/"),
-                 ["publish", folder, hub_repo_id, "--endpoint", hub.url, "--transfer", "lfs"])
+    if transfer == "xet":
+        cas = hub.mirror()
+        hub.xet_cas_url = cas.url
+        fault = cas.misbehave("silent", ".")
+    else:
+        fault = hub.misbehave("silent", r"PUT /lfs-upload/")
+    proc = _held(hub, fault, ["publish", folder, hub_repo_id, "--endpoint", hub.url, "--transfer", transfer])
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err

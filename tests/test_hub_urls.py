@@ -145,6 +145,19 @@ def test_a_server_warning_and_an_echoed_header_are_redacted(proxy, hub_repo_id, 
     assert "you sent Authorization: Basic <token>" in published.stderr
 
 
+def test_a_python_warning_quoting_the_server_passes_the_gate(proxy, hub_repo_id, carded, tmp_path):  # noqa: F811
+    """huggingface_hub turns the warnings of the Hub's metadata check into Python warnings, quoting the server:
+    they are printed redacted, their control characters written out."""
+    endpoint = with_credentials(proxy.url)
+    proxy.misbehave("answer", r"POST /api/validate-yaml", body={"errors": [], "warnings": [
+        {"message": f"metadata mirrored at {endpoint}/x \x1b]0;retitled\x07"}]})
+    out = _fresh(["publish", carded, hub_repo_id, "-q"], endpoint, tmp_path, "human", token=proxy.token)
+    assert out.returncode == 0, out.stderr
+    assert_no_credentials(out.stderr)
+    assert "\x1b" not in out.stderr and "\\x1b]0;retitled\\x07" in out.stderr
+    assert "metadata mirrored at http://<credentials>@127.0.0.1" in out.stderr
+
+
 def test_an_endpoint_option_with_credentials_is_redacted_in_process(proxy, hub_repo_id, carded):  # noqa: F811
     endpoint = with_credentials(proxy.url)
     result = run("publish", carded, hub_repo_id, "--endpoint", endpoint, "--dry-run", "--json")
@@ -154,6 +167,27 @@ def test_an_endpoint_option_with_credentials_is_redacted_in_process(proxy, hub_r
     bad = run("verify", "hf://org/name", "--endpoint", endpoint.replace("http://", "ftp://"))
     assert_one_line_error(bad, "--endpoint", "ftp://<credentials>@127.0.0.1", "not an http(s)://host URL")
     assert_no_credentials(bad.output)
+
+
+def test_a_card_never_carries_credentials_in_a_url(tmp_path):
+    """A card source (or its results) quoting a URL with credentials: the card written shows `<credentials>`;
+    a URL without them is kept whole."""
+    import yaml
+
+    from .factories import write_checkpoint
+    from .test_publish import FRONT
+
+    folder = write_checkpoint(tmp_path / "ckpt")
+    meta = tmp_path / "card.yaml"
+    summary = (f"Mirrored at https://{USER}:{PASSWORD}@mirror.example/org/tiny and at "
+               "https://huggingface.co/org/tiny.")
+    meta.write_text(yaml.safe_dump({"name": "Tiny", "front_matter": FRONT, "architecture": {"block_size": 2},
+                                    "summary": summary}))
+    result = run("card", folder, "--meta", meta, "-o", tmp_path / "README.md")
+    assert result.exit_code == 0, result.output
+    card = (tmp_path / "README.md").read_text()
+    assert_no_credentials(card)
+    assert "https://<credentials>@mirror.example/org/tiny" in card and "https://huggingface.co/org/tiny" in card
 
 
 def test_an_endpoint_without_credentials_is_shown_as_it_is(hub, hub_repo_id, carded):  # noqa: F811
@@ -285,8 +319,28 @@ def test_a_xet_refresh_route_from_an_answer_gets_the_token_only_on_the_endpoint(
     server = hub.mirror() if where == "another origin" else hub
     server.xet_cas_url = "http://127.0.0.1:1"
     route = f"{server.url}/api/models/{public_repo}/xet-read-token/main"
-    with network_scope(hub.url):
+    with network_scope(hub.url, secrets=lambda: [hub.token]):
         refresh_xet_connection_info(file_data=XetFileData(file_hash="0" * 64, refresh_route=route),
                                     headers=build_hf_headers(token=hub.token))
     sent = [auth for _, path, auth in server.seen if "xet-read-token" in path]
     assert sent == ([f"Bearer {hub.token}"] if where == "the endpoint" else [""])
+
+
+def test_a_credential_that_is_not_the_hubs_goes_where_it_is_sent(hub, public_repo, monkeypatch):
+    """The twin of the rule: in CI, huggingface_hub asks the CI provider (another origin) for an OIDC id token
+    with the provider's own credential, then trades it at the endpoint for a Hub token (Trusted Publishers)."""
+    import uuid
+
+    provider = hub.mirror()
+    provider.misbehave("answer", r"GET /oidc-token", body={"value": "ci-id-token"})
+    hub.misbehave("answer", r"POST /oauth/token", body={"access_token": hub.token, "token_type": "bearer",
+                                                          "expires_in": 3600})
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    env = {"HF_OIDC_RESOURCE": f"{public_repo}-{uuid.uuid4().hex[:6]}", "GITHUB_ACTIONS": "true",
+           "ACTIONS_ID_TOKEN_REQUEST_URL": f"{provider.url}/oidc-token",
+           "ACTIONS_ID_TOKEN_REQUEST_TOKEN": "ci-provider-credential"}
+    result = run("verify", f"hf://{public_repo}", "--endpoint", hub.url, env=env)
+    assert result.exit_code == 0, result.output
+    assert [auth for _, path, auth in provider.seen if path.startswith("/oidc-token")] == [
+        "Bearer ci-provider-credential"]
+    assert _tokens_at(hub, hub.token)                                   # the traded token went to the endpoint

@@ -58,6 +58,7 @@ from dspark_hub.cards.source import load_card_source
 from dspark_hub.cards.templating import TEMPLATE, environment, render_strings, source_environment
 from dspark_hub.errors import UsageError
 from dspark_hub.format.checkpoint import CheckpointView
+from dspark_hub.format.secrets import redact_tokens
 from dspark_hub.format.writer import atomic_file, check_writable
 from dspark_hub.schemas import command
 
@@ -120,7 +121,7 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
     card = render_strings({k: v for k, v in meta.items() if k != "front_matter"}, source_environment(), context, "")
     text = environment().get_template(TEMPLATE).render(card=card, front_matter=front_matter,
                                              front_matter_yaml=front_matter_yaml(front_matter), **context)
-    return tidy_markdown(text)
+    return redact_tokens(tidy_markdown(text))   # a card is published: no token, no credentials in a URL
 
 
 def tidy_markdown(text: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import warnings
 
 import click
 
@@ -17,6 +18,7 @@ from dspark_hub import __version__
 from dspark_hub.cli import cards, golden, hub, train, verify
 from dspark_hub.cli._errors import on_sigint, on_sigterm, print_traceback
 from dspark_hub.cli._framework import DsparkGroup
+from dspark_hub.cli._output import show_warning
 
 
 @click.group(cls=DsparkGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,6 +40,7 @@ def main() -> None:
     (no token), exit 1 as Python's own would."""
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigint)
+    warnings.showwarning = show_warning
     try:
         cli(prog_name="dspark-hub")
     except Exception as error:

@@ -173,7 +173,11 @@ def _refs(doc: dict[str, Any]) -> str | None:
     return None
 
 
-def _anything(doc: dict[str, Any]) -> str | None:
+def _yaml_check(doc: dict[str, Any]) -> str | None:
+    for kind in ("errors", "warnings"):
+        notes = doc.get(kind, [])
+        if not isinstance(notes, list) or not all(isinstance(n, dict) for n in notes):
+            return f"a metadata check whose {kind} are not a list of objects"
     return None
 
 
@@ -187,7 +191,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], frozenset[int], Check]] = [
     ("POST", re.compile(r"\.git/info/lfs/objects/batch$"), frozenset({200}), _document(dict, _lfs_batch)),
     ("POST", re.compile(rf"{_REPO}/commit/"), frozenset({200}), _document(dict, _commit)),
     ("GET", re.compile(rf"{_REPO}/refs$"), frozenset({200}), _document(dict, _refs)),
-    ("POST", re.compile(r"/api/validate-yaml$"), frozenset({200}), _document(dict, _anything)),
+    ("POST", re.compile(r"/api/validate-yaml$"), frozenset({200}), _document(dict, _yaml_check)),
 ]
 
 

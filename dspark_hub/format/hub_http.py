@@ -25,106 +25,44 @@ The bounds come from `DSPARK_HUB_TIMEOUT`, `DSPARK_HUB_RETRIES` and `DSPARK_HUB_
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin
 
-from dspark_hub.errors import UsageError
 from dspark_hub.format import hub_answers
+from dspark_hub.format.hub_bounds import (
+    HEADERS_DUE,
+    MAX_WAIT_VAR,
+    RETRIES_VAR,
+    TIMEOUT_VAR,
+    DeadlineBackend,
+    HubNetworkError,
+    NetworkBounds,
+    bounded_stream,
+    describe_timeout,
+)
 from dspark_hub.format.secrets import gate_hub_logs
 from dspark_hub.format.urls import origin, redact_url
 
 if TYPE_CHECKING:
     import httpx2
 
-TIMEOUT_VAR, RETRIES_VAR, MAX_WAIT_VAR = "DSPARK_HUB_TIMEOUT", "DSPARK_HUB_RETRIES", "DSPARK_HUB_MAX_WAIT"
 #: What huggingface_hub's `http_backoff` retries.
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-#: The largest answer body read (a tree page, a model info, an error); range reads are bounded by their range.
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
+#: The most `Link: rel="next"` pages followed in a scope (a tree page holds 1,000 files: a million files).
+MAX_PAGES = 1000
 #: The request extension that marks a range read of `HubSource` (its bytes and time are bounded there).
 RANGE_READ = "dspark_hub_range_read"
 #: huggingface_hub's backoff between retries without `Retry-After`: 1 s, doubling, at most 8 s.
 _BACKOFF_FIRST, _BACKOFF_MAX = 1.0, 8.0
-
-
-@dataclass(frozen=True)
-class NetworkBounds:
-    """How long the toolkit waits for the Hub: `timeout` seconds of silence (connecting, each read and write, an
-    answer's body), `retries` retries of one request, `max_wait` seconds of waiting between retries in all."""
-
-    timeout: float = 60.0
-    retries: int = 3
-    max_wait: float = 120.0
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None) -> NetworkBounds:
-        """The bounds `DSPARK_HUB_TIMEOUT`, `DSPARK_HUB_RETRIES` and `DSPARK_HUB_MAX_WAIT` set, else the defaults.
-
-        Raises:
-            UsageError: a value that is not a number in its range, naming the variable.
-        """
-        env = os.environ if environ is None else environ
-        default = cls()
-        return cls(timeout=_seconds(env, TIMEOUT_VAR, default.timeout, low=0.001),
-                   retries=int(_seconds(env, RETRIES_VAR, default.retries, low=0, high=100, integer=True)),
-                   max_wait=_seconds(env, MAX_WAIT_VAR, default.max_wait, low=0))
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float, *, low: float, high: float = 86400.0,
-             integer: bool = False) -> float:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        value = math.nan
-    if not low <= value <= high:   # NaN and infinities fail too
-        what = "a whole number" if integer else "a number of seconds"
-        raise UsageError(f"{name}={text[:40]!r}: not {what} from {low:g} to {high:g}; unset it or set e.g. "
-                         f"{name}={default:g}")
-    return value
-
-
-def request_line(method: str, url: str) -> str:
-    """`http://host:port GET /api/models/org/name/tree/<sha>`: where a request went (credentials redacted, no query)."""
-    parts = urlsplit(url)
-    path = parts.path or "/"
-    path = path if len(path) <= 160 else path[:157] + "..."
-    return f"{redact_url(f'{parts.scheme}://{parts.netloc}')} {method} {path}"
-
-
-class HubNetworkError(Exception):
-    """A network bound was hit, or an answer is not what a Hub sends. `bound` names the variable of a bound that
-    was hit (None for a wrong answer). Not an httpx error: huggingface_hub's retry loops let it through."""
-
-    def __init__(self, method: str, url: str, problem: str, *, bound: str | None = None) -> None:
-        self.method, self.url, self.problem, self.bound = method, url, problem, bound
-        super().__init__(self.line())
-
-    def line(self) -> str:
-        """`<origin> <METHOD> <path>: <problem>`."""
-        return f"{request_line(self.method, self.url)}: {self.problem}"
-
-
-def describe_timeout(exc: BaseException, bounds: NetworkBounds) -> str | None:
-    """What an httpx timeout means in words, with the bound it hit; None for another exception."""
-    kind = type(exc).__name__
-    phrases = {"ConnectTimeout": "could not connect", "ReadTimeout": "no answer came",
-               "WriteTimeout": "the server took no data", "PoolTimeout": "no free connection"}
-    if kind not in phrases:
-        return None
-    return f"{phrases[kind]} within {bounds.timeout:g} s ({TIMEOUT_VAR}={bounds.timeout:g})"
 
 
 # --- the scope -------------------------------------------------------------------------------------------
@@ -142,10 +80,15 @@ class _Attempts:
 class _Scope:
     bounds: NetworkBounds
     origins: set[tuple[str, str, int]] = field(default_factory=set)
+    #: The token and endpoint credentials of the scope: an `Authorization` header holding one of them goes to
+    #: `origins` only (another credential, such as a CI provider's for its own OIDC route, goes where it is sent).
+    secrets: set[str] = field(default_factory=set)
     waited: float = 0.0
     attempts: dict[tuple[int, str, str], _Attempts] = field(default_factory=dict)
     #: The last answer read (method, URL): named when huggingface_hub cannot parse what came.
     last_answer: tuple[str, str] | None = None
+    #: Every `rel="next"` page an answer named: huggingface_hub follows them without end.
+    pages: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -156,11 +99,13 @@ _INSTALLED = False
 
 
 @contextmanager
-def network_scope(endpoint: str, bounds: NetworkBounds | None = None) -> Iterator[NetworkBounds]:
+def network_scope(endpoint: str, bounds: NetworkBounds | None = None,
+                  secrets: Callable[[], Iterable[str]] | None = None) -> Iterator[NetworkBounds]:
     """Apply the rules to every Hub request in this process until the block ends; the token may go to `endpoint`.
 
-    Scopes nest: the outermost one's bounds and waiting budget hold for the inner ones, whose endpoints are
-    trusted too. Yields the bounds in force.
+    `secrets`: what the token is (`secrets.hub_tokens`), asked once the scope is open (finding it may take a
+    request: an OIDC exchange in CI, an OAuth refresh, bounded then). Scopes nest: the outermost one's bounds
+    and waiting budget hold for the inner ones, whose endpoints and secrets count too. Yields the bounds in force.
 
     Raises:
         UsageError: a bound variable that is not a number in its range.
@@ -175,6 +120,10 @@ def network_scope(endpoint: str, bounds: NetworkBounds | None = None) -> Iterato
         _DEPTH += 1
         scope = _SCOPE
     try:
+        if secrets is not None:
+            found = set(secrets())
+            with scope.lock:
+                scope.secrets |= found
         yield scope.bounds
     finally:
         with _LOCK:
@@ -236,7 +185,7 @@ def install() -> None:
             # answer are bounded only by the silence between their bytes)
             pool: Any = getattr(getattr(client, "_transport", None), "_pool", None)
             if hasattr(pool, "_network_backend"):
-                pool._network_backend = _DeadlineBackend(pool._network_backend)
+                pool._network_backend = DeadlineBackend(pool._network_backend)
             return client
 
         set_client_factory(factory)
@@ -269,8 +218,9 @@ def _on_request(request: httpx2.Request) -> None:
     request.extensions["timeout"] = {k: _at_most(timeouts.get(k), bounds.timeout)
                                      for k in ("connect", "read", "write", "pool")}
     url = str(request.url)
-    if origin(url) not in scope.origins:
-        request.headers.pop("Authorization", None)
+    credential = request.headers.get("Authorization", "")
+    if credential and origin(url) not in scope.origins and any(secret in credential for secret in scope.secrets):
+        del request.headers["Authorization"]
     key = (threading.get_ident(), request.method, url)
     now = time.monotonic()
     with scope.lock:
@@ -305,9 +255,9 @@ class _Tracer:
         if self.inner is not None:
             self.inner(name, info)
         if name == "http11.receive_response_headers.started":
-            _HEADERS_DUE.at = time.monotonic() + self.scope.bounds.timeout
+            HEADERS_DUE.at = time.monotonic() + self.scope.bounds.timeout
         elif name.startswith("http11.receive_response_headers."):
-            _HEADERS_DUE.at = None
+            HEADERS_DUE.at = None
         if name.endswith(".failed"):
             exc: BaseException = info["exception"]
             timeout = describe_timeout(exc, self.scope.bounds)
@@ -321,47 +271,6 @@ class _Tracer:
             tries = self.scope.attempts.get(self.key)
             if tries is not None:
                 tries.failure, tries.failed_at = failure, time.monotonic()
-
-
-#: When the headers being read in this thread are due (`time.monotonic()`), or None.
-_HEADERS_DUE = threading.local()
-
-
-class _DeadlineStream:
-    """A connection's stream whose reads end when the headers being read are due: a server that drips them,
-    or sends `100 Continue` forever, resets the silence timeout at every byte but not this deadline."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        due = getattr(_HEADERS_DUE, "at", None)
-        if due is not None:   # at least 1 ms: a timeout of 0 would make the socket non-blocking, not time out
-            left = max(0.001, due - time.monotonic())
-            timeout = left if timeout is None else min(timeout, left)
-        return bytes(self._inner.read(max_bytes, timeout))
-
-    def start_tls(self, *args: Any, **kwargs: Any) -> _DeadlineStream:
-        return _DeadlineStream(self._inner.start_tls(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _DeadlineBackend:
-    """httpcore's network backend, its streams wrapped in `_DeadlineStream`."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-
-    def connect_tcp(self, *args: Any, **kwargs: Any) -> _DeadlineStream:
-        return _DeadlineStream(self._inner.connect_tcp(*args, **kwargs))
-
-    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> _DeadlineStream:
-        return _DeadlineStream(self._inner.connect_unix_socket(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 def _requested_wait(response: httpx2.Response) -> tuple[float, str] | None:
@@ -382,22 +291,54 @@ def _on_response(response: httpx2.Response) -> None:
         return
     request = response.request
     url, bounds = str(request.url), scope.bounds
+    if not request.extensions.get(RANGE_READ):   # a range read: `HubSource.read_bytes` bounds its bytes and time
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise HubNetworkError(request.method, url, f"sent its answer compressed ({encoding[:20]}) though asked "
+                                  "for identity; a compressed answer is not read (it could inflate without bound)")
+        response.stream = bounded_stream(response.stream, request.method, url, bounds.timeout)
+        with scope.lock:
+            scope.last_answer = (request.method, url)
     key = (threading.get_ident(), request.method, url)
-    if response.status_code in RETRYABLE_STATUS:
+    busy = _busy(response)
+    if response.status_code in RETRYABLE_STATUS or busy:
         _retryable(scope, key, response)
     else:
         with scope.lock:
             scope.attempts.pop(key, None)
-    if request.extensions.get(RANGE_READ):
-        return   # `HubSource.read_bytes` bounds its bytes and its time
-    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise HubNetworkError(request.method, url, f"sent its answer compressed ({encoding[:20]}) though asked for "
-                              "identity; a compressed answer is not read (it could inflate without bound)")
-    response.stream = _bounded_stream(response.stream, request.method, url, bounds.timeout)
+    if not request.extensions.get(RANGE_READ) and not busy:
+        _check_answer(response)
+        _next_page(scope, response)
+
+
+def _next_page(scope: _Scope, response: httpx2.Response) -> None:
+    """A `Link: rel="next"` page is new, and there are at most `MAX_PAGES` of them."""
+    named = response.links.get("next", {}).get("url")
+    if not named:
+        return
+    page = urljoin(str(response.request.url), named)
     with scope.lock:
-        scope.last_answer = (request.method, url)
-    _check_answer(response)
+        again, scope.pages = page in scope.pages, scope.pages | {page}
+        count = len(scope.pages)
+    if again:
+        raise HubNetworkError(response.request.method, str(response.request.url), 'names as its next page '
+                              f'({shortened_url(page)}) a page already read: a pagination loop')
+    if count > MAX_PAGES:
+        raise HubNetworkError(response.request.method, str(response.request.url), f"names more than {MAX_PAGES:,} "
+                              "next pages; no repository listing is that long")
+
+
+def shortened_url(url: str) -> str:
+    text = redact_url(url)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _busy(response: httpx2.Response) -> bool:
+    """huggingface_hub's `create_repo` asks again at once, without end, while the Hub answers this 409."""
+    if response.status_code != 409 or not response.request.url.path.endswith("/api/repos/create"):
+        return False
+    response.read()
+    return "another conflicting operation is in progress" in response.text
 
 
 def _retryable(scope: _Scope, key: tuple[int, str, str], response: httpx2.Response) -> None:
@@ -432,33 +373,3 @@ def _check_answer(response: httpx2.Response) -> None:
         raise HubNetworkError(request.method, str(request.url), problem)
 
 
-def _bounded_stream(inner: Any, method: str, url: str, timeout: float) -> Any:
-    """An answer's body: at most `MAX_ANSWER_BYTES`, all of it within `timeout` seconds of its headers."""
-    return _stream_class()(inner, method, url, timeout)
-
-
-@functools.cache
-def _stream_class() -> type:
-    import httpx2  # what huggingface_hub's client reads a body from (deferred: only a request pays for it)
-
-    class BoundedStream(httpx2.SyncByteStream):
-        def __init__(self, inner: Any, method: str, url: str, timeout: float) -> None:
-            self.inner, self.method, self.url = inner, method, url
-            self.timeout, self.deadline = timeout, time.monotonic() + timeout
-
-        def __iter__(self) -> Iterator[bytes]:
-            received = 0
-            for chunk in self.inner:
-                received += len(chunk)
-                if received > MAX_ANSWER_BYTES:
-                    raise HubNetworkError(self.method, self.url, f"sent an answer of more than {MAX_ANSWER_BYTES:,} "
-                                          "bytes; no Hub answer is that large")
-                if time.monotonic() > self.deadline:
-                    raise HubNetworkError(self.method, self.url, "sent its answer too slowly: not complete within "
-                                          f"{self.timeout:g} s ({TIMEOUT_VAR}={self.timeout:g})", bound=TIMEOUT_VAR)
-                yield chunk
-
-        def close(self) -> None:
-            self.inner.close()
-
-    return BoundedStream

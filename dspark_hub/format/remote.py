@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from dspark_hub import __version__
 from dspark_hub._text import shortened
 from dspark_hub.errors import DsparkError, HubError, MissingDependencyError, UsageError
-from dspark_hub.format import hub_http
+from dspark_hub.format import hub_bounds, hub_http
 from dspark_hub.format.checkpoint import LocalSource, Source
 from dspark_hub.format.digests import FileDigest
 from dspark_hub.format.secrets import REDACTED, hub_tokens, note_endpoint, redact_tokens
@@ -164,23 +164,23 @@ _CHECK_ENDPOINT = "the endpoint does not answer as the Hub does; check `endpoint
 
 def _network_problem(exc: BaseException) -> str | None:
     """A bound hit, a wrong answer, or an httpx failure of a known request: `<origin> <route>: <what>; <advice>`."""
-    if isinstance(exc, hub_http.HubNetworkError):
+    if isinstance(exc, hub_bounds.HubNetworkError):
         advice = f"check the network and the endpoint, or raise {exc.bound}" if exc.bound else _CHECK_ENDPOINT
         return f"{exc.line()}; {advice}"
     try:
         request = exc.request  # type: ignore[attr-defined]  # httpx's RequestError names the request it failed on
-        line = hub_http.request_line(request.method, str(request.url))
+        line = hub_bounds.request_line(request.method, str(request.url))
     except Exception:   # not an httpx error, or one made without a request
         return None
     kind = type(exc).__name__
-    timeout = hub_http.describe_timeout(exc, hub_http.current_bounds())
+    timeout = hub_bounds.describe_timeout(exc, hub_http.current_bounds())
     if timeout is not None:
-        return f"{line}: {timeout}; check the network and the endpoint, or raise {hub_http.TIMEOUT_VAR}"
+        return f"{line}: {timeout}; check the network and the endpoint, or raise {hub_bounds.TIMEOUT_VAR}"
     if kind == "TooManyRedirects":
         return f"{line}: redirected again and again (a redirect loop); {_CHECK_ENDPOINT}"
     answered = hub_http.last_answer()
     if kind == "UnsupportedProtocol" and answered is not None and answered[1] != str(request.url):
-        return (f"{hub_http.request_line(*answered)}: redirected to {shortened(redact_url(str(request.url)), 80)}, "
+        return (f"{hub_bounds.request_line(*answered)}: redirected to {shortened(redact_url(str(request.url)), 80)}, "
                 f"not an http(s) URL; {_CHECK_ENDPOINT}")
     if kind in ("RemoteProtocolError", "DecodingError"):
         return f"{line}: the answer is not well-formed HTTP ({shortened(str(exc), 120)}); {_CHECK_ENDPOINT}"
@@ -198,8 +198,8 @@ def _unreadable_answer(exc: BaseException) -> str | None:
     if not isinstance(exc, json.JSONDecodeError) and not (
             inside and isinstance(exc, (KeyError, TypeError, ValueError, AttributeError, IndexError))):
         return None
-    return (f"{hub_http.request_line(*answered)}: the answer is not what the Hub sends "
-            f"({type(exc).__name__}: {shortened(str(exc), 80)}); {_CHECK_ENDPOINT}")
+    return (f"{hub_bounds.request_line(*answered)}: huggingface_hub could not use the answer "
+            f"({type(exc).__name__}: {shortened(str(exc), 160)}); {_CHECK_ENDPOINT}")
 
 
 def _describe(exc: BaseException, where: str, endpoint: str, action: str) -> str | None:
@@ -234,11 +234,11 @@ def _describe(exc: BaseException, where: str, endpoint: str, action: str) -> str
         server = getattr(exc, "server_message", "") or ""
         detail = f" ({shortened(server, 300)})" if server else ""
         request = getattr(getattr(exc, "response", None), "request", None)
-        route = f"{hub_http.request_line(request.method, str(request.url))}: " if request is not None else ""
+        route = f"{hub_bounds.request_line(request.method, str(request.url))}: " if request is not None else ""
         return f"{where}: {route}the Hub answered HTTP {status} while trying to {action}{detail}; run it again later"
     if any(frame.name == "_upload_xet_files" for frame in traceback.extract_tb(exc.__traceback__)):
         return (f"{where}: the Xet storage upload failed ({type(exc).__name__}: {shortened(str(exc), 240)}); hf_xet "
-                f"is bounded by {hub_http.TIMEOUT_VAR}, {hub_http.RETRIES_VAR} and {hub_http.MAX_WAIT_VAR} too; "
+                f"is bounded by {hub_bounds.TIMEOUT_VAR}, {hub_bounds.RETRIES_VAR} and {hub_bounds.MAX_WAIT_VAR} too; "
                 "run it again, or upload through LFS (`transfer` lfs)")
     if isinstance(exc, errors.LocalEntryNotFoundError) or _is_transport_error(exc):
         said = f": {shortened(str(exc), 200)}" if str(exc) and not _is_httpx(exc) else ""
@@ -252,7 +252,7 @@ def _describe(exc: BaseException, where: str, endpoint: str, action: str) -> str
 def hub_errors(where: str, *, endpoint: str, token: str | bool | None, action: str) -> Iterator[None]:
     """Run Hub calls under the network rules (`hub_http.network_scope`: bounded, the token kept to `endpoint`,
     answers checked) and turn huggingface_hub and network failures raised inside the block into `HubError`."""
-    with hub_http.network_scope(endpoint):
+    with hub_http.network_scope(endpoint, secrets=lambda: hub_tokens(token)):
         try:
             yield
         except DsparkError:
@@ -397,8 +397,8 @@ class HubSource:
                       size: int | None) -> bytes:
         from huggingface_hub import utils as hf_utils  # deferred (TID253): read_bytes imported it already
 
-        def wrong(problem: str, bound: str | None = None) -> hub_http.HubNetworkError:
-            return hub_http.HubNetworkError("GET", str(response.request.url), problem, bound=bound)
+        def wrong(problem: str, bound: str | None = None) -> hub_bounds.HubNetworkError:
+            return hub_bounds.HubNetworkError("GET", str(response.request.url), problem, bound=bound)
 
         listed = f"the listing says {name} has {size:,} bytes" if size is not None else ""
         if response.status_code == 416:  # the range starts at or after the end of the file
@@ -423,8 +423,8 @@ class HubSource:
                 break
             if time.monotonic() > deadline:
                 raise wrong(f"sent {len(data):,} of {skip + length:,} bytes too slowly (less than {MIN_READ_RATE:,} "
-                            f"bytes a second after {hub_http.TIMEOUT_VAR}={bounds.timeout:g} s)",
-                            bound=hub_http.TIMEOUT_VAR)
+                            f"bytes a second after {hub_bounds.TIMEOUT_VAR}={bounds.timeout:g} s)",
+                            bound=hub_bounds.TIMEOUT_VAR)
         if size is not None and len(data) < skip + length:
             raise wrong(f"sent {max(0, len(data) - skip):,} of the {length:,} bytes asked from offset {start:,}; "
                         f"{listed}")
@@ -439,7 +439,7 @@ def _content_range_total(response: httpx2.Response, start: int) -> int | None:
     header = response.headers.get("Content-Range", "")
     match = _CONTENT_RANGE.fullmatch(header)
     if match is None or int(match[1]) != start:
-        raise hub_http.HubNetworkError("GET", str(response.request.url), f"answered 206 with Content-Range "
+        raise hub_bounds.HubNetworkError("GET", str(response.request.url), f"answered 206 with Content-Range "
                                        f"{shortened(header, 60)!r}, not the range from byte {start:,}")
     return None if match[3] == "*" else int(match[3])
 
