@@ -106,6 +106,12 @@ def unaccepting_endpoint():
 SILENT_ROUTES = {"model info": info_route, "tree listing": tree_route, "a range read": resolve_route}
 
 
+def test_an_answer_that_stops_midway_is_given_up(hub, repo):
+    """The headers and the first byte of a range read come, then nothing: the silence bound, not a hang."""
+    hub.misbehave("trickle", resolve_route(repo), chunk=1, interval=600)
+    assert_one_line_error(verify_hf(hub, repo), "the answer stopped: nothing more came within 1 s", "/resolve/")
+
+
 @pytest.mark.parametrize("route", list(SILENT_ROUTES))
 def test_a_silent_hub_stops_verify_at_the_timeout_naming_it(hub, repo, route):
     hub.misbehave("silent", SILENT_ROUTES[route](repo))

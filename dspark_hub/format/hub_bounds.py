@@ -89,11 +89,13 @@ class HubNetworkError(Exception):
         return f"{request_line(self.method, self.url)}: {self.problem}"
 
 
-def describe_timeout(exc: BaseException, bounds: NetworkBounds) -> str | None:
-    """What an httpx timeout means in words, with the bound it hit; None for another exception."""
+def describe_timeout(exc: BaseException, bounds: NetworkBounds, *, in_body: bool = False) -> str | None:
+    """What an httpx timeout means in words, with the bound it hit; None for another exception.
+    `in_body`: it struck while an answer's body was being read (the answer stopped)."""
     kind = type(exc).__name__
-    phrases = {"ConnectTimeout": "could not connect", "ReadTimeout": "no answer came",
-               "WriteTimeout": "the server took no data", "PoolTimeout": "no free connection"}
+    phrases = {"ConnectTimeout": "could not connect", "ReadTimeout": "the answer stopped: nothing more came"
+               if in_body else "no answer came", "WriteTimeout": "the server took no data",
+               "PoolTimeout": "no free connection"}
     if kind not in phrases:
         return None
     return f"{phrases[kind]} within {bounds.timeout:g} s ({TIMEOUT_VAR}={bounds.timeout:g})"

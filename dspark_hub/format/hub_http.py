@@ -260,7 +260,7 @@ class _Tracer:
             HEADERS_DUE.at = None
         if name.endswith(".failed"):
             exc: BaseException = info["exception"]
-            timeout = describe_timeout(exc, self.scope.bounds)
+            timeout = describe_timeout(exc, self.scope.bounds, in_body="receive_response_body" in name)
             self._failed(timeout or type(exc).__name__)
             if timeout is not None and self.last:   # no retry left: say so now, not after a backoff sleep
                 _, method, url = self.key

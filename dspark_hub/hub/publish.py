@@ -266,7 +266,8 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
     from huggingface_hub import utils as hf_utils
 
     where = hf_location(repo_id, plan.revision)
-    require_token(token, where)
+    with network_scope(plan.endpoint):   # finding the token may take a request (an OIDC exchange in CI)
+        require_token(token, where)
     client_xet = client_has_xet()
     if plan.transfer == "xet" and not client_xet:
         raise UsageError(f"{where}: Xet was asked for, but this huggingface_hub cannot use it ({_NO_CLIENT_XET}); "
@@ -398,8 +399,8 @@ def _xet_errors(where: str, endpoint: str) -> Iterator[None]:
     except Exception as exc:
         text = str(exc)
         if "xet-write-token" in text and "404" in text:
-            raise HubError(f"{where}: the endpoint {endpoint} has no Xet storage (its Xet write-token route "
-                           "answered 404), and the upload went through Xet; publish through LFS instead: "
+            raise HubError(f"{where}: the endpoint {redact_url(endpoint)} has no Xet storage (its Xet write-token "
+                           "route answered 404), and the upload went through Xet; publish through LFS instead: "
                            "`transfer` lfs or auto, or set HF_HUB_DISABLE_XET=1") from exc
         raise
 
