@@ -115,7 +115,7 @@ def test_an_answer_that_stops_midway_is_given_up(hub, repo):
 @pytest.mark.parametrize("route", list(SILENT_ROUTES))
 def test_a_silent_hub_stops_verify_at_the_timeout_naming_it(hub, repo, route):
     hub.misbehave("silent", SILENT_ROUTES[route](repo))
-    assert_one_line_error(verify_hf(hub, repo), "no answer came within 1 s (DSPARK_HUB_TIMEOUT=1)", hub.url)
+    assert_one_line_error(verify_hf(hub, repo), "timed out: no answer came within 1 s (DSPARK_HUB_TIMEOUT=1)", hub.url)
 
 
 def test_a_hub_that_never_accepts_is_a_connect_timeout():
@@ -124,17 +124,19 @@ def test_a_hub_that_never_accepts_is_a_connect_timeout():
     assert_one_line_error(result, "could not connect within 1 s (DSPARK_HUB_TIMEOUT=1)", endpoint)
 
 
-DRIPS = {"its body": ("trickle", dict(chunk=4, interval=0.3)),
-         "its headers": ("drip_headers", dict(interval=0.2)),
-         "100 Continue without end": ("interim", dict(interval=0.2))}
+DRIPS = {"its body": (tree_route, "trickle", dict(chunk=4, interval=0.3)),
+         "its headers": (tree_route, "drip_headers", dict(interval=0.2)),
+         "100 Continue without end": (tree_route, "interim", dict(interval=0.2)),
+         "a range read": (lambda repo: resolve_route(repo, "config.json"), "trickle", dict(chunk=4, interval=0.3))}
 
 
 @pytest.mark.parametrize("member", list(DRIPS))
 def test_a_hub_that_drips_its_answer_is_given_up(hub, repo, member):
     """Each byte comes well within the silence bound, the answer never within the bound on the whole."""
-    kind, params = DRIPS[member]
-    hub.misbehave(kind, tree_route(repo), **params)
-    assert_one_line_error(verify_hf(hub, repo), "within 1 s", "DSPARK_HUB_TIMEOUT", "/tree/")
+    route, kind, params = DRIPS[member]
+    hub.misbehave(kind, route(repo), **params)
+    line = assert_one_line_error(verify_hf(hub, repo), "timed out", "DSPARK_HUB_TIMEOUT=1", hub.url)
+    assert ("/resolve/" if member == "a range read" else "/tree/") in line
 
 
 def test_a_slow_hub_within_the_bounds_is_waited_for(hub, repo):

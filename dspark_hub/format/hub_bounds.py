@@ -34,9 +34,9 @@ class NetworkBounds:
     """How long the toolkit waits for the Hub: `timeout` seconds of silence (connecting, each read and write, an
     answer's body), `retries` retries of one request, `max_wait` seconds of waiting between retries in all."""
 
-    timeout: float = 60.0
-    retries: int = 3
-    max_wait: float = 120.0
+    timeout: float = 30.0
+    retries: int = 2
+    max_wait: float = 60.0
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> NetworkBounds:
@@ -98,7 +98,7 @@ def describe_timeout(exc: BaseException, bounds: NetworkBounds, *, in_body: bool
                "PoolTimeout": "no free connection"}
     if kind not in phrases:
         return None
-    return f"{phrases[kind]} within {bounds.timeout:g} s ({TIMEOUT_VAR}={bounds.timeout:g})"
+    return f"timed out: {phrases[kind]} within {bounds.timeout:g} s ({TIMEOUT_VAR}={bounds.timeout:g})"
 
 
 #: When the headers being read in this thread are due (`time.monotonic()`), or None.
@@ -164,7 +164,7 @@ def _stream_class() -> type:
                     raise HubNetworkError(self.method, self.url, f"sent an answer of more than {MAX_ANSWER_BYTES:,} "
                                           "bytes; no Hub answer is that large")
                 if time.monotonic() > self.deadline:
-                    raise HubNetworkError(self.method, self.url, "sent its answer too slowly: not complete within "
+                    raise HubNetworkError(self.method, self.url, "timed out: the answer was not complete within "
                                           f"{self.timeout:g} s ({TIMEOUT_VAR}={self.timeout:g})", bound=TIMEOUT_VAR)
                 yield chunk
 

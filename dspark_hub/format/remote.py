@@ -414,7 +414,8 @@ class HubSource:
             raise wrong(f"says {name} has {total:,} bytes; {listed}")
         skip = start if response.status_code == 200 else 0
         bounds = hub_http.current_bounds()
-        deadline = time.monotonic() + bounds.timeout + (skip + length) / MIN_READ_RATE
+        allowed = bounds.timeout + (skip + length) / MIN_READ_RATE
+        deadline = time.monotonic() + allowed
         data = bytearray()
         for chunk in response.iter_bytes():
             self.bytes_read += len(chunk)
@@ -422,8 +423,8 @@ class HubSource:
             if len(data) >= skip + length:
                 break
             if time.monotonic() > deadline:
-                raise wrong(f"sent {len(data):,} of {skip + length:,} bytes too slowly (less than {MIN_READ_RATE:,} "
-                            f"bytes a second after {hub_bounds.TIMEOUT_VAR}={bounds.timeout:g} s)",
+                raise wrong(f"timed out: {len(data):,} of {skip + length:,} bytes came within {allowed:.3g} s "
+                            f"({hub_bounds.TIMEOUT_VAR}={bounds.timeout:g}, and a second per {MIN_READ_RATE:,} bytes)",
                             bound=hub_bounds.TIMEOUT_VAR)
         if size is not None and len(data) < skip + length:
             raise wrong(f"sent {max(0, len(data) - skip):,} of the {length:,} bytes asked from offset {start:,}; "
