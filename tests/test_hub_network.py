@@ -313,7 +313,9 @@ WRONG = {
     "null for the model info": (info_route, "answer", dict(body=None), "null where the Hub sends an object"),
     "a model info without a sha": (info_route, "edit", dict(edit=lambda d: {k: v for k, v in d.items() if k != "sha"}),
                                    "not a 40-hex commit"),
-    "a body that is not JSON": (info_route, "answer", dict(body=b"{'id': oops"), "not JSON"),
+    "a body that is not JSON": (info_route, "answer", dict(body=b"{'id': oops"), "not strict JSON"),
+    "a repeated key": (info_route, "answer", dict(body=b'{"id": "a/b", "sha": "%s", "sha": "%s"}' % (
+        b"0" * 40, b"1" * 40)), "appears twice"),
     "HTML for the listing": (tree_route, "answer", dict(body=b"<html>portal</html>", content_type="text/html"),
                              "HTML where the Hub sends JSON"),
     "an object for the listing": (tree_route, "answer", dict(body={"files": []}),

@@ -6,7 +6,7 @@ is silently wrong. `checker(method, path, status)` gives the check of a route's 
 checked); a check returns what is wrong, in words, or None. `format.hub_http` runs it on every answer of a
 network scope.
 
-Stdlib only.
+Parsed by the strict loader (`jsonio.loads_strict`): a repeated key is refused, not resolved to its last value.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
+
+from dspark_hub.errors import CheckpointFormatError
+from dspark_hub.format.jsonio import loads_strict
 
 #: A check of an answer's body (bytes, Content-Type): what is wrong, or None.
 Check = Callable[[bytes, str], "str | None"]
@@ -55,9 +58,10 @@ def parse(body: bytes, content_type: str) -> tuple[Any, str | None]:
     if "html" in content_type.lower() or head == b"<":
         return None, f"HTML where the Hub sends JSON (Content-Type {content_type or 'none'!s})"
     try:
-        return json.loads(body), None
-    except (ValueError, RecursionError):
-        return None, f"a body that is not JSON ({_shown(body[:40].decode('utf-8', 'replace'))})"
+        return loads_strict(body, path="the answer"), None
+    except CheckpointFormatError as e:   # not JSON, too deep, a repeated key, NaN, a lone surrogate
+        start = _shown(body[:40].decode("utf-8", "replace"))
+        return None, f"a body that is not strict JSON ({e.detail}; it starts {start})"
 
 
 def _document(kind: type[dict[str, Any]] | type[list[Any]], check: Callable[[Any], str | None]) -> Check:
