@@ -416,6 +416,10 @@ def test_a_config_larger_than_any_is_read_only_that_far(hub, hub_repo_id, tmp_pa
     assert hub.bytes_served(hub_repo_id, "config.json") <= contract.MAX_CONFIG_BYTES + 1
     local = run("verify", folder, "--json")
     assert local.exit_code == 1 and "FILE_TOO_LARGE" in local.stdout
+    # the twin: a config just under the limit is read whole
+    (folder / "config.json").write_text(text[:-2] + " " * (contract.MAX_CONFIG_BYTES - len(text) - 1) + text[-2:])
+    assert (folder / "config.json").stat().st_size <= contract.MAX_CONFIG_BYTES
+    assert run("verify", folder, "--json").exit_code == 0
 
 
 PUBLISH_WRONG = {
