@@ -83,6 +83,9 @@ PHASES = ("world", "forward", "plain", "fsdp", "smoke")
 SEARCH_MARGIN_S = 15          # a training phase's search ends this long before the phase's limit
 NEEDS_WORLD = ("forward", "plain", "fsdp")
 
+# The forward check's tolerances (`forward_checks` says why); the other variants are reported.
+FORWARD_TOLERANCES = {"float32": 1e-3, "bf16 autocast (training)": 0.1, "bf16 weights (serving)": 0.1}
+
 # The training checks' tolerances (`training_checks`, `agreement_checks` say why).
 LOSS_FALL = 0.9               # the last step's loss at most this x the first step's
 LOSS_AGREEMENT = 1e-2         # FSDP2 vs plain, relative, per step
@@ -265,25 +268,34 @@ def docs_per_rank_bytes(fsdp: bool, anchors: int, rows: int) -> float:
 
 
 def forward_checks(forward: dict[str, Any] | None) -> list[Check]:
-    """float32 on the device within FLOAT32_TOLERANCE of float32 on the CPU: the same arithmetic in another
+    """float32 on the device within 1e-3 relative L2 of float32 on the CPU: the same arithmetic in another
     order (float32 keeps 24 bits; sums of ~10^4 terms in another order differ by ~1e-6), so more than 1e-3
-    means another computation. bf16 within BF16_TOLERANCE: bf16 keeps 8 bits (each rounding 2^-8 = 0.4%),
-    and every layer rounds its inputs; on the CPU, at K3's width (5 layers, context 64), bf16 autocast
-    measured 0.024 and bf16 weights 0.035 relative L2, while leaving attention out changes the output by 1.4."""
-    names = ("float32", "bf16 autocast (training)", "bf16 weights (serving)")
+    means another computation. bf16 within 0.1: bf16 keeps 8 bits (each rounding 2^-8 = 0.4%), and every
+    layer rounds its inputs; on the CPU, at K3's width (5 layers, vocabulary cut to 8,192, context 256,
+    these 4 anchors) bf16 autocast measured 0.027 and bf16 weights 0.028, while leaving attention out moves
+    the output by 1.41, and casting RoPE's frequencies to bf16 as well (reported, not judged: serving keeps
+    them in float32) by 0.119. A variant not in FORWARD_TOLERANCES is reported (`forward_notes`)."""
     variants = (forward or {}).get("variants", {})
     device = (forward or {}).get("device", {}).get("device", "the device")
     checks = []
-    for name in names:
+    for name, tolerance in FORWARD_TOLERANCES.items():
         v = variants.get(name)
         title = f"forward on {device}, {name}, against float32 on the CPU"
         if v is None or "error" in v:
             checks.append(Check(title, None if v is None else False, "not run" if v is None else v["error"]))
             continue
-        checks.append(Check(title, bool(v["ok"]), f"relative L2: hidden {v['hidden']:.2e}, logits "
-                            f"{v['logits']:.2e} (tolerance {v['tolerance']:g}); top-1 agreement "
-                            f"{v['top1_agreement']:.2f} (reported)"))
+        checks.append(Check(title, v["hidden"] <= tolerance and v["logits"] <= tolerance,
+                            f"relative L2: hidden {v['hidden']:.2e}, logits {v['logits']:.2e} (tolerance "
+                            f"{tolerance:g}); top-1 agreement {v['top1_agreement']:.2f} (reported)"))
     return checks
+
+
+def forward_notes(forward: dict[str, Any] | None) -> list[str]:
+    """The forward variants reported, not judged."""
+    variants = (forward or {}).get("variants", {})
+    return [f"forward, {name}: " + (v["error"] if "error" in v else
+                                    f"relative L2: hidden {v['hidden']:.2e}, logits {v['logits']:.2e}")
+            for name, v in variants.items() if name not in FORWARD_TOLERANCES]
 
 
 def training_checks(label: str, run: dict[str, Any] | None, scale: Scale) -> list[Check]:
@@ -457,6 +469,7 @@ def summarize(outcomes: Mapping[str, PhaseOutcome], workdir: Path, scale: Scale,
             "device": devices[0] if devices else None, "budget_s": budget.seconds, "elapsed_s": budget.elapsed(),
             "phases": {name: asdict(o) for name, o in outcomes.items()}, "checks": [asdict(c) for c in checks],
             "not_run": [f"{o.name}: {o.status}" + (f" ({o.detail})" if o.detail else "") for o in incomplete],
+            "notes": forward_notes(forward),
             "forward": {k: forward[k] for k in ("variants", "context_rows", "anchors", "reference_seconds")}
             if forward else None,
             "configurations": {label: configuration_summary(label, results[label], scale)
@@ -473,6 +486,7 @@ def report(summary: Mapping[str, Any]) -> str:
              "", table(summary["configurations"]), ""]
     lines += [f"{'PASS' if c['ok'] else 'FAIL' if c['ok'] is False else 'NOT RUN'} {c['name']}: {c['detail']}"
               for c in summary["checks"]]
+    lines += [f"NOTE {note}" for note in summary["notes"]]
     lines += [f"NOT RUN phase {entry}" for entry in summary["not_run"]]
     passed = sum(1 for c in summary["checks"] if c["ok"])
     lines.append(f"\ngpu_k3: {'PASS' if summary['ok'] else 'FAIL'} ({passed} of {len(summary['checks'])} checks passed"
