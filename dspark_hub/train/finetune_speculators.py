@@ -44,12 +44,11 @@ import torch
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format import speculators as spec_format
-from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_weights_like
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train import objective
-from dspark_hub.train.checkpointer import rotate_states, state_files
+from dspark_hub.train.checkpointer import POINTER_NAME, read_state, resume_file, rotate_states, state_files
 from dspark_hub.train.config import TrainConfig, default
 from dspark_hub.train.distributed import peak_memory_bytes
 from dspark_hub.train.draft_step import batch_indices
@@ -284,7 +283,7 @@ class SpeculatorsFinetune:
                  "config": self.config.to_dict()}
         with atomic_file(path, force=True) as handle:
             torch.save(state, handle)
-        with atomic_file(self.state_dir / "latest.json", force=True, mode="w") as handle:
+        with atomic_file(self.state_dir / POINTER_NAME, force=True, mode="w") as handle:
             json.dump({"step": self.step, "file": path.name}, handle)
         rotate_states(self.state_dir, self.config.keep_states, latest=path.name)
         return path
@@ -292,12 +291,10 @@ class SpeculatorsFinetune:
     def load_state(self) -> bool:
         """Continue from the latest state (`latest.json`, else the newest file); False when there is none."""
         assert self.state_dir is not None
-        pointer = self.state_dir / "latest.json"
-        found = state_files(self.state_dir)
-        if not (pointer.is_file() or found):
+        file = resume_file(self.state_dir)
+        if file is None:
             return False
-        file = self.state_dir / load_json_object(pointer)["file"] if pointer.is_file() else found[-1]
-        state = torch.load(file, weights_only=False, map_location="cpu")
+        state = read_state(file, ("model", "optimizer", "scheduler", "step", "tokens", "rng"))
         with torch.no_grad():
             for name, tensor in self.model.named_trainable().items():
                 tensor.copy_(state["model"][name])
