@@ -183,11 +183,8 @@ class SpeculatorsFinetune:
 
         self.config, self.progress = config, progress
         refuse_unsupported(config)
-        out, base = Path(config.out).resolve(), Path(config.base).resolve()
-        if out == base or base in out.parents:
-            raise UsageError(f"{config.out}: is (inside) the base {config.base}, which the run reads; write the "
-                             "trained checkpoint to another folder", param="out")
-        check_writable(Path(config.out), force=config.force)
+        config.refuse_own_inputs()
+        self.out_checked = check_writable(Path(config.out), force=config.force)
         self.base_config = read_base(config.base)
         self.block_size = check_block_size(config, self.base_config, config.base)
         self.objective = library_objective(config)
@@ -198,6 +195,7 @@ class SpeculatorsFinetune:
                                      if detect_format(config.data, param="data") == "rollouts" else None)
         if not teacher:
             raise UsageError("no target; pass `teacher` (its embedding, lm_head and final norm)", param="teacher")
+        config.refuse_own_inputs(teacher)
         self.teacher = teacher
         teacher_config = read_teacher_config(teacher, param="teacher")
         self.view = tap_view(self.base_config, teacher_config, where=str(Path(config.base) / contract.CONFIG_NAME),
@@ -340,7 +338,7 @@ class SpeculatorsFinetune:
 
     def write_output(self) -> None:
         """B's files with the trained weights (`write_weights_like`), the log and the options, atomically."""
-        with atomic_dir(self.config.out, force=self.config.force) as tmp:
+        with atomic_dir(self.config.out, force=self.config.force, checked=self.out_checked) as tmp:
             write_weights_like(self.config.base, tmp, self.trained_bytes())
             self.log.copy_into(tmp)
             trained = replace(self.config, block_size=self.block_size)      # the block size B trains with
