@@ -10,6 +10,7 @@
 - The pointer (`resume_file`): `latest.json` naming an absolute path, `..`, a subfolder, a link, a
   FIFO or anything but `step-NNNNNN.pt` of its own folder is refused; so is `latest.json` as a link
   or a FIFO, and a state-named link when there is no pointer.
+- The training log a resume cuts back: a link, a FIFO or lines that are no log lines are refused.
 - End to end (slow): `finetune --resume` of both trainers on a poisoned state or an escaping pointer,
   and a target whose `.bin` weights are such a pickle, each with a passing twin.
 """
@@ -285,6 +286,41 @@ def test_a_pointer_into_its_own_folder_and_the_newest_state_are_taken(tmp_path, 
     if pointer is not None:
         _point(folder, pointer)
     assert resume_file(folder) == folder / chosen
+
+
+LOGS = {
+    "a link out": lambda log, outside: os.symlink(outside, log),
+    "a FIFO": lambda log, outside: os.mkfifo(log),
+    "a JSON array line": lambda log, outside: log.write_text('{"step": 1}\n[1]\n'),
+    "a line without a step": lambda log, outside: log.write_text('{"loss": 1.0}\n'),
+    "a step that is true": lambda log, outside: log.write_text('{"step": true}\n'),
+    "not JSON": lambda log, outside: log.write_text("step 1\n"),
+}
+
+
+@pytest.mark.parametrize("name", list(LOGS))
+def test_a_resumed_training_log_that_is_not_a_log_of_its_folder_is_refused(tmp_path, name):
+    """The log is cut back to the state's step on resume: never through a link, never from a FIFO."""
+    from dspark_hub.errors import CheckpointFormatError
+    from dspark_hub.train.training_log import LOG_NAME, TrainingLog
+
+    folder = _states(tmp_path)
+    outside = tmp_path / "outside" / "theirs.jsonl"
+    outside.write_text('{"step": 1}\n{"step": 5}\n')
+    LOGS[name](folder / LOG_NAME, outside)
+    with pytest.raises((UsageError, CheckpointFormatError)) as caught:
+        TrainingLog(folder, rank=0).truncate(2)
+    assert "\n" not in str(caught.value) and LOG_NAME in str(caught.value)
+    assert outside.read_text() == '{"step": 1}\n{"step": 5}\n'
+
+
+def test_a_resumed_training_log_is_cut_back_to_the_state(tmp_path):
+    from dspark_hub.train.training_log import LOG_NAME, TrainingLog
+
+    folder = _states(tmp_path)
+    (folder / LOG_NAME).write_text("".join(json.dumps({"step": n}) + "\n" for n in (1, 2, 3)))
+    TrainingLog(folder, rank=0).truncate(2)
+    assert (folder / LOG_NAME).read_text() == '{"step": 1}\n{"step": 2}\n'
 
 
 # ---------------------------------------------------------------- end to end: finetune --resume, a .bin target
