@@ -82,6 +82,12 @@ def _link(link: Path, target: Path) -> Path:
     return link
 
 
+def _file(path: Path) -> Path:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    return path
+
+
 def _hard_link(link: Path, target: Path) -> Path:
     os.link(target, link)
     return link
@@ -186,6 +192,7 @@ FINETUNE_PATHS = {
     "--out is --target": ("--out", lambda ws: ws / "target"),
     "--out is --prompts": ("--out", lambda ws: ws / "prompts.jsonl"),
     "--out links to --base": ("--out", lambda ws: _link(ws / "alias", ws / "ckpt")),
+    "--out holds --engine-python": ("--engine-python", lambda ws: _file(ws / "tuned" / "bin" / "python")),
     "--state-dir is --base": ("--state-dir", lambda ws: ws / "ckpt"),
     "--state-dir is --data": ("--state-dir", lambda ws: ws / "data"),
     "--state-dir inside --target": ("--state-dir", lambda ws: ws / "target" / "states"),

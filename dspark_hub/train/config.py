@@ -116,7 +116,8 @@ class TrainConfig:
             UsageError: naming the two arguments, with or without `force`.
         """
         inputs = [("base", self.base), ("data", self.data), ("teacher", self.teacher or teacher),
-                  ("prompts", self.prompts), ("eval_data", self.eval_data)]
+                  ("prompts", self.prompts), ("eval_data", self.eval_data),
+                  ("engine_python", self.engine_options.python)]
         refuse_own_inputs(self.out, inputs, param="out", folder=True)
         if self.uses_state_dir:
             refuse_own_inputs(self.state_path, inputs, param="state_dir", folder=True)

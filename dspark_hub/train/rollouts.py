@@ -332,7 +332,8 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
              else read_json(draft_config, what="the draft's config.json file", param="draft_config"))
     teacher_config = read_teacher_config(teacher, param="teacher")
     refuse_own_inputs(out, [("teacher", teacher), ("prompts", prompts),
-                            ("draft_config", None if isinstance(draft_config, dict) else draft_config)],
+                            ("draft_config", None if isinstance(draft_config, dict) else draft_config),
+                            ("engine_python", engine_options.python if engine_options else None)],
                       param="out", folder=True)
     # A speculators DSpark's aux ids become our target_layer_ids here (format.taps, through its DraftFormat).
     draft = tap_view(draft, teacher_config, target=str(teacher),
