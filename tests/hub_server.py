@@ -20,6 +20,8 @@ Test hooks:
 - counters: `bytes_served(repo_id, path=None)`, `lfs_puts` (every LFS PUT: repo, oid, size,
   bytes received, ok), `lfs_uploaded_oids(repo_id)`, `requests` (method, path, status);
 - `honour_ranges = False`: resolve GETs answer 200 with the whole file (a server ignoring `Range`);
+- `before_route`: called with (method, path) once a request's body is read, before it is answered
+  (the client waits meanwhile): a test acts at a known point of a client's exchange;
 - faults: `fail_lfs_uploads(count, oids=None)` makes the next matching LFS PUTs fail after
   reading the body (400: not retried by the client, so it gives up at once, like an interrupted
   upload), `fail_commits(count)` refuses the next commits (500, not retried by create_commit).
@@ -54,6 +56,7 @@ import secrets
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -198,6 +201,7 @@ class HubServer:
         self.open_door = False
         self.xet_cas_url: str | None = None
         self.basic_credentials: tuple[str, str] | None = None
+        self.before_route: Callable[[str, str], None] | None = None
         handler = type("BoundHubHandler", (_Handler,), {"hub": self})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
@@ -367,6 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.fault = self.hub.take_fault(method, self.path)
         status = 500
         try:
+            if self.hub.before_route is not None:
+                self.hub.before_route(method, self.path)
             status = self._misbehave() if self.fault is not None else None
             if status is None:
                 status = self._route()

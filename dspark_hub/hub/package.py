@@ -36,7 +36,7 @@ from dspark_hub.format.digests import (
 )
 from dspark_hub.format.remote import resolve_endpoint, validate_repo_id
 from dspark_hub.format.urls import public_url
-from dspark_hub.format.writer import atomic_dir, check_writable
+from dspark_hub.format.writer import Checked, atomic_dir, check_writable, refuse_own_inputs
 from dspark_hub.hub.checksums import manifest_text, sums_text
 
 #: `progress(stage, bytes_done, bytes_total)`; stage is "checksums" then "pieces".
@@ -133,11 +133,9 @@ def _check_revision(revision: str) -> str:
     return revision
 
 
-def _check_out_dir(folder: Path, out_dir: Path, force: bool) -> None:
-    src, dst = folder.resolve(), out_dir.resolve()
-    if dst == src or src in dst.parents or dst in src.parents:
-        raise UsageError(f"{out_dir}: overlaps the checkpoint folder {folder}; write the package elsewhere")
-    check_writable(out_dir, force=force)
+def _check_out_dir(folder: Path, out_dir: Path, force: bool) -> Checked:
+    refuse_own_inputs(out_dir, [("folder", folder)], param="out_dir", folder=True)
+    return check_writable(out_dir, force=force)
 
 
 def _refuse_aliases(folder: Path, manifest: Manifest) -> None:
@@ -212,7 +210,7 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
     _check_revision(revision)
     if not folder.is_dir():
         raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass a checkpoint folder")
-    _check_out_dir(folder, out_dir, force)
+    checked = _check_out_dir(folder, out_dir, force)
     endpoint = public_url(resolve_endpoint(endpoint))   # shared files never carry the endpoint's credentials
     if manifest is None:
         manifest = _hash(folder, progress)
@@ -228,7 +226,7 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
         GITATTRIBUTES_NAME: gitattributes_text(manifest, lfs_patterns(folder)),
         f"{stem}.magnet": magnet + "\n",
     }
-    with atomic_dir(out_dir, force=force) as tmp:
+    with atomic_dir(out_dir, force=force, checked=checked) as tmp:
         for name, text in contents.items():
             (tmp / name).write_text(text, encoding="utf-8")
         torrent.write(tmp / f"{stem}.torrent")
