@@ -59,6 +59,7 @@ from dspark_hub.cards.templating import TEMPLATE, environment, render_strings, s
 from dspark_hub.errors import UsageError
 from dspark_hub.format.checkpoint import CheckpointView
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
+from dspark_hub.format.secrets import redact_tokens
 from dspark_hub.format.writer import atomic_file, check_writable, refuse_own_inputs
 from dspark_hub.schemas import command
 
@@ -121,7 +122,7 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
     card = render_strings({k: v for k, v in meta.items() if k != "front_matter"}, source_environment(), context, "")
     text = environment().get_template(TEMPLATE).render(card=card, front_matter=front_matter,
                                              front_matter_yaml=front_matter_yaml(front_matter), **context)
-    return tidy_markdown(text)
+    return redact_tokens(tidy_markdown(text))   # a card is published: no token, no credentials in a URL
 
 
 def tidy_markdown(text: str) -> str:

@@ -17,7 +17,7 @@ import hashlib
 import importlib.util
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
@@ -28,6 +28,7 @@ from dspark_hub.errors import ChangedMeanwhileError, HubError, UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import FileDigest, FileDigestDict, FileProblem, Manifest, compute_manifest
 from dspark_hub.format.folder import FileStamp, changed_files, list_folder, read_regular, stamp_files
+from dspark_hub.format.hub_http import network_scope
 from dspark_hub.format.remote import (
     HubSource,
     hf_location,
@@ -36,6 +37,7 @@ from dspark_hub.format.remote import (
     resolve_endpoint,
     validate_repo_id,
 )
+from dspark_hub.format.urls import redact_url
 from dspark_hub.progress import Progress
 from dspark_hub.report import FileProblemDict
 from dspark_hub.verify.against_hub import compare_files, local_digests
@@ -115,7 +117,7 @@ class PublishPlan:
         return sum(f.size or 0 for f in self.files if f.lfs)
 
     def to_dict(self) -> PublishPlanDict:
-        return {"repo_id": self.repo_id, "revision": self.revision, "endpoint": self.endpoint,
+        return {"repo_id": self.repo_id, "revision": self.revision, "endpoint": redact_url(self.endpoint),
                 "private": self.private, "tag": self.tag, "commit_message": self.commit_message,
                 "transfer": self.transfer,
                 "files": [{**f.to_dict(), "source": str(self.sources[f.path])} for f in self.files],
@@ -272,23 +274,25 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
     from huggingface_hub import utils as hf_utils
 
     where = hf_location(repo_id, plan.revision)
-    require_token(token, where)
+    with network_scope(plan.endpoint):   # finding the token may take a request (an OIDC exchange in CI)
+        require_token(token, where)
     client_xet = client_has_xet()
     if plan.transfer == "xet" and not client_xet:
         raise UsageError(f"{where}: Xet was asked for, but this huggingface_hub cannot use it ({_NO_CLIENT_XET}); "
                          "install hf-xet and unset HF_HUB_DISABLE_XET, or publish through LFS", param="transfer")
     api = HfApi(endpoint=plan.endpoint, token=token, library_name="dspark-hub", library_version=__version__)
-    quiet = hf_utils.disable_progress_bars() if not show_hub_progress else _nothing()
-    with quiet:
-        repo_url, info, status, choice = _commit(api, plan, manifest, private=private, token=token,
-                                                 client_xet=client_xet, commit_description=commit_description,
-                                                 stamps=stamps)
-    commit_oid = str(info.oid)
-    source = HubSource(repo_id, commit_oid, endpoint=plan.endpoint, token=token)
-    problems = compare_files(Path(folder), manifest.files, source.remote_files(),
-                             location=hf_location(repo_id, commit_oid[:12]))
-    return PublishResult(status=status, plan=plan, repo_url=repo_url, commit_oid=commit_oid,
-                         commit_url=str(info.commit_url), tag=tag, problems=problems, transfer=choice)
+    quiet = hf_utils.disable_progress_bars() if not show_hub_progress else nullcontext()
+    with network_scope(plan.endpoint):   # one budget of waiting for the whole publish
+        with quiet:
+            repo_url, info, status, choice = _commit(api, plan, manifest, private=private, token=token,
+                                                     client_xet=client_xet, commit_description=commit_description,
+                                                     stamps=stamps)
+        commit_oid = str(info.oid)
+        source = HubSource(repo_id, commit_oid, endpoint=plan.endpoint, token=token)
+        problems = compare_files(Path(folder), manifest.files, source.remote_files(),
+                                 location=hf_location(repo_id, commit_oid[:12]))
+    return PublishResult(status=status, plan=plan, repo_url=redact_url(repo_url), commit_oid=commit_oid,
+                         commit_url=redact_url(str(info.commit_url)), tag=tag, problems=problems, transfer=choice)
 
 
 def _commit(api: HfApi, plan: PublishPlan, manifest: Manifest, *, private: bool | None, token: str | bool | None,
@@ -410,8 +414,8 @@ def _xet_errors(where: str, endpoint: str) -> Iterator[None]:
     except Exception as exc:
         text = str(exc)
         if "xet-write-token" in text and "404" in text:
-            raise HubError(f"{where}: the endpoint {endpoint} has no Xet storage (its Xet write-token route "
-                           "answered 404), and the upload went through Xet; publish through LFS instead: "
+            raise HubError(f"{where}: the endpoint {redact_url(endpoint)} has no Xet storage (its Xet write-token "
+                           "route answered 404), and the upload went through Xet; publish through LFS instead: "
                            "`transfer` lfs or auto, or set HF_HUB_DISABLE_XET=1") from exc
         raise
 
@@ -429,11 +433,6 @@ def _no_op_quiet() -> Iterator[None]:
         yield
     finally:
         hub_log.removeFilter(keep)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 # --- the bytes judged, or nothing ------------------------------------------------------------------------
