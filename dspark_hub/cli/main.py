@@ -29,6 +29,8 @@ from dspark_hub.cli._output import show_warning
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "card": ("cards", "card", "Render a model card from computed facts (default), or lint one: 'card lint README.md'."),
     "checksums": ("hub", "checksums", "Write SHA256SUMS and checksums.json for FOLDER (or --check it against them)."),
+    "compare": ("train", "compare_command", "Compare two eval measurements of the same prompts: B - A in acceptance "
+                "length, paired over prompts, with a 95% interval."),
     "convert": ("ops", "convert", "Rewrite a near-miss export in SRC as a contract checkpoint in DST, reporting every "
                 "change."),
     "diff": ("ops", "diff", "Compare checkpoint folders A and B: config keys, roster, and every common tensor's "

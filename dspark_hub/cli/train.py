@@ -1,4 +1,4 @@
-"""Training commands: `rollouts`, `finetune`, `eval`."""
+"""Training commands: `rollouts`, `finetune`, `eval`, `compare`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.data.hidden_state_files import parse_layer_ids
 from dspark_hub.train.data.rollouts import make_rollouts
+from dspark_hub.train.evaluation.compare import compare
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
+from dspark_hub.train.evaluation.sampled_acceptance import DRAFT_SAMPLE_METHODS
+from dspark_hub.train.evaluation.sampled_eval import DEFAULT_SAMPLES, eval_sampling
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.finetuning.config import TRAIN_DTYPES, TrainConfig, default
 from dspark_hub.train.finetuning.threads import apply_threads, choose_threads
@@ -347,23 +350,61 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(evaluate, "batch_size"),
               show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Sample the target at this temperature as vLLM does (0: greedy, the exact counts).")
+@click.option("--top-p", "top_p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+              help="With --temperature: vLLM's top-p (1: off).")
+@click.option("--top-k", "top_k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --temperature: vLLM's top-k (0: off).")
+@click.option("--samples", type=POSITIVE, metavar="N",
+              help=f"With --temperature: sampled paths a prompt [{DEFAULT_SAMPLES}].")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --temperature: the seed of every path's random stream (per prompt and sample).")
+@click.option("--draft-sample-method", "draft_sample_method", type=click.Choice(DRAFT_SAMPLE_METHODS),
+              default="greedy", show_default=True,
+              help="vLLM's draft_sample_method: greedy drafts the argmax at any temperature (vLLM's default); "
+                   "probabilistic samples drafts from softmax(logits / T).")
 @threads_option
 @quiet_option
 @json_option
 def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str | None, reference: str | None,
                  engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
-                 ignore_eos: bool, batch_size: int, plot: Path | None, threads: int | None, quiet: bool,
+                 ignore_eos: bool, batch_size: int, plot: Path | None, temperature: float, top_p: float, top_k: int,
+                 samples: int | None, seed: int, draft_sample_method: str, threads: int | None, quiet: bool,
                  as_json: bool) -> None:
     """Acceptance of a draft with vLLM's definitions: simulated, or measured by vLLM serving it.
 
-    Exit 1 when a vLLM measurement's outputs differ from plain greedy decoding's (not lossless).
+    Greedy by default (exact counts). With --temperature the target samples as vLLM does, each prompt
+    --samples times, and the report gives 95% intervals over prompts and samples and the expected acceptance
+    beside the counts (docs/acceptance.md). Exit 1 when a greedy vLLM measurement's outputs differ from plain
+    greedy decoding's (not lossless).
     """
     quiet_transformers(quiet or as_json)
+    sampling = eval_sampling(temperature, top_k=top_k, top_p=top_p, draft_sample_method=draft_sample_method,
+                             samples=samples, seed=seed)
     choice = use_threads(threads)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
-                          progress=bar)
+                          sampling=sampling, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
     emit(result, as_json=as_json, renderer="render_eval")
+
+
+@command(name="compare")
+@click.argument("a", metavar="A.json")
+@click.argument("b", metavar="B.json")
+@click.option("--fail-if-worse", "fail_if_worse", type=click.FloatRange(min=0), metavar="DELTA",
+              help="Exit 1 when B's acceptance length is below A's by more than DELTA with 95% confidence.")
+@json_option
+def compare_command(a: str, b: str, fail_if_worse: float | None, as_json: bool) -> None:
+    """Compare two eval measurements of the same prompts: B - A in acceptance length, paired over prompts, with a
+    95% interval.
+
+    A and B are 'eval --json' documents of the same prompts, k, decoding and target (two drafts, two revisions,
+    two engines or engine versions). Each prompt's samples are summed, and the difference gets a paired interval
+    over prompts; the expected acceptance is compared when both are simulations, else the counts. Exit 1 only
+    with --fail-if-worse when B is worse by more than DELTA with 95% confidence; 2 when the two cannot be paired.
+    """
+    emit(compare(a, b, fail_if_worse=fail_if_worse), as_json=as_json, renderer="render_compare")

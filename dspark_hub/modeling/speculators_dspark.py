@@ -285,6 +285,29 @@ class SpeculatorsDSpark:
         return logits, (torch.stack(scores) if confidence[0] is not None else None)
 
     @torch.no_grad()
+    def path_logits(self, kv: list[LayerKV], chain: list[int], p: int, k: int) -> torch.Tensor:
+        """`[k, V]` the draft's raw logits for positions `p+1 .. p+k` over the TARGET vocabulary (-inf off a
+        pruned draft vocabulary), its Markov head chained on `chain` = `[x_p, x_{p+1}, ..., x_{p+k-1}]` (the
+        tokens of a path: what a probabilistic drafter's accepted drafts are)."""
+        anchored = self.sample_from_anchor
+        z = self.hidden(self._block(chain[0], k if anchored else 1 + k), p, kv)
+        z = z if anchored else z[1:]
+        base = self.base_logits(z)
+        rows, state = [], None
+        for i in range(k):
+            logits = base[i]
+            if self.markov:
+                bias, _, state = self.markov_step(torch.tensor(chain[i]), z[i], state)
+                logits = logits + bias
+            rows.append(logits)
+        draft_rows = torch.stack(rows)
+        if self.d2t is None:
+            return draft_rows
+        target_ids = torch.arange(draft_rows.shape[-1]) + self.d2t.long()
+        vocab = int(self.embed.shape[0])
+        return torch.full((k, vocab), -torch.inf).index_copy_(1, target_ids, draft_rows)
+
+    @torch.no_grad()
     def propose(self, kv: list[LayerKV], anchor: int, p: int, k: int) -> list[int]:
         """k greedy drafts (target ids) for positions `p+1 .. p+k`, as vLLM's DSpark speculator samples.
 

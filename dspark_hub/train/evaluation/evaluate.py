@@ -15,12 +15,18 @@ the same counts from vLLM's metrics, plus `measured_by` and `lossless`.
 rollouts), choose the drafter for the draft's format (`drafters.drafter_for`), count
 (`acceptance.measure_batched`); with the vllm engine, vLLM serving the draft is the drafter and
 its metrics are the count (`vllm_eval.measure_served`).
+
+With a temperature (`sampling`, `sampled_eval.eval_sampling`) the paths are the target's own samples,
+`samples` a prompt, and the count is vLLM's rejection sampling seen from each path (`sampled_eval`); the
+document then carries 95% intervals over prompts and samples and the expected acceptance beside the
+counts (`EvalResult.intervals`, `expected`). Every document carries its decoding (`sampling`) and its
+units, one record per (prompt, sample), which `compare` pairs (docs/acceptance.md).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,10 +43,20 @@ from dspark_hub.train.evaluation.acceptance import (
     SIMULATION,
     AcceptanceStats,
     Measurement,
+    exact_verify,
     measure_batched,
 )
 from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for
 from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
+from dspark_hub.train.evaluation.sampled_eval import (
+    GREEDY,
+    SAMPLED_SIMULATION,
+    EvalSampling,
+    Unit,
+    count_prompts,
+    sampled_verify,
+)
+from dspark_hub.train.evaluation.units import expected_summary, unit_intervals, unit_records
 from dspark_hub.train.target.dtypes import canonical_dtype
 
 ENGINES = ("simulated", "vllm")
@@ -59,7 +75,8 @@ class EvalResult(Document):
 
     SCHEMA = schemas.command("eval")
     KEYS = ("ok", "engine", "**overall", "definition", "by_dataset=datasets", "baseline=baseline_overall",
-            "harness=shown_harness", "reference=reference_overall", "plot", "measured_by", "lossless")
+            "harness=shown_harness", "reference=reference_overall", "plot", "measured_by", "lossless",
+            "sampling", "intervals", "expected", "units=records")
 
     draft: Measurement
     baseline: Measurement | None
@@ -71,8 +88,29 @@ class EvalResult(Document):
     engine: str = "simulated"
     measured_by: dict[str, Any] | None = None
     lossless: bool | None = None
+    #: How it decoded (greedy, or sampled as vLLM samples), and the (prompt, sample) of each of `draft.units`.
+    sampling: EvalSampling = GREEDY
+    units: list[Unit] = field(default_factory=list)
 
     definition: ClassVar[str] = DEFINITION
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """One record per (prompt, sample): its key, dataset, drafts, accepted and expected per position."""
+        return unit_records(self.units, self.draft.units)
+
+    @property
+    def intervals(self) -> dict[str, Any] | None:
+        """95% intervals of AL and each per-position rate over prompts (and samples), None under 2 prompts."""
+        return unit_intervals(self.units, self.draft.units, expected=False)
+
+    @property
+    def expected(self) -> dict[str, Any] | None:
+        """The expected acceptance along the sampled paths (the low-variance number), labelled; None for a
+        measurement by vLLM (it counts only)."""
+        if self.engine != "simulated":
+            return None
+        return expected_summary(self.units, self.draft.units, self.draft.overall, self.sampling)
 
     @property
     def ok(self) -> bool:
@@ -97,7 +135,10 @@ class EvalResult(Document):
 
     @property
     def baseline_overall(self) -> dict[str, Any] | None:
-        return {"method": BASELINE, **self.baseline.overall.to_dict()} if self.baseline else None
+        if self.baseline is None:
+            return None
+        return {"method": BASELINE, **self.baseline.overall.to_dict(),
+                "expected_acceptance_length": self.baseline.overall.expected_acceptance_length}
 
     @property
     def ratio(self) -> float | None:
@@ -127,7 +168,8 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
              data: str | None = None, reference: str | None = None, block_size: int | None = None,
              max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
              ignore_eos: bool = False, engine: str = "simulated", vllm_python: str | os.PathLike[str] | None = None,
-             dtype: str = "float32", markov: bool = True, progress: Progress | None = None) -> EvalResult:
+             dtype: str = "float32", markov: bool = True, sampling: EvalSampling = GREEDY,
+             progress: Progress | None = None) -> EvalResult:
     """Acceptance of a draft with vLLM's definitions: simulated (next to a prompt-lookup drafter) or measured by vLLM.
 
     Args:
@@ -148,6 +190,8 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         dtype: the vllm engine's dtype (`DTYPES`, or fp32, bf16, fp16); the simulation runs in
             float32, so only a float32 measurement can equal it exactly.
         markov: False drafts without the Markov head (a control; speculators drafts only).
+        sampling: the decoding (`sampled_eval.eval_sampling`): greedy (the default, the counts of today), or
+            a temperature, truncation, drafting method, samples a prompt and seed.
         progress: called per simulated prompt / generated prompt / engine run.
 
     Raises:
@@ -167,7 +211,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         require_matplotlib()   # fail before the long run, not after it
     inputs = open_inputs(draft, target=teacher, prompts=prompts, data=data, reference=reference,
                          block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                         ignore_eos=ignore_eos, vllm_python=vllm_python, progress=progress)
+                         ignore_eos=ignore_eos, vllm_python=vllm_python, sampling=sampling, progress=progress)
     if engine == "simulated":
         outcome = _simulated(inputs, max_new_tokens=max_new_tokens if data is None else None, ignore_eos=ignore_eos,
                              markov=markov, progress=progress)
@@ -175,7 +219,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, dtype=dtype,
                                           progress=progress)
         outcome = EvalResult(served.measurement, None, served.harness, engine="vllm", measured_by=served.measured_by,
-                             lossless=served.lossless)
+                             lossless=served.lossless, sampling=sampling, units=served.units)
     if plot is not None:
         outcome.plot = str(plot_acceptance(outcome, plot))
     return outcome
@@ -188,23 +232,35 @@ def _simulated(inputs: EvalInputs, *, max_new_tokens: int | None, ignore_eos: bo
     """
     import torch  # heavy: only a simulated measurement pays for it
 
-    draft, rollouts, k = inputs.draft, inputs.rollouts, inputs.draft.k
+    draft, rollouts, k, sampling = inputs.draft, inputs.rollouts, inputs.draft.k, inputs.sampling
     assert rollouts is not None    # the simulation's inputs always hold rollouts
-    drafter = drafter_for(draft, inputs.target, markov=markov)
-    reference = None if inputs.reference is None else drafter_for(inputs.reference, inputs.target)
+    lm_head = inputs.target.lm_head().float()
+    rows = sampling.draft_sample_method == "probabilistic"
+    drafter = drafter_for(draft, inputs.target, markov=markov, lm_head=lm_head, rows=rows)
+    reference = (None if inputs.reference is None
+                 else drafter_for(inputs.reference, inputs.target, lm_head=lm_head, rows=rows))
     baseline = baseline_drafter(k)
+    verify = exact_verify if sampling.greedy else sampled_verify(inputs.path_targets, inputs.units, lm_head,
+                                                                 sampling)
     bounds: dict[str, Any] = {} if max_new_tokens is None else {"max_tokens": max_new_tokens,
                                                                   "stop_ids": inputs.stop_ids}
     announce_stage(progress, "eval: draft", len(rollouts))
     with torch.no_grad():
-        result = measure_batched(rollouts, drafter, k, progress, **bounds)
-        ref = None if reference is None else measure_batched(rollouts, reference, k, **bounds)
-        prompt_lookup = measure_batched(rollouts, baseline, k, **bounds)
-    harness = {"definition": DEFINITION, "mode": "simulated", "simulation": SIMULATION, "decoding": "greedy",
-               "temperature": 0.0, "block_size": k, "dtype": "float32", "format": draft.format.name,
-               "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
+        result = measure_batched(rollouts, drafter, k, progress, verify=verify, **bounds)
+        ref = None if reference is None else measure_batched(rollouts, reference, k, verify=verify, **bounds)
+        prompt_lookup = measure_batched(rollouts, baseline, k, verify=verify, **bounds)
+    if not sampling.greedy:
+        for measured in (result, ref, prompt_lookup):
+            if measured is not None:
+                count_prompts(measured, inputs.units)
+    decoding = ({"decoding": "greedy", "temperature": 0.0, "simulation": SIMULATION} if sampling.greedy else
+                {"decoding": "sampled", "temperature": sampling.temperature, "simulation": SAMPLED_SIMULATION,
+                 "sampling": sampling.describe()})
+    harness = {"definition": DEFINITION, "mode": "simulated", **decoding, "block_size": k, "dtype": "float32",
+               "format": draft.format.name, "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
     ref_path = inputs.reference.path if inputs.reference else None
-    return EvalResult(result, prompt_lookup, harness, ref, ref_path, identify(ref_path) if ref_path else None)
+    return EvalResult(result, prompt_lookup, harness, ref, ref_path, identify(ref_path) if ref_path else None,
+                      sampling=sampling, units=inputs.units)
 
 
 def require_matplotlib() -> Any:
