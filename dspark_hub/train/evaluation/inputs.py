@@ -155,12 +155,14 @@ def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str]
 
 def _continue(inputs: EvalInputs, *, max_new_tokens: int, batch_size: int, progress: Progress | None) -> None:
     """The target's float32 continuations of every unit, `max_new_tokens + k` tokens ignoring EOS: greedy, one
-    a prompt, or `samples` sampled paths a prompt."""
+    a prompt, or `samples` sampled paths a prompt (`batch_size` prompts a `generate` call either way)."""
     runner = open_engine("transformers", inputs.target, inputs.draft.taps, EngineOptions(dtype="float32"))
     rows, draws = inputs.prompts, None
     if not inputs.sampling.greedy:
         rows, inputs.units = sampled_prompts(inputs.prompts, inputs.sampling.samples)
         draws = PathDraws(inputs.units, inputs.sampling)
+        # a prompt's samples share its `generate` call: on a CPU a call's time grows little with its rows
+        batch_size *= inputs.sampling.samples
     announce_stage(progress, "eval: teacher continuations", len(rows))
     try:
         made = list(runner.rollouts(rows, mode="generate", max_new_tokens=max_new_tokens + inputs.draft.k,
