@@ -308,12 +308,13 @@ class SpeculatorsDSpark:
         return torch.full((k, vocab), -torch.inf).index_copy_(1, target_ids, draft_rows)
 
     @torch.no_grad()
-    def propose(self, kv: list[LayerKV], anchor: int, p: int, k: int) -> list[int]:
+    def propose(self, kv: list[LayerKV], anchor: int, p: int, k: int, margins: list[float] | None = None) -> list[int]:
         """k greedy drafts (target ids) for positions `p+1 .. p+k`, as vLLM's DSpark speculator samples.
 
         The block has `k` rows with `sample_from_anchor` (every slot sampled, slot i predicting
         `x_{p+i+1}`) and `1 + k` rows without it (slots `1..k` sampled). The Markov head chains on
-        the draft's own tokens: `prev` = the anchor, then each drafted token.
+        the draft's own tokens: `prev` = the anchor, then each drafted token. `margins`, when given, gets
+        each slot's lead of its top logit over the second (how near a tie the argmax was).
         """
         anchored = self.sample_from_anchor
         z = self.hidden(self._block(anchor, k if anchored else 1 + k), p, kv)
@@ -326,6 +327,9 @@ class SpeculatorsDSpark:
             if self.markov:
                 bias, _, state = self.markov_step(torch.tensor(prev), z[i], state)
                 logits = logits + bias
+            if margins is not None:
+                top = torch.topk(logits, 2).values
+                margins.append(float(top[0] - top[1]))
             prev = self.to_target(int(logits.argmax()))
             drafts.append(prev)
         return drafts

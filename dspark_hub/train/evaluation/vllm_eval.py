@@ -107,8 +107,8 @@ def sampling_job(sampling: EvalSampling, units: list[Unit]) -> dict[str, Any] | 
 def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], prompts: list[list[int]],
             groups: list[list[int]], *, k: int, max_tokens: int, stop_token_ids: list[int], python: str | None,
             dtype: str = "float32", interpreter: bool | None = None, cpu_refusal: str | None = None,
-            sampling: dict[str, Any] | None = None, draft_sample_method: str = "greedy"
-            ) -> tuple[EngineRun | None, EngineRun, str]:
+            sampling: dict[str, Any] | None = None, draft_sample_method: str = "greedy",
+            request_metrics: str = "summary") -> tuple[EngineRun | None, EngineRun, str]:
     """The plain greedy run and the speculative run on the same prompts (one engine at a time); with
     `sampling` (`sampling_job`) the speculative run alone.
 
@@ -117,6 +117,7 @@ def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], promp
 
     `cpu_refusal` is why the teacher cannot run on vLLM's CPU attention (its head size), if so: the
     engine process, which knows whether it runs on CPU, refuses with it before vLLM starts.
+    `request_metrics="detailed"` also reports each request's accepted drafts step by step (a parity probe's).
 
     Returns:
         (plain or None, speculative, the interpreter that ran them).
@@ -125,7 +126,8 @@ def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], promp
     job = {"target": str(Path(target).resolve()), "prompts": prompts, "groups": groups, "max_tokens": max_tokens,
            "stop_token_ids": list(stop_token_ids), "dtype": dtype,
            "max_model_len": max(len(p) for p in prompts) + max_tokens + k + 1, "interpreter": False,
-           "speculative_config": None, "cpu_refusal": cpu_refusal, "sampling": sampling}
+           "speculative_config": None, "cpu_refusal": cpu_refusal, "sampling": sampling,
+           "request_metrics": request_metrics}
     plain = None if sampling is not None else run_engine(interpreter_path, job, what="plain greedy")
     spec: dict[str, Any] = {"method": "dspark", "model": str(Path(draft).resolve()), "num_speculative_tokens": k}
     if draft_sample_method != "greedy":

@@ -16,7 +16,8 @@ prompt], "cpu_refusal": null or what a CPU engine refuses, as a `UsageError` abo
 OUT: `{"ok": true, "vllm_version", "untested_version", "version_warning", "torch", "platform", "model_runner",
 "triton_interpret", "speculative_config" (as the engine resolved it), "dtype", "async_scheduling",
 "enable_prefix_caching", "timing_s", "groups": [{"outputs": [[ids]], "metrics": {name: value},
-"histograms": [[steps by accepted drafts] per request] or null}]}`, or the protocol's error reply. Metrics are
+"histograms": [[steps by accepted drafts] per request] or null, "steps": [[accepted drafts of each step] per
+request] with `"request_metrics": "detailed"` in the job, else null}]}`, or the protocol's error reply. Metrics are
 the `vllm:spec_decode_*` counters of `llm.get_metrics()` (`disable_log_stats=False`), taken after each
 group's `generate` and reported as that group's increase; a histogram is a request's own
 (`per_request_spec_decode_metrics="summary"`, `CompletionOutput.spec_decode_metrics`).
@@ -140,7 +141,7 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
     llm = LLM(model=str(target), dtype=job["dtype"], max_model_len=job["max_model_len"],
               max_num_seqs=max(len(group) for group in job["groups"]), enforce_eager=True, seed=0,
               speculative_config=speculative, disable_log_stats=False, skip_tokenizer_init=not has_tokenizer,
-              **({"per_request_spec_decode_metrics": "summary"} if speculative else {}))
+              **({"per_request_spec_decode_metrics": job.get("request_metrics", "summary")} if speculative else {}))
     load_s = time.perf_counter() - started
     common = {"max_tokens": job["max_tokens"], "ignore_eos": True,
               "stop_token_ids": list(job["stop_token_ids"]) or None, "detokenize": False}
@@ -159,7 +160,8 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
         generate_s += time.perf_counter() - started
         after = spec_metrics(llm)
         groups.append({"outputs": [list(out.outputs[0].token_ids) for out in outs], "metrics": _delta(after, before),
-                       "histograms": _histograms(outs) if speculative else None})
+                       "histograms": _histograms(outs) if speculative else None,
+                       "steps": _steps(outs) if job.get("request_metrics") == "detailed" else None})
         before = after
     config = llm.llm_engine.vllm_config
     spec = config.speculative_config
@@ -179,6 +181,11 @@ def _histograms(outs: list[Any]) -> list[list[int]] | None:
     """Each request's histogram of verification steps by accepted drafts, or None where vLLM gave none."""
     found: list[Any] = [getattr(out.outputs[0], "spec_decode_metrics", None) for out in outs]
     return None if None in found else [list(metrics.histogram) for metrics in found]
+
+
+def _steps(outs: list[Any]) -> list[list[int]]:
+    """Each request's accepted drafts, step by step (`per_request_spec_decode_metrics="detailed"`)."""
+    return [list(out.outputs[0].spec_decode_metrics.per_step_accepted) for out in outs]
 
 
 def _platform() -> str:
