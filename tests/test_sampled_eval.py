@@ -248,3 +248,32 @@ def test_units_add_up_to_the_stats_they_came_from():
 def test_the_json_document_round_trips(sampled, tmp_path):
     (tmp_path / "e.json").write_text(json.dumps(sampled))
     assert json.loads((tmp_path / "e.json").read_text())["units"] == sampled["units"]
+
+
+@pytest.mark.parametrize(("args", "what"), [
+    (["--top-p", "0.9"], "top-p"), (["--top-k", "20"], "top-k"),
+    (["--draft-sample-method", "probabilistic"], "probabilistic drafting"),
+    (["--top-k", "20", "--draft-sample-method", "probabilistic"], "top-k and probabilistic drafting")])
+def test_vllm_on_a_cpu_refuses_what_its_kernels_cannot_sample_in_one_line(args, what):
+    """The real engine process, in this interpreter (no CUDA device): it refuses before vLLM would start, since
+    only the engine's interpreter knows it has no GPU."""
+    import sys
+
+    result = CliRunner().invoke(cli, ["eval", "--engine", "vllm", "--vllm-python", sys.executable, "--draft",
+                                      str(DRAFT), "--target", str(TARGET), "--prompts", str(PROMPTS),
+                                      "--temperature", "1", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"Error: --temperature: vLLM 0.32.0's CPU wheel cannot run {what} ")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_vllm_at_a_temperature_alone_is_not_refused_for_sampling():
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this interpreter has vllm: the engine would start")
+    result = CliRunner().invoke(cli, ["eval", "--engine", "vllm", "--vllm-python", sys.executable, "--draft",
+                                      str(DRAFT), "--target", str(TARGET), "--prompts", str(PROMPTS),
+                                      "--temperature", "1"])
+    assert result.exit_code == 2 and "cannot import vllm" in result.output     # it got past the check
