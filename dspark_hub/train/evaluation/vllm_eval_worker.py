@@ -161,7 +161,7 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
         after = spec_metrics(llm)
         groups.append({"outputs": [list(out.outputs[0].token_ids) for out in outs], "metrics": _delta(after, before),
                        "histograms": _histograms(outs) if speculative else None,
-                       "steps": _steps(outs) if job.get("request_metrics") == "detailed" else None})
+                       "steps": _steps(outs) if speculative and job.get("request_metrics") == "detailed" else None})
         before = after
     config = llm.llm_engine.vllm_config
     spec = config.speculative_config
