@@ -200,3 +200,45 @@ def test_a_negative_delta_is_a_usage_error(tmp_path):
     assert CliRunner().invoke(cli, ["compare", str(a), str(a), "--fail-if-worse", "-0.1"]).exit_code == 2
     with pytest.raises(UsageError, match="fail_if_worse"):
         compare(a, a, fail_if_worse=math.nan)
+
+
+# -- real drafts ------------------------------------------------------------------------------------------------
+
+SPECDEC = Path(__file__).parent / "fixtures" / "specdec"
+
+
+def zeroed_markov(folder: Path) -> Path:
+    """The fixtures' speculators draft with its Markov head zeroed (every other tensor as trained)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(SPECDEC / "dspark", folder)
+    tensors = load_file(folder / "model.safetensors")
+    zeroed = [name for name in tensors if name.startswith("markov_head.")]
+    assert zeroed, "the fixture draft has no Markov head"
+    save_file({name: t.zero_() if name in zeroed else t for name, t in tensors.items()}, folder / "model.safetensors")
+    return folder
+
+
+def sampled_eval(tmp_path: Path, name: str, draft: Path, seed: int) -> Path:
+    """`eval --json` of a draft on the fixtures at T = 0.1, 16 samples a prompt (where this tiny target still
+    accepts past the first position: at T = 1 it accepts almost nothing, with or without the head)."""
+    result = CliRunner().invoke(cli, ["eval", "--draft", str(draft), "--target", str(SPECDEC / "target"),
+                                      "--prompts", str(SPECDEC / "prompts.jsonl"), "--max-new-tokens", "16",
+                                      "--temperature", "0.1", "--samples", "16", "--seed", str(seed), "--json"])
+    assert result.exit_code == 0, result.output
+    return write(tmp_path, f"{name}.json", json.loads(result.stdout))
+
+
+@pytest.mark.slow
+def test_a_draft_with_its_markov_head_zeroed_fails_the_gate_and_the_draft_against_itself_does_not(tmp_path):
+    """Same seed, same sampled paths: B - A is the draft's own change. Measured (seeds 0 to 3, zeroed - trained):
+    -0.045, -0.041, -0.039, -0.050, each interval's upper end below 0; the trained draft under seed 1 against seed
+    0: [-0.013, 0.031] (and [-0.025, 0.019], [-0.034, 0.053] for seeds 1-2 and 2-3)."""
+    trained = sampled_eval(tmp_path, "trained", SPECDEC / "dspark", seed=0)
+    zeroed = sampled_eval(tmp_path, "zeroed", zeroed_markov(tmp_path / "zeroed"), seed=0)
+    reseeded = sampled_eval(tmp_path, "reseeded", SPECDEC / "dspark", seed=1)
+    gate = CliRunner().invoke(cli, ["compare", str(trained), str(zeroed), "--fail-if-worse", "0"])
+    assert gate.exit_code == 1, gate.output
+    assert CliRunner().invoke(cli, ["compare", str(trained), str(reseeded), "--fail-if-worse", "0"]).exit_code == 0
