@@ -48,7 +48,7 @@ def main() -> None:
 
     def run(name, sampling):  # type: ignore[no-untyped-def]
         def measure() -> dict:
-            doc = evaluate(args.draft, teacher=str(args.target), prompts=str(args.prompts),
+            doc = evaluate(args.draft, target=str(args.target), prompts=str(args.prompts),
                            max_new_tokens=args.max_new_tokens, sampling=sampling).to_dict()
             print(f"  {sampling.describe()}: AL {doc['acceptance_length']:.4f} over {doc['drafts']} drafts"
                   + (f", interval +-{doc['intervals']['half_width']:.4f}" if doc["intervals"] else ""), flush=True)

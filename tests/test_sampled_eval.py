@@ -43,7 +43,7 @@ T = 0.3
 
 
 def run_eval(**options):
-    return evaluate(DRAFT, teacher=str(TARGET), prompts=str(PROMPTS), max_new_tokens=6, **options).to_dict()
+    return evaluate(DRAFT, target=str(TARGET), prompts=str(PROMPTS), max_new_tokens=6, **options).to_dict()
 
 
 def summed(units: list[dict], key: str) -> list[float]:
