@@ -29,7 +29,7 @@ Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 SCHEMA = schemas.command("verify")
 #: Section names a report may carry; each is always present in JSON (null when not run).
-SECTIONS = ("roster", "deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub")
+SECTIONS = ("roster", "deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub", "probe")
 
 
 # ----------------------------------------------------------------------------- the sections' shapes
@@ -339,6 +339,7 @@ class Sections(TypedDict, total=False):
     runtimes: dict[str, RuntimeEntry]
     pairing: PairingSection
     against_hub: AgainstHubSection
+    probe: dict[str, object]        # `verify --probe`: the probe's document (`train.evaluation.probe.ProbeResult`)
 
 
 class FindingDict(TypedDict):

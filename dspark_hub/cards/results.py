@@ -117,6 +117,28 @@ class TrainingRun:
         return "; ".join(parts) + "."
 
 
+@dataclass(frozen=True)
+class ProbeRow:
+    """One convention as `dspark-hub probe` judged it, as a card shows it."""
+
+    convention: str
+    declared: str
+    verdict: str                    # "as declared", the value the weights follow, or "cannot tell"
+    statistic: str                  # the paired difference of the named (or closest) value, with its error
+
+
+@dataclass
+class ProbeCheck:
+    """The conventions checked by behaviour (`dspark-hub probe --json`), for the results section."""
+
+    rows: list[ProbeRow]
+    anchors: int
+    paths: int
+    target: str
+    rule: str
+    above_untrained: bool
+
+
 @dataclass
 class Results:
     """Everything the results section renders; every part is optional."""
@@ -127,6 +149,7 @@ class Results:
     by_dataset: AcceptanceTable | None = None
     long_context: AcceptanceTable | None = None
     training: TrainingRun | None = None
+    probe: ProbeCheck | None = None
 
     @property
     def best_step(self) -> int | None:
@@ -317,6 +340,41 @@ def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | Non
     long_harness = harness_pairs(long_block, doc, defaults)
     return Results(by_dataset=_by_dataset(doc, p.name, harness, acceptance_label(doc, defaults)),
                    long_context=_long_context(doc, p.name, long_harness, acceptance_label(long_block, doc, defaults)))
+
+
+PROBE_SCHEMA = "dspark-hub/probe/1"
+
+
+def load_probe(path: str | os.PathLike[str]) -> ProbeCheck:
+    """Read `dspark-hub probe --json` output into the card's conventions table (the target by its Hub id or
+    digests, never its path).
+
+    Raises:
+        UsageError: the file is missing, not JSON, or not a probe document.
+    """
+    p = Path(path)
+    doc = _read_json(p)
+    if not isinstance(doc, Mapping) or doc.get("schema") != PROBE_SCHEMA or not isinstance(doc.get("conventions"),
+                                                                                         list):
+        raise UsageError(f"{p}: not a probe document (schema {PROBE_SCHEMA}); pass 'dspark-hub probe --json' output")
+    rows = []
+    for entry in doc["conventions"]:
+        shown = {"other": entry.get("follows")}.get(entry.get("verdict"), entry.get("verdict"))
+        named = [c for c in entry.get("candidates", []) if c.get("difference") is not None]
+        chosen = next((c for c in named if c.get("value") == entry.get("follows")), None) or \
+            max(named, key=lambda c: c.get("z") if isinstance(c.get("z"), (int, float)) else float("-inf"),
+                default=None)
+        statistic = "-" if chosen is None else (f"{_text(chosen.get('value'))}: {chosen['difference']:+.5f} "
+                                                f"± {chosen.get('standard_error') or 0:.5f}")
+        rows.append(ProbeRow(_text(entry.get("title")), _text(entry.get("declared")), _text(shown), statistic))
+    decision: Mapping[str, Any] = doc["decision"] if isinstance(doc.get("decision"), Mapping) else {}
+    untrained: Mapping[str, Any] = doc["untrained"] if isinstance(doc.get("untrained"), Mapping) else {}
+    rule = (f"a value is named when its paired difference in expected accepted drafts per anchor clears "
+            f"{decision.get('z', 4):g} standard errors and {decision.get('material', 0.01):.0%} of the draft's gain "
+            "over its untrained level")
+    return ProbeCheck(rows, int(doc.get("anchors") or 0), int(doc.get("paths") or 0),
+                      public_text("teacher", doc.get("target_identity") or doc.get("target")), rule,
+                      bool(untrained.get("above")))
 
 
 def _number(value: Any) -> float | None:
