@@ -242,10 +242,11 @@ def untrained(weights: dict) -> None:
 #: AL 1.29 measured by vLLM on these prompts) and mistakes made to it as a user would, with what the probe must say.
 #: Conventions left out of a row are "cannot tell" on this draft: it barely reads its context (taps one layer
 #: off: z -1.7), and its slot 1 does not depend on the block's length (k = 2, 3: z -1.3, -1.6).
+WITH_HEAD = ("as declared", "with: the body relies on it")
 SPECDEC_MATRIX = {
-    "trained": ({}, {"slot_layout": ("as declared", "true"), "markov": ("as declared", "with: the body relies on it")}),
+    "trained": ({}, {"slot_layout": ("as declared", "true"), "markov": WITH_HEAD}),
     "slot layout flipped": ({"config": lambda c: c.update(sample_from_anchor=False)},
-                            {"slot_layout": ("other", "true")}),
+                            {"slot_layout": ("other", "true"), "markov": WITH_HEAD}),
     "Markov output zeroed": ({"tensors": lambda w: w["markov_head.markov_w2.weight"].zero_()},
                              {"slot_layout": ("as declared", "true"), "markov": ("other", "without: the body alone")}),
     "untrained": ({"tensors": untrained}, {}),

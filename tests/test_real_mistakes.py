@@ -51,7 +51,7 @@ APPLICABLE = {"k3_dspark": ("taps_shifted", "final_norm_on_last_tap", "markov_dr
               "speculators": ("taps_shifted", "slot_layout_flipped", "final_norm_on_last_tap", "d2t_absolute",
                               "markov_dropped")}
 #: What a CI-sized draft cannot tell apart: it barely reads its context yet. Paired z on the CI-sized drafts
-#: (`tests/real_drafts.FINETUNE`), finetune seeds 0, 1, 2 (2026-12-01): k3_dspark taps -1.8, -0.1, -5.8 and
+#: (`bench/real_recipe.py`'s `CI_FINETUNE`), finetune seeds 0, 1, 2 (2026-12-01): k3_dspark taps -1.8, -0.1, -5.8 and
 #: final norm -2.6, +3.9, +4.0; speculators taps -1.8, +0.4, -2.9 and final norm -2.2, +0.7, -1.5. The ones
 #: asserted: k3_dspark Markov +6.9, +7.3, +7.4; speculators slot layout +5.7, +6.4, +5.4, d2t +8.4, +8.8, +8.2,
 #: Markov +5.6, +6.1, +5.9 (so `MARGIN_Z` 4 leaves 1.4 standard errors). For these two the test asserts that

@@ -28,8 +28,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dspark_hub.documents import Document
 from dspark_hub.progress import Progress
 
 if TYPE_CHECKING:
@@ -50,8 +51,11 @@ BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K 
 
 
 @dataclass
-class AcceptanceStats:
+class AcceptanceStats(Document):
     """Counts of one decoding run, in vLLM's terms; merge runs by adding."""
+
+    KEYS = ("acceptance_length", "per_position", "accepted_per_position", "drafts", "draft_tokens", "accepted", "k",
+            "prompts", "tokens")
 
     k: int
     drafts: int = 0
@@ -88,11 +92,10 @@ class AcceptanceStats:
     def per_position(self) -> list[float]:
         return [a / self.drafts if self.drafts else float("nan") for a in self.accepted_per_position]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"acceptance_length": self.acceptance_length, "per_position": self.per_position,
-                "accepted_per_position": list(self.accepted_per_position), "drafts": self.drafts,
-                "draft_tokens": self.drafts * self.k, "accepted": self.accepted, "k": self.k,
-                "prompts": self.prompts, "tokens": self.tokens}
+    @property
+    def draft_tokens(self) -> int:
+        """Tokens drafted: `k` a draft."""
+        return self.drafts * self.k
 
 
 def longest_prefix(draft: list[int], truth: list[int]) -> int:
@@ -159,14 +162,18 @@ def simulate(rollout: Rollout, propose: Callable[[int], list[int]], k: int, *, m
 
 
 @dataclass
-class Measurement:
+class Measurement(Document):
     """Acceptance over a set of rollouts, overall and per dataset label."""
+
+    KEYS = ("**overall", "by_dataset=datasets")
 
     overall: AcceptanceStats
     by_dataset: dict[str, AcceptanceStats]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.overall.to_dict(), "by_dataset": {k: v.to_dict() for k, v in sorted(self.by_dataset.items())}}
+    @property
+    def datasets(self) -> dict[str, AcceptanceStats]:
+        """`by_dataset`, its labels sorted."""
+        return dict(sorted(self.by_dataset.items()))
 
 
 def measure_batched(rollouts: Iterable[Rollout], make_batch_proposer: Callable[[list[Rollout]], ProposeMany], k: int,

@@ -22,14 +22,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from dspark_hub import schemas
+from dspark_hub._compat import renamed_keywords
+from dspark_hub.documents import Document
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.provenance import describe, identify
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train.evaluation import vllm_eval
-from dspark_hub.train.evaluation.acceptance import BASELINE, DEFINITION, SIMULATION, Measurement, measure_batched
+from dspark_hub.train.evaluation.acceptance import (
+    BASELINE,
+    DEFINITION,
+    SIMULATION,
+    AcceptanceStats,
+    Measurement,
+    measure_batched,
+)
 from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for
 from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
 from dspark_hub.train.target.dtypes import canonical_dtype
@@ -40,13 +49,17 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
-class EvalResult:
-    """What `dspark-hub eval` reports (`to_dict` is the `--json` document).
+class EvalResult(Document):
+    """What `dspark-hub eval` reports; its document is the `--json` output.
 
     `engine` is `simulated` or `vllm`; a vLLM measurement carries `measured_by` (the vLLM version,
     the exact speculative config, runner, interpreter, dtype) and `lossless` (its outputs equal
     plain greedy decoding's). A simulated one has neither (`null`).
     """
+
+    SCHEMA = schemas.command("eval")
+    KEYS = ("ok", "engine", "**overall", "definition", "by_dataset=datasets", "baseline=baseline_overall",
+            "harness=shown_harness", "reference=reference_overall", "plot", "measured_by", "lossless")
 
     draft: Measurement
     baseline: Measurement | None
@@ -59,39 +72,59 @@ class EvalResult:
     measured_by: dict[str, Any] | None = None
     lossless: bool | None = None
 
+    definition: ClassVar[str] = DEFINITION
+
     @property
     def ok(self) -> bool:
         """False only for a vLLM measurement whose outputs differ from plain greedy decoding's."""
         return self.lossless is not False
 
-    def to_dict(self) -> dict[str, Any]:
-        overall = self.draft.overall
-        by_dataset = {}
-        for name, stats in sorted(self.draft.by_dataset.items()):
+    @property
+    def overall(self) -> AcceptanceStats:
+        return self.draft.overall
+
+    @property
+    def datasets(self) -> dict[str, dict[str, Any]]:
+        """Per dataset label (sorted): the draft's counts, the baseline's and the reference's beside them."""
+        out = {}
+        for name, stats in self.draft.datasets.items():
             entry = stats.to_dict()
             entry["baseline"] = self.baseline.by_dataset[name].to_dict() if self.baseline else None
             if self.reference is not None:
                 entry["reference"] = self.reference.by_dataset[name].to_dict()
-            by_dataset[name] = entry
-        out = {"schema": schemas.command("eval"), "ok": self.ok, "engine": self.engine, **overall.to_dict(),
-               "definition": DEFINITION, "by_dataset": by_dataset,
-               "baseline": {"method": BASELINE, **self.baseline.overall.to_dict()} if self.baseline else None,
-               "harness": self.harness, "reference": None, "plot": self.plot, "measured_by": self.measured_by,
-               "lossless": self.lossless}
-        if self.reference is not None:
-            ref = self.reference.overall
-            ratio = overall.acceptance_length / ref.acceptance_length
-            out["reference"] = {"path": self.reference_path, "identity": self.reference_identity, **ref.to_dict(),
-                                "ratio": ratio}
-            # The card renders harness values as text: the reference by its Hub id or digests, never its path.
-            named = describe(self.reference_identity) or "a local draft"
-            out["harness"] = {**self.harness, "reference": f"{named} (acceptance length "
-                              f"{ref.acceptance_length:.4f}; ratio {ratio:.4f})"}
+            out[name] = entry
         return out
 
+    @property
+    def baseline_overall(self) -> dict[str, Any] | None:
+        return {"method": BASELINE, **self.baseline.overall.to_dict()} if self.baseline else None
+
+    @property
+    def ratio(self) -> float | None:
+        """The draft's acceptance length over the reference's."""
+        if self.reference is None:
+            return None
+        return self.draft.overall.acceptance_length / self.reference.overall.acceptance_length
+
+    @property
+    def reference_overall(self) -> dict[str, Any] | None:
+        if self.reference is None:
+            return None
+        return {"path": self.reference_path, "identity": self.reference_identity, **self.reference.overall.to_dict(),
+                "ratio": self.ratio}
+
+    @property
+    def shown_harness(self) -> dict[str, Any]:
+        """The harness; with a reference, the card's text for it: its Hub id or digests, never its path."""
+        if self.reference is None:
+            return self.harness
+        named = describe(self.reference_identity) or "a local draft"
+        return {**self.harness, "reference": f"{named} (acceptance length "
+                f"{self.reference.overall.acceptance_length:.4f}; ratio {self.ratio:.4f})"}
 
 
-def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, prompts: str | None = None,
+@renamed_keywords(teacher="target")
+def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompts: str | None = None,
              data: str | None = None, reference: str | None = None, block_size: int | None = None,
              max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
              ignore_eos: bool = False, engine: str = "simulated", vllm_python: str | os.PathLike[str] | None = None,
@@ -100,7 +133,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
 
     Args:
         draft: a k3_dspark or speculators DSpark checkpoint folder.
-        teacher: local target folder; with `data`, defaults to the manifest's target.
+        target: local target folder; with `data`, defaults to the manifest's target.
         prompts: prompts JSONL (continued greedily by the target).
         data: a rollouts folder instead of `prompts` (simulated only; bfloat16 taps, and no tokens past
             its end, so the last step of each sequence can only undercount).
@@ -131,7 +164,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
     if plot is not None:
         require_matplotlib()   # fail before the long run, not after it
-    inputs = open_inputs(draft, target=teacher, prompts=prompts, data=data, reference=reference,
+    inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
                          block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
                          ignore_eos=ignore_eos, vllm_python=vllm_python, progress=progress)
     if engine == "simulated":

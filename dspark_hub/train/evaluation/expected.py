@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from dspark_hub.documents import Document
 from dspark_hub.format.registry import K3, SPECULATORS
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def expected_accepted(q: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Paired:
+class Paired(Document):
     """`b - a` per anchor, over the same anchors of the same paths: its mean and standard error.
 
     The standard error treats runs of `RUN` consecutive anchors of a path as the independent units (batch
@@ -107,6 +108,7 @@ class Paired:
     and the spread of single anchors would understate the error.
     """
 
+    KEYS = ("difference=mean", "standard_error", "z=finite_z", "units")
     mean: float
     standard_error: float
     units: int
@@ -123,13 +125,10 @@ class Paired:
     def identical(self) -> bool:
         return self.mean == 0 and self.standard_error == 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"difference": self.mean, "standard_error": self.standard_error, "z": _finite(self.z),
-                "units": self.units}
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+    @property
+    def finite_z(self) -> float | None:
+        """`z` where it is finite (JSON has no infinity)."""
+        return self.z if math.isfinite(self.z) else None
 
 
 def paired(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], run: int = RUN) -> Paired:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.taps import text_config
@@ -101,23 +102,27 @@ class Convention:
 
 
 @dataclass(frozen=True)
-class Score:
+class Score(Document):
     """A candidate's mean expected accepted drafts per anchor, and its paired difference from the declared value."""
 
+    KEYS = ("value", "expected_accepted", "**comparison")
     value: str
     expected_accepted: float
     paired: Paired | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        difference = {"difference": None, "standard_error": None, "z": None, "units": None} if self.paired is None \
-            else self.paired.to_dict()
-        return {"value": self.value, "expected_accepted": self.expected_accepted, **difference}
+    @property
+    def comparison(self) -> dict[str, Any]:
+        """The paired difference's keys (`expected.Paired`), null for the declared value itself."""
+        if self.paired is None:
+            return {"difference": None, "standard_error": None, "z": None, "units": None}
+        return self.paired.to_dict()
 
 
 @dataclass(frozen=True)
-class ConventionVerdict:
+class ConventionVerdict(Document):
     """What the probe says about one convention."""
 
+    KEYS = ("key", "title", "declared", "verdict", "follows", "reason", "fix", "candidates=scores")
     key: str
     title: str
     declared: str
@@ -127,16 +132,12 @@ class ConventionVerdict:
     fix: str | None
     scores: tuple[Score, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "title": self.title, "declared": self.declared, "verdict": self.verdict,
-                "follows": self.follows, "reason": self.reason, "fix": self.fix,
-                "candidates": [s.to_dict() for s in self.scores]}
-
 
 @dataclass(frozen=True)
-class UntrainedLevel:
+class UntrainedLevel(Document):
     """The draft's best reading against the same draft with `init`'s random weights, on the same anchors."""
 
+    KEYS = ("level", "best", "best_expected_accepted=best_value", "ratio", "**paired", "above=trained", "rule")
     level: float                    # U: the untrained draft's expected accepted drafts per anchor
     best: str                       # the reading that reached furthest above it
     best_value: float
@@ -147,18 +148,20 @@ class UntrainedLevel:
     def ratio(self) -> float | None:
         return self.best_value / self.level if self.level > 0 else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"level": self.level, "best": self.best, "best_expected_accepted": self.best_value,
-                "ratio": self.ratio, **self.paired.to_dict(), "above": self.trained,
-                "rule": f"above when a reading reaches {UNTRAINED_RATIO:g} x the level with a paired difference of "
-                        f"{Z:g} standard errors"}
+    @property
+    def rule(self) -> str:
+        return f"above when a reading reaches {UNTRAINED_RATIO:g} x the level with a paired difference of {Z:g} " \
+               "standard errors"
 
 
 @dataclass
-class ProbeResult:
+class ProbeResult(Document):
     """What `dspark-hub probe` reports (`to_dict` is the `--json` document); `ok` is False when the weights follow
     a value the config contradicts."""
 
+    SCHEMA = schemas.command("probe")
+    KEYS = ("ok", "draft", "format", "target", "k", "data", "paths", "anchors", "untrained", "per_position",
+            "conventions", "target_identity", "decision", "settings", "seconds=rounded_seconds")
     draft: str
     format: str
     target: str
@@ -181,14 +184,14 @@ class ProbeResult:
     def contradictions(self) -> list[ConventionVerdict]:
         return [c for c in self.conventions if c.verdict == "other"]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("probe"), "ok": self.ok, "draft": self.draft, "format": self.format,
-                "target": self.target, "k": self.k, "data": self.data, "paths": self.paths, "anchors": self.anchors,
-                "untrained": self.untrained.to_dict(), "per_position": self.per_position,
-                "conventions": [c.to_dict() for c in self.conventions],
-                "target_identity": self.target_identity,
-                "decision": {"z": Z, "material": MATERIAL, "untrained_ratio": UNTRAINED_RATIO, "measure": MEASURE},
-                "settings": self.settings, "seconds": round(self.seconds, 1)}
+    @property
+    def decision(self) -> dict[str, Any]:
+        """The decision rule's constants and the measure (module docstring)."""
+        return {"z": Z, "material": MATERIAL, "untrained_ratio": UNTRAINED_RATIO, "measure": MEASURE}
+
+    @property
+    def rounded_seconds(self) -> float:
+        return round(self.seconds, 1)
 
 
 MEASURE = ("expected accepted drafts per anchor, teacher-forced on the target's greedy paths (sum over slots of "
@@ -471,15 +474,15 @@ def probe(draft: str | os.PathLike[str], *, target: str | os.PathLike[str] | Non
 
 def _target(target: str | os.PathLike[str] | None, data: str | os.PathLike[str] | None) -> Target:
     if target is not None:
-        return Target.open(target, param="teacher")
+        return Target.open(target, param="target")
     if data is None:
-        raise UsageError("needs `teacher`", param="teacher")
+        raise UsageError("needs `target`", param="target")
     from dspark_hub.train.data.rollouts import RolloutData
 
-    folder = RolloutData(data, param="data").teacher_path
+    folder = RolloutData(data, param="data").target_path
     if folder is None:
-        raise UsageError(f"{data}: the manifest names no target; pass `teacher`", param="teacher")
-    return Target.open(folder, param="teacher")
+        raise UsageError(f"{data}: the manifest names no target; pass `target`", param="target")
+    return Target.open(folder, param="target")
 
 
 def _expected(slots: list[torch.Tensor], positions: int | None) -> list[torch.Tensor]:

@@ -8,10 +8,12 @@ defaults are typed once, here), and `--help` must not import torch. Dtypes in ei
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dspark_hub._compat import renamed_keywords
 from dspark_hub.format.provenance import TRAINING_ARGS_PATHS, public_args
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.target.dtypes import canonical_dtype
@@ -48,7 +50,7 @@ class TrainConfig:
     keep_states: int = 2
     resume: bool = False
     state_dir: str | None = None
-    teacher: str | None = None     # the target (its lm_head; its rollouts on-policy); `--target` on the command line
+    target: str | None = None     # the target (its lm_head; its rollouts on-policy); `--target` on the command line
     on_policy: bool = False
     rounds: int = 1
     prompts: str | None = None
@@ -66,13 +68,22 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.dtype = canonical_dtype(self.dtype, TRAIN_DTYPES)
 
+    def __getattr__(self, name: str) -> Any:
+        """`config.teacher`, the 0.2 name of `target`, with a DeprecationWarning (until 0.4)."""
+        if name == "teacher":
+            warnings.warn("TrainConfig.teacher is .target since 0.3; the old name goes in 0.4", DeprecationWarning,
+                          stacklevel=2)
+            return self.target
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def bf16(self) -> bool:
         """The forward runs under bf16 autocast (over fp32 master weights)."""
         return self.dtype == "bfloat16"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The options; `target` under its JSON key `teacher` (training_args.json keeps the key readers know)."""
+        return {("teacher" if key == "target" else key): value for key, value in asdict(self).items()}
 
     def public_dict(self) -> dict[str, Any]:
         """`to_dict()` as published in `training_args.json`: Hub ids or digests instead of local paths."""
@@ -88,6 +99,11 @@ class TrainConfig:
         their rollouts there."""
         return bool(self.save_every or self.resume or self.state_dir or self.on_policy)
 
+
+
+# `TrainConfig(teacher=...)`, the 0.2 keyword of `target`: accepted with a DeprecationWarning until 0.4 (outside
+# the fields, so `dataclasses.replace` and `asdict` never see it).
+TrainConfig.__init__ = renamed_keywords(teacher="target")(TrainConfig.__init__)  # type: ignore[method-assign]
 
 def default(name: str) -> Any:
     """`TrainConfig`'s default for the field `name` (a factory's value is made; `loss` as its JSON text)."""

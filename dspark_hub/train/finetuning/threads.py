@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError
 
 
 @dataclass(frozen=True)
-class ThreadChoice:
+class ThreadChoice(Document):
     """The thread count and where it came from."""
 
     threads: int
@@ -37,9 +37,6 @@ class ThreadChoice:
         if self.load is None:
             return f"{self.cores} cores, load average unknown"
         return f"{self.cores} cores at load average {self.load:.1f}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"threads": self.threads, "cores": self.cores, "load": self.load, "source": self.source}
 
 
 def usable_cores() -> int:
