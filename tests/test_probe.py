@@ -265,6 +265,7 @@ def specdec_probes(tmp_path_factory):
             for name, (change, _) in SPECDEC_MATRIX.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SPECDEC_MATRIX))
 def test_the_probe_names_the_library_drafts_conventions(specdec_probes, name):
     result = specdec_probes[name]
@@ -277,6 +278,7 @@ def test_the_probe_names_the_library_drafts_conventions(specdec_probes, name):
     assert result.ok == (name in ("trained", "untrained"))
 
 
+@pytest.mark.slow
 def test_an_untrained_draft_gets_cannot_tell_even_where_readings_differ(specdec_probes):
     """Its flipped slot layout scores lower by many standard errors: a difference between two random functions,
     which the untrained level keeps from becoming a verdict."""
@@ -284,3 +286,93 @@ def test_an_untrained_draft_gets_cannot_tell_even_where_readings_differ(specdec_
     layout = next(c for c in result.conventions if c.key == "slot_layout")
     assert layout.verdict == "cannot tell" and "untrained level" in layout.reason
     assert abs(next(s.paired.z for s in layout.scores if s.paired is not None)) > probe_module.Z
+
+
+# ----------------------------------------------------------------------------- the gate and the card
+
+
+@pytest.mark.slow
+def test_the_gate_turns_a_contradiction_into_an_error_with_its_fix(specdec_probes):
+    """`verify --probe`'s findings: an error per contradicted convention, with the key to set; notes otherwise."""
+    flipped = probe_module.findings(specdec_probes["slot layout flipped"])
+    assert [(f.code, f.hint) for f in flipped if f.severity == "error"] == [
+        ("PROBE_SLOT_LAYOUT", "set sample_from_anchor to true")]
+    assert {f.severity for f in probe_module.findings(specdec_probes["trained"])} == {"info"}
+    assert {f.code for f in probe_module.findings(specdec_probes["untrained"])} == {probe_module.UNDETERMINED}
+
+
+def _probe_args(*extra: str) -> list[str]:
+    return ["--target", str(SPECDEC / "target"), "--probe-prompts", str(SPECDEC / "prompts.jsonl"), *extra]
+
+
+@pytest.mark.slow
+def test_verify_probe_fails_an_inert_markov_head_and_passes_the_trained_draft(tmp_path):
+    """The zeroed head is named exactly (no statistics), so the default 48 anchors a prompt decide it."""
+    from click.testing import CliRunner
+
+    from dspark_hub.cli.main import cli
+
+    zeroed = write_mutant(tmp_path, "zeroed", tensors=lambda w: w["markov_head.markov_w2.weight"].zero_())
+    bad = CliRunner().invoke(cli, ["verify", str(zeroed), "--probe", *_probe_args("--json")])
+    assert bad.exit_code == 1, bad.output
+    doc = json.loads(bad.stdout)
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert [f["code"] for f in errors] == ["PROBE_MARKOV"] and "export the trained Markov head" in errors[0]["hint"]
+    assert doc["sections"]["probe"]["schema"] == "dspark-hub/probe/1" and not doc["sections"]["probe"]["ok"]
+    trained = write_mutant(tmp_path, "trained")
+    good = CliRunner().invoke(cli, ["verify", str(trained), "--probe", *_probe_args("--json")])
+    assert good.exit_code == 0, good.output
+    assert json.loads(good.stdout)["sections"]["probe"]["ok"]
+
+
+def test_verify_probe_needs_a_target_and_probe_prompts_needs_probe(tmp_path):
+    from click.testing import CliRunner
+
+    from dspark_hub.cli.main import cli
+
+    draft = str(SPECDEC / "dspark")
+    for args in (["verify", draft, "--probe"], ["verify", draft, *_probe_args()],
+                 ["publish", draft, "org/name", "--probe-prompts", str(SPECDEC / "prompts.jsonl"), "--dry-run"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2 and "probe" in result.output and "Traceback" not in result.output, args
+
+
+@pytest.mark.slow
+def test_publish_probe_refuses_a_contradicted_draft_before_anything_is_sent(tmp_path):
+    """The twin is the same folder without --probe: refused only for its missing card, never for the probe."""
+    from click.testing import CliRunner
+
+    from dspark_hub.cli.main import cli
+
+    zeroed = write_mutant(tmp_path, "zeroed", tensors=lambda w: w["markov_head.markov_w2.weight"].zero_())
+    probed = CliRunner().invoke(cli, ["publish", str(zeroed), "org/name", "--dry-run", "--json", "--probe",
+                                      str(SPECDEC / "target"), "--probe-prompts", str(SPECDEC / "prompts.jsonl")])
+    plain = CliRunner().invoke(cli, ["publish", str(zeroed), "org/name", "--dry-run", "--json"])
+    refusals = json.loads(probed.stdout)["gate"]["refusals"]
+    assert probed.exit_code == 1 and any("probe: Markov head" in r for r in refusals), refusals
+    plain_refusals = json.loads(plain.stdout)["gate"]["refusals"]
+    assert plain_refusals and not any("probe:" in r for r in plain_refusals)
+
+
+@pytest.mark.slow
+def test_the_card_records_the_conventions_checked_by_behaviour(tmp_path, specdec_probes):
+    import yaml
+
+    from dspark_hub.cards.render import render_card
+    from dspark_hub.errors import UsageError
+
+    meta = tmp_path / "card.yaml"
+    meta.write_text(yaml.safe_dump({"name": "Tiny-Draft", "front_matter": {
+        "license": "apache-2.0", "base_model": "org/target", "base_model_relation": "finetune", "tags": ["dspark"],
+        "pipeline_tag": "text-generation"}}, sort_keys=False))
+    probed = tmp_path / "probe.json"
+    probed.write_text(json.dumps(specdec_probes["slot layout flipped"].to_dict()))
+    text = render_card(meta, SPECDEC / "dspark", probe_json=probed)
+    assert "### Conventions checked by behaviour" in text
+    layout = next(line for line in text.splitlines() if line.startswith("| slot layout"))
+    assert "| false | true | true: +0.0" in layout                   # declared, followed, the paired difference
+    assert str(tmp_path) not in text and str(SPECDEC) not in text     # the target by identity, never its path
+    assert "Conventions checked by behaviour" not in render_card(meta, SPECDEC / "dspark")
+    (tmp_path / "eval.json").write_text(json.dumps({"schema": "dspark-hub/eval/2"}))
+    with pytest.raises(UsageError, match="not a probe document"):
+        render_card(meta, SPECDEC / "dspark", probe_json=tmp_path / "eval.json")

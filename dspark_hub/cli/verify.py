@@ -39,13 +39,16 @@ def runtime_choices() -> list[str]:
 @click.option("--probe", is_flag=True,
               help="Also run the draft on --target's greedy paths and name the conventions its weights follow "
                    "(dspark-hub probe): a contradiction is an error, an undetermined convention a note.")
+@click.option("--probe-prompts", "probe_prompts", metavar="JSONL",
+              help="The prompts --probe continues [default: dspark-hub probe's 24 built-in chat prompts].")
 @click.option("--against-hub", "against_hub", metavar="ORG/NAME[@REV]",
               help="Also compare every local file with the Hub's SHA-256 and sizes.")
 @endpoint_option
 @quiet_option
 @json_option
 def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None, runtime: tuple[str, ...],
-           execute: bool, target: str | None, block_size: int | None, probe: bool, against_hub: str | None,
+           execute: bool, target: str | None, block_size: int | None, probe: bool, probe_prompts: str | None,
+           against_hub: str | None,
            endpoint: str | None, quiet: bool, as_json: bool) -> None:
     """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
 
@@ -57,6 +60,8 @@ def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
 
     if probe and target is None:
         raise click.UsageError("--probe runs the draft on the target's greedy paths: pass --target")
+    if probe_prompts is not None and not probe:
+        raise click.UsageError("--probe-prompts goes with --probe")
     reads_bytes = deep or frozen_embed is not None or target is not None
     with progress("verify --deep" if deep else "verify", quiet=quiet or as_json or not reads_bytes) as bar:
         report = checks.verify(path, drop_in=drop_in, deep=deep, frozen_embed=frozen_embed,
@@ -66,5 +71,5 @@ def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
         from dspark_hub.train.evaluation.probe import add_to_report  # torch: only a probe pays for it
 
         with progress("verify --probe", unit="paths", quiet=quiet or as_json) as bar:
-            add_to_report(report, path, target=target, block_size=block_size, progress=bar)
+            add_to_report(report, path, target=target, block_size=block_size, prompts=probe_prompts, progress=bar)
     emit(report, as_json=as_json, renderer="render_verify")

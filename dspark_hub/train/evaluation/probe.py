@@ -262,10 +262,13 @@ def _taps(draft: DraftUnderTest, declared: Reading, target_layers: int) -> Conve
 
 
 def _block(draft: DraftUnderTest, declared: Reading) -> Convention:
+    """Shorter blocks than the served k only: a draft trained for a longer block loses nothing served at k, and
+    slot 1 scores higher the longer the block even past the trained size (the CI-sized speculators draft, trained
+    for 8: k = 9 beat k = 8 at z > 4 and above the 1% floor), so a longer candidate would name noise."""
     k = declared.block
     serving = draft.format.serving(draft.config)
     trained = draft.format.block_size(draft.config)
-    sizes = sorted((set(range(2, k + 2)) | ({trained} if trained else set())) - {k})
+    sizes = sorted(b for b in set(range(2, k)) | ({trained} if trained else set()) if b < k)
     return Convention(
         "block", "the block it was trained for",
         Candidate(f"k = {k}", replace(declared, positions=1), positions=1),
@@ -516,9 +519,10 @@ def findings(result: ProbeResult) -> list[Finding]:
 
 
 def add_to_report(report: Report, draft: str | os.PathLike[str], *, target: str | os.PathLike[str] | None,
-                  block_size: int | None = None, progress: Progress | None = None) -> ProbeResult:
-    """`verify --probe` (and a publish gate that asks for it): probe the draft, add its findings and its numbers
-    (`sections["probe"]`) to the verify report.
+                  block_size: int | None = None, prompts: str | os.PathLike[str] | None = None,
+                  progress: Progress | None = None) -> ProbeResult:
+    """`verify --probe` (and a publish gate that asks for it): probe the draft (on `prompts`, default
+    `DEFAULT_PROMPTS`), add its findings and its numbers (`sections["probe"]`) to the verify report.
 
     Raises:
         UsageError: no target, or a draft or target that is not a local folder (the probe reads the weights and
@@ -530,7 +534,7 @@ def add_to_report(report: Report, draft: str | os.PathLike[str], *, target: str 
         if str(path).startswith("hf://") or not Path(path).is_dir():
             raise UsageError(f"{path}: the probe needs the {what} as a local folder (it reads every weight and runs "
                              "the target); download it first", param="probe")
-    result = probe(draft, target=target, block_size=block_size, progress=progress)
+    result = probe(draft, target=target, block_size=block_size, prompts=prompts, progress=progress)
     report.findings.extend(findings(result))
     report.sections["probe"] = result.to_dict()
     return result
