@@ -1,6 +1,6 @@
 """The probe's matrix: trained drafts, each convention mistake made to them as a user would make it, and the
-untrained base, each probed on the same greedy paths (docs/probe.md; bench/probe_matrix.py prints it,
-tests/test_probe_real.py keeps it right).
+untrained base, each probed on the same greedy paths (docs/probe.md; bench/real_probe_matrix.py prints it,
+tests/test_probe_real.py keeps it right on SmolLM2 and tests/test_train.py on the toy world).
 
 A mutant is what a wrong pipeline hands a runtime, weights whose behaviour follows another value than their config
 declares: the config or one tensor changed, everything else bit for bit (`_mistakes.write_draft_copy`).

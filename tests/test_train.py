@@ -676,6 +676,7 @@ TOY_NAMED = {"trained": {"taps": "as declared", "markov": "as declared", "rope":
              "RoPE rows half-split": {"rope": "half-split"}}
 
 
+@pytest.mark.slow
 def test_the_probe_names_the_toy_drafts_conventions(probed):
     sys.path.insert(0, str(REPO / "bench"))
     from _probe_matrix import CONVENTIONS, matches, verdict_of
@@ -691,6 +692,7 @@ def test_the_probe_names_the_toy_drafts_conventions(probed):
     assert not base.untrained.trained and {c.verdict for c in base.conventions} == {"cannot tell"}
 
 
+@pytest.mark.slow
 def test_a_probe_that_trusts_the_config_fails_the_toy_matrix(probed):
     """The twin: answering "as declared" everywhere gets every mutant wrong."""
     sys.path.insert(0, str(REPO / "bench"))
@@ -707,10 +709,10 @@ def test_a_probe_that_trusts_the_config_fails_the_toy_matrix(probed):
                      "untrained base"}
 
 
+@pytest.mark.slow
 def test_a_probe_that_names_the_highest_raw_value_fails_the_toy_matrix(probed):
-    """The other twin: naming whichever reading has the highest mean, without the paired statistic, names a value
-    the weights do not follow on the trained draft itself (a reading within noise of the declared one: a block
-    one row longer scores a hair higher)."""
+    """The other twin: naming whichever reading has the highest mean, without the paired statistic and the untrained
+    level, names values on the untrained base, whose readings differ only as random functions do."""
     sys.path.insert(0, str(REPO / "bench"))
     from _probe_matrix import CONVENTIONS, matches
 
@@ -723,6 +725,7 @@ def test_a_probe_that_names_the_highest_raw_value_fails_the_toy_matrix(probed):
                 self.conventions.append(type(c)(**{**c.__dict__, "verdict": "as declared" if named else "other",
                                                    "follows": best.value}))
 
-    row, result = probed["trained"]
-    assert not all(matches(row.truth, Greedy(result), key) for key in CONVENTIONS)
-    assert all(matches(row.truth, result, key) for key in CONVENTIONS)
+    wrong = {name for name, (row, result) in probed.items()
+             if not all(matches(row.truth, Greedy(result), key) for key in CONVENTIONS)}
+    assert "untrained base" in wrong, wrong
+    assert all(matches(row.truth, result, key) for row, result in probed.values() for key in CONVENTIONS)
