@@ -376,3 +376,21 @@ def test_the_card_records_the_conventions_checked_by_behaviour(tmp_path, specdec
     (tmp_path / "eval.json").write_text(json.dumps({"schema": "dspark-hub/eval/2"}))
     with pytest.raises(UsageError, match="not a probe document"):
         render_card(meta, SPECDEC / "dspark", probe_json=tmp_path / "eval.json")
+
+
+@pytest.mark.slow
+def test_the_target_runs_once_for_every_reading(monkeypatch):
+    """One engine, opened once, on the union of the layers every reading taps (taps, one earlier, one later)."""
+    from dspark_hub.train.evaluation import greedy_paths as paths_module
+
+    opened = []
+    real = paths_module.open_engine
+    monkeypatch.setattr(paths_module, "open_engine", lambda *args, **kwargs: opened.append(args[2]) or
+                        real(*args, **kwargs))
+    result = probe_module.probe(SPECDEC / "dspark", target=SPECDEC / "target", prompts=SPECDEC / "prompts.jsonl",
+                                max_new_tokens=8)
+    readings = sum(len(c.scores) for c in result.conventions)
+    assert len(opened) == 1 and readings >= 6, (opened, readings)
+    taps = json.loads((SPECDEC / "dspark" / "config.json").read_text())["aux_hidden_state_layer_ids"]
+    native = [t - 1 for t in taps]                                    # speculators ids name the residual after t
+    assert set(opened[0]) == {t + s for t in native for s in (-1, 0, 1) if 0 <= t + s < 6}
