@@ -34,7 +34,10 @@ WORLD = Path(os.environ.get("DSPARK_WORLD_CACHE", Path.home() / ".cache" / "dspa
 FOLDERS = {"k3": ("k3-draft", "k3-base"), "spec": ("spec-draft", "spec-base")}
 
 
-def run_format(run: Path, fmt: str, target_path: Path, work: Path, args: argparse.Namespace) -> list[dict]:
+def run_format(run: Path, fmt: str, target_path: Path, work: Path, args: argparse.Namespace,
+               before: list[dict]) -> list[dict]:
+    """Every row of one format, judged on one set of paths; --json is rewritten after each row (`before`: the
+    rows of the formats already done), so a long run keeps what it measured."""
     from dspark_hub.train.evaluation.greedy_paths import greedy_paths
     from dspark_hub.train.evaluation.probe import DEFAULT_PROMPTS, judge, plan_probe
     from dspark_hub.train.target.target import Target
@@ -62,6 +65,8 @@ def run_format(run: Path, fmt: str, target_path: Path, work: Path, args: argpars
         wrong = [key for key in CONVENTIONS if not matches(row.truth, result, key)]
         out.append({"format": fmt, "row": row.name, "verdicts": verdicts, "wrong": wrong, "seconds": round(seconds, 1),
                     "untrained": result.untrained.to_dict(), "anchors": result.anchors, "result": result.to_dict()})
+        if args.json:
+            args.json.write_text(json.dumps(before + out, indent=2) + "\n")
         print(f"{fmt} {row.name}: {seconds:.1f} s, " + ", ".join(f"{k} {v}" for k, v in verdicts.items() if v != "-")
               + (f"  WRONG: {wrong}" if wrong else ""), flush=True)
     return out
@@ -107,11 +112,9 @@ def main() -> None:
     rows: list[dict] = []
     for fmt in (f.strip() for f in args.formats.split(",") if f.strip()):
         if (args.run / FOLDERS[fmt][0]).is_dir():
-            rows += run_format(args.run, fmt, args.target, work / fmt, args)
+            rows += run_format(args.run, fmt, args.target, work / fmt, args, rows)
     print(table(rows))
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f}")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

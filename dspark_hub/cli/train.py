@@ -396,7 +396,7 @@ def probe_command(draft: str, target: str | None, prompts: str | None, data: str
     """
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
-    with progress("probe", unit="paths", quiet=quiet or as_json) as bar:
+    with progress("probe", unit="items", quiet=quiet or as_json) as bar:
         result = probe_conventions(draft, target=target, prompts=prompts, data=data, block_size=block_size,
                                    max_new_tokens=max_new_tokens, batch_size=batch_size, progress=bar)
     say_threads(choice, show=not (quiet or as_json))

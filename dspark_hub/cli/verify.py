@@ -70,6 +70,6 @@ def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
     if probe:
         from dspark_hub.train.evaluation.probe import add_to_report  # torch: only a probe pays for it
 
-        with progress("verify --probe", unit="paths", quiet=quiet or as_json) as bar:
+        with progress("verify --probe", unit="items", quiet=quiet or as_json) as bar:
             add_to_report(report, path, target=target, block_size=block_size, prompts=probe_prompts, progress=bar)
     emit(report, as_json=as_json, renderer="render_verify")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dspark_hub.documents import Document
 from dspark_hub.format.registry import K3, SPECULATORS
+from dspark_hub.progress import Progress
 
 if TYPE_CHECKING:
     import torch
@@ -183,13 +184,14 @@ class Scorer:
         """The reading the config declares: its taps, its served k, every convention as the format says."""
         return Reading(tuple(self.draft.taps), self.draft.k, self.draft.k)
 
-    def slot_values(self, paths: Sequence[GreedyPath], readings: Sequence[Reading]
-                    ) -> dict[Reading, list[torch.Tensor]]:
+    def slot_values(self, paths: Sequence[GreedyPath], readings: Sequence[Reading],
+                    progress: Progress | None = None) -> dict[Reading, list[torch.Tensor]]:
         """Per reading, per path, `[anchors, positions]` slot probabilities (`expected_accepted` sums them).
 
         Every reading is scored on the same anchors, those of the largest `block` asked for, so all readings
         pair. Readings that share the body's forward (`Reading.body`) share it, and the vocabulary projection of
         their first slot; the projections run over the anchors of every path together, `CHUNK` rows at a time.
+        `progress` is called with the readings scored, one forward of the body at a time.
         """
         import torch
 
@@ -207,6 +209,8 @@ class Scorer:
                 head = runner.head(model, paths, anchors, group[0], self.lm_head)
                 for reading, q in zip(group, head.score(group), strict=True):
                     out[reading] = list(q.split(sizes))
+                if progress is not None:
+                    progress(len(group))
         return out
 
     def _model(self, runner: Runner, reading: Reading) -> Any:

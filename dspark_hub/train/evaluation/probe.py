@@ -423,7 +423,7 @@ def judge(plan: Plan, paths: Sequence[GreedyPath], *, data: str = "", progress: 
         raise UsageError(f"no anchor: the paths are shorter than {longest + 1} tokens past their prompts",
                          param="data")
     announce_stage(progress, "probe: readings", len(plan.readings))
-    slots = plan.scorer.slot_values(paths, plan.readings)
+    slots = plan.scorer.slot_values(paths, plan.readings, progress)
     values = {c: _expected(slots[c.reading], c.positions) for c in plan.candidates}
     full = {c.value: values[c] for c in plan.candidates if c.positions is None}
     level = untrained_level(full, _expected(slots[plan.untrained], None))
