@@ -11,16 +11,18 @@ holding the `L` tokens before it:
 
 Each is timed `repeats` times in alternating rounds (one of every operation a round, so load that comes and
 goes hits all of them alike) after one warm-up round; the costs are median times divided by the decode
-step's median. The cache is cut back to `L` tokens after every pass. Float32 on the device the target sits
-on (the CPU here), in this process's torch threads.
+step's median. Every target pass starts from a copy of the `L` tokens' cache, made outside the timing.
+Float32 on the device the target sits on (the CPU here), in this process's torch threads.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import UsageError
 from dspark_hub.train.evaluation.acceptance import ProposeMany
@@ -52,10 +54,15 @@ def context_rollout(rollouts: Sequence[Rollout], longest_k: int) -> tuple[Rollou
     return rollout, min(rollout.prompt_length + continuation // 2, len(rollout.input_ids) - longest_k - 2)
 
 
-def _median_seconds(operations: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+#: An operation timed: (prepare it, untimed; run it, timed).
+Operation = tuple[Callable[[], object], Callable[[], object]]
+
+
+def _median_seconds(operations: dict[str, Operation], repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in operations}
     for round_ in range(repeats + 1):
-        for name, run in operations.items():
+        for name, (prepare, run) in operations.items():
+            prepare()
             start = time.perf_counter()
             run()
             if round_:                       # round 0 warms up
@@ -63,8 +70,13 @@ def _median_seconds(operations: dict[str, Callable[[], object]], repeats: int) -
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _draft_step(propose_many: ProposeMany, context: int) -> Callable[[], object]:
-    return lambda: propose_many([(0, context)])
+def _draft_step(propose_many: ProposeMany, context: int) -> Operation:
+    return (lambda: None), (lambda: propose_many([(0, context)]))
+
+
+def _cache_keyword(model: Any) -> str:
+    """The forward's keyword for the KV cache: `cache` (transformers 5.25 on), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def measure_costs(target: Target, rollouts: Sequence[Rollout], drafter: SweepDrafter, ks: Sequence[int], *,
@@ -80,16 +92,23 @@ def measure_costs(target: Target, rollouts: Sequence[Rollout], drafter: SweepDra
     model = load_teacher(target.path, dtype="float32")
     ids = rollout.input_ids[None].to(next(model.parameters()).device)
     proposers = drafter([rollout], list(ks))
+    keyword = _cache_keyword(model)
     with torch.no_grad():
-        cache = model(ids[:, :context], use_cache=True).past_key_values
+        prefilled = model(ids[:, :context], use_cache=True)
+        cache = getattr(prefilled, keyword)
 
-        def target_pass(tokens: int) -> Callable[[], object]:
+        def target_pass(tokens: int) -> Operation:
+            state: dict[str, Any] = {}
+
+            def prepare() -> None:       # each pass starts from the L tokens' cache, copied outside the timing
+                state["cache"] = copy.deepcopy(cache)
+
             def run() -> None:
-                model(ids[:, context:context + tokens], past_key_values=cache, use_cache=True)
-                cache.crop(context)
-            return run
+                model(ids[:, context:context + tokens], use_cache=True, **{keyword: state["cache"]})
 
-        operations: dict[str, Callable[[], object]] = {"decode": target_pass(1)}
+            return prepare, run
+
+        operations: dict[str, Operation] = {"decode": target_pass(1)}
         for k in ks:
             operations[f"verify {k}"] = target_pass(k + 1)
             operations[f"draft {k}"] = _draft_step(proposers[k], context)
