@@ -32,9 +32,9 @@ from dspark_hub.format.speculation_profile import (
 )
 from dspark_hub.train.evaluation.by_context import ContextTally
 from dspark_hub.train.evaluation.calibration import CalibrationTally
-from dspark_hub.train.evaluation.serving import check_profile_writable
+from dspark_hub.train.evaluation.evaluate import check_profile_writable
+from dspark_hub.train.evaluation.serving import measure_sweep
 from dspark_hub.train.evaluation.speedup import expected_speedup, given_costs, speedup_table
-from dspark_hub.train.evaluation.sweep import measure_sweep
 from dspark_hub.verify.checks import verify
 from tests.test_serving_sweep import _block_drafter, _world
 
@@ -238,7 +238,8 @@ def _eval_json(tmp_path: Path) -> Path:
     """An eval document whose serving sections come from the code that writes them (toy counts)."""
     tallies = [ContextTally(3, [20, 40]), CalibrationTally(3)]
     sweep = measure_sweep(_world(), _block_drafter, [1, 2, 3, 5], observe=lambda *step: [t(*step) for t in tallies])
-    speed = speedup_table(sweep.acceptance_lengths(), given_costs([0.08], [1.0, 1.0, 1.05, 1.2], [1, 2, 3, 5]))
+    lengths = {k: m.overall.acceptance_length for k, m in sweep.by_k.items()}
+    speed = speedup_table(lengths, given_costs([0.08], [1.0, 1.0, 1.05, 1.2], [1, 2, 3, 5]))
     main = sweep.by_k[3].measurement
     doc = {"schema": schemas.command("eval"), "ok": True, "engine": "simulated", **main.to_dict(),
            "harness": {"mode": "simulated", "simulation": "a toy verify loop", "block_size": 3, "dtype": "float32",

@@ -7,6 +7,7 @@ that pairs an estimate with the next position's outcome.
 
 from __future__ import annotations
 
+import itertools
 import random
 from types import SimpleNamespace
 
@@ -31,7 +32,7 @@ from dspark_hub.train.evaluation.calibration import (
     prefix_survival,
 )
 from dspark_hub.train.evaluation.drafters import Drafts, ngram_proposer
-from dspark_hub.train.evaluation.sweep import MAX_KS, measure_sweep, parse_ks
+from dspark_hub.train.evaluation.serving import MAX_KS, measure_sweep, parse_ks
 from dspark_hub.train.target.generate import Rollout
 
 
@@ -254,7 +255,7 @@ def test_the_twin_a_table_that_compares_the_wrong_positions_finds_error_in_a_cal
     shifted = []                 # the estimate of position i against the outcome of position i + 1
     for confidence, accepted in _calibrated_steps():
         pairs = pairs_of_step(confidence, accepted)
-        shifted += [Pair(a.position, a.estimate, b.survived) for a, b in zip(pairs, pairs[1:], strict=False)]
+        shifted += [Pair(a.position, a.estimate, b.survived) for a, b in itertools.pairwise(pairs)]
     conditional = [Pair(p.position, c, p.survived)     # the conditional estimate c_i against prefix survival
                    for confidence, accepted in _calibrated_steps()
                    for p, c in zip(pairs_of_step(confidence, accepted), confidence, strict=True)]

@@ -41,7 +41,7 @@ PROFILE_NAME = "speculation_profile.json"
 MODELOPT_SCHEMA_VERSION = "1.0"
 #: Model-Optimizer's tolerance for the mean-consistency check.
 MEAN_TOLERANCE = 0.02
-#: The eval document's key holding the k sweep (`train.evaluation.sweep.Sweep`), and its per-k table.
+#: The eval document's key holding the k sweep (`train.evaluation.serving.Sweep`), and its per-k table.
 SWEEP_KEY, BY_K_KEY = "sweep", "by_k"
 
 

@@ -261,15 +261,17 @@ class SpeculatorsDSpark:
     # -- training view (checked against the library) and inference ------------------------------
 
     @torch.no_grad()
-    def teacher_forced(self, taps: torch.Tensor, input_ids: torch.Tensor, p: int
+    def teacher_forced(self, taps: torch.Tensor, input_ids: torch.Tensor, p: int, kv: list[LayerKV] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The library's training forward for one anchor: logits `[B, Vd]` and confidence logits `[B]`.
 
         The Markov predecessors are the data's tokens: `[x_p, x_{p+1}, ...]` with
         `sample_from_anchor`, else `[x_p, x_p, x_{p+1}, ...]` (speculators dspark/core.py:156-168).
+        `kv`: `context_kv` of the taps, when the caller already has it (many anchors of one sequence).
         """
         b = self.block_size
-        z = self.hidden(self._block(int(input_ids[p]), b), p, self.context_kv(self.context(taps)))
+        kv = self.context_kv(self.context(taps)) if kv is None else kv
+        z = self.hidden(self._block(int(input_ids[p]), b), p, kv)
         logits = self.base_logits(z)
         block = input_ids[p:p + b].tolist()
         prev = block if self.sample_from_anchor else [block[0], *block[:-1]]

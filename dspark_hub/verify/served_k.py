@@ -36,11 +36,10 @@ def read_measurement(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         doc = object_or_raise(load_json_file(Path(path)), path=str(path))
     except (OSError, ValueError) as e:
-        raise UsageError(f"{path}: {e}; pass the output of 'dspark-hub eval --json' or a speculation_profile.json",
-                         param="eval_json") from None
+        raise UsageError(f"{path}: {e}; pass an eval's JSON or a speculation_profile.json", param="eval_json") from None
     if not accept_length_by_k(doc):
-        raise UsageError(f"{path}: holds no acceptance length per k; pass 'dspark-hub eval --k ... --json' output "
-                         "or a speculation_profile.json", param="eval_json")
+        raise UsageError(f"{path}: holds no acceptance length per k; pass the JSON of an eval with `ks` (a k "
+                         "sweep), or a speculation_profile.json", param="eval_json")
     return doc
 
 
@@ -73,9 +72,8 @@ def served_k_findings(view: CheckpointView, served: int | None, measured: Mappin
     if served is None or trained is None or served <= trained:
         return []
     cost = _cost(served, trained, measured, measured_name) if measured is not None else \
-        "not measured here (verify --eval EVAL.json with 'eval --k 1-N --json' output states it)"
+        "not measured here (the eval JSON of a k sweep, or a speculation_profile.json, given to verify states it)"
     return [warning(CODE, "runtime:serving", f"serves k={served} drafted tokens a step on a draft trained to draft "
                     f"{trained} ({source}): the slots past {trained} were never trained and no runtime refuses them "
                     f"(vllm#41834: a block-5 draft served at k=7 halved its acceptance length); {cost}",
-                    f"serve num_speculative_tokens {trained} or less (--block-size {trained}), or train with the "
-                    "block you serve")]
+                    f"serve num_speculative_tokens {trained} or less, or train with the block you serve")]

@@ -12,7 +12,7 @@ holding the `L` tokens before it:
 Each is timed `repeats` times in alternating rounds (one of every operation a round, so load that comes and
 goes hits all of them alike) after one warm-up round; the costs are median times divided by the decode
 step's median. Every target pass starts from a copy of the `L` tokens' cache, made outside the timing.
-Float32 on the device the target sits on (the CPU here), in this process's torch threads.
+Float32 on the device the target sits on (the CPU: `target.load_teacher`), in this process's torch threads.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub.errors import UsageError
 from dspark_hub.train.evaluation.acceptance import ProposeMany
 from dspark_hub.train.evaluation.speedup import Costs
-from dspark_hub.train.target.target import load_teacher
 
 if TYPE_CHECKING:
     from dspark_hub.train.evaluation.drafters import SweepDrafter
     from dspark_hub.train.target.generate import Rollout
-    from dspark_hub.train.target.target import Target
+    from dspark_hub.train.target.target import CausalLM
 
 #: Alternating rounds timed (after one warm-up round).
 REPEATS = 7
@@ -79,9 +78,16 @@ def _cache_keyword(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def measure_costs(target: Target, rollouts: Sequence[Rollout], drafter: SweepDrafter, ks: Sequence[int], *,
+def measure_costs(model: CausalLM, rollouts: Sequence[Rollout], drafter: SweepDrafter, ks: Sequence[int], *,
                   repeats: int = REPEATS) -> Costs:
     """Draft-step and verify-pass costs per k, in target decode steps, timed here (module docstring).
+
+    Args:
+        model: the target, loaded (`target.load_teacher`, float32, on the CPU).
+        rollouts: the eval's; the median-length one is timed on (`context_rollout`).
+        drafter: the draft's (`drafters.sweep_drafter_for`).
+        ks: the k to time a draft step and a verify pass at.
+        repeats: alternating rounds timed.
 
     Raises:
         UsageError: no rollout long enough (`context_rollout`).
@@ -89,8 +95,7 @@ def measure_costs(target: Target, rollouts: Sequence[Rollout], drafter: SweepDra
     import torch  # heavy: only a measurement of costs pays for it
 
     rollout, context = context_rollout(rollouts, max(ks))
-    model = load_teacher(target.path, dtype="float32")
-    ids = rollout.input_ids[None].to(next(model.parameters()).device)
+    ids = rollout.input_ids[None]
     proposers = drafter([rollout], list(ks))
     keyword = _cache_keyword(model)
     with torch.no_grad():
@@ -114,9 +119,8 @@ def measure_costs(target: Target, rollouts: Sequence[Rollout], drafter: SweepDra
             operations[f"draft {k}"] = _draft_step(proposers[k], context)
         seconds = _median_seconds(operations, repeats)
     decode = seconds["decode"]
-    device = ids.device.type.upper()
     threads = torch.get_num_threads()
-    detail = (f"{device}, float32, {threads} torch thread{'s' if threads != 1 else ''}, context {context} tokens, "
+    detail = (f"CPU, float32, {threads} torch thread{'s' if threads != 1 else ''}, context {context} tokens, "
               f"median of {repeats} alternating rounds; target decode step {decode * 1000:.1f} ms")
     return Costs("measured", detail, {k: seconds[f"draft {k}"] / decode for k in ks},
                  {k: seconds[f"verify {k}"] / decode for k in ks}, decode_seconds=decode)

@@ -12,16 +12,17 @@ reference 7 for k3_dspark, or `block_size` when given. A prompt-lookup drafter r
 the same counts from vLLM's metrics, plus `measured_by` and `lossless`.
 
 `evaluate` is three steps: open the inputs (`inputs.open_inputs`: the draft, the target, the
-rollouts), choose the drafter for the draft's format (`drafters.sweep_drafter_for`), count
-(`serving.measure_serving`: the eval's k and every k of a sweep in one lockstep pass, with acceptance by
-context length and the confidence head's calibration from the same steps, and the expected speedup when
-costs are given); with the vllm engine, vLLM serving the draft is the drafter and its metrics are the
-count (`vllm_eval.measure_served`).
+rollouts), choose the drafters (`drafters.sweep_drafter_for` for the draft's format, the reference's and
+the prompt-lookup baseline), count (`serving.measure_serving`: every drafter, and the draft at the eval's k
+and every k of a sweep, in one lockstep pass; acceptance by context length and the confidence head's
+calibration from the same steps; the expected speedup when costs are given); with the vllm engine, vLLM
+serving the draft is the drafter and its metrics are the count (`vllm_eval.measure_served`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,7 +31,8 @@ from dspark_hub import schemas
 from dspark_hub.documents import Document
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.provenance import describe, identify
-from dspark_hub.format.writer import atomic_path, refuse_own_inputs
+from dspark_hub.format.speculation_profile import PROFILE_NAME
+from dspark_hub.format.writer import atomic_path, check_writable, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train.evaluation import vllm_eval
 from dspark_hub.train.evaluation.acceptance import (
@@ -39,20 +41,13 @@ from dspark_hub.train.evaluation.acceptance import (
     SIMULATION,
     AcceptanceStats,
     Measurement,
-    measure_batched,
 )
 from dspark_hub.train.evaluation.by_context import ByContext
 from dspark_hub.train.evaluation.calibration import Calibration
 from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for, sweep_drafter_for
-from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs, read_draft
-from dspark_hub.train.evaluation.serving import (
-    ServingOptions,
-    check_profile_writable,
-    measure_serving,
-    write_profile,
-)
+from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
+from dspark_hub.train.evaluation.serving import ServingOptions, Sweep, measure_serving
 from dspark_hub.train.evaluation.speedup import Speedup
-from dspark_hub.train.evaluation.sweep import Sweep
 from dspark_hub.train.target.dtypes import canonical_dtype
 
 ENGINES = ("simulated", "vllm")
@@ -195,13 +190,13 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
     if serving.asked and engine != "simulated":
         raise UsageError("the k sweep, context buckets, costs and profile are simulated; drop them for the vllm "
                          "engine, or run the simulated engine", param="engine")
-    longest_k = max(serving.sweep_ks(read_draft(draft, block_size).k))
     if serving.profile:
         check_profile_writable(draft, [("teacher", teacher), ("prompts", prompts), ("data", data),
                                        ("reference", reference)], force=serving.force)
     inputs = open_inputs(draft, target=teacher, prompts=prompts, data=data, reference=reference,
                          block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                         ignore_eos=ignore_eos, vllm_python=vllm_python, longest_k=longest_k, progress=progress)
+                         ignore_eos=ignore_eos, vllm_python=vllm_python, longest_k=serving.lookahead(),
+                         progress=progress)
     if engine == "simulated":
         outcome = _simulated(inputs, max_new_tokens=max_new_tokens if data is None else None, ignore_eos=ignore_eos,
                              markov=markov, serving=serving, progress=progress)
@@ -226,25 +221,36 @@ def _simulated(inputs: EvalInputs, *, max_new_tokens: int | None, ignore_eos: bo
     draft, rollouts, k = inputs.draft, inputs.rollouts, inputs.draft.k
     assert rollouts is not None    # the simulation's inputs always hold rollouts
     drafter = sweep_drafter_for(draft, inputs.target, markov=markov)
-    reference = None if inputs.reference is None else drafter_for(inputs.reference, inputs.target)
-    baseline = baseline_drafter(k)
+    others = {"baseline": baseline_drafter(k)}
+    if inputs.reference is not None:
+        others["reference"] = drafter_for(inputs.reference, inputs.target)
     bounds: dict[str, Any] = {} if max_new_tokens is None else {"max_tokens": max_new_tokens,
                                                                   "stop_ids": inputs.stop_ids}
     announce_stage(progress, "eval: draft", len(rollouts))
     with torch.no_grad():
-        measured = measure_serving(inputs, drafter, serving, bounds=bounds, progress=progress)
-        ref = None if reference is None else measure_batched(rollouts, reference, k, **bounds)
-        prompt_lookup = measure_batched(rollouts, baseline, k, **bounds)
+        measured = measure_serving(inputs, drafter, serving, others=others, bounds=bounds, progress=progress)
+    ref, prompt_lookup = measured.others.get("reference"), measured.others["baseline"]
     harness = {"definition": DEFINITION, "mode": "simulated", "simulation": SIMULATION, "decoding": "greedy",
                "temperature": 0.0, "block_size": k, "dtype": "float32", "format": draft.format.name,
                "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
     ref_path = inputs.reference.path if inputs.reference else None
-    result = EvalResult(measured.sweep.by_k[k].measurement, prompt_lookup, harness, ref, ref_path,
-                        identify(ref_path) if ref_path else None, sweep=measured.sweep if serving.ks else None,
-                        speedup=measured.speedup, by_context=measured.by_context, calibration=measured.calibration)
-    if serving.profile:
-        result.profile = str(write_profile(inputs, measured, force=serving.force))
-    return result
+    return EvalResult(measured.sweep.by_k[k].measurement, prompt_lookup, harness, ref, ref_path,
+                      identify(ref_path) if ref_path else None, sweep=measured.sweep if serving.ks else None,
+                      speedup=measured.speedup, by_context=measured.by_context, calibration=measured.calibration,
+                      profile=measured.profile)
+
+
+def check_profile_writable(draft: str | os.PathLike[str], inputs: Sequence[tuple[str, Any]], *, force: bool) -> None:
+    """Before the long run: `speculation_profile.json` may be written beside the draft (the one file of the draft's
+    folder eval writes: `serving.write_profile`) and is not there already, unless `force`.
+
+    Raises:
+        UsageError: the path is (a link to) one of the inputs.
+        RefusedOverwriteError: a profile is there and `force` is off.
+    """
+    path = Path(draft) / PROFILE_NAME
+    refuse_own_inputs(path, [("draft", draft), *inputs], param="profile", folder=False, keep=(PROFILE_NAME,))
+    check_writable(path, force=force)
 
 
 def require_matplotlib() -> Any:
