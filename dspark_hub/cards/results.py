@@ -133,7 +133,8 @@ ARG_LABELS: tuple[tuple[str, str], ...] = (
     ("eval_data", "Evaluation data"), ("steps", "Steps"), ("epochs", "Epochs"), ("batch_size", "Batch size"),
     ("lr", "Learning rate"), ("min_lr_ratio", "Final learning rate / peak"), ("warmup", "Warmup steps"),
     ("block_size", "Block size"), ("max_anchors", "Anchors per sequence"), ("loss", "Loss weights"),
-    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"), ("clip", "Gradient clipping"),
+    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"),
+    ("confidence_target", "Confidence head target"), ("clip", "Gradient clipping"),
     ("weight_decay", "Weight decay"), ("dtype", "Precision"), ("seed", "Seed"), ("on_policy", "On-policy"),
     ("rounds", "Rounds"), ("fsdp", "FSDP"),
 )

@@ -228,6 +228,10 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
               help="(anchor, position) rows per loss chunk; bounds loss memory in the vocabulary (0 = no chunking).")
 @click.option("--gamma", type=float, default=default("gamma"), show_default=True, help="Slot weight exp(-k/gamma).")
 @click.option("--alpha", type=float, default=default("alpha"), show_default=True, help="Confidence-head BCE weight.")
+@click.option("--confidence-target", "confidence_target", type=click.Choice(list(objective.CONFIDENCE_TARGETS)),
+              default=default("confidence_target"), show_default=True,
+              help="What the confidence head learns: overlap (sampled drafts at temperature 1, speculators'), greedy "
+                   "(temperature 0) or greedy_drafts (greedy drafts at temperature 1, vLLM's default).")
 @click.option("--clip", type=float, default=default("clip"), show_default=True, help="Gradient-norm clip (0 = off).")
 @click.option("--weight-decay", "weight_decay", type=float, default=default("weight_decay"), show_default=True)
 @click.option("--dtype", type=Dtype(TRAIN_DTYPES), default=default("dtype"), show_default=True,

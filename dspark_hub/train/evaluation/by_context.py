@@ -112,7 +112,7 @@ class ByContext(Document):
 
 @dataclass
 class ContextTally:
-    """Counts the verification steps of one k per (dataset, bucket): an `Observer` of `sweep.measure_sweep`.
+    """Counts the verification steps of one k per (dataset, bucket): an `Observer` of `serving.measure_lanes`.
 
     With no `edges`, every step is kept by its context length and bucketed at the end (`automatic_edges`).
     """

@@ -137,7 +137,7 @@ def calibration_of(pairs: Sequence[Pair], k: int, bins: int = BINS) -> Calibrati
 
 @dataclass
 class CalibrationTally:
-    """Collects the pairs of one k's verification steps: an `Observer` of `sweep.measure_sweep`. A step whose
+    """Collects the pairs of one k's verification steps: an `Observer` of `serving.measure_lanes`. A step whose
     drafts carry no confidence (a draft without the head) is not counted; `missing` says how many."""
 
     k: int

@@ -3,7 +3,7 @@
 `sweep_drafter_for(draft, target)` picks the drafter by the draft's format (`PROPOSERS`, keyed by
 `DraftFormat.name`: the modeling classes sit above `format/`, so the table lives here) and returns
 (rollouts, ks) -> `propose_many` per k: each rollout's draft context is encoded once and drafted from at every
-k (`eval --k`, `sweep.measure_sweep`); `drafter_for(draft, target)` is its one k, what
+k (`eval --k`, `serving.measure_lanes`); `drafter_for(draft, target)` is its one k, what
 `acceptance.measure_batched` takes: rollouts -> `propose_many`. A draft's proposals are `Drafts`: the tokens,
 and the confidence head's estimate per slot when the draft has one. A k3_dspark draft drafts the
 requests of a round together (`draft_batch_proposer`), a speculators DSpark one request at a time
