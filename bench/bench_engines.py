@@ -128,7 +128,7 @@ def one_step_ours(root: Path) -> dict:
                                        batch["loss_mask"][i]) for i in range(STEP_SEQUENCES)])
     trainer = Trainer(TrainConfig(base=str(root / "base"), out=str(root / "unused-out"), data=None, on_policy=True,
                                   steps=STEP_RUNS + 2, lr=3e-4, batch_size=STEP_SEQUENCES, max_anchors=STEP_ANCHORS,
-                                  teacher=str(root / "teacher"), device="cpu", force=True))
+                                  target=str(root / "teacher"), device="cpu", force=True))
     times, tokens = [], 0
     for step in range(STEP_RUNS + 2):
         started = time.perf_counter()

@@ -69,10 +69,10 @@ def main() -> None:
         parser.error(f"--runs: at least {MIN_RUNS}, so one disturbed round cannot decide the median")
     import torch
 
-    from dspark_hub.train.target.target import load_teacher
+    from dspark_hub.train.target.target import load_target
 
     torch.set_num_threads(1)
-    model = load_teacher(args.target)
+    model = load_target(args.target)
     prompts = prompts_of(args.target, args.prompts)
     print(f"{len(prompts)} prompts of {len({len(p.input_ids) for p in prompts})} lengths, {args.new_tokens} new "
           f"tokens, {args.target.name}, 1 thread, load average {os.getloadavg()[0]:.1f}")

@@ -40,7 +40,7 @@ def child(kind: str, root: Path, threads: int | None, steps: int, prompts: int) 
         from dspark_hub.train import TrainConfig, finetune
 
         config = TrainConfig(base=str(root / "base"), out=str(root / f"out-{threads}"), data=str(root / "data"),
-                             steps=steps, batch_size=8, max_anchors=64, teacher=str(root / "teacher"), force=True)
+                             steps=steps, batch_size=8, max_anchors=64, target=str(root / "teacher"), force=True)
         return finetune(config).seconds
     from dspark_hub.train.data.rollouts import make_rollouts
 

@@ -66,7 +66,7 @@ def throughput(steps: int) -> float:
         root = Path(tmp)
         tiny_world(root)
         config = TrainConfig(base=str(root / "base"), out=str(root / "out"), data=str(root / "data"), steps=steps,
-                             batch_size=8, max_anchors=64, teacher=str(root / "teacher"))
+                             batch_size=8, max_anchors=64, target=str(root / "teacher"))
         result = finetune(config)
     print(f"finetune, tiny config: {result.steps} steps, {result.tokens:,} continuation tokens in "
           f"{result.seconds:.2f} s -> {result.tokens_per_second:,.0f} tokens/s (includes data reads and logging)")

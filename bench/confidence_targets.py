@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     data = RolloutData(args.data)
-    target = Target.open(args.target or data.teacher_path)
+    target = Target.open(args.target or data.target_path)
     draft = read_draft(args.draft, args.k)
     lm_head = target.lm_head().float()
     slots = _k3_slots if draft.format.trainable else _spec_slots

@@ -10,14 +10,15 @@ and "Moved in 0.3" tables are this one.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     from importlib.abc import Loader
@@ -55,6 +56,14 @@ MOVED_IN_0_3: dict[str, tuple[str, ...]] = {
     )
 }
 MOVED.update(MOVED_IN_0_3)
+#: Names 0.3 renamed (`teacher` -> `target`, the glossary's word): an old path's stand-in resolves the old name to
+#: the new one, with a `DeprecationWarning`, until 0.4.
+RENAMED: dict[str, str] = {
+    "load_teacher": "load_target", "teacher_identity": "target_identity", "TeacherIdentity": "TargetIdentity",
+    "TeacherStates": "TargetStates", "TeacherEngine": "TargetEngine", "TeacherTargets": "TargetDistributions",
+    "check_teacher_matches": "check_target_matches", "TeacherMismatchError": "TargetMismatchError",
+    "TEACHER_EMBED_NAMES": "TARGET_EMBED_NAMES", "teacher_embedding": "target_embedding",
+}
 
 
 class _MovedModule(ModuleType):
@@ -65,6 +74,10 @@ class _MovedModule(ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):      # the import system's own probes (`__path__`, `__file__`): not a moved name
             raise AttributeError(name)
+        if name in RENAMED:
+            warnings.warn(f"{self.__name__}.{name} is {RENAMED[name]} since 0.3; the old name goes in 0.4",
+                          DeprecationWarning, stacklevel=2)
+            name = RENAMED[name]
         for target in self._targets:
             module = importlib.import_module(f"dspark_hub.{target}")
             if hasattr(module, name):
@@ -104,3 +117,26 @@ def install() -> None:
     """Register the finder once (called by `dspark_hub/__init__.py`)."""
     if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(_MovedModuleFinder())
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def renamed_keywords(**renamed: str) -> Callable[[F], F]:
+    """Accept a function's keywords of 0.2 (`teacher=`) as their 0.3 names (`target=`), with a `DeprecationWarning`,
+    until 0.4: `@renamed_keywords(teacher="target")`."""
+    def decorate(function: F) -> F:
+        called = function.__qualname__.removesuffix(".__init__")
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renamed.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{called}() got both {old}= and {new}=; pass {new}=")
+                    warnings.warn(f"{called}({old}=) is {new}= since 0.3; the old keyword goes in 0.4",
+                                  DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+        return cast(F, wrapper)
+    return decorate

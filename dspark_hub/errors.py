@@ -9,7 +9,7 @@ CLI boundary (2 = usage or I/O error, the check could not run).
 Messages are one line, `<file|tensor|key>: <what is wrong>; <what to do>`, in library terms:
 they never name a command-line flag. An error about one argument says which with
 `param="target"` (the Python name); a message that names other arguments writes them in
-backticks, `` `teacher` ``. The CLI turns both into its flags (`--target`, `--teacher`), and adds
+backticks, `` `target` ``. The CLI turns both into its flags (`--target`, `--teacher`), and adds
 "pass --force to replace it" to a `RefusedOverwriteError`. A message may quote a whole command
 a reader can run, `'dspark-hub checksums --force'`: that is advice, true whoever called.
 (`tests/test_errors.py` walks every string of the library to keep it so.)
@@ -141,7 +141,7 @@ class ChangedMeanwhileError(DsparkError):
 class EngineError(DsparkError, RuntimeError):
     """A target engine failed or refused a request (its process died, or it rejected the target).
 
-    Example: ``vllm engine: ValueError: max_model_len 4096 exceeds the teacher's 512
+    Example: ``vllm engine: ValueError: max_model_len 4096 exceeds the target's 512
     (log: /tmp/dspark-vllm-x/engine.log)``
     """
 
@@ -151,8 +151,8 @@ class EngineError(DsparkError, RuntimeError):
 class TargetMismatchError(DsparkError):
     """The target and the draft's config disagree on a pairing key (hidden size, layers, vocabulary).
 
-    Example: ``toy/teacher: hidden_size is 64, the draft's target_hidden_size is 128; pair the draft with the
-    teacher it was built for``
+    Example: ``toy/target: hidden_size is 64, the draft's target_hidden_size is 128; pair the draft with the
+    target it was built for``
     """
 
     error_code = "TARGET_MISMATCH"

@@ -221,12 +221,12 @@ def test_rollouts_take_a_speculators_dspark_config_and_refuse_other_families(pai
                                             ("vllm", ["--engine-device", "cpu"])])
 def test_an_engine_option_the_engine_does_not_take_is_named_by_its_flag(pair, tmp_path, engine, option):
     result = rollouts(pair, tmp_path / "out", "--engine", engine, *option)
-    line = assert_one_line_error(result, f"teacher engine '{engine}' does not take")
+    line = assert_one_line_error(result, f"target engine '{engine}' does not take")
     assert line.startswith(f"Error: {option[0]}: "), line
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is importable here")
 def test_on_policy_without_vllm_leaves_no_state_folder(pair, tmp_path):
     result = run(*_path_commands(pair, tmp_path / "out")["on-policy"], "--engine", "vllm")
-    assert_one_line_error(result, "the vllm teacher engine needs vLLM 0.32")
+    assert_one_line_error(result, "the vllm target engine needs vLLM 0.32")
     assert sorted(p.name for p in tmp_path.iterdir()) == []

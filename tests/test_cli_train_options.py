@@ -142,8 +142,8 @@ def test_the_target_flag_is_target_and_teacher_still_works_unshown(command):
 
 @pytest.mark.parametrize("flag", ["--target", "--teacher"])
 def test_both_spellings_of_the_target_reach_the_library(finetune_config, eval_call, flag):
-    assert finetune_config(flag, "big").teacher == "big"
-    assert eval_call(flag, "big")["teacher"] == "big"
+    assert finetune_config(flag, "big").target == "big"
+    assert eval_call(flag, "big")["target"] == "big"
 
 
 def test_the_engine_dtype_takes_either_spelling(monkeypatch):

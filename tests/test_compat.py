@@ -144,3 +144,33 @@ def test_one_function_is_named_finetune(tmp_path):
     (tmp_path / "a.py").write_text("def finetune(config):\n    pass\n")
     (tmp_path / "b.py").write_text("class T:\n    def finetune(self):\n        pass\n")
     assert functions_named("finetune", tmp_path) == ["a.py", "b.py"]
+
+
+def test_the_0_2_keywords_of_the_target_still_work_with_a_warning(tmp_path):
+    """`teacher` became `target` in 0.3 (docs/glossary.md); the old keywords and attribute go in 0.4."""
+    from dspark_hub.errors import CheckpointNotFoundError
+    from dspark_hub.train import TrainConfig
+    from dspark_hub.train.evaluation.evaluate import evaluate
+
+    with pytest.warns(DeprecationWarning, match=r"^TrainConfig\(teacher=\) is target= since 0.3"):
+        config = TrainConfig(base="b", out="o", teacher="t")
+    assert config.target == "t" and config.to_dict()["teacher"] == "t" and "target" not in config.to_dict()
+    with pytest.warns(DeprecationWarning, match=r"TrainConfig.teacher is .target since 0.3"):
+        assert config.teacher == "t"
+    with pytest.raises(TypeError, match="got both teacher= and target="):
+        TrainConfig(base="b", out="o", teacher="t", target="u")
+    with pytest.warns(DeprecationWarning, match=r"^evaluate\(teacher=\) is target= since 0.3"), \
+            pytest.raises(CheckpointNotFoundError, match="nope"):
+        evaluate(tmp_path / "nope", teacher=str(tmp_path), prompts=str(tmp_path / "p.jsonl"))
+
+
+def test_the_0_2_names_of_the_target_module_still_resolve_with_a_warning(monkeypatch):
+    import dspark_hub.train.target.target as target_module
+
+    monkeypatch.delitem(sys.modules, "dspark_hub.train.teacher", raising=False)
+    with pytest.warns(DeprecationWarning):
+        old = importlib.import_module("dspark_hub.train.teacher")
+    with pytest.warns(DeprecationWarning, match=r"dspark_hub.train.teacher.load_teacher is load_target since 0.3"):
+        assert old.load_teacher is target_module.load_target
+    with pytest.warns(DeprecationWarning, match="TeacherIdentity is TargetIdentity"):
+        assert old.TeacherIdentity is target_module.TargetIdentity

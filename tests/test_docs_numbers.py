@@ -117,7 +117,7 @@ def test_the_recorded_vllm_measurement_is_the_documented_16_token_row():
 def test_a_simulated_parity_row_is_what_eval_computes(row, tokens, markov):
     from dspark_hub.train.evaluation.evaluate import evaluate
 
-    result = evaluate(SPECDEC / "dspark", teacher=str(SPECDEC / "target"), prompts=str(SPECDEC / "prompts.jsonl"),
+    result = evaluate(SPECDEC / "dspark", target=str(SPECDEC / "target"), prompts=str(SPECDEC / "prompts.jsonl"),
                       max_new_tokens=tokens, markov=markov).to_dict()
     assert _parity_rows()[row] == (result["drafts"], result["accepted_per_position"],
                                    round(result["acceptance_length"], 4))

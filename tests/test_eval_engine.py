@@ -43,14 +43,14 @@ def test_eval_refuses_what_it_cannot_measure(tmp_path):
     with pytest.raises(UsageError, match="sample_from_anchor"):
         read_draft(folder)
     with pytest.raises(UsageError, match="float32"):
-        evaluate(fixture("dspark"), teacher=str(VERIFIER), prompts=str(SPECDEC / "prompts.jsonl"), dtype="bfloat16")
+        evaluate(fixture("dspark"), target=str(VERIFIER), prompts=str(SPECDEC / "prompts.jsonl"), dtype="bfloat16")
 
 
 @pytest.mark.slow
 def test_a_bonus_anchor_draft_runs_its_one_plus_k_block(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": [i, i + 1, i + 2, 7, 9]}) + "\n" for i in range(3)))
-    doc = evaluate(fixture("dspark-bonus-anchor"), teacher=str(VERIFIER), prompts=str(prompts), max_new_tokens=6,
+    doc = evaluate(fixture("dspark-bonus-anchor"), target=str(VERIFIER), prompts=str(prompts), max_new_tokens=6,
                    ignore_eos=True).to_dict()
     assert doc["k"] == 3 and len(doc["accepted_per_position"]) == 3 and doc["tokens"] == 18
     assert doc["drafts"] >= 6 and doc["harness"]["format"] == "speculators_dspark"

@@ -430,7 +430,7 @@ def test_the_speculators_trainer_refuses_them_too(data, tmp_path, spoil):
         shutil.copy(states / "step-000001.pt", tmp_path / "outside" / "step-000009.pt")
         POINTERS["an absolute path"](states)
     result = run("finetune", "--base", fixture("dspark"), "--data", data["rollouts"], "--out", tmp_path / "again",
-                 "--steps", 3, "--teacher", TARGET, "--resume", "--state-dir", states)
+                 "--steps", 3, "--target", TARGET, "--resume", "--state-dir", states)
     assert_one_line_error(result, "step-000002.pt" if spoil == "a poisoned state" else "latest.json")
     assert not marker.exists() and not (tmp_path / "again").exists()
 

@@ -54,7 +54,7 @@ def test_training_args_name_no_local_path(tmp_path, monkeypatch):
     write_checkpoint(tmp_path / "base")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "manifest.json").write_text("{}")
-    doc = TrainConfig(base="./base", out="./tuned", data="./data", teacher="teacher").public_dict()
+    doc = TrainConfig(base="./base", out="./tuned", data="./data", target="teacher").public_dict()
     assert set(doc) >= {"base", "data", "teacher", "lr", "steps"} and "out" not in doc and "state_dir" not in doc
     assert describe(doc["base"]).startswith("sha256 config.json ")
     assert doc["teacher"] is None           # a path that is not there: nothing to name, and no path

@@ -50,7 +50,7 @@ def test_a_sweep_counts_each_k_as_its_own_eval_and_writes_the_profile(tmp_path, 
     doc = json.loads(result.stdout)
     assert doc["sweep"]["ks"] == [2, 4]
     assert _counts(doc["sweep"]["by_k"]["4"] | {"k": 4}) == _counts(doc) == _counts(RECORDED)   # vLLM's own count
-    alone = evaluate(draft, teacher=str(TARGET), prompts=str(PROMPTS), max_new_tokens=MAX_TOKENS, block_size=2)
+    alone = evaluate(draft, target=str(TARGET), prompts=str(PROMPTS), max_new_tokens=MAX_TOKENS, block_size=2)
     assert _counts(doc["sweep"]["by_k"]["2"] | {"k": 2}) == _counts(alone.to_dict())
     assert doc["speedup"]["best_k"] in (2, 4) and doc["calibration"]["k"] == 4
     profile = json.loads((draft / PROFILE_NAME).read_text())
@@ -91,12 +91,12 @@ def test_costs_are_timed_in_the_middle_of_the_median_rollout():
 def test_measured_costs_are_ratios_to_a_decode_step_for_every_k(one_torch_thread):
     from dspark_hub.train.evaluation.drafters import sweep_drafter_for
     from dspark_hub.train.evaluation.inputs import read_draft
-    from dspark_hub.train.target.target import Target, load_teacher
+    from dspark_hub.train.target.target import Target, load_target
 
     draft, target = read_draft(DRAFT), Target.open(TARGET)
     taps = torch.randn(40, 3 * target.config["hidden_size"])
     rollout = Rollout(0, None, torch.arange(40) % 200, 16, taps, torch.zeros(0))
-    costs = measure_costs(load_teacher(TARGET), [rollout], sweep_drafter_for(draft, target), [1, 3], repeats=2)
+    costs = measure_costs(load_target(TARGET), [rollout], sweep_drafter_for(draft, target), [1, 3], repeats=2)
     assert costs.source == "measured" and set(costs.draft) == set(costs.verify) == {1, 3}
     assert all(c > 0 for c in [*costs.draft.values(), *costs.verify.values()]) and costs.decode_seconds > 0
     assert "CPU, float32" in costs.detail and "context 28 tokens" in costs.detail

@@ -72,7 +72,7 @@ def _base_for(source: str, tmp_path: Path, name: str = "dspark") -> Path:
 
 
 def _train(base: Path, data_path: Path, out: Path, **options):
-    config = TrainConfig(base=str(base), out=str(out), data=str(data_path), teacher=TARGET,
+    config = TrainConfig(base=str(base), out=str(out), data=str(data_path), target=TARGET,
                          **{"steps": 10, "lr": 3e-3, "batch_size": 4, "loss": {"kl_div": 1.0}, **options})
     return finetune(config)
 

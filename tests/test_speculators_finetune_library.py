@@ -41,7 +41,7 @@ def _files(folder, count: int = 6) -> None:
 def test_our_finetune_loop_follows_the_librarys_model_step_by_step(name, tmp_path, monkeypatch):
     _files(tmp_path / "data")
     config = TrainConfig(base=str(fixture(name)), out=str(tmp_path / "out"), data=str(tmp_path / "data"),
-                         teacher=str(VERIFIER), steps=12, lr=3e-3, warmup=2, batch_size=3, max_anchors=12,
+                         target=str(VERIFIER), steps=12, lr=3e-3, warmup=2, batch_size=3, max_anchors=12,
                          loss={"kl_div": 1.0}, weight_decay=0.01)
     ours = SpeculatorsFinetune(config)
     library = _library(name, _config(name, window=None), monkeypatch)

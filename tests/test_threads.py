@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
-from dspark_hub.train import threads as threads_module
+from dspark_hub.train.finetuning import threads as threads_module
 from dspark_hub.train.finetuning.threads import choose_threads, default_threads
 
 

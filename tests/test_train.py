@@ -65,7 +65,7 @@ def small_config(world, out: Path, **changes) -> TrainConfig:
 
 def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
     from dspark_hub.train.target.generate import capture_states
-    from dspark_hub.train.target.target import load_teacher
+    from dspark_hub.train.target.target import load_target
 
     summary = world["rollouts"]
     assert summary["sequences"] == 96 and summary["continuation_tokens"] == 96 * 48
@@ -74,7 +74,7 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
     sample = data[5]
     assert sample.aux_hidden_states.dtype == torch.bfloat16 and sample.aux_hidden_states.shape == (60, 3 * 64)
     assert sample.loss_mask.tolist() == [0] * 12 + [1] * 48
-    teacher = load_teacher(world["teacher"])
+    teacher = load_target(world["teacher"])
     states = capture_states(teacher, sample.input_ids[None], [1, 3, 4])
     assert torch.equal(states.aux_hidden_states[0].to(torch.bfloat16), sample.aux_hidden_states)
     logits = teacher(sample.input_ids[None]).logits[0]
@@ -87,9 +87,9 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
 def test_prompts_of_many_lengths_share_a_generate_call_and_continue_as_each_would_alone(world, monkeypatch):
     """`rollouts` left-pads a batch of mixed lengths: one `generate` call, and each row equals its run alone."""
     from dspark_hub.train.target.generate import Prompt, generate_rollouts
-    from dspark_hub.train.target.target import load_teacher
+    from dspark_hub.train.target.target import load_target
 
-    teacher = load_teacher(world["teacher"])
+    teacher = load_target(world["teacher"])
     rng = torch.Generator().manual_seed(7)
     prompts = [Prompt(i, torch.randint(10, 70, (length,), generator=rng).tolist(), "words")
                for i, length in enumerate([9, 12, 5, 12, 7, 10])]
@@ -231,7 +231,7 @@ def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
     harness = doc["harness"]
     assert (harness["mode"], harness["decoding"], harness["block_size"]) == ("simulated", "greedy", 7)
     assert harness["definition"] == doc["definition"] and "1 + sum(per_position)" in doc["definition"]
-    assert set(harness["teacher_identity"]["digests"]) == {"config.json", "model.safetensors"}
+    assert set(harness["target_identity"]["digests"]) == {"config.json", "model.safetensors"}
     assert harness["teacher"].startswith("teacher (sha256 config.json ") and "ratio" in harness["reference"]
     assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
 
@@ -470,7 +470,7 @@ def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path
     monkeypatch.setattr(target_module, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256_file(path))
     prompts = write_prompts(tmp_path / "p.jsonl", count=8, seed=31)
     config = small_config(world, tmp_path / "onpolicy", data=None, on_policy=True, rounds=2, prompts=str(prompts),
-                          teacher=str(world["teacher"]), max_new_tokens=16, steps=4)
+                          target=str(world["teacher"]), max_new_tokens=16, steps=4)
     result = finetune(config)
     assert sorted(hashed) == ["config.json", "model.safetensors"]      # the target's identity: once for both rounds
     state = Path(result.state_dir)

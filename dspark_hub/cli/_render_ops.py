@@ -113,7 +113,7 @@ def render_convert(result: ConvertReport) -> None:
 def render_init(result: InitResult) -> None:
     """Human view of an `InitResult`; a random frozen embedding is a warning on stderr."""
     embedding = result.embedding
-    source = (f"; embed_tokens from {embedding.teacher}" + (f" ({embedding.cast})" if embedding.cast else "")
+    source = (f"; embed_tokens from {embedding.target}" + (f" ({embedding.cast})" if embedding.cast else "")
               if embedding.kind == "teacher" else "")
     stdout.print(f"wrote {result.path} ({result.profile}, {result.init}, {plural(result.weights_bytes, 'byte')}"
                  f"{source}); check it with: dspark-hub verify {result.path}")

@@ -74,7 +74,7 @@ def convert(src: Path, dst: Path, to: str | None, from_: str | None, force: bool
 @click.option("--init", "init", type=click.Choice(INIT_KINDS), default="random", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--embed-from", "embed_from", metavar="TEACHER",
-              help="Copy embed_tokens.weight from the TEACHER's embedding (folder, sharded or not, or a "
+              help="Copy embed_tokens.weight from the TARGET's embedding (folder, sharded or not, or a "
                    ".safetensors file), bit for bit; F32/F16 is rounded to nearest even BF16. Without it the "
                    "frozen embedding is random and 'verify --target' fails until it is copied. Not with --target "
                    "(which copies T's).")

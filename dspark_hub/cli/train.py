@@ -50,9 +50,9 @@ class AliasedOption(click.Option):
 
 
 def target_option(*, required: bool = False, help: str) -> Callable[[F], F]:
-    """`--target DIR`: the large model the draft serves (the Python keyword stays `teacher`, the library's);
-    `--teacher`, its name before 0.3, still works."""
-    return click.option("--target", "teacher", cls=AliasedOption, aliases=("--teacher",), required=required,
+    """`--target DIR`: the large model the draft serves (the library's keyword `target`); `--teacher`, its name
+    before 0.3, still works."""
+    return click.option("--target", "target", cls=AliasedOption, aliases=("--teacher",), required=required,
                         metavar="DIR", help=help)
 
 
@@ -183,7 +183,7 @@ def engine_option_flags() -> Iterator[None]:
 @force_option
 @quiet_option
 @json_option
-def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
+def rollouts(target: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
              shard_size: int, ignore_eos: bool, mode: Mode, threads: int | None, force: bool, quiet: bool,
              as_json: bool, **engine: Any) -> None:
     """Write the target's greedy continuations with the draft's tap states (resumable safetensors shards)."""
@@ -191,7 +191,7 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
     choice = use_threads(threads)
     engine_name, engine_options = pop_engine_options(engine)
     with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar, engine_option_flags():
-        summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
+        summary = make_rollouts(target, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
                                 mode=mode, engine=engine_name, engine_options=engine_options, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
@@ -371,7 +371,7 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @threads_option
 @quiet_option
 @json_option
-def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str | None, reference: str | None,
+def eval_command(draft: str, target: str | None, prompts: str | None, data: str | None, reference: str | None,
                  engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
                  ignore_eos: bool, batch_size: int, plot: Path | None, ks: str | None, by_context: bool,
                  context_edges: list[int] | None, costs: str | None, draft_cost: list[float] | None,
@@ -386,7 +386,7 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
     serving = ServingOptions(ks=ks, by_context=by_context, context_edges=context_edges, costs=costs,
                              draft_cost=draft_cost, verify_cost=verify_cost, profile=profile, force=force)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
-        result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
+        result = evaluate(draft, target=target, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
                           serving=serving if serving.asked else None, progress=bar)

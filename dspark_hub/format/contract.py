@@ -175,9 +175,9 @@ def unknown_dtypes(config: Mapping[str, Any]) -> dict[str, Any]:
 
 #: Tensors that are part of the checkpoint but never trained (a copy of the target's embedding).
 FROZEN_TENSORS = ("embed_tokens.weight",)
-#: Where a teacher (target) checkpoint keeps the embedding the draft must copy bit for bit.
-TEACHER_EMBED_NAMES = ("embed_tokens.weight", "model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
-                       "model.language_model.embed_tokens.weight")
+#: Where a target checkpoint keeps the embedding the draft must copy bit for bit.
+TARGET_EMBED_NAMES = ("embed_tokens.weight", "model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
+                      "model.language_model.embed_tokens.weight")
 
 #: Golden-vector fixtures ship in this subfolder: runtimes glob the top-level `*.safetensors` as weights.
 GOLDEN_DIR = "golden"

@@ -436,7 +436,7 @@ def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, An
                        counts: Mapping[int, int], seed: int, init: str, force: bool,
                        checked: Checked) -> TargetInitResult:
     tied = facts.config.get("tie_word_embeddings", False) is True
-    head = locate_tensor(facts.path, contract.TEACHER_EMBED_NAMES if tied else ("lm_head.weight",))
+    head = locate_tensor(facts.path, contract.TARGET_EMBED_NAMES if tied else ("lm_head.weight",))
     dtype = head.info.dtype if head.info.dtype in _SPECULATORS_DTYPES else contract.CONTRACT_DTYPE
     vocab = (draft_vocabulary(counts, facts.vocab_size, draft_vocab, always=[common["mask"].id])
              if draft_vocab < facts.vocab_size else None)

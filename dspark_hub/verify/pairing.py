@@ -78,7 +78,7 @@ from dspark_hub.verify.family import detect
 
 CHUNK_BYTES = 16 << 20
 #: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
-TARGET_EMBED_NAMES = contract.TEACHER_EMBED_NAMES
+TARGET_EMBED_NAMES = contract.TARGET_EMBED_NAMES
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _RESERVED = re.compile(r"reserved|mask|<\|.*\|>|^\[.*\]$|^<.*>$", re.IGNORECASE)
 _HF_METADATA = ".cache/huggingface/download/config.json.metadata"

@@ -41,7 +41,7 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def head_dim(config: dict[str, Any]) -> int | None:
-    """The teacher's attention head size: `head_dim`, else `hidden_size / num_attention_heads` (text config)."""
+    """The target's attention head size: `head_dim`, else `hidden_size / num_attention_heads` (text config)."""
     nested = config.get("text_config")
     text: dict[str, Any] = nested if isinstance(nested, dict) else config
     value = text.get("head_dim")
@@ -53,15 +53,15 @@ def head_dim(config: dict[str, Any]) -> int | None:
     return None
 
 
-def cpu_head_dim_problem(config: dict[str, Any], teacher: str | Path,
+def cpu_head_dim_problem(config: dict[str, Any], target: str | Path,
                          sizes: tuple[int, ...] = CPU_HEAD_SIZES) -> str | None:
-    """Why vLLM's CPU attention cannot run the teacher of `config` (its head size), or None when it can."""
+    """Why vLLM's CPU attention cannot run the target of `config` (its head size), or None when it can."""
     size = head_dim(config)
     if size is None or size in sizes:
         return None
-    return (f"{teacher}: head_dim is {size}; vLLM's CPU attention needs head_dim >= 32 (one of "
-            f"{', '.join(map(str, sizes))}), so run this teacher on a GPU, or with the transformers engine, or "
-            "make a toy teacher with a larger head ('dspark-hub init-teacher DIR --head-dim 32')")
+    return (f"{target}: head_dim is {size}; vLLM's CPU attention needs head_dim >= 32 (one of "
+            f"{', '.join(map(str, sizes))}), so run this target on a GPU, or with the transformers engine, or "
+            "make a toy target with a larger head ('dspark-hub init-teacher DIR --head-dim 32')")
 
 
 def engine_python(python: str | os.PathLike[str] | None) -> str:

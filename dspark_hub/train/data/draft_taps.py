@@ -42,7 +42,7 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
         raise UsageError(f"{where}: a {found.spec.title} draft config; rollouts and finetune read the taps of a "
                          "k3_dspark or a speculators DSpark config", param=param)
     if fmt.trainable:
-        check_target_matches(target_config, draft, teacher_name=target)
+        check_target_matches(target_config, draft, target_name=target)
         return dict(draft)
     keys = fmt.pairing_keys(draft)
     text = text_config(target_config)
@@ -54,7 +54,7 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
     layers = text.get("num_hidden_layers")
     if not is_int(layers):
         raise UsageError(f"{target}: its config.json has no num_hidden_layers to place the draft's taps in; pass a "
-                         "transformers causal LM folder", param="teacher")
+                         "transformers causal LM folder", param="target")
     bad = [f for f in fmt.tap_findings(draft, layers) if f.severity == "error"]
     if keys.taps is None or bad or min(keys.taps) < 0:
         why = bad[0].message if bad else (f"{keys.taps_key} is {keys.native_taps}; id 0 (the embedding output) is no "
@@ -63,13 +63,13 @@ def tap_view(draft: Mapping[str, Any], target_config: Mapping[str, Any], *, wher
     view = {"target_layer_ids": list(keys.taps), "num_target_layers": len(keys.taps),
             "target_hidden_size": keys.tap_width, "target_num_hidden_layers": layers,
             "vocab_size": keys.vocab_size, "draft_vocab_size": keys.vocab_size}
-    check_target_matches(target_config, view, teacher_name=target)    # the tap rule, the one `verify` applies
+    check_target_matches(target_config, view, target_name=target)    # the tap rule, the one `verify` applies
     return view
 
 
-def check_target_matches(teacher_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
-                         teacher_name: str = "teacher") -> list[int]:
-    """Refuse a teacher whose hidden size, layer count or vocabulary disagree with the draft config.
+def check_target_matches(target_config: Mapping[str, Any], draft_config: Mapping[str, Any], *,
+                         target_name: str = "target") -> list[int]:
+    """Refuse a target whose hidden size, layer count or vocabulary disagree with the draft config.
 
     Returns:
         The draft's tap ids (checked by `format.taps`, the rule `verify` applies).
@@ -81,16 +81,16 @@ def check_target_matches(teacher_config: Mapping[str, Any], draft_config: Mappin
     if not isinstance(draft_config, Mapping):
         raise UsageError(f"the draft's config is a JSON {json_type(draft_config)}, not an object; "
                          "pass the draft's config.json file")
-    if not isinstance(teacher_config, Mapping):
-        raise UsageError(f"{teacher_name}: config.json is a JSON {json_type(teacher_config)}, not an object; "
+    if not isinstance(target_config, Mapping):
+        raise UsageError(f"{target_name}: config.json is a JSON {json_type(target_config)}, not an object; "
                          "pass a transformers causal LM folder")
-    teacher = text_config(teacher_config)
+    target = text_config(target_config)
     pairs = (("hidden_size", "target_hidden_size"), ("num_hidden_layers", "target_num_hidden_layers"),
              ("vocab_size", "vocab_size"), ("vocab_size", "draft_vocab_size"))
-    for teacher_key, draft_key in pairs:
-        have, want = teacher.get(teacher_key), draft_config.get(draft_key)
+    for target_key, draft_key in pairs:
+        have, want = target.get(target_key), draft_config.get(draft_key)
         if have != want:
             raise TargetMismatchError(
-                f"{teacher_name}: {teacher_key} is {have}, the draft's {draft_key} is {want}; "
-                "pair the draft with the teacher it was built for")
-    return require_tap_layers(draft_config, target_layers=teacher["num_hidden_layers"])
+                f"{target_name}: {target_key} is {have}, the draft's {draft_key} is {want}; "
+                "pair the draft with the target it was built for")
+    return require_tap_layers(draft_config, target_layers=target["num_hidden_layers"])

@@ -11,7 +11,7 @@
   (any names). They carry no loss mask: every token is supervised.
 
 Each file holds `hidden_states [T, n, H]` (n residual streams at vLLM/speculators aux layer ids,
-ascending; the last is the teacher's last layer before its final norm) and `token_ids [T]`.
+ascending; the last is the target's last layer before its final norm) and `token_ids [T]`.
 FP8 files (the hs-connectors FP8 backend: float8_e4m3fn `hidden_states` and float32
 `hidden_states_scales [T, 1, 1]`) are dequantized. The files do not say which ids they hold:
 `layer_ids` (theirs, e.g. `[3, 24, 48, 72, 90]`, with or without the last layer) says it, and
@@ -21,7 +21,7 @@ count can check. Their id `k` is our `target_layer_ids` entry `format.taps.layer
 `target_hidden_size`, is refused in one line naming the file. Files with more taps than the draft
 needs are fine: the draft's columns are picked.
 
-The final hidden state (the lm_head input our objective needs) is the teacher's final norm,
+The final hidden state (the lm_head input our objective needs) is the target's final norm,
 read from its weights, applied to the last column, as speculators' own trainer does.
 """
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from dspark_hub._compat import renamed_keywords
 from dspark_hub.errors import CheckpointFormatError, MissingDependencyError, UsageError
 from dspark_hub.format.jsonio import loads_strict, read_json_input
 from dspark_hub.format.reader import read_header
@@ -113,7 +114,7 @@ def resolve_columns(layers: int, draft_taps: list[int], num_hidden_layers: int, 
     Args:
         layers: the files' `n`.
         draft_taps: the draft's `target_layer_ids` (ours).
-        num_hidden_layers: the teacher's layer count (id of the last column).
+        num_hidden_layers: the target's layer count (id of the last column).
         layer_ids: the files' aux ids in vLLM/speculators convention, with or without the last layer;
             None = the draft's taps plus the last layer.
         where: the file named in messages.
@@ -123,7 +124,7 @@ def resolve_columns(layers: int, draft_taps: list[int], num_hidden_layers: int, 
     """
     taps = sorted(draft_taps)
     if layer_ids is None:
-        # A tap at the teacher's last layer is that layer's column: the files hold it once.
+        # A tap at the target's last layer is that layer's column: the files hold it once.
         ids = sorted({residual_index(t) for t in taps} | {num_hidden_layers})
         if layers != len(ids):
             raise UsageError(f"{where}: holds {layers} layers, the draft's taps plus the last name {len(ids)} "
@@ -189,18 +190,19 @@ def _arrow_rows(folder: Path) -> list[dict[str, Any]]:
 class HiddenStateData:
     """vLLM-extraction or speculators files as a dataset of `Rollout`s (`len`, `data[i]`), read lazily."""
 
-    teacher_path: str | None = None
+    target_path: str | None = None
 
+    @renamed_keywords(teacher="target")
     def __init__(self, path: str | os.PathLike[str], *, draft_config: dict[str, Any],
-                 teacher: str | os.PathLike[str] | Target, layer_ids: list[int] | None = None,
+                 target: str | os.PathLike[str] | Target, layer_ids: list[int] | None = None,
                  final_norm: FinalNorm | None = None) -> None:
         folder = Path(path)
         self.format: DataFormat = detect_format(folder)
         if self.format == "rollouts":
             raise UsageError(f"{folder}: is a rollouts folder; read it with RolloutData")
-        target = Target.open(teacher, param="teacher")
-        self.teacher_path = target.path
-        check_target_matches(target.config, draft_config, teacher_name=target.path)
+        target = Target.open(target, param="target")
+        self.target_path = target.path
+        check_target_matches(target.config, draft_config, target_name=target.path)
         self.final_norm = final_norm or target.final_norm()
         hidden = int(draft_config["target_hidden_size"])
         num_layers = int(draft_config["target_num_hidden_layers"])
@@ -268,15 +270,16 @@ class HiddenStateData:
                 "layer_ids": self.layer_ids, "tap_columns": self.columns, "final_norm": self.final_norm.describe()}
 
 
+@renamed_keywords(teacher="target")
 def open_training_data(path: str | os.PathLike[str], *, draft_config: dict[str, Any],
-                       teacher: str | os.PathLike[str] | Target | None,
+                       target: str | os.PathLike[str] | Target | None,
                        layer_ids: list[int] | None = None, param: str | None = None) -> RolloutData | HiddenStateData:
     """Rollouts, speculators or vLLM-extraction data at `path`, as a dataset of `Rollout`s.
 
     `param` names the caller's argument `path` came from, in the errors about the path itself.
 
     Raises:
-        UsageError: unknown format, no teacher for hidden-state files, or files that do not fit
+        UsageError: unknown format, no target for hidden-state files, or files that do not fit
             the draft (one line naming the file and what differs).
         MissingDependencyError: speculators data without pyarrow.
     """
@@ -285,9 +288,9 @@ def open_training_data(path: str | os.PathLike[str], *, draft_config: dict[str, 
         if layer_ids is not None:
             check_rollout_layer_ids(data, layer_ids)
         return data
-    if teacher is None:
-        raise UsageError(f"{path}: hidden-state files need the teacher folder (its final norm and lm_head)")
-    return HiddenStateData(path, draft_config=draft_config, teacher=teacher, layer_ids=layer_ids)
+    if target is None:
+        raise UsageError(f"{path}: hidden-state files need the target folder (its final norm and lm_head)")
+    return HiddenStateData(path, draft_config=draft_config, target=target, layer_ids=layer_ids)
 
 
 def write_hidden_state_file(path: str | os.PathLike[str], hidden_states: Any, token_ids: Any) -> None:

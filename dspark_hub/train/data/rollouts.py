@@ -1,14 +1,14 @@
-"""Teacher rollouts: greedy continuations plus the hidden states a DSpark draft trains on.
+"""Target rollouts: greedy continuations plus the hidden states a DSpark draft trains on.
 
 `dspark-hub rollouts --teacher T --prompts P.jsonl --draft-config CKPT/config.json --out DATA`
 
 Prompts (JSONL, one object per line) carry exactly one of:
-  - `messages`: a chat, rendered with the teacher tokenizer's chat template (generation prompt added);
-  - `text`: plain text, tokenized by the teacher tokenizer (its special tokens added);
+  - `messages`: a chat, rendered with the target tokenizer's chat template (generation prompt added);
+  - `text`: plain text, tokenized by the target tokenizer (its special tokens added);
   - `input_ids`: token ids, used as is (no tokenizer needed);
 and optionally `dataset`, a label that evaluation reports separately.
 
-Mode `generate` (the default): each prompt is continued greedily by the teacher (up to
+Mode `generate` (the default): each prompt is continued greedily by the target (up to
 `max_new_tokens`, stopping at EOS), then one prefill pass over prompt + continuation records the
 states. Mode `prefill` (offline data): each line is a whole sequence, recorded as it is, with the
 line's optional `loss_mask` (0/1 per token, `input_ids` lines only; all ones when absent).
@@ -16,19 +16,19 @@ Per token:
 
   - `input_ids` (int64 `[T]`);
   - `loss_mask` (uint8 `[T]`): 1 on supervised tokens (the continuation, in `generate` mode);
-  - `aux_hidden_states` (bf16 `[T, len(target_layer_ids) * hidden]`): the OUTPUT of each teacher
+  - `aux_hidden_states` (bf16 `[T, len(target_layer_ids) * hidden]`): the OUTPUT of each target
     decoder layer named in the draft's `target_layer_ids` (0-based; `hidden_states[l + 1]` in
     `output_hidden_states` indexing, never the final-normed last entry), captured with forward
-    hooks and concatenated in ascending id order (see `dspark_hub.teacher`);
-  - `final_hidden_states` (bf16 `[T, hidden]`): the teacher's last hidden state after its final
+    hooks and concatenated in ascending id order (see `dspark_hub.target`);
+  - `final_hidden_states` (bf16 `[T, hidden]`): the target's last hidden state after its final
     norm, i.e. the input of `lm_head`. Target distributions are recomputed from it at training time.
 
-The teacher runs in an engine (`dspark_hub.train.target.engines`): `transformers` (default, the oracle)
+The target runs in an engine (`dspark_hub.train.target.engines`): `transformers` (default, the oracle)
 or `vllm` (the real serving engine; its states equal transformers' to float32 rounding).
 
 Layout of DATA (schema `dspark-hub/rollouts-data/1`; folders written before 0.2 say `dspark-hub/rollouts/1`):
   `shard-NNNNN.safetensors`: tensors named `<prompt_index>.<field>` for the fields above;
-  `manifest.json`: `{"schema", "settings": {...}, "teacher": {...}, "tap_convention", "fields",
+  `manifest.json`: `{"schema", "settings": {...}, "target": {...}, "tap_convention", "fields",
   "engine": {...}, "shards": [{"file", "sequences": [{"prompt_index", "dataset", "length", "prompt_length",
   "supervised_tokens", "greedy_agreement": [agree, total]}]}]}`. Every file is written to a temporary sibling and
   renamed; the manifest is rewritten after each shard, so an interrupted run resumes by skipping the
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
+from dspark_hub._compat import renamed_keywords
 from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
 from dspark_hub.format.digests import sha256_file
@@ -53,7 +54,7 @@ from dspark_hub.format.taps import TAP_CONVENTION
 from dspark_hub.format.writer import atomic_file, atomic_path, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train.data.draft_taps import tap_view
-from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TeacherEngine, open_engine
+from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TargetEngine, open_engine
 from dspark_hub.train.target.generate import (  # noqa: F401 (re-exported: the names callers know rollouts by)
     Prompt,
     Rollout,
@@ -74,7 +75,7 @@ FIELDS = {
     "loss_mask": "uint8 [T]: 1 on supervised tokens (the continuation in generate mode)",
     "aux_hidden_states": "bfloat16 [T, len(target_layer_ids) * hidden]: outputs of the target_layer_ids decoder "
                          "layers (hook on layers[l], = hidden_states[l + 1]), ascending ids, concatenated",
-    "final_hidden_states": "bfloat16 [T, hidden]: teacher hidden after its final norm (lm_head input)",
+    "final_hidden_states": "bfloat16 [T, hidden]: target hidden after its final norm (lm_head input)",
 }
 
 
@@ -108,7 +109,8 @@ def require_file(path: str | os.PathLike[str], what: str, *, param: str | None =
         raise UsageError(f"{path}: {'is a folder' if Path(path).is_dir() else 'not found'}; pass {what}", param=param)
 
 
-def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | Target | None = None, *,
+@renamed_keywords(teacher="target")
+def read_prompts(path: str | os.PathLike[str], target: str | os.PathLike[str] | Target | None = None, *,
                  param: str | None = None) -> list[Prompt]:
     """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it).
 
@@ -132,9 +134,9 @@ def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] |
         if len(kinds) != 1:
             raise UsageError(f"{path}:{number}: needs exactly one of messages, text, input_ids (has {kinds or 'none'})")
         if kinds[0] != "input_ids" and tokenizer is None:
-            if teacher is None:
-                raise UsageError(f"{path}:{number}: {kinds[0]} needs the teacher's tokenizer; pass `teacher`")
-            tokenizer = Target.open(teacher, param="teacher").tokenizer(required=True)
+            if target is None:
+                raise UsageError(f"{path}:{number}: {kinds[0]} needs the target's tokenizer; pass `target`")
+            tokenizer = Target.open(target, param="target").tokenizer(required=True)
         ids = _encode(record, kinds[0], tokenizer)
         if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
             raise UsageError(f"{path}:{number}: the prompt encodes to no tokens or to non-integer ids")
@@ -152,7 +154,7 @@ def _encode(record: dict[str, Any], kind: str, tokenizer: Any) -> list[int]:
     if kind == "text":
         return list(tokenizer(record["text"], add_special_tokens=True)["input_ids"])
     if not getattr(tokenizer, "chat_template", None):
-        raise UsageError("teacher tokenizer: no chat_template for 'messages' prompts; use text or input_ids")
+        raise UsageError("target tokenizer: no chat_template for 'messages' prompts; use text or input_ids")
     return list(tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=True,
                                               return_dict=False))
 
@@ -223,15 +225,16 @@ class RolloutData:
         return (self[i] for i in range(len(self)))
 
     @property
-    def teacher_path(self) -> str | None:
-        teacher = self.manifest.get("settings", {}).get("teacher")
-        return teacher if isinstance(teacher, str) else None
+    def target_path(self) -> str | None:
+        target = self.manifest.get("settings", {}).get("teacher")
+        return target if isinstance(target, str) else None
 
 
-def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] | Target | None = None, *,
+@renamed_keywords(teacher="target")
+def token_counts(data: str | os.PathLike[str], target: str | os.PathLike[str] | Target | None = None, *,
                  param: str | None = None) -> dict[int, int]:
     """How often each token id occurs in `data`: a rollouts folder (the continuations, what a draft predicts)
-    or a prompts JSONL file (every prompt token; `teacher`'s tokenizer encodes text and messages).
+    or a prompts JSONL file (every prompt token; `target`'s tokenizer encodes text and messages).
 
     Raises:
         UsageError: `data` is neither (one line naming it).
@@ -243,7 +246,7 @@ def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] |
         for rollout in RolloutData(data, param=param):
             counts.update(rollout.input_ids[rollout.prompt_length:].tolist())
     else:
-        for prompt in read_prompts(data, teacher, param=param):
+        for prompt in read_prompts(data, target, param=param):
             counts.update(prompt.input_ids)
     return dict(counts)
 
@@ -251,10 +254,10 @@ def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] |
 # ----------------------------------------------------------------------------- the command
 
 
-def _settings(teacher: Target, prompts: str | os.PathLike[str], draft: dict[str, Any],
+def _settings(target: Target, prompts: str | os.PathLike[str], draft: dict[str, Any],
               max_new_tokens: int, ignore_eos: bool, *, mode: Mode = "generate", engine: str = DEFAULT_ENGINE,
               engine_dtype: str = "float32") -> dict[str, Any]:
-    return {"teacher": str(teacher.folder.resolve()), "prompts_sha256": sha256_file(prompts), "mode": mode,
+    return {"teacher": str(target.folder.resolve()), "prompts_sha256": sha256_file(prompts), "mode": mode,
             "max_new_tokens": max_new_tokens if mode == "generate" else 0, "ignore_eos": ignore_eos,
             "decoding": "greedy", "engine": engine, "engine_dtype": engine_dtype,
             "target_layer_ids": list(draft["target_layer_ids"]), "target_hidden_size": draft["target_hidden_size"],
@@ -287,15 +290,16 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
     return manifest
 
 
-def make_rollouts(teacher: str | os.PathLike[str] | Target, prompts: str | os.PathLike[str],
+@renamed_keywords(teacher="target")
+def make_rollouts(target: str | os.PathLike[str] | Target, prompts: str | os.PathLike[str],
                   draft_config: str | os.PathLike[str] | dict[str, Any], out: str | os.PathLike[str], *,
                   max_new_tokens: int, batch_size: int = 8, shard_size: int = 256, ignore_eos: bool = False,
-                  force: bool = False, mode: Mode = "generate", engine: str | TeacherEngine = DEFAULT_ENGINE,
+                  force: bool = False, mode: Mode = "generate", engine: str | TargetEngine = DEFAULT_ENGINE,
                   engine_options: EngineOptions | None = None, progress: Progress | None = None) -> RolloutSummary:
     """Write (or resume) a rollouts folder; see the module docstring for the layout.
 
     Args:
-        teacher: the target (`Target`), or its local transformers causal LM folder.
+        target: the target (`Target`), or its local transformers causal LM folder.
         prompts: JSONL prompts file.
         draft_config: the draft's `config.json` (path or dict): taps and pairing keys come from it (a
             speculators DSpark's `aux_hidden_state_layer_ids` as our ids, `draft_taps.tap_view`).
@@ -312,7 +316,7 @@ def make_rollouts(teacher: str | os.PathLike[str] | Target, prompts: str | os.Pa
         progress: called with the number of prompts finished; told the number still to do first.
 
     Raises:
-        TargetMismatchError: the teacher does not fit the draft config (one line, naming the key).
+        TargetMismatchError: the target does not fit the draft config (one line, naming the key).
         UsageError: malformed prompts, an unknown mode or engine.
         RefusedOverwriteError: `out` holds other files, or a resume whose settings differ (and not `force`).
         MissingDependencyError: the engine's package is not installed.
@@ -321,8 +325,8 @@ def make_rollouts(teacher: str | os.PathLike[str] | Target, prompts: str | os.Pa
         raise UsageError(f"rollouts mode {mode!r}: use one of {', '.join(MODES)}")
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json_input(draft_config, what="the draft's config.json file", param="draft_config"))
-    target = Target.open(teacher, param="teacher")
-    refuse_own_inputs(out, [("teacher", target.path), ("prompts", prompts),
+    target = Target.open(target, param="target")
+    refuse_own_inputs(out, [("target", target.path), ("prompts", prompts),
                             ("draft_config", None if isinstance(draft_config, dict) else draft_config),
                             ("engine_python", engine_options.python if engine_options else None)],
                       param="out", folder=True)
@@ -368,7 +372,7 @@ def make_rollouts(teacher: str | os.PathLike[str] | Target, prompts: str | os.Pa
     return _summary(out, manifest, written, len(all_prompts) - len(todo))
 
 
-def _flush(out: Path, manifest: dict[str, Any], pending: list[Rollout], engine: TeacherEngine) -> int:
+def _flush(out: Path, manifest: dict[str, Any], pending: list[Rollout], engine: TargetEngine) -> int:
     if not pending:
         return 0
     manifest["engine"] = engine.describe()

@@ -12,7 +12,7 @@ holding the `L` tokens before it:
 Each is timed `repeats` times in alternating rounds (one of every operation a round, so load that comes and
 goes hits all of them alike) after one warm-up round; the costs are median times divided by the decode
 step's median. Every target pass starts from a copy of the `L` tokens' cache, made outside the timing.
-Float32 on the device the target sits on (the CPU: `target.load_teacher`), in this process's torch threads.
+Float32 on the device the target sits on (the CPU: `target.load_target`), in this process's torch threads.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def measure_costs(model: CausalLM, rollouts: Sequence[Rollout], drafter: SweepDr
     """Draft-step and verify-pass costs per k, in target decode steps, timed here (module docstring).
 
     Args:
-        model: the target, loaded (`target.load_teacher`, float32, on the CPU).
+        model: the target, loaded (`target.load_target`, float32, on the CPU).
         rollouts: the eval's; the median-length one is timed on (`context_rollout`).
         drafter: the draft's (`drafters.sweep_drafter_for`).
         ks: the k to time a draft step and a verify pass at.

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dspark_hub import schemas
+from dspark_hub._compat import renamed_keywords
 from dspark_hub.documents import Document
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.provenance import describe, identify
@@ -139,7 +140,8 @@ class EvalResult(Document):
                 f"{self.reference.overall.acceptance_length:.4f}; ratio {self.ratio:.4f})"}
 
 
-def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, prompts: str | None = None,
+@renamed_keywords(teacher="target")
+def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompts: str | None = None,
              data: str | None = None, reference: str | None = None, block_size: int | None = None,
              max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
              ignore_eos: bool = False, engine: str = "simulated", vllm_python: str | os.PathLike[str] | None = None,
@@ -149,7 +151,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
 
     Args:
         draft: a k3_dspark or speculators DSpark checkpoint folder.
-        teacher: local target folder; with `data`, defaults to the manifest's target.
+        target: local target folder; with `data`, defaults to the manifest's target.
         prompts: prompts JSONL (continued greedily by the target).
         data: a rollouts folder instead of `prompts` (simulated only; bfloat16 taps, and no tokens past
             its end, so the last step of each sequence can only undercount).
@@ -182,7 +184,7 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
     if dtype != "float32" and engine != "vllm":
         raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
     if plot is not None:
-        refuse_own_inputs(plot, [("draft", draft), ("teacher", teacher), ("prompts", prompts), ("data", data),
+        refuse_own_inputs(plot, [("draft", draft), ("target", target), ("prompts", prompts), ("data", data),
                                  ("reference", reference), ("vllm_python", vllm_python)], param="plot", folder=False)
         require_matplotlib()   # fail before the long run, not after it
     serving = serving or ServingOptions()
@@ -191,9 +193,9 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
         raise UsageError("the k sweep, context buckets, costs and profile are simulated; drop them for the vllm "
                          "engine, or run the simulated engine", param="engine")
     if serving.profile:
-        check_profile_writable(draft, [("teacher", teacher), ("prompts", prompts), ("data", data),
+        check_profile_writable(draft, [("target", target), ("prompts", prompts), ("data", data),
                                        ("reference", reference)], force=serving.force)
-    inputs = open_inputs(draft, target=teacher, prompts=prompts, data=data, reference=reference,
+    inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
                          block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
                          ignore_eos=ignore_eos, vllm_python=vllm_python, longest_k=serving.lookahead(),
                          progress=progress)

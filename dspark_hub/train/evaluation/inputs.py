@@ -122,7 +122,7 @@ def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str]
     if data is not None:
         return _folder_inputs(under_test, ref, data=data, target=target, ignore_eos=ignore_eos, progress=progress)
     assert prompts is not None and target is not None    # `_refuse_for_engine` asked for both
-    opened = Target.open(target, param="teacher")
+    opened = Target.open(target, param="target")
     served = engine == "vllm"
     inputs = _paired(under_test, opened, prompts, reference=ref, ignore_eos=ignore_eos,
                      max_new_tokens=None if served else max_new_tokens)
@@ -130,7 +130,7 @@ def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str]
         inputs.python = python
         return inputs
     runner = open_engine("transformers", opened, under_test.taps, EngineOptions(dtype="float32"))
-    announce_stage(progress, "eval: teacher continuations", len(inputs.prompts))
+    announce_stage(progress, "eval: target continuations", len(inputs.prompts))
     try:
         lookahead = max(under_test.k, longest_k or 0)
         made = list(runner.rollouts(inputs.prompts, mode="generate", max_new_tokens=max_new_tokens + lookahead,
@@ -152,12 +152,12 @@ def _refuse_for_engine(engine: str, *, prompts: str | None, data: str | None, re
             raise UsageError("the vllm engine measures one draft per run; measure the reference in a run of its own",
                              param="reference")
         if prompts is None or target is None:
-            raise UsageError("the vllm engine needs `prompts` and `teacher`", param="prompts" if prompts is None
-                             else "teacher")
+            raise UsageError("the vllm engine needs `prompts` and `target`", param="prompts" if prompts is None
+                             else "target")
     elif (prompts is None) == (data is None):
-        raise UsageError("pass exactly one of `prompts` (with `teacher`) and `data`")
+        raise UsageError("pass exactly one of `prompts` (with `target`) and `data`")
     elif data is None and target is None:
-        raise UsageError("needs `teacher`", param="prompts")
+        raise UsageError("needs `target`", param="prompts")
 
 
 def _folder_inputs(draft: DraftUnderTest, reference: DraftUnderTest | None, *, data: str,
@@ -169,10 +169,10 @@ def _folder_inputs(draft: DraftUnderTest, reference: DraftUnderTest | None, *, d
     if list(settings.get("target_layer_ids", draft.taps)) != draft.taps:
         raise UsageError(f"{data}: the rollouts hold the taps of layers {settings['target_layer_ids']}, the draft "
                          f"reads {draft.taps}; roll out with this draft's config", param="data")
-    folder = target or rollouts.teacher_path
+    folder = target or rollouts.target_path
     if folder is None:
-        raise UsageError(f"{data}: the manifest names no teacher; pass `teacher`")
-    opened = Target.open(folder, param="teacher")
+        raise UsageError(f"{data}: the manifest names no target; pass `target`")
+    opened = Target.open(folder, param="target")
     identity = rollouts.manifest["teacher"]
     facts = {"prompts_sha256": settings["prompts_sha256"], "max_new_tokens": settings["max_new_tokens"],
              "chat_template_sha256": rollouts.manifest.get("chat_template_sha256"),

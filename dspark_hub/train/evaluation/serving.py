@@ -51,7 +51,7 @@ from dspark_hub.train.evaluation.calibration import Calibration, CalibrationTall
 from dspark_hub.train.evaluation.drafters import Drafter, SweepDrafter
 from dspark_hub.train.evaluation.inputs import DraftUnderTest, EvalInputs
 from dspark_hub.train.evaluation.speedup import Costs, Speedup, given_costs, speedup_table
-from dspark_hub.train.target.target import load_teacher
+from dspark_hub.train.target.target import load_target
 
 if TYPE_CHECKING:
     from dspark_hub.train.target.generate import Rollout
@@ -307,7 +307,7 @@ def _costs(inputs: EvalInputs, drafter: SweepDrafter, options: ServingOptions, k
         from dspark_hub.train.evaluation.costs import measure_costs  # torch and timing: only here
 
         assert inputs.rollouts is not None
-        target = load_teacher(inputs.target.path, dtype="float32")
+        target = load_target(inputs.target.path, dtype="float32")
         return measure_costs(target, list(inputs.rollouts), drafter, ks)
     if options.draft_cost and options.verify_cost:
         return given_costs(options.draft_cost, options.verify_cost, ks)

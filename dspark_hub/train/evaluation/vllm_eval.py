@@ -59,7 +59,7 @@ def run_engine(python: str, job: dict[str, Any], *, what: str) -> EngineRun:
 
     Raises:
         MissingDependencyError: `python` cannot start, or cannot import the pinned vLLM.
-        UsageError: the engine refused the teacher (about `teacher`).
+        UsageError: the engine refused the target (about `target`).
         EngineError: the process failed or the engine refused; the message names the log (kept).
     """
     child = Child(WORKER_MODULE, what=f"vllm engine ({what})", python=python, failure=EngineError,
@@ -78,7 +78,7 @@ def measure(target: str | os.PathLike[str], draft: str | os.PathLike[str], promp
     The plain run never uses Triton's interpreter; `interpreter` (None: on when the engine sees no CUDA
     device) is the speculative run's.
 
-    `cpu_refusal` is why the teacher cannot run on vLLM's CPU attention (its head size), if so: the
+    `cpu_refusal` is why the target cannot run on vLLM's CPU attention (its head size), if so: the
     engine process, which knows whether it runs on CPU, refuses with it before vLLM starts.
 
     Returns:

@@ -8,8 +8,8 @@ speculative one. Only light modules of ours are imported before vLLM (none impor
 
 JOB: `{"target", "prompts": [[ids]], "groups": [[prompt indices]], "max_tokens", "stop_token_ids",
 "dtype", "max_model_len", "speculative_config" (null: plain greedy), "interpreter" (true, false or
-null = on when torch sees no CUDA device), "cpu_refusal" (null, or why the teacher cannot run on vLLM's
-CPU attention: refused as a `UsageError` about `teacher` when torch sees no CUDA device, before vLLM
+null = on when torch sees no CUDA device), "cpu_refusal" (null, or why the target cannot run on vLLM's
+CPU attention: refused as a `UsageError` about `target` when torch sees no CUDA device, before vLLM
 starts)}`.
 
 OUT: `{"ok": true, "vllm_version", "untested_version", "version_warning", "torch", "platform", "model_runner",
@@ -114,7 +114,7 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
     on_cpu = not torch.cuda.is_available()
     interpreter = on_cpu if job.get("interpreter") is None else job["interpreter"]
     if on_cpu and job.get("cpu_refusal"):      # before vLLM's slow start, which would fail on it
-        raise UsageError(job["cpu_refusal"], param="teacher")
+        raise UsageError(job["cpu_refusal"], param="target")
     if importlib.util.find_spec("vllm") is None:
         raise missing_vllm(WHAT)
     if interpreter:

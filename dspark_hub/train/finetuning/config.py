@@ -8,10 +8,12 @@ defaults are typed once, here), and `--help` must not import torch. Dtypes in ei
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dspark_hub._compat import renamed_keywords
 from dspark_hub.errors import UsageError
 from dspark_hub.format.provenance import TRAINING_ARGS_PATHS, public_args
 from dspark_hub.format.writer import refuse_own_inputs
@@ -51,7 +53,7 @@ class TrainConfig:
     keep_states: int = 2
     resume: bool = False
     state_dir: str | None = None
-    teacher: str | None = None     # the target (its lm_head; its rollouts on-policy); `--target` on the command line
+    target: str | None = None     # the target (its lm_head; its rollouts on-policy); `--target` on the command line
     on_policy: bool = False
     rounds: int = 1
     prompts: str | None = None
@@ -72,13 +74,22 @@ class TrainConfig:
             raise UsageError(f"confidence target {self.confidence_target!r}; use one of "
                              f"{', '.join(objective.CONFIDENCE_TARGETS)}", param="confidence_target")
 
+    def __getattr__(self, name: str) -> Any:
+        """`config.teacher`, the 0.2 name of `target`, with a DeprecationWarning (until 0.4)."""
+        if name == "teacher":
+            warnings.warn("TrainConfig.teacher is .target since 0.3; the old name goes in 0.4", DeprecationWarning,
+                          stacklevel=2)
+            return self.target
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def bf16(self) -> bool:
         """The forward runs under bf16 autocast (over fp32 master weights)."""
         return self.dtype == "bfloat16"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The options; `target` under its JSON key `teacher` (training_args.json keeps the key readers know)."""
+        return {("teacher" if key == "target" else key): value for key, value in asdict(self).items()}
 
     def public_dict(self) -> dict[str, Any]:
         """`to_dict()` as published in `training_args.json`: Hub ids or digests instead of local paths."""
@@ -88,14 +99,14 @@ class TrainConfig:
     def state_path(self) -> Path:
         return Path(self.state_dir) if self.state_dir else Path(f"{self.out}.state")
 
-    def refuse_own_inputs(self, teacher: str | None = None) -> None:
-        """Refuse an `out` or state folder that is, holds or sits inside an input (`teacher`: the target the
+    def refuse_own_inputs(self, target: str | None = None) -> None:
+        """Refuse an `out` or state folder that is, holds or sits inside an input (`target`: the target the
         data names, when not given), or a state folder inside `out` (replacing `out` would delete it).
 
         Raises:
             UsageError: naming the two arguments, with or without `force`.
         """
-        inputs = [("base", self.base), ("data", self.data), ("teacher", self.teacher or teacher),
+        inputs = [("base", self.base), ("data", self.data), ("target", self.target or target),
                   ("prompts", self.prompts), ("eval_data", self.eval_data),
                   ("engine_python", self.engine_options.python)]
         refuse_own_inputs(self.out, inputs, param="out", folder=True)
@@ -112,6 +123,11 @@ class TrainConfig:
         their rollouts there."""
         return bool(self.save_every or self.resume or self.state_dir or self.on_policy)
 
+
+
+# `TrainConfig(teacher=...)`, the 0.2 keyword of `target`: accepted with a DeprecationWarning until 0.4 (outside
+# the fields, so `dataclasses.replace` and `asdict` never see it).
+TrainConfig.__init__ = renamed_keywords(teacher="target")(TrainConfig.__init__)  # type: ignore[method-assign]
 
 def default(name: str) -> Any:
     """`TrainConfig`'s default for the field `name` (a factory's value is made; `loss` as its JSON text)."""

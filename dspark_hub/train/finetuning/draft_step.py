@@ -62,7 +62,7 @@ class DraftStep(nn.Module):
         out = self.model.teacher_forced(context_states, input_ids, anchors, block_size=self.block_size,
                                         lm_head_weight=None if chunked else lm_head_weight, doc_ids=doc_ids,
                                         anchor_valid=anchor_valid)
-        targets = objective.TeacherTargets(final_hidden=final_hidden, loss_mask=loss_mask)
+        targets = objective.TargetDistributions(final_hidden=final_hidden, loss_mask=loss_mask)
         hidden, prev_ids, labels, positions = out.last_hidden_state, out.prev_ids, out.labels, out.target_positions
         assert hidden is not None and prev_ids is not None and labels is not None and positions is not None
         if chunked:

@@ -199,16 +199,16 @@ class SpeculatorsFinetune:
         self.warnings = serving_warnings(self.base_config)
         if not config.data:
             raise UsageError("no training data; pass `data`", param="data")
-        teacher = config.teacher or (RolloutData(config.data, param="data").teacher_path
+        target = config.target or (RolloutData(config.data, param="data").target_path
                                      if detect_format(config.data, param="data") == "rollouts" else None)
-        if not teacher:
-            raise UsageError("no target; pass `teacher` (its embedding, lm_head and final norm)", param="teacher")
-        config.refuse_own_inputs(teacher)
-        self.target = Target.open(teacher, param="teacher")
+        if not target:
+            raise UsageError("no target; pass `target` (its embedding, lm_head and final norm)", param="target")
+        config.refuse_own_inputs(target)
+        self.target = Target.open(target, param="target")
         self.view = tap_view(self.base_config, self.target.config,
                              where=str(Path(config.base) / contract.CONFIG_NAME), target=self.target.path)
         self.data: RolloutData | HiddenStateData = open_training_data(
-            config.data, draft_config=self.view, teacher=self.target, layer_ids=config.data_layer_ids,
+            config.data, draft_config=self.view, target=self.target, layer_ids=config.data_layer_ids,
             param="data")
         if isinstance(self.data, RolloutData):
             check_recorded_taps(self.data, self.view)

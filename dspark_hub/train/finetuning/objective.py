@@ -3,7 +3,7 @@
 Per sequence, anchors are positions `a` with `loss_mask[a]` and `loss_mask[a + 1]` (the anchor is a
 continuation token and its first label is supervised; TorchSpec/DeepSpec's rule), up to
 `max_anchors` drawn without replacement and sorted. Block j is `[x[a_j], M, ..., M]` at positions
-`a_j .. a_j + K - 1`; slot k drafts `x[a_j + k + 1]`, distils the teacher's distribution at row
+`a_j .. a_j + K - 1`; slot k drafts `x[a_j + k + 1]`, distils the target's distribution at row
 `a_j + k`, and its Markov predecessor is the true token `x[a_j + k]` (teacher forcing). All blocks
 of a sequence run in one packed pass (`K3DSparkModel.teacher_forced`).
 
@@ -12,8 +12,8 @@ label is missing or unsupervised voids the rest of its block). Each term is `sum
 with the denominator summed over every data-parallel rank, so a sharded batch gives the same
 gradient as one process on the whole batch.
 
-Terms (p = teacher softmax at temperature 1, q = draft softmax with the Markov bias):
-  - `ce`: cross-entropy of q against the data token (= argmax p on greedy teacher data);
+Terms (p = target softmax at temperature 1, q = draft softmax with the Markov bias):
+  - `ce`: cross-entropy of q against the data token (= argmax p on greedy target data);
   - `kl`: KL(p || q);
   - `tv`: total variation 1 - sum_v min(p_v, q_v);
   - confidence: BCE-with-logits of the confidence head against a detached per-slot acceptance, weight
@@ -99,7 +99,7 @@ def sample_anchors(loss_mask: torch.Tensor, max_anchors: int, seed: int) -> torc
 
 
 class Targets(Protocol):
-    """What the loss reads of a batch: the teacher's final hidden rows and the supervised tokens."""
+    """What the loss reads of a batch: the target's final hidden rows and the supervised tokens."""
 
     @property
     def final_hidden(self) -> torch.Tensor: ...        # [B, T, H]
@@ -108,7 +108,7 @@ class Targets(Protocol):
 
 
 @dataclass(frozen=True)
-class TeacherTargets:
+class TargetDistributions:
     """`Targets` on their own (the trainer's step hands the loss only these two)."""
 
     final_hidden: torch.Tensor
@@ -192,7 +192,7 @@ def slot_weights(labels: torch.Tensor, target_positions: torch.Tensor, loss_mask
     return slot_mask, slot_mask * decay_weights(block, gamma).to(labels.device)
 
 
-def _teacher_distribution(final_hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+def _target_distribution(final_hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
     import torch
     import torch.nn.functional as F
 
@@ -272,9 +272,9 @@ def loss_sums(logits: torch.Tensor, confidence_logits: torch.Tensor | None, labe
         logits: `[B, A, K, V]` float32 draft logits with the teacher-forced Markov bias.
         confidence_logits: `[B, A, K]` or None.
         labels: `[B, A, K]` with -100 where there is no label.
-        target_positions: `[B, A, K]` rows of the teacher's final hidden to distil from.
+        target_positions: `[B, A, K]` rows of the target's final hidden to distil from.
         batch: the collated batch (final hidden, loss mask).
-        lm_head_weight: the teacher's lm_head `[V, H]`.
+        lm_head_weight: the target's lm_head `[V, H]`.
         terms: which of `ce`, `kl`, `tv` to compute.
         gamma: decay constant of the slot weights.
         confidence_target: what the confidence head learns (`CONFIDENCE_TARGETS`).
@@ -284,7 +284,7 @@ def loss_sums(logits: torch.Tensor, confidence_logits: torch.Tensor | None, labe
     slot_mask, weights = slot_weights(labels, target_positions, batch.loss_mask, gamma)
     flat_positions = target_positions.reshape(labels.shape[0], -1)
     hidden = batch.final_hidden.gather(1, flat_positions[..., None].expand(-1, -1, batch.final_hidden.shape[-1]))
-    target = _teacher_distribution(hidden, lm_head_weight).reshape_as(logits)
+    target = _target_distribution(hidden, lm_head_weight).reshape_as(logits)
     losses, overlap, correct, accept = _slot_losses(logits, target, labels, terms, confidence_target)
     sums = {name: (loss * weights).sum() for name, loss in losses.items()}
     with torch.no_grad():
@@ -293,7 +293,7 @@ def loss_sums(logits: torch.Tensor, confidence_logits: torch.Tensor | None, labe
 
 
 def _chunk_sums(draft_logits: DraftLogits, lm_head_weight: torch.Tensor, terms: Sequence[str], confidence_target: str,
-                teacher_hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                target_hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                 *draft_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`([sum(w * l) per term], overlap [n], hits, the confidence target [n])` of n rows; nothing vocabulary-sized
     outlives it."""
@@ -302,7 +302,7 @@ def _chunk_sums(draft_logits: DraftLogits, lm_head_weight: torch.Tensor, terms: 
     logits = draft_logits(*draft_rows).float()
     # As `loss_sums` after an autocast forward: bf16 may shape the draft logits, never the loss arithmetic.
     with torch.autocast(logits.device.type, enabled=False):
-        target = _teacher_distribution(teacher_hidden, lm_head_weight)
+        target = _target_distribution(target_hidden, lm_head_weight)
         losses, overlap, correct, accept = _slot_losses(logits, target, labels, terms, confidence_target)
         sums = [(losses[name] * weights).sum() for name in terms]
     return torch.stack(sums) if sums else weights.new_zeros(0), overlap, correct.sum(), accept
@@ -316,7 +316,7 @@ def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[torch.Te
     """`loss_sums` without ever holding more than `chunk_rows` rows of `[rows, V]` logits or targets.
 
     Only supervised slots (non-zero weight) are computed; they are taken `chunk_rows` at a time,
-    and each chunk runs under `torch.utils.checkpoint`, so its logits, softmaxes and teacher
+    and each chunk runs under `torch.utils.checkpoint`, so its logits, softmaxes and target
     targets are freed after its forward and recomputed, one chunk at a time, in backward.
 
     Args:
@@ -338,8 +338,8 @@ def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[torch.Te
     slot_mask, weights = slot_weights(labels, target_positions, batch.loss_mask, gamma)
     rows = torch.nonzero(slot_mask.flatten()).flatten()
     sequence = torch.arange(labels.shape[0], device=labels.device)[:, None, None].expand_as(labels)
-    teacher_hidden = batch.final_hidden[sequence.flatten()[rows], target_positions.flatten()[rows]]
-    inputs = [teacher_hidden, labels.flatten()[rows], weights.flatten()[rows]]
+    target_hidden = batch.final_hidden[sequence.flatten()[rows], target_positions.flatten()[rows]]
+    inputs = [target_hidden, labels.flatten()[rows], weights.flatten()[rows]]
     inputs += [tensor.flatten(0, labels.dim() - 1)[rows] for tensor in draft_inputs]
     term_sums, overlaps, hits, accepts = [], [], [], []
     # At least one (possibly empty) chunk, so a rank without supervised slots still back-propagates.

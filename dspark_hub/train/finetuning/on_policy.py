@@ -21,7 +21,7 @@ from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.finetuning.checkpointer import Checkpointer
 from dspark_hub.train.finetuning.config import TrainConfig
 from dspark_hub.train.finetuning.distributed import barrier
-from dspark_hub.train.target.engines import TeacherEngine, open_engine
+from dspark_hub.train.target.engines import TargetEngine, open_engine
 from dspark_hub.train.target.target import Target
 
 
@@ -58,7 +58,7 @@ def fit_on_policy(trainer: Trainer) -> None:
     assert config.prompts   # checked when the trainer was made
     lines = prompt_lines(config.prompts)
     rounds = max(1, min(config.rounds, len(lines)))
-    engine: TeacherEngine | None = None
+    engine: TargetEngine | None = None
     if trainer.rank == 0:
         engine = open_engine(config.engine, trainer.target, list(trainer.base_config["target_layer_ids"]),
                              config.engine_options, releasable=rounds > 1)
@@ -83,7 +83,7 @@ def fit_on_policy(trainer: Trainer) -> None:
             engine.close()
 
 
-def roll_out(trainer: Trainer, engine: TeacherEngine, folder: Path, chunk: list[str]) -> None:
+def roll_out(trainer: Trainer, engine: TargetEngine, folder: Path, chunk: list[str]) -> None:
     """One round's rollouts: its prompts to `folder/prompts.jsonl`, the target's continuations to `folder/data`."""
     config = trainer.config
     folder.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ anchor and the block's own K rows). So attention grows with `(A x K)^2`: at the 
 anchors of 7 rows over a 600-token sequence spend almost all of a step there, and the
 probabilities it keeps for backward (`layers x heads x R x (T + R)` floats a sequence) are most of
 the memory. The vocabulary-sized work is `A x K x vocabulary` per sequence: the draft's logits and
-the teacher's targets for every supervised slot.
+the target's targets for every supervised slot.
 
 `step_plan` returns a `TrainPlan`: the step's shape (sequences, positions, anchors, block rows,
 keys per block row, vocabulary rows), the compute split by part (multiply-adds x 2, forward plus
@@ -15,9 +15,9 @@ backward), and an estimate of the memory the step needs, by part:
 
 - `states`: fp32 master weights of every tensor, plus fp32 gradients and two AdamW moments of
   the trained ones (16 B a trained parameter, 4 B a frozen one; divided by the ranks under FSDP2);
-- `teacher_lm_head`: the teacher's `lm_head` in fp32 (vocabulary x target hidden x 4 B);
+- `target_lm_head`: the target's `lm_head` in fp32 (vocabulary x target hidden x 4 B);
 - `loss`: about six `[rows, vocabulary]` fp32 tensors alive at once (logits, log-softmax, softmax,
-  teacher targets, their difference), `loss_chunk` rows (or every slot row when unchunked);
+  target targets, their difference), `loss_chunk` rows (or every slot row when unchunked);
 - `attention`: the probabilities each layer keeps for backward, plus two more layers' worth of
   scores and gradients in flight, plus the boolean mask and its float form;
 - `activations`: what autograd saves per block row and per context row (norm inputs, projections,
@@ -95,7 +95,7 @@ def step_plan(config: Mapping[str, Any] | Any, *, sequences: int, positions: int
             real tokens and the supervised ones.
         anchors: A, anchors per sequence after padding; `valid_anchors`: real anchors over the batch.
         block_size: K.
-        vocabulary, target_hidden_size: the teacher `lm_head`'s shape.
+        vocabulary, target_hidden_size: the target `lm_head`'s shape.
         trained_parameters, frozen_parameters: the draft's parameter counts.
         loss_chunk: rows per loss chunk (0 = the whole `[B, A, K, V]` at once).
         bf16: the forward runs under bf16 autocast.
@@ -127,10 +127,10 @@ def step_plan(config: Mapping[str, Any] | Any, *, sequences: int, positions: int
     decoder = 2.0 * b * (layers * (rows * per_block_row + keys * per_key_row + t * per_context_row)
                          + t * taps * target_hidden * h)
     draft_vocab = 2.0 * vocab_rows * vocabulary * (h + markov)
-    teacher_vocab = 2.0 * vocab_rows * vocabulary * target_hidden
+    target_vocab = 2.0 * vocab_rows * vocabulary * target_hidden
     recompute = 1 if loss_chunk else 0                # a chunk's forward runs again in backward
     flops = {"attention": 3 * attention, "decoder": 3 * decoder,
-             "vocabulary": (3 + recompute) * draft_vocab + (1 + recompute) * teacher_vocab}
+             "vocabulary": (3 + recompute) * draft_vocab + (1 + recompute) * target_vocab}
 
     states = trained_parameters * 16 + frozen_parameters * 4
     if sharded_states and world_size > 1:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dspark_hub import schemas
+from dspark_hub._compat import renamed_keywords
 from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
@@ -104,9 +105,10 @@ class TrainResult(Document):
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def check_base_embedding(base: str | os.PathLike[str], teacher: str | os.PathLike[str]) -> str:
-    """The base's frozen `embed_tokens.weight` must be the teacher's embedding, compared as `verify
-    --frozen-embed` compares it (streamed; in the draft's dtype, so an F32 teacher counts through its
+@renamed_keywords(teacher="target")
+def check_base_embedding(base: str | os.PathLike[str], target: str | os.PathLike[str]) -> str:
+    """The base's frozen `embed_tokens.weight` must be the target's embedding, compared as `verify
+    --frozen-embed` compares it (streamed; in the draft's dtype, so an F32 target counts through its
     exact BF16 rounding). Runtimes serve the draft with the target's embedding, and training never
     changes the frozen copy, so a draft trained on another embedding learns inputs it never sees.
 
@@ -119,15 +121,15 @@ def check_base_embedding(base: str | os.PathLike[str], teacher: str | os.PathLik
     # verify.deep imports numpy (its byte scan): only a run that starts pays for it
     from dspark_hub.verify.deep import check_frozen_embed
 
-    result = check_frozen_embed(open_checkpoint(LocalSource(base)), teacher)
+    result = check_frozen_embed(open_checkpoint(LocalSource(base)), target)
     comparison = result.comparison
     if result.draft is None:
         raise UsageError(f"{base}: holds no {contract.FROZEN_TENSORS[0]} to train beside", param="base")
     if not comparison.identical:
-        raise UsageError(f"{base}: {contract.FROZEN_TENSORS[0]} is not {comparison.sameness} the teacher's "
-                         f"{result.teacher_tensor.stored.location} ({comparison.evidence}); the runtime serves the "
+        raise UsageError(f"{base}: {contract.FROZEN_TENSORS[0]} is not {comparison.sameness} the target's "
+                         f"{result.target_tensor.stored.location} ({comparison.evidence}); the runtime serves the "
                          "draft with the target's embedding, so train from a base that carries it: "
-                         "'dspark-hub init DIR --embed-from TEACHER'", param="base")
+                         "'dspark-hub init DIR --embed-from TARGET'", param="base")
     return str(comparison.verdict)
 
 
@@ -214,19 +216,19 @@ class Trainer:
         """The target given, else the one the rollouts folder names (opened once for the run)."""
         if self.given_target is not None:
             return self.given_target
-        teacher = getattr(self.data, "teacher_path", None)
-        if isinstance(teacher, str) and teacher:
-            self.config.refuse_own_inputs(teacher)
-            return Target.open(teacher, param="teacher")
-        raise UsageError("no target; pass `teacher` (its lm_head gives the target distributions)", param="teacher")
+        target = getattr(self.data, "target_path", None)
+        if isinstance(target, str) and target:
+            self.config.refuse_own_inputs(target)
+            return Target.open(target, param="target")
+        raise UsageError("no target; pass `target` (its lm_head gives the target distributions)", param="target")
 
     def _check_inputs(self) -> None:
         """The target's config, on-policy's prompts and the eval data exist, before anything loads."""
         config = self.config
-        self.given_target = Target.open(config.teacher, param="teacher") if config.teacher else None
+        self.given_target = Target.open(config.target, param="target") if config.target else None
         if config.on_policy:
-            if not (config.prompts and config.teacher):
-                raise UsageError("needs `prompts` and `teacher`", param="on_policy")
+            if not (config.prompts and config.target):
+                raise UsageError("needs `prompts` and `target`", param="on_policy")
             require_file(config.prompts, "a prompts JSONL file", param="prompts")
         if config.eval_data:
             detect_format(config.eval_data, param="eval_data")
@@ -234,7 +236,7 @@ class Trainer:
     def _open_data(self, path: str | None) -> TrainingData:
         if not path:
             raise UsageError("no training data; pass `data` (or `on_policy` with `prompts`)", param="data")
-        return open_training_data(path, draft_config=self.base_config, teacher=self.given_target,
+        return open_training_data(path, draft_config=self.base_config, target=self.given_target,
                                   layer_ids=self.config.data_layer_ids, param="data")
 
     def _total_steps(self) -> int:
@@ -371,7 +373,7 @@ class Trainer:
         if not due or config.fsdp or config.eval_data is None:
             return
         if self.rank == 0:
-            data = open_training_data(config.eval_data, draft_config=self.base_config, teacher=self.target,
+            data = open_training_data(config.eval_data, draft_config=self.base_config, target=self.target,
                                       layer_ids=config.data_layer_ids)
             self.last_eval = {**measure_draft(self.model, self.lm_head, data, config.block_size).to_dict(),
                               "baseline": measure_ngram(data, config.block_size).overall.to_dict()}

@@ -1,20 +1,20 @@
-"""Teacher engines: what runs the teacher to produce a rollout's tokens and hidden states.
+"""Target engines: what runs the target to produce a rollout's tokens and hidden states.
 
-An engine turns prompts into `Rollout`s (`dspark_hub.train.data.rollouts`): the teacher's greedy
+An engine turns prompts into `Rollout`s (`dspark_hub.train.data.rollouts`): the target's greedy
 continuation (mode `generate`) or the given sequence as it is (mode `prefill`, for offline data),
-with the teacher states at the draft's taps and the teacher's final-normed last hidden state.
+with the target states at the draft's taps and the target's final-normed last hidden state.
 
 Engines are registered by name in `ENGINES` (name -> `module:Class`, imported on first use), so a
 command's choices come from the registry and no engine's dependencies are imported before it is
 opened:
 
-  - `transformers` (the default, and the oracle): the teacher as a transformers causal LM in this
+  - `transformers` (the default, and the oracle): the target as a transformers causal LM in this
     process; taps captured with forward hooks.
   - `vllm`: the real vLLM engine with hidden-state extraction, in a child process
     (`dspark_hub.train.target.vllm_engine`).
 
 An engine holds memory between calls; `release()` frees it (for on-policy rounds that alternate
-teacher rollouts with draft updates) and says how, and the next call brings the engine back.
+target rollouts with draft updates) and says how, and the next call brings the engine back.
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ Progress = Callable[[int], None]
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """How to run the teacher. `None` leaves a setting to the engine; each engine takes only its own.
+    """How to run the target. `None` leaves a setting to the engine; each engine takes only its own.
 
     The vLLM ones are passed to `vllm.LLM` under the same names.
     """
 
-    dtype: str | None = field(default=None, metadata={"help": "teacher dtype (float32, bfloat16, float16, auto)"})
-    device: str | None = field(default=None, metadata={"help": "transformers: torch device of the teacher"})
+    dtype: str | None = field(default=None, metadata={"help": "target dtype (float32, bfloat16, float16, auto)"})
+    device: str | None = field(default=None, metadata={"help": "transformers: torch device of the target"})
     tensor_parallel_size: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int | None = None
@@ -71,11 +71,11 @@ class EngineOptions:
         return {k: v for k, v in asdict(self).items() if v not in (None, {})}
 
 
-class TeacherEngine(Protocol):
+class TargetEngine(Protocol):
     """What `make_rollouts` and on-policy training need from an engine."""
 
     name: str
-    dtype: str     # the teacher dtype it runs (resolved default included): a rollouts setting
+    dtype: str     # the target dtype it runs (resolved default included): a rollouts setting
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
                  batch_size: int, progress: Progress | None = None,
@@ -122,7 +122,7 @@ def engine_names() -> list[str]:
 
 
 def open_engine(name: str, target: str | os.PathLike[str] | Target, layer_ids: list[int],
-                options: EngineOptions | None = None, *, releasable: bool = False) -> TeacherEngine:
+                options: EngineOptions | None = None, *, releasable: bool = False) -> TargetEngine:
     """Open the engine `name` on `target`, capturing the taps `layer_ids` (our convention).
 
     Nothing heavy starts here: an engine loads its target on first use.
@@ -139,20 +139,20 @@ def open_engine(name: str, target: str | os.PathLike[str] | Target, layer_ids: l
         UsageError: unknown engine, or an option it does not take.
     """
     if name not in ENGINES:
-        raise UsageError(f"teacher engine {name!r}: unknown; use one of {', '.join(engine_names())}")
+        raise UsageError(f"target engine {name!r}: unknown; use one of {', '.join(engine_names())}")
     module, cls_name = ENGINES[name].split(":")
     cls = getattr(importlib.import_module(module), cls_name)
     options = options or EngineOptions()
     foreign = sorted(set(options.given()) - set(cls.accepts))
     if foreign:
-        raise UsageError(f"teacher engine {name!r} does not take {', '.join(foreign)}; "
+        raise UsageError(f"target engine {name!r} does not take {', '.join(foreign)}; "
                          f"it takes {', '.join(sorted(cls.accepts))}", param=option_param(foreign[0]))
-    engine: TeacherEngine = cls(Target.open(target), list(layer_ids), options, releasable=releasable)
+    engine: TargetEngine = cls(Target.open(target), list(layer_ids), options, releasable=releasable)
     return engine
 
 
 class TransformersEngine:
-    """The teacher as a transformers causal LM in this process (forward hooks capture the taps)."""
+    """The target as a transformers causal LM in this process (forward hooks capture the taps)."""
 
     name = "transformers"
     accepts = frozenset({"dtype", "device"})
@@ -193,14 +193,14 @@ class TransformersEngine:
 
     def release(self) -> str:
         if self.model is None:
-            return "the transformers teacher was not loaded"
+            return "the transformers target was not loaded"
         self.model = None
         gc.collect()
         if self.device.startswith("cuda"):
             import torch
 
             torch.cuda.empty_cache()
-        return "unloaded the transformers teacher (loaded again for the next round)"
+        return "unloaded the transformers target (loaded again for the next round)"
 
     def close(self) -> None:
         self.release()

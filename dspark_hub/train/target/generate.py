@@ -1,4 +1,4 @@
-"""One teacher sequence and its states (`Rollout`), and how a transformers teacher produces them.
+"""One target sequence and its states (`Rollout`), and how a transformers target produces them.
 
 Shared by every engine (`train.engines`, `train.vllm_engine`) and by the rollouts folder
 (`train.rollouts`), which sit above it: greedy continuations captured with forward hooks
@@ -26,29 +26,29 @@ if TYPE_CHECKING:
 
 
 def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
-    """The teacher's decoder layer list (`model.model.layers` for Llama/Qwen/DeepSeek families)."""
+    """The target's decoder layer list (`model.model.layers` for Llama/Qwen/DeepSeek families)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     layers = getattr(decoder, "layers", None)
     if layers is None:
-        raise UsageError(f"teacher: {type(model).__name__} has no decoder .layers to tap; "
+        raise UsageError(f"target: {type(model).__name__} has no decoder .layers to tap; "
                          "use a transformers causal LM with a standard decoder stack")
     stack: torch.nn.ModuleList = layers
     return stack
 
 
 @dataclass
-class TeacherStates:
-    """What one teacher prefill pass yields for a batch of sequences `[B, T]`."""
+class TargetStates:
+    """What one target prefill pass yields for a batch of sequences `[B, T]`."""
 
     aux_hidden_states: torch.Tensor     # [B, T, len(layer_ids) * hidden]: layer outputs, ascending ids
     final_hidden_states: torch.Tensor   # [B, T, hidden]: input of lm_head (after the final norm)
 
 
-def capture_states(model: PreTrainedModel, input_ids: torch.Tensor, layer_ids: list[int]) -> TeacherStates:
+def capture_states(model: PreTrainedModel, input_ids: torch.Tensor, layer_ids: list[int]) -> TargetStates:
     """One prefill forward; taps are captured with forward hooks on the named decoder layers.
 
     Args:
-        model: a causal LM from `load_teacher`.
+        model: a causal LM from `load_target`.
         input_ids: `[B, T]` (no padding: every row is attended in full).
         layer_ids: the draft's `target_layer_ids`; concatenated in ascending order.
     """
@@ -71,7 +71,7 @@ def capture_states(model: PreTrainedModel, input_ids: torch.Tensor, layer_ids: l
         for handle in handles:
             handle.remove()
     aux = torch.cat([captured[layer] for layer in sorted(layer_ids)], dim=-1)
-    return TeacherStates(aux_hidden_states=aux, final_hidden_states=out.last_hidden_state)
+    return TargetStates(aux_hidden_states=aux, final_hidden_states=out.last_hidden_state)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Prompt:
 
 @dataclass
 class Rollout:
-    """One teacher sequence with its states (tensors on CPU)."""
+    """One target sequence with its states (tensors on CPU)."""
 
     prompt_index: int
     dataset: str | None
@@ -115,9 +115,9 @@ class Rollout:
 
 
 def greedy_agreement(final: Any, tokens: Any, mask: Any, lm_head: Any) -> tuple[int, int]:
-    """(agree, total): how many supervised tokens `t >= 1` equal the argmax of the teacher's logits at `t - 1`.
+    """(agree, total): how many supervised tokens `t >= 1` equal the argmax of the target's logits at `t - 1`.
 
-    1.0 on a correct greedy rollout; on offline (prefill) data, how often the data is the teacher's greedy choice.
+    1.0 on a correct greedy rollout; on offline (prefill) data, how often the data is the target's greedy choice.
     """
     import torch
 

@@ -1,8 +1,8 @@
-"""The teacher (target) side of training and evaluation: loading, tap capture, lm_head, identity.
+"""The target (target) side of training and evaluation: loading, tap capture, lm_head, identity.
 
 The tap convention (what a `target_layer_ids` entry means)
 ----------------------------------------------------------
-Entry `l` (0-based) names the OUTPUT of the teacher's decoder layer `l`: the residual stream
+Entry `l` (0-based) names the OUTPUT of the target's decoder layer `l`: the residual stream
 after that layer's attention and MLP blocks have been added, exactly what a forward hook on
 `model.layers[l]` returns. In `output_hidden_states=True` indexing that is `hidden_states[l + 1]`
 (`hidden_states[0]` is the embedding output). It is never the final-normed last entry of
@@ -11,9 +11,9 @@ why the config forbids the last layer id. The draft's context row `C[t]` is the 
 the taps in ascending id order, width `len(target_layer_ids) * hidden_size`. Runtimes that record
 the INPUT of a listed layer must shift by one (`l + 1`); DeepSpec, LumenRL and this module do not.
 
-The teacher's final hidden state is the input of its `lm_head` (after the final norm); target
+The target's final hidden state is the input of its `lm_head` (after the final norm); target
 distributions are `softmax(final_hidden @ lm_head.weight.T)`, recomputed at training time from
-the weight read straight out of the teacher's safetensors (`Target.lm_head`).
+the weight read straight out of the target's safetensors (`Target.lm_head`).
 
 The target a command works against is one value, `Target`, opened once (`Target.open`): its path,
 its `config.json` (read there, once), its tokenizer (loaded on first use), its identity (computed
@@ -68,8 +68,8 @@ def sha256_text(text: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class TeacherIdentity(Document):
-    """Which teacher produced a measurement: `repo@revision` when the folder is a Hub snapshot,
+class TargetIdentity(Document):
+    """Which target produced a measurement: `repo@revision` when the folder is a Hub snapshot,
     else the SHA-256 of its config and weight files."""
 
     KEYS = ("path", "repo", "revision", "digests", "label")
@@ -88,8 +88,8 @@ class TeacherIdentity(Document):
         return f"{Path(self.path).name} (sha256 {digests})"
 
 
-def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
-    """Identify a local target folder (see `TeacherIdentity`): its config and weight files as the one
+def target_identity(folder: str | os.PathLike[str]) -> TargetIdentity:
+    """Identify a local target folder (see `TargetIdentity`): its config and weight files as the one
     folder listing (`format.folder.list_folder`) sees them, so a link out of the folder is never hashed.
 
     Raises:
@@ -99,14 +99,14 @@ def teacher_identity(folder: str | os.PathLike[str]) -> TeacherIdentity:
     resolved = Path(folder).resolve()
     match = _SNAPSHOT.search(resolved.as_posix())
     if match:
-        return TeacherIdentity(str(folder), repo=f"{match['org']}/{match['name']}", revision=match["rev"])
+        return TargetIdentity(str(folder), repo=f"{match['org']}/{match['name']}", revision=match["rev"])
     listing = list_folder(folder)
     left_out = [p for p in listing.problems if _identifies(p.path)]
     if left_out:
         first = left_out[0]
         raise CheckpointFormatError(first.code, f"{first.detail}; the target's identity is the files it loads",
                                     path=str(Path(folder) / first.path), hint=first.hint)
-    return TeacherIdentity(str(folder), digests={name: sha256_file(Path(folder) / name)
+    return TargetIdentity(str(folder), digests={name: sha256_file(Path(folder) / name)
                                                  for name in listing.files if _identifies(name)})
 
 
@@ -119,7 +119,7 @@ def _identifies(name: str) -> bool:
 
 
 def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
-    """The tensor holding the teacher's output projection (its input embedding when tied)."""
+    """The tensor holding the target's output projection (its input embedding when tied)."""
     names = list(names)
     wanted = ["lm_head.weight"]
     if text_config(config).get("tie_word_embeddings", config.get("tie_word_embeddings")):
@@ -128,7 +128,7 @@ def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
         hits: list[str] = [n for n in names if n == suffix or n.endswith("." + suffix)]
         if len(hits) == 1:
             return hits[0]
-    raise UsageError(f"teacher: no unique {' or '.join(wanted)} among {plural(len(names), 'tensor')}; "
+    raise UsageError(f"target: no unique {' or '.join(wanted)} among {plural(len(names), 'tensor')}; "
                      "pass a causal LM checkpoint folder")
 
 
@@ -143,7 +143,7 @@ def read_tensor(file: str | os.PathLike[str], name: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class FinalNorm:
-    """The teacher's final RMSNorm, read from its files: what turns the last layer's output into the lm_head input.
+    """The target's final RMSNorm, read from its files: what turns the last layer's output into the lm_head input.
 
     Engines that capture the last decoder layer's output before the norm (vLLM, speculators' data)
     get the lm_head input by applying it: `weight * x / sqrt(mean(x^2) + eps)`, normalised in
@@ -163,11 +163,11 @@ class FinalNorm:
         return self.weight.to(device=hidden.device, dtype=dtype) * x.to(dtype)
 
     def describe(self) -> str:
-        return (f"teacher final norm {self.tensor} (eps {self.eps}) applied to the last decoder layer's "
+        return (f"target final norm {self.tensor} (eps {self.eps}) applied to the last decoder layer's "
                 "pre-norm output: w * x / sqrt(mean(x^2) + eps), normalised in float32")
 
 
-#: Final-norm tensor names by family: the text model's `norm` (multimodal teachers nest it).
+#: Final-norm tensor names by family: the text model's `norm` (multimodal targets nest it).
 _FINAL_NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight")
 #: Families whose RMSNorm scales by (1 + weight): applying `FinalNorm` to them would be silently wrong.
 _ONE_PLUS_WEIGHT_NORMS = ("gemma", "gemma2", "gemma3", "gemma3_text", "qwen3_next")
@@ -218,7 +218,7 @@ def moved(model: M, where: torch.device | torch.dtype | str) -> M:
     return model.to(where)   # type: ignore[arg-type,no-any-return]
 
 
-def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> CausalLM:
+def load_target(folder: str | os.PathLike[str], *, dtype: str = "float32") -> CausalLM:
     """`AutoModelForCausalLM` from a local folder, in eval mode, gradients off."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -285,10 +285,10 @@ class Target:
         return text_config(self.config)
 
     @cached_property
-    def identity(self) -> TeacherIdentity:
+    def identity(self) -> TargetIdentity:
         """`repo@revision` of a Hub snapshot, else the SHA-256 of its config and weight files (once)."""
         with self._about():
-            return teacher_identity(self.path)
+            return target_identity(self.path)
 
     @cached_property
     def tensor_files(self) -> dict[str, Path]:
@@ -359,7 +359,7 @@ class Target:
 
     def load(self, *, dtype: str = "float32") -> CausalLM:
         """The model (`AutoModelForCausalLM`) in eval mode, gradients off."""
-        return load_teacher(self.path, dtype=dtype)
+        return load_target(self.path, dtype=dtype)
 
     def _about(self) -> AbstractContextManager[None]:
         return about(self.param) if self.param else nullcontext()

@@ -1,6 +1,6 @@
-"""`init-teacher`: a tiny random transformers teacher for toy runs of the training commands.
+"""`init-teacher`: a tiny random transformers target for toy runs of the training commands.
 
-The training commands need a teacher: a transformers causal LM whose hidden size, layer count and
+The training commands need a target: a transformers causal LM whose hidden size, layer count and
 vocabulary match the draft's `target_hidden_size`, `target_num_hidden_layers` and `vocab_size`.
 `init_teacher` writes one at the `tiny` profile's size (`contract.TINY_CONFIG`'s target: hidden
 64, 6 layers, vocabulary 512), or at the size a given draft names, with an offline tokenizer:
@@ -8,16 +8,16 @@ vocabulary match the draft's `target_hidden_size`, `target_num_hidden_layers` an
 - a Llama (`LlamaForCausalLM`, random N(0, 0.02) weights from `seed`), stored in BF16 like the
   draft, untied `lm_head`, `bos`/`eos`/`pad` ids from the draft's config; the `lm_head` rows of
   every special and reserved id are zero, so greedy decoding always picks a byte (a random row
-  wins with probability 1 - 2^-256): the teacher writes text and never stops early;
+  wins with probability 1 - 2^-256): the target writes text and never stops early;
 - a byte-level BPE tokenizer without merges (`tokenizer.json`, one token per UTF-8 byte, so any
   text encodes) plus special tokens: `<unk>`, `<s>`, `</s>`, role markers for a small chat
   template (so `messages` prompts work), the draft's `mask_token_id` as `<|mask|>`, `<pad>`, and
   `<|reserved_N|>` for the ids left;
-- with `draft=`, the draft's frozen `embed_tokens.weight` as the teacher's input embedding, bit
+- with `draft=`, the draft's frozen `embed_tokens.weight` as the target's input embedding, bit
   for bit, so the pair passes `verify --target` (a `k3_dspark` draft must carry a copy of its
   target's embedding).
 
-Nothing is downloaded. A random teacher's greedy continuations soon repeat themselves, so a
+Nothing is downloaded. A random target's greedy continuations soon repeat themselves, so a
 draft trained on them learns little beyond that: the toy runs check the plumbing and the cost,
 not the quality.
 """
@@ -43,9 +43,9 @@ from dspark_hub.train.target.target import moved
 # torch, transformers, tokenizers and safetensors are imported inside the writers: the CLI imports
 # this module for `--help`.
 
-#: Profiles `init_teacher` writes (a Kimi-K3-sized teacher is not a toy).
+#: Profiles `init_teacher` writes (a Kimi-K3-sized target is not a toy).
 TEACHER_PROFILES = ("tiny",)
-#: The largest teacher `init_teacher` writes, in parameters.
+#: The largest target `init_teacher` writes, in parameters.
 MAX_PARAMETERS = 50_000_000
 ROLES = ("system", "user", "assistant")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -69,19 +69,19 @@ class TeacherInitResult(Document):
     embedding_from_draft: bool
 
 
-#: The toy teacher's attention head size unless asked for another (vLLM's CPU attention needs 32 or more).
+#: The toy target's attention head size unless asked for another (vLLM's CPU attention needs 32 or more).
 DEFAULT_HEAD_DIM = 16
 
 
 def teacher_shapes(draft_config: Mapping[str, Any], head_dim: int | None = None) -> dict[str, Any]:
-    """The `LlamaConfig` keywords of a toy teacher for a draft config (k3_dspark keys).
+    """The `LlamaConfig` keywords of a toy target for a draft config (k3_dspark keys).
 
     `head_dim` (default `DEFAULT_HEAD_DIM`, or the hidden size when that does not divide it) must
     divide the hidden size.
 
     Raises:
         UsageError: the config lacks a pairing key, a head size that does not divide the hidden
-            size, or the teacher would not be a toy.
+            size, or the target would not be a toy.
     """
     try:
         hidden, layers, vocab = (int(draft_config[k]) for k in ("target_hidden_size", "target_num_hidden_layers",
@@ -97,8 +97,8 @@ def teacher_shapes(draft_config: Mapping[str, Any], head_dim: int | None = None)
     intermediate = 2 * hidden
     parameters = 2 * vocab * hidden + layers * (4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden) + hidden
     if parameters > MAX_PARAMETERS:
-        raise UsageError(f"a teacher of hidden {hidden:,} x {layers} layers x vocabulary {vocab:,} has about "
-                         f"{parameters:,} parameters; toy teachers stop at {MAX_PARAMETERS:,}", param="draft")
+        raise UsageError(f"a target of hidden {hidden:,} x {layers} layers x vocabulary {vocab:,} has about "
+                         f"{parameters:,} parameters; toy targets stop at {MAX_PARAMETERS:,}", param="draft")
     return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=heads // 2 if heads % 2 == 0 else heads,
                 max_position_embeddings=int(draft_config.get("max_position_embeddings") or 2048),
@@ -171,12 +171,12 @@ def build_tokenizer(vocab_size: int, config: Mapping[str, Any]) -> Any:
 def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
                  draft: str | os.PathLike[str] | None = None, seed: int = 0, force: bool = False,
                  head_dim: int | None = None, progress: Progress | None = None) -> TeacherInitResult:
-    """Write a tiny random Llama teacher with an offline tokenizer to `dst` (atomically).
+    """Write a tiny random Llama target with an offline tokenizer to `dst` (atomically).
 
     Args:
         dst: output folder.
         profile: `tiny` (the target `init --profile tiny` drafts for); ignored when `draft` is given.
-        draft: a k3_dspark checkpoint folder: the teacher takes its shapes and special-token ids from
+        draft: a k3_dspark checkpoint folder: the target takes its shapes and special-token ids from
             the draft's `config.json` and its input embedding from the draft's `embed_tokens.weight`.
         seed: seeds the random weights.
         force: replace an existing `dst`.
@@ -185,7 +185,7 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
 
     Raises:
         UsageError: an unknown profile, a draft folder without a config or an embedding of the
-            right shape, or a teacher too large to be a toy.
+            right shape, or a target too large to be a toy.
         RefusedOverwriteError: `dst` exists and `force` is False.
     """
     import torch
@@ -227,13 +227,13 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
 
 
 def _copy_embedding(model: Any, draft: Path) -> None:
-    """Put the draft's `embed_tokens.weight` (exactly, in the teacher's BF16) into the teacher."""
+    """Put the draft's `embed_tokens.weight` (exactly, in the target's BF16) into the target."""
     import torch
     from safetensors import safe_open
 
     weights = draft / contract.WEIGHTS_NAME
     if not weights.is_file():
-        raise UsageError(f"{draft}: no {contract.WEIGHTS_NAME}; the teacher copies the draft's embedding from it",
+        raise UsageError(f"{draft}: no {contract.WEIGHTS_NAME}; the target copies the draft's embedding from it",
                          param="draft")
     name = contract.FROZEN_TENSORS[0]
     with safe_open(str(weights), framework="pt") as handle:
@@ -242,7 +242,7 @@ def _copy_embedding(model: Any, draft: Path) -> None:
         embedding = handle.get_tensor(name)
     target = model.get_input_embeddings().weight
     if tuple(embedding.shape) != tuple(target.shape):
-        raise UsageError(f"{weights}: {name} is {list(embedding.shape)}, the teacher's embedding "
+        raise UsageError(f"{weights}: {name} is {list(embedding.shape)}, the target's embedding "
                          f"{list(target.shape)}", param="draft")
     if embedding.dtype != torch.bfloat16:
         model.to(embedding.dtype)

@@ -1,4 +1,4 @@
-"""The `vllm` teacher engine: rollouts from the real vLLM engine with hidden-state extraction.
+"""The `vllm` target engine: rollouts from the real vLLM engine with hidden-state extraction.
 
 vLLM runs in a child process (`dspark_hub.train.target.vllm_worker`, started on first use), for three
 reasons measured on vLLM 0.32: its CPU worker patches torch for the whole process (thread count,
@@ -11,12 +11,12 @@ What it records, per sequence, is what the transformers engine records:
 
 - taps: vLLM's aux layer id `k` is the residual stream after `k` decoder layers, so our
   `target_layer_ids` entry `l` (the OUTPUT of layer `l`) is id `format.taps.residual_index(l)` =
-  `l + 1`. `vllm_layer_ids` is the one place the conversion happens; the teacher's last layer
+  `l + 1`. `vllm_layer_ids` is the one place the conversion happens; the target's last layer
   (id `num_hidden_layers`, before the final norm) is always added for the final state;
-- final state: vLLM captures the last layer's output before the final norm, so the teacher's
+- final state: vLLM captures the last layer's output before the final norm, so the target's
   final norm, read from its weights (`Target.final_norm`), is applied here; the manifest
   says so;
-- greedy continuations stop at the teacher's EOS ids (`Target.eos_ids`); a sequence that
+- greedy continuations stop at the target's EOS ids (`Target.eos_ids`); a sequence that
   stops early is prefilled again so its stop token has a row, as in the transformers engine.
 
 Memory between rounds: `release()` puts the engine to sleep (vLLM sleep mode, level 1) where the
@@ -90,7 +90,7 @@ class VllmEngine:
                  releasable: bool = False) -> None:
         require_vllm_options(options)
         if options.python is None and not vllm_importable():   # before any work is done
-            raise missing_vllm("the vllm teacher engine")
+            raise missing_vllm("the vllm target engine")
         self.target = target
         self.layer_ids = sorted(layer_ids)
         self.options = options
@@ -129,7 +129,7 @@ class VllmEngine:
                 self.sleeping = False
             return self.ready or {}
         if self.options.python is None and not vllm_importable():
-            raise missing_vllm("the vllm teacher engine")
+            raise missing_vllm("the vllm target engine")
         if self.child is None:
             self.child = Child(WORKER_MODULE, what="vllm engine", python=self.options.python, failure=EngineError)
         self.child.start()
@@ -181,7 +181,7 @@ class VllmEngine:
             sequences: token ids, one list per sequence.
             max_new_tokens: greedy continuation budget (0: record the sequences as they are).
             ignore_eos: never stop early.
-            stop_token_ids: where a continuation stops (default: the teacher's EOS ids).
+            stop_token_ids: where a continuation stops (default: the target's EOS ids).
             keep: a folder to keep vLLM's extraction files in, as `hs_<first_index + i>.safetensors`
                 (speculators' naming, the files its trainer reads); by default they are deleted.
             first_index: the number of the first kept file.
@@ -189,7 +189,7 @@ class VllmEngine:
         Returns:
             Per sequence: `tokens` (`[T]`), `prompt_length`, `finish_reason`, `recaptured`, `aux`
             (`[T, taps * H]`, ascending taps, the engine's dtype), `last` (the last layer's
-            pre-norm output) and `final` (after the teacher's final norm).
+            pre-norm output) and `final` (after the target's final norm).
         """
         import torch
 

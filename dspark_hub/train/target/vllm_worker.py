@@ -1,4 +1,4 @@
-"""The vLLM teacher engine's process: `python -m dspark_hub.train.target.vllm_worker`, in vLLM's interpreter.
+"""The vLLM target engine's process: `python -m dspark_hub.train.target.vllm_worker`, in vLLM's interpreter.
 
 `dspark_hub.train.target.vllm_engine.VllmEngine` starts it and talks to it in the JSON-lines protocol of
 `dspark_hub.vllm.child` (one request per line on stdin, one reply per line on the process's original
@@ -44,18 +44,18 @@ from dspark_hub.vllm.pin import judge_version
 #: KV cache reserved on CPU unless the caller sizes it (vLLM's default takes 90% of system RAM there).
 CPU_KV_CACHE_BYTES = 512 << 20
 
-def _check_cpu_head_dim(teacher: Path) -> None:
-    """Refuse a teacher vLLM's CPU attention cannot run, in one line (a `UsageError` about `teacher`)."""
+def _check_cpu_head_dim(target: Path) -> None:
+    """Refuse a target vLLM's CPU attention cannot run, in one line (a `UsageError` about `target`)."""
     try:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         sizes = tuple(CPUAttentionBackend.get_supported_head_sizes())
     except (ImportError, AttributeError):
         sizes = CPU_HEAD_SIZES
-    config = loads_strict((teacher / CONFIG_NAME).read_text(encoding="utf-8"), path=CONFIG_NAME)
-    problem = cpu_head_dim_problem(config, teacher, sizes)
+    config = loads_strict((target / CONFIG_NAME).read_text(encoding="utf-8"), path=CONFIG_NAME)
+    problem = cpu_head_dim_problem(config, target, sizes)
     if problem:
-        raise UsageError(problem, param="teacher")
+        raise UsageError(problem, param="target")
 
 
 class Worker:
@@ -71,7 +71,7 @@ class Worker:
             import vllm
             from vllm import LLM
         except ImportError:
-            raise missing_vllm("the vllm teacher engine") from None
+            raise missing_vllm("the vllm target engine") from None
         version = getattr(vllm, "__version__", "?")
         verdict = judge_version(version)
         if verdict.refusal is not None:
@@ -79,9 +79,9 @@ class Worker:
         from vllm.platforms import current_platform
 
         cpu = current_platform.is_cpu()
-        teacher = Path(request["teacher"])
+        target = Path(request["teacher"])
         if cpu:
-            _check_cpu_head_dim(teacher)    # before the engine starts: vLLM would fail only after its slow start
+            _check_cpu_head_dim(target)    # before the engine starts: vLLM would fail only after its slow start
         try:
             from dspark_hub.train.target.vllm_connector import connector_config
         except ImportError as exc:
@@ -91,7 +91,7 @@ class Worker:
                                     "disable_log_stats": True, "generation_config": "vllm"}
         if cpu and "kv_cache_memory_bytes" not in options and "gpu_memory_utilization" not in options:
             defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-        if not any((teacher / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        if not any((target / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
             defaults["skip_tokenizer_init"] = True     # token ids in and out: no tokenizer needed
         sleep = bool(request.get("sleep")) and current_platform.is_sleep_mode_available()
         if sleep:
@@ -102,7 +102,7 @@ class Worker:
                                   "eagle_aux_hidden_state_layer_ids": list(request["engine_ids"])}}}
         kv_transfer_config = connector_config(request["storage"], cpu=cpu)
         started = time.perf_counter()
-        self.llm = LLM(model=str(teacher), dtype=request.get("dtype") or "auto", speculative_config=speculative_config,
+        self.llm = LLM(model=str(target), dtype=request.get("dtype") or "auto", speculative_config=speculative_config,
                        kv_transfer_config=kv_transfer_config, **settings)
         seconds = time.perf_counter() - started
         self._scheduler()   # fail now, not after the first request, if the engine core is not in this process
