@@ -74,7 +74,8 @@ def _spec_slots(path: str, target: Target, rollout, k: int, lm_head: torch.Tenso
     to_target = vocab if draft.d2t is None else vocab + draft.d2t.long()
     target_probs = (rollout.final_hidden_states.float() @ lm_head.T).softmax(-1)[:, to_target]
     rows = []
-    for a in range(start, len(ids) - k):
+    # The block pass reads block_size tokens of the path from the anchor on, whatever k is scored.
+    for a in range(start, len(ids) - max(k, draft.block_size)):
         logits, conf = draft.teacher_forced(rollout.aux_hidden_states, ids, a, kv=kv)
         q = logits[:k].softmax(-1)
         p = target_probs[a:a + k]
