@@ -24,6 +24,7 @@ from dspark_hub.cli._render import (
 from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train import objective
+from dspark_hub.train.allocator import steady_allocator
 from dspark_hub.train.config import (
     DTYPE_ALIASES,
     TRAIN_DTYPES,
@@ -278,6 +279,7 @@ def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: 
 
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
+    steady_allocator()
     engine, engine_options = pop_engine_options(options)
     config = TrainConfig(**options, loss=objective.parse_loss(loss, terms=None), engine=engine,
                          engine_options=engine_options,
