@@ -46,6 +46,19 @@ def dtype_spellings(allowed: Iterable[str]) -> list[str]:
     return [*choices, *(short for short, name in DTYPE_ALIASES.items() if name in choices)]
 
 
+def check_betas(betas: Iterable[float]) -> tuple[float, float]:
+    """AdamW's two moment decays, each in [0, 1).
+
+    Raises:
+        UsageError: not two numbers in [0, 1).
+    """
+    values = tuple(betas)
+    if len(values) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                   for b in values):
+        raise UsageError(f"{values}; give two numbers in [0, 1), e.g. 0.9,0.95", param="betas")
+    return float(values[0]), float(values[1])
+
+
 @dataclass
 class TrainConfig:
     """Every `finetune` option (see `dspark-hub finetune --help`, whose defaults are these)."""
@@ -67,6 +80,7 @@ class TrainConfig:
     alpha: float = 1.0
     clip: float = 1.0
     weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)   # AdamW's moment decays
     dtype: str = "float32"
     seed: int = 0
     save_every: int = 0
@@ -90,6 +104,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.dtype = canonical_dtype(self.dtype, TRAIN_DTYPES)
+        self.betas = check_betas(self.betas)
 
     @property
     def bf16(self) -> bool:
