@@ -51,7 +51,7 @@ from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, Usag
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise, read_json_input
 from dspark_hub.format.taps import TAP_CONVENTION
-from dspark_hub.format.writer import atomic_file, atomic_path
+from dspark_hub.format.writer import atomic_file, atomic_path, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TargetEngine, open_engine
@@ -326,6 +326,10 @@ def make_rollouts(target: str | os.PathLike[str] | Target, prompts: str | os.Pat
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json_input(draft_config, what="the draft's config.json file", param="draft_config"))
     target = Target.open(target, param="target")
+    refuse_own_inputs(out, [("target", target.path), ("prompts", prompts),
+                            ("draft_config", None if isinstance(draft_config, dict) else draft_config),
+                            ("engine_python", engine_options.python if engine_options else None)],
+                      param="out", folder=True)
     # A speculators DSpark's aux ids become our target_layer_ids here (format.taps, through its DraftFormat).
     draft = tap_view(draft, target.config, target=target.path,
                      where="the draft's config" if isinstance(draft_config, dict) else str(draft_config))

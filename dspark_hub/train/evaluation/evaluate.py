@@ -29,6 +29,7 @@ from dspark_hub._compat import renamed_keywords
 from dspark_hub.documents import Document
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.provenance import describe, identify
+from dspark_hub.format.writer import atomic_path, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train.evaluation import vllm_eval
 from dspark_hub.train.evaluation.acceptance import (
@@ -163,6 +164,8 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
     if dtype != "float32" and engine != "vllm":
         raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
     if plot is not None:
+        refuse_own_inputs(plot, [("draft", draft), ("target", target), ("prompts", prompts), ("data", data),
+                                 ("reference", reference), ("vllm_python", vllm_python)], param="plot", folder=False)
         require_matplotlib()   # fail before the long run, not after it
     inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
                          block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -237,6 +240,7 @@ def plot_acceptance(result: EvalResult, path: str | os.PathLike[str]) -> Path:
     axes.set_ylim(0, 1)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    with atomic_path(path, force=True) as tmp:
+        figure.savefig(tmp, dpi=120, format="png")
     plt.close(figure)
     return Path(path)
