@@ -6,12 +6,13 @@ Usage:
 
 The world is the SmolLM2 recipe's (docs/real-model.md), built in WORK by the recipe's own commands when it
 is not there yet (`bench/real_recipe.py`'s steps: both bases, the 200 train prompts' rollouts from the BF16
-target). Each format trains with the recipe's `finetune` command (`real_recipe.draft_steps`: 8 sequences x
-16 anchors, `--loss '{"kl": 1}' --gamma 2 --lr 3e-3 --dtype bfloat16`, `--loss-chunk 0` for k3_dspark), one
+target). Each format trains with the recipe's `finetune` command (`real_recipe.draft_steps`: 8 sequences, 16
+anchors a k3_dspark sequence and 16 over the speculators draft's packed row (`--anchors 2`), `--loss '{"kl": 1}'
+--gamma 2 --lr 3e-3 --dtype bfloat16`, `--loss-chunk 0` for k3_dspark), one
 `dspark-hub finetune` process per run:
 
 - before: `DSPARK_ALLOCATOR=system`, glibc's and oneDNN's defaults (what `finetune` did before);
-- after: `finetune` as it is (`train/allocator.py`: heap kept, no trim, oneDNN caches capped).
+- after: `finetune` as it is (`train/finetuning/allocator.py`: heap kept, no trim, oneDNN caches capped).
 
 The two alternate, the order flipped every round. Per run: the median of the log's `step_seconds` (every step
 after the first 10), the system share of the child's CPU time (`os.wait4`'s rusage: system / (user + system),
@@ -66,7 +67,8 @@ def recipe_args(args: argparse.Namespace, steps: int) -> argparse.Namespace:
     """The namespace `real_recipe`'s step builders read: the full recipe's settings, `steps` steps."""
     return argparse.Namespace(**{**real_recipe.FULL, "steps": steps, "k3_steps": steps, "lr": 3e-3,
                                  "loss": '{"kl": 1}', "gamma": 2.0, "draft_vocab": 8192,
-                                 "rollouts_engine": "transformers", "vllm_python": None, "target": args.target,
+                                 "rollouts_engine": "transformers", "vllm_python": None, "ci": False, "taps": None,
+                                 "target": args.target,
                                  "train_target": args.train_target})
 
 

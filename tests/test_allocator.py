@@ -1,5 +1,5 @@
-"""`finetune`'s process settings (`train/allocator.py`): freed memory stays in the heap, oneDNN's caches are capped,
-and whatever the user set wins.
+"""`finetune`'s process settings (`train/finetuning/allocator.py`): freed memory stays in the heap, oneDNN's caches
+are capped, and whatever the user set wins.
 
 The malloc setting changes the whole process, so its effect is measured in processes of their own: a block
 allocated and freed over and over faults its pages in again every time under glibc's defaults, and once
@@ -17,16 +17,16 @@ import pytest
 from click.testing import CliRunner
 
 import dspark_hub.cli.train
-import dspark_hub.train.trainer
+import dspark_hub.train
 from dspark_hub.cli.main import cli
-from dspark_hub.train import allocator
-from dspark_hub.train.allocator import ONEDNN_CACHE, cap_onednn_caches, steady_allocator
+from dspark_hub.train.finetuning import allocator
+from dspark_hub.train.finetuning.allocator import ONEDNN_CACHE, cap_onednn_caches, steady_allocator
 
 #: 64 MiB allocated and freed 5 times: 16,384 pages a time, above glibc's largest automatic mmap threshold.
 REFAULTS = r'''
 import resource, sys
 if sys.argv[1] == "steady":
-    from dspark_hub.train.allocator import steady_allocator
+    from dspark_hub.train.finetuning.allocator import steady_allocator
     print(steady_allocator().malloc)
 else:
     print("defaults")
@@ -113,7 +113,7 @@ def test_finetune_applies_the_settings_before_the_run_and_rollouts_does_not(held
         seen["capacity"] = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
         raise SystemExit(0)
 
-    monkeypatch.setattr(dspark_hub.train.trainer, "finetune", record)
+    monkeypatch.setattr(dspark_hub.train, "finetune", record)
     monkeypatch.setattr(dspark_hub.cli.train, "make_rollouts", record)
     for name in ("DSPARK_ALLOCATOR", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         monkeypatch.delenv(name, raising=False)

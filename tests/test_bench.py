@@ -79,8 +79,10 @@ def test_bench_long_finetune_runs_the_recipes_finetune_before_and_after(monkeypa
     for command, steps in ((spec, "300"), (k3, "100")):
         assert command[command.index("--steps") + 1] == steps and command[command.index("--out") + 1] == str(
             tmp_path / "out")
-        for flag, value in (("--batch-size", "8"), ("--anchors", "16"), ("--loss", '{"kl": 1}'), ("--gamma", "2.0"),
-                            ("--dtype", "bfloat16"), ("--lr", "0.003")):
+        for flag, value in (("--batch-size", "8"), ("--loss", '{"kl": 1}'), ("--gamma", "2.0"), ("--dtype", "bfloat16"),
+                            ("--lr", "0.003")):
             assert command[command.index(flag) + 1] == value, flag
+    # --anchors is per sequence: 16 for each k3_dspark sequence; 16 over the speculators draft's packed row of 8
+    assert (k3[k3.index("--anchors") + 1], spec[spec.index("--anchors") + 1]) == ("16", "2")
     assert "--loss-chunk" in k3 and "--loss-chunk" not in spec
     assert bench.WAYS == {"before": {"DSPARK_ALLOCATOR": "system"}, "after": {}}

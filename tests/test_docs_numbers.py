@@ -115,9 +115,9 @@ def test_the_recorded_vllm_measurement_is_the_documented_16_token_row():
     ("simulated, 16 tokens", 16, True), ("simulated without the Markov head (the control)", 16, False),
     ("simulated, 48 tokens", 48, True), ("simulated without the Markov head, 48 tokens", 48, False)])
 def test_a_simulated_parity_row_is_what_eval_computes(row, tokens, markov):
-    from dspark_hub.train.evaluate import evaluate
+    from dspark_hub.train.evaluation.evaluate import evaluate
 
-    result = evaluate(SPECDEC / "dspark", teacher=str(SPECDEC / "target"), prompts=str(SPECDEC / "prompts.jsonl"),
+    result = evaluate(SPECDEC / "dspark", target=str(SPECDEC / "target"), prompts=str(SPECDEC / "prompts.jsonl"),
                       max_new_tokens=tokens, markov=markov).to_dict()
     assert _parity_rows()[row] == (result["drafts"], result["accepted_per_position"],
                                    round(result["acceptance_length"], 4))
@@ -160,8 +160,8 @@ def test_the_documented_plan_is_what_finetune_prints_for_that_batch():
     import torch
 
     from dspark_hub.cli._render import plan_lines
-    from dspark_hub.train import objective
-    from dspark_hub.train.plan import step_plan
+    from dspark_hub.train.finetuning import objective
+    from dspark_hub.train.finetuning.plan import step_plan
 
     loss_mask = torch.arange(538)[None].expand(8, -1) >= 26                 # 26 prompt positions, 512 continued
     anchors = torch.arange(26, 537)[None].expand(8, -1)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.format import contract
-from dspark_hub.train.plan import step_plan
+from dspark_hub.train.finetuning.plan import step_plan
 
 from .progress_recorder import RecordedProgress
 
@@ -100,19 +100,19 @@ def test_the_plan_says_attention_dominates_at_512_anchors_of_the_tiny_profile():
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
-    """A tiny-profile base, its random teacher and 8 rollouts of 12 new tokens."""
+    """A tiny-profile base, its random target and 8 rollouts of 12 new tokens."""
     root = tmp_path_factory.mktemp("tiny-data")
     assert run("init", root / "base").exit_code == 0
     assert run("init-teacher", root / "teacher", "--draft", root / "base").exit_code == 0
     (root / "p.jsonl").write_text("".join(json.dumps({"text": f"prompt {i:02d}"}) + "\n" for i in range(8)))
-    made = run("rollouts", "--teacher", root / "teacher", "--prompts", root / "p.jsonl", "--draft-config",
+    made = run("rollouts", "--target", root / "teacher", "--prompts", root / "p.jsonl", "--draft-config",
                root / "base" / "config.json", "--out", root / "data", "--max-new-tokens", 12, "--ignore-eos")
     assert made.exit_code == 0, made.output
     return root
 
 
 def test_the_plan_reaches_the_progress_callback_before_step_1_and_the_result(tiny_data, tmp_path):
-    from dspark_hub.train.trainer import TrainConfig, finetune
+    from dspark_hub.train import TrainConfig, finetune
 
     world = tiny_data
     bar = RecordedProgress()
@@ -140,7 +140,7 @@ def _log(out: Path) -> list[dict]:
 
 def test_the_plan_and_the_result_count_the_runs_anchors_and_supervised_block_slots(tiny_data, tmp_path):
     """Step 1's plan counts what step 1's loss counts; the result sums every step's log."""
-    from dspark_hub.train.trainer import TrainConfig, finetune
+    from dspark_hub.train import TrainConfig, finetune
 
     result = finetune(TrainConfig(base=str(tiny_data / "base"), out=str(tmp_path / "out"), data=str(tiny_data / "data"),
                                   steps=3, batch_size=4, max_anchors=4))

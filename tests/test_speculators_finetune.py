@@ -21,10 +21,10 @@ from safetensors import safe_open
 
 from dspark_hub.cli.main import cli
 from dspark_hub.format.tensorio import tensor_files
-from dspark_hub.train.config import TrainConfig
-from dspark_hub.train.finetuners import finetune
-from dspark_hub.train.hidden_state_files import write_hidden_state_file
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
+from dspark_hub.train import finetune
+from dspark_hub.train.data.hidden_state_files import write_hidden_state_file
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.finetuning.config import TrainConfig
 
 from .cli_errors import assert_one_line_error
 from .progress_recorder import RecordedProgress
@@ -49,7 +49,7 @@ def data(tmp_path_factory):
     """The three data sources, recorded from the verifier at B's taps (aux ids [1, 3, 5] = our [0, 2, 4])."""
     from transformers import AutoModelForCausalLM
 
-    from dspark_hub.train.teacher import capture_states
+    from dspark_hub.train.target.generate import capture_states
 
     root = tmp_path_factory.mktemp("specft")
     prompts = root / "p.jsonl"
@@ -73,7 +73,7 @@ def _base_for(source: str, tmp_path: Path, name: str = "dspark") -> Path:
 
 
 def _train(base: Path, data_path: Path, out: Path, **options):
-    config = TrainConfig(base=str(base), out=str(out), data=str(data_path), teacher=TARGET,
+    config = TrainConfig(base=str(base), out=str(out), data=str(data_path), target=TARGET,
                          **{"steps": 10, "lr": 3e-3, "batch_size": 4, "loss": {"kl_div": 1.0}, **options})
     return finetune(config)
 
@@ -99,6 +99,15 @@ def _assert_drop_in(out: Path, base: Path) -> None:
     for file in base.glob("*.safetensors"):        # same header bytes: names, dtypes, offsets, __metadata__
         head = file.read_bytes()[:8 + int.from_bytes(file.read_bytes()[:8], "little")]
         assert (out / file.name).read_bytes()[:len(head)] == head, file.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("batch_size", "anchors"), [(4, 2), (2, 2), (4, 3)])
+def test_anchors_mean_anchors_per_sequence_as_for_k3_dspark(data, tmp_path, batch_size, anchors):
+    """`--anchors N` supervises N per sequence: the library draws N x the row's sequences over the packed row (its
+    `max_anchors` counts a row), so `--batch-size 4 --anchors 2` draws 8, where it drew 2."""
+    _train(fixture("dspark"), data["rollouts"], tmp_path / "out", steps=2, batch_size=batch_size, max_anchors=anchors)
+    assert [e["anchors"] for e in _log(tmp_path / "out") if "loss" in e] == [batch_size * anchors] * 2
 
 
 @pytest.mark.slow
@@ -181,16 +190,16 @@ def test_the_plan_comes_before_step_1_and_the_result_counts_anchors_and_supervis
     itself and never counts."""
     bar = RecordedProgress()
     config = TrainConfig(base=str(fixture(name)), out=str(tmp_path / "out"), data=str(data["rollouts"]),
-                         teacher=TARGET, steps=3, batch_size=4, max_anchors=6, loss={"kl_div": 1.0})
-    result = finetune(config, progress=bar)
+                         target=TARGET, steps=3, batch_size=4, max_anchors=1, loss={"kl_div": 1.0})
+    result = finetune(config, progress=bar)                 # --anchors is per sequence: 4 over the packed row
     assert bar.kinds == ["total", "plan", "step", "step", "step"]
     plan, log = bar.seen[1][1], _log(tmp_path / "out")
     assert result.plan is plan and plan.layout == "packed" and plan.steps == 3 and plan.sequences == 4
-    assert (plan.step_anchors, plan.supervised_slots) == (log[0]["anchors"], log[0]["slots"]) and plan.anchors == 6
-    assert result.anchors == sum(e["anchors"] for e in log) == 18
+    assert (plan.step_anchors, plan.supervised_slots) == (log[0]["anchors"], log[0]["slots"]) and plan.anchors == 4
+    assert result.anchors == sum(e["anchors"] for e in log) == 12
     assert result.supervised_slots == sum(e["slots"] for e in log)
     slots_per_block = plan.block_size - (name == "dspark-bonus-anchor")
-    assert 0 < result.supervised_slots <= 18 * slots_per_block
+    assert 0 < result.supervised_slots <= 12 * slots_per_block
     assert plan.memory_bytes > 0 and plan.dominant in plan.flops and plan.keys_per_row > plan.block_size
 
 
@@ -200,15 +209,15 @@ def test_finetune_json_shows_a_speculators_plan_and_progress_on_stderr(data, tmp
 
     monkeypatch.setattr(dspark_hub.cli._output, "INTERVAL", 0.0)
     args = ["finetune", "--base", fixture("dspark"), "--data", data["rollouts"], "--steps", "2", "--batch-size", "4",
-            "--anchors", "6", "--loss", '{"kl_div":1}', "--json"]
+            "--anchors", "1", "--loss", '{"kl_div":1}', "--json"]
     shown = run(*args, "--out", tmp_path / "shown")
     assert shown.exit_code == 0, shown.output + shown.stderr
     doc = json.loads(shown.stdout)
-    assert doc["plan"]["layout"] == "packed" and doc["anchors"] == 12 and doc["supervised_slots"] > 0
+    assert doc["plan"]["layout"] == "packed" and doc["anchors"] == 8 and doc["supervised_slots"] > 0
     block = doc["plan"]["block_size"]
     for words in ("finetune plan, from step 1's batch: 4 sequences packed into one row of",
-                  f"  6 anchors x block {block} = {6 * block} block rows",
-                  "  the run: 2 steps x 6 anchors = ~12 anchors",
+                  f"  4 anchors x block {block} = {4 * block} block rows",
+                  "  the run: 2 steps x 4 anchors = ~8 anchors",
                   "finetune: 2 of 2 steps"):
         assert words in shown.stderr, (words, shown.stderr)
     quiet = run(*args, "--quiet", "--out", tmp_path / "quiet")
@@ -217,11 +226,11 @@ def test_finetune_json_shows_a_speculators_plan_and_progress_on_stderr(data, tmp
 
 @pytest.mark.slow
 def test_the_optimizer_takes_the_betas(data, tmp_path):
-    from dspark_hub.train.finetune_speculators import SpeculatorsFinetune
+    from dspark_hub.train.finetuning.finetune_speculators import SpeculatorsFinetune
 
     def betas(**options):
         config = TrainConfig(base=str(fixture("dspark")), out=str(tmp_path / "out"), data=str(data["rollouts"]),
-                             teacher=TARGET, steps=1, **options)
+                             target=TARGET, steps=1, **options)
         return SpeculatorsFinetune(config).optimizer.param_groups[0]["betas"]
 
     assert betas() == (0.9, 0.95) and betas(betas=(0.8, 0.99)) == (0.8, 0.99)
@@ -312,7 +321,7 @@ def test_the_base_itself_is_never_the_output_even_with_force(data, tmp_path):
     base = copy_fixture(tmp_path, "dspark", "base")
     before = {p.name: p.read_bytes() for p in base.iterdir()}
     for out in (base, base / "trained"):
-        assert_one_line_error(_finetune(base, data["rollouts"], out, "--force"), "--out", "the base")
+        assert_one_line_error(_finetune(base, data["rollouts"], out, "--force"), "--out", "the input --base")
     assert {p.name: p.read_bytes() for p in base.iterdir()} == before
 
 
@@ -329,14 +338,19 @@ def test_an_existing_output_is_kept_without_force(data, tmp_path):
 
 def test_every_registered_format_has_a_trainer():
     from dspark_hub.format.registry import FORMATS
-    from dspark_hub.train.finetuners import FINETUNERS
+    from dspark_hub.train.finetuning.finetuners import FINETUNERS
 
     assert all(f.trainable != (f.name in FINETUNERS) for f in FORMATS.values())
 
 
 def test_a_final_normed_row_skips_the_targets_norm_and_gives_the_pre_norm_rows_loss():
     from dspark_hub.modeling.speculators_dspark import read_tensors, rms_norm
-    from dspark_hub.train.objective_speculators import Objective, PackedRow, SpeculatorsDSparkTrainer, library_anchors
+    from dspark_hub.train.finetuning.objective_speculators import (
+        Objective,
+        PackedRow,
+        SpeculatorsDSparkTrainer,
+        library_anchors,
+    )
 
     config = json.loads((fixture("dspark") / "config.json").read_text())
     target = read_tensors(VERIFIER)

@@ -5,7 +5,8 @@ when given), whose card fails `card lint` against the weights, or whose checksum
 (`SHA256SUMS`, `checksums.json`) no longer match its files, or whose `training_args.json` names
 inputs by local path (written before finetune recorded Hub ids and digests), is refused with every reason named,
 and the Hub sees no request at all. The folder is hashed once; the card lint, the sidecar check
-and the upload share that manifest. Stale sidecars are refused, not rewritten: they are the
+and the upload share that manifest, and the upload refuses a file that changed after the gate
+first read it (its stamp, taken before the gate). Stale sidecars are refused, not rewritten: they are the
 user's file, and a card may quote them.
 """
 
@@ -14,27 +15,28 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
 from dspark_hub.cards import CardLintReport, lint_card
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.digests import Manifest, checkpoint_files, sha256_file
+from dspark_hub.format.folder import list_folder, stamp_files
 from dspark_hub.format.jsonio import load_json_file
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME, local_paths
 from dspark_hub.format.registry import FORMATS, titles
 from dspark_hub.format.remote import validate_repo_id
 from dspark_hub.format.remote_code import export_code
 from dspark_hub.hub.checksums import check_checksums, has_sidecars
-from dspark_hub.hub.publish import PublishResult, PublishResultDict, PublishStatus, Transfer, publish
+from dspark_hub.hub.publish import PublishResult, PublishStatus, Transfer, publish
 from dspark_hub.progress import Progress
-from dspark_hub.report import Report, ReportDict
+from dspark_hub.report import Report
 from dspark_hub.verify.against_hub import local_digests
 from dspark_hub.verify.checks import verify
 from dspark_hub.verify.family import detect
@@ -42,30 +44,11 @@ from dspark_hub.verify.family import detect
 CARD_NAME = "README.md"
 
 
-class GateDict(TypedDict):
-    """The preflight (`Gate.to_dict`): the verify report, the card lint (the cards package's document)."""
-
-    ok: bool
-    refusals: list[str]
-    verify: ReportDict
-    card_lint: Mapping[str, object] | None
-
-
-class PublicationDict(TypedDict):
-    """`dspark-hub publish --json` (`Publication.to_dict`)."""
-
-    schema: str
-    ok: bool
-    status: PublishStatus           # "refused" also when the gate refused (no publish ran)
-    input: str
-    repo_id: str
-    gate: GateDict
-    publish: PublishResultDict | None
-
-
 @dataclass
-class Gate:
+class Gate(Document):
     """What the preflight found: the verify report, the card lint, and the reasons to refuse."""
+
+    KEYS = ("ok", "refusals", "verify", "card_lint=lint")
     verify: Report
     lint: CardLintReport | None
     refusals: list[str] = field(default_factory=list)
@@ -73,10 +56,6 @@ class Gate:
     @property
     def ok(self) -> bool:
         return not self.refusals
-
-    def to_dict(self) -> GateDict:
-        return {"ok": self.ok, "refusals": self.refusals, "verify": self.verify.to_dict(),
-                "card_lint": self.lint.to_dict() if self.lint is not None else None}
 
 
 def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
@@ -174,8 +153,11 @@ def staged_with_code(folder: Path) -> Iterator[Path]:
 
 
 @dataclass
-class Publication:
+class Publication(Document):
     """The gate for publishing the folder `input` to `repo_id` and, when it passed, what `hub.publish` did."""
+
+    SCHEMA = schemas.command("publish")
+    KEYS = ("ok", "status", "input", "repo_id", "gate", "publish=result")
     input: str
     repo_id: str
     gate: Gate
@@ -185,11 +167,10 @@ class Publication:
     def ok(self) -> bool:
         return self.gate.ok and (self.result is None or self.result.ok)
 
-    def to_dict(self) -> PublicationDict:
-        return {"schema": schemas.command("publish"), "ok": self.ok,
-                "status": self.result.status if self.result is not None else "refused",
-                "input": self.input, "repo_id": self.repo_id,
-                "gate": self.gate.to_dict(), "publish": self.result.to_dict() if self.result is not None else None}
+    @property
+    def status(self) -> PublishStatus:
+        """The publish status; `refused` also when the gate refused (no publish ran)."""
+        return self.result.status if self.result is not None else "refused"
 
 
 def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in: str | None = None,
@@ -220,6 +201,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         gate.refusals.append(refusal)
         return Publication(input=str(folder), repo_id=repo_id, gate=gate)
     with (staged_with_code(folder) if with_remote_code else _as_is(folder)) as source:
+        stamps = stamp_files(source / rel for rel in list_folder(source).files)   # before the gate reads a byte
         gate, manifest = preflight(source, drop_in=drop_in, progress=progress)
         if with_remote_code and gate.lint is not None and any(f.code.startswith("CHECKSUM_") and
                                                               f.severity == "error" for f in gate.lint.findings):
@@ -230,7 +212,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         title, body = commit_text(gate.verify, name=repo_id.split("/")[-1], drop_in=drop_in)
         result = publish(source, repo_id, private=private, revision=revision, tag=tag, commit_message=title,
                          commit_description=body, endpoint=endpoint, token=token, dry_run=dry_run,
-                         transfer=transfer, progress=progress, manifest=manifest)
+                         transfer=transfer, progress=progress, manifest=manifest, stamps=stamps)
     return Publication(input=str(folder), repo_id=repo_id, gate=gate, result=result)
 
 

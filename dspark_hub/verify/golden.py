@@ -48,11 +48,11 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
+from dspark_hub.documents import Document
 from dspark_hub.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     ContractError,
-    RefusedOverwriteError,
     UsageError,
 )
 from dspark_hub.format import contract
@@ -60,7 +60,7 @@ from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.folder import open_regular
 from dspark_hub.format.jsonio import load_json_object, loads_strict
 from dspark_hub.format.tensorio import weight_files
-from dspark_hub.format.writer import atomic_path
+from dspark_hub.format.writer import atomic_path, check_writable, refuse_own_inputs
 from dspark_hub.verify.checks import verify
 
 if TYPE_CHECKING:
@@ -115,32 +115,11 @@ class LmHeadStandin(TypedDict):
 LmHead = LmHeadFile | LmHeadStandin
 
 
-class GoldenWriteDict(TypedDict):
-    """`dspark-hub golden --json` (`GoldenWrite.to_dict`)."""
-
-    schema: str
-    path: str
-    input: str
-    cases: dict[str, int]
-    tensors: list[str]
-    lm_head: LmHead
-    bytes: int
-
-
-class GoldenCheckDict(TypedDict):
-    """`dspark-hub golden check --json` (`GoldenCheck.to_dict`)."""
-
-    schema: str
-    ok: bool
-    input: str
-    fixture: str
-    problems: list[str]
-    comparisons: list[Comparison]
-
-
 @dataclass(frozen=True)
-class GoldenWrite:
+class GoldenWrite(Document):
     """What `write_golden` wrote: the fixture `path` of the checkpoint `input`."""
+
+    SCHEMA = schemas.command("golden-write")
 
     path: Path
     input: Path
@@ -149,14 +128,13 @@ class GoldenWrite:
     lm_head: LmHead
     bytes: int
 
-    def to_dict(self) -> GoldenWriteDict:
-        return {"schema": schemas.command("golden-write"), "path": str(self.path), "input": str(self.input),
-                "cases": self.cases, "tensors": self.tensors, "lm_head": self.lm_head, "bytes": self.bytes}
-
 
 @dataclass
-class GoldenCheck:
+class GoldenCheck(Document):
     """The outcome of `check_golden` of the checkpoint `input` against `fixture`: every comparison, what differs."""
+
+    SCHEMA = schemas.command("golden-check")
+    KEYS = ("ok", "input", "fixture", "problems", "comparisons")
 
     fixture: str
     input: str
@@ -166,10 +144,6 @@ class GoldenCheck:
     @property
     def ok(self) -> bool:
         return not self.problems and all(c["ok"] for c in self.comparisons)
-
-    def to_dict(self) -> GoldenCheckDict:
-        return {"schema": schemas.command("golden-check"), "ok": self.ok, "input": self.input,
-                "fixture": self.fixture, "problems": self.problems, "comparisons": self.comparisons}
 
 
 def _weight_digests(folder: Path) -> dict[str, str]:
@@ -318,8 +292,8 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         raise UsageError(f"{target}: a golden fixture beside the weights would be loaded as weights by runtimes "
                          f"that read every top-level *.safetensors; write it to "
                          f"{folder / contract.GOLDEN_DIR / target.name}")
-    if target.exists() and not force:
-        raise RefusedOverwriteError(str(target))
+    refuse_own_inputs(target, [("checkpoint", folder), ("lm_head", lm_head)], param="out", folder=False)
+    checked = check_writable(target, force=force)
     config = _verified_config(folder)
     model = _load_model(folder)
     head = _load_lm_head(lm_head, config) if lm_head is not None else standin_lm_head(config, seed)
@@ -344,7 +318,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                              for c, s in cases.items()}),
         "dtype": "float32", "torch": torch.__version__, "dspark_hub": __version__,
     }
-    with atomic_path(target, force=force) as tmp:
+    with atomic_path(target, force=force, checked=checked) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
     return GoldenWrite(path=target, input=folder, cases=cases, tensors=sorted(tensors), lm_head=head_info,
                        bytes=target.stat().st_size)

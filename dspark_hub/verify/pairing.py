@@ -53,9 +53,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dspark_hub.errors import CheckpointFormatError, UsageError, about
+from dspark_hub.documents import Document
+from dspark_hub.errors import CheckpointFormatError, HubError, UsageError, about
 from dspark_hub.format import contract
-from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
+from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint, read_at_most
 from dspark_hub.format.jsonio import is_int, loads_strict
 from dspark_hub.format.registry import DEFAULT_FORMAT, PairingKeys
 from dspark_hub.format.remote import source_for
@@ -68,7 +69,6 @@ from dspark_hub.report import (
     PairedEmbedding,
     PairingSection,
     Report,
-    TokenDict,
     error,
     info,
     warning,
@@ -78,7 +78,7 @@ from dspark_hub.verify.family import detect
 
 CHUNK_BYTES = 16 << 20
 #: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
-TARGET_EMBED_NAMES = contract.TEACHER_EMBED_NAMES
+TARGET_EMBED_NAMES = contract.TARGET_EMBED_NAMES
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _RESERVED = re.compile(r"reserved|mask|<\|.*\|>|^\[.*\]$|^<.*>$", re.IGNORECASE)
 _HF_METADATA = ".cache/huggingface/download/config.json.metadata"
@@ -141,7 +141,10 @@ def _read_json(view: CheckpointView, name: str) -> object:
     if name not in view.files:
         return None
     try:
-        return loads_strict(view.source.read_bytes(name, 0, view.files[name]), path=name)
+        data = read_at_most(view.source, name, view.files[name], contract.MAX_JSON_BYTES)
+        return loads_strict(data, path=name) if data is not None else None
+    except HubError:
+        raise   # the Hub failed, not the file
     except (CheckpointFormatError, OSError):
         return None
 
@@ -169,14 +172,11 @@ def target_revision(view: CheckpointView) -> tuple[str | None, str | None]:
 # ---------------------------------------------------------------- mask token
 
 @dataclass(frozen=True)
-class TokenInfo:
+class TokenInfo(Document):
     id: int
     content: str
     special: bool | None
     where: str
-
-    def to_dict(self) -> TokenDict:
-        return {"id": self.id, "content": self.content, "special": self.special, "where": self.where}
 
 
 def find_token(view: CheckpointView, token_id: int) -> TokenInfo | None:
