@@ -20,7 +20,8 @@ start-up included), its CPU seconds per step (user + system over the steps, star
 moves least), its minor page faults per step, its peak RSS, and the log's `peak_memory_bytes` at 1/10
 of the run and at the end (how flat it stays). Printed per format: the median of each over the runs, the median
 of the per-round ratios of step time (before / after, > 1 = after faster), whether both trained the same
-losses, and the load average, since other work on a shared machine moves every number.
+losses, and the load average, since other work on a shared machine moves every number. Each round is also
+appended to WORK/bench_long_finetune-rounds.jsonl as it ends, so a stopped bench keeps what it measured.
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ def bench_format(args: argparse.Namespace, fmt: str) -> dict[str, Any]:
             out = args.work / f"bench-{fmt}-{way}"
             measured[way] = one_run(finetune_command(args, fmt, out), WAYS[way], out)
         rounds.append(measured)
+        kept = {way: {key: value for key, value in m.items() if key != "losses"} for way, m in measured.items()}
+        with (args.work / "bench_long_finetune-rounds.jsonl").open("a") as log:   # a stopped bench keeps its rounds
+            entry = {"format": fmt, "round": round_ + 1, "load_average": os.getloadavg()[0], **kept}
+            log.write(json.dumps(entry) + "\n")
         before, after = measured["before"], measured["after"]
         print(f"{fmt} round {round_ + 1}: step {before['step_seconds']:.3f} s -> {after['step_seconds']:.3f} s, "
               f"system {before['system_share']:.1%} -> {after['system_share']:.1%}, peak "
