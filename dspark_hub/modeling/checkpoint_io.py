@@ -29,7 +29,7 @@ from dspark_hub.format.remote_code import (
 )
 from dspark_hub.format.remote_code import checkpoint_folder as _folder
 from dspark_hub.format.remote_code import read_config as _read_config
-from dspark_hub.format.writer import atomic_path
+from dspark_hub.format.writer import atomic_path, write_file
 
 from .configuration_k3_dspark import ordered_config
 from .modeling_k3_dspark import K3DSparkModel
@@ -155,7 +155,7 @@ def checkpoint_config(model: K3DSparkModel, *, dtype: torch.dtype,
 
 def _write_bytes_atomic(path: Path, data: bytes) -> None:
     with atomic_path(path, force=True) as tmp:
-        tmp.write_bytes(data)
+        write_file(tmp, data)
 
 
 _INHERIT: Any = object()

@@ -33,7 +33,7 @@ from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.registry import FORMATS, K3, SPECULATORS, DraftFormat, by_cli_name
 from dspark_hub.format.taps import residual_index, text_config
 from dspark_hub.format.tensorio import locate_tensor
-from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+from dspark_hub.format.writer import atomic_dir, check_writable, write_file, write_safetensors
 from dspark_hub.ops.init import INIT_KINDS, INIT_STD, init_checkpoint
 
 #: The reference target's layer count and the recipes' taps on it (our convention: layer outputs, 0-based).
@@ -425,7 +425,7 @@ def _write_k3(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, se
     if result.embedding.cast:
         embedding += f" ({result.embedding.cast})"
     written = TargetInitResult(**{**draft.__dict__, "weights_bytes": result.weights_bytes, "embedding": embedding})
-    (Path(dst) / PROVENANCE_NAME).write_bytes(_provenance_bytes(written))
+    write_file(Path(dst) / PROVENANCE_NAME, _provenance_bytes(written))
     return written
 
 
@@ -452,12 +452,12 @@ def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, An
                               vocab_coverage=vocab.covered if vocab else None, weights_bytes=0,
                               embedding=embedding, **common)
     with atomic_dir(dst, force=force) as tmp:
-        (tmp / contract.CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+        write_file(tmp / contract.CONFIG_NAME, json.dumps(cfg, indent=2) + "\n")
         size = write_safetensors(tmp / contract.WEIGHTS_NAME, list(specs.values()),
                                  lambda spec: [tensors[spec.name].contiguous().view(-1).view(_uint8()).numpy().data],
                                  metadata={"format": "pt"})
         result = TargetInitResult(**{**result.__dict__, "weights_bytes": size})
-        (tmp / PROVENANCE_NAME).write_bytes(_provenance_bytes(result))
+        write_file(tmp / PROVENANCE_NAME, _provenance_bytes(result))
     return result
 
 
