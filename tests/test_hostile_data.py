@@ -243,6 +243,66 @@ def test_hidden_state_folders_follow_the_same_rules(world, tmp_path, name):
     assert "hs_1.safetensors" in str(caught.value) or "more" in str(caught.value), str(caught.value)
 
 
+SAMPLE = Path(__file__).parent / "fixtures" / "speculators_sample"
+SAMPLE_CONFIG = {**CONFIG, "vocab_size": 256, "draft_vocab_size": 256, "mask_token_id": 253, "pad_token_id": 255,
+                 "target_hidden_size": 64, "target_num_hidden_layers": 6}
+
+
+def _state(folder: Path, filename: object) -> None:
+    state = json.loads((folder / "state.json").read_text())
+    state["_data_files"] = [{"filename": filename}]
+    (folder / "state.json").write_text(json.dumps(state))
+
+
+#: name -> (damage a copy of the speculators data sample, with `outside` beside it; words of the error)
+SPECULATORS = {
+    "an Arrow file named ../outside": (lambda f, o: _state(f, "../outside/data-00000-of-00001.arrow"),
+                                       ["DATA_PATH_OUTSIDE", "../outside"]),
+    "an Arrow file named by an absolute path": (lambda f, o: _state(f, str(o / "data-00000-of-00001.arrow")),
+                                                ["DATA_PATH_OUTSIDE"]),
+    "an Arrow file that is not there": (lambda f, o: _state(f, "data-9.arrow"), ["DATA_FILE_MISSING"]),
+    "an Arrow file named by a number": (lambda f, o: _state(f, 7), ["DATA_FILE_MISSING"]),
+    "an Arrow file that is a FIFO": (lambda f, o: (f / "data-00000-of-00001.arrow").unlink() or os.mkfifo(
+        f / "data-00000-of-00001.arrow"), ["SPECIAL_FILE"]),
+    "a hidden-state file linked out": (lambda f, o: (f / "hidden_states" / "hs_0.safetensors").unlink() or (
+        f / "hidden_states" / "hs_0.safetensors").symlink_to(o / "hidden_states" / "hs_0.safetensors"),
+                                       ["LINK_OUTSIDE"]),
+}
+
+
+def speculators_data(folder: Path, tmp_path: Path):
+    """The speculators sample at `folder` read as training data, its target a config of the sample's shape."""
+    pytest.importorskip("pyarrow")
+    from dspark_hub.train.hidden_state_files import HiddenStateData
+    from dspark_hub.train.teacher import FinalNorm
+
+    from .teacher_factory import teacher_config
+
+    (tmp_path / "target").mkdir(exist_ok=True)      # the pairing reads the target's config only
+    teacher_config(vocab_size=256, num_attention_heads=2, num_key_value_heads=2).to_json_file(
+        str(tmp_path / "target" / "config.json"))
+    norm = FinalNorm("model.norm.weight", torch.ones(64), 1e-6)
+    return HiddenStateData(folder, draft_config=SAMPLE_CONFIG, teacher=str(tmp_path / "target"), final_norm=norm)
+
+
+@pytest.mark.parametrize("name", list(SPECULATORS))
+def test_speculators_data_names_only_files_inside_its_folder(tmp_path, name):
+    folder = Path(shutil.copytree(SAMPLE, tmp_path / "data"))
+    outside = Path(shutil.copytree(SAMPLE, tmp_path / "outside"))
+    damage, words = SPECULATORS[name]
+    damage(folder, outside)
+    with pytest.raises(DsparkError) as caught:
+        speculators_data(folder, tmp_path)
+    text = f"{getattr(caught.value, 'code', '')} {caught.value}"
+    assert all(w in text for w in words), text
+
+
+def test_the_speculators_sample_reads_whole(tmp_path):
+    """The twin: the sample as speculators wrote it (state.json naming its Arrow file) reads, every row."""
+    data = speculators_data(Path(shutil.copytree(SAMPLE, tmp_path / "data")), tmp_path)
+    assert (len(data), data.missing) == (4, 0) and data[3].input_ids.shape[0] == data[3].loss_mask.shape[0]
+
+
 def test_a_sound_hidden_state_folder_reads(world, tmp_path):
     data = open_training_data(hidden_folder(tmp_path), draft_config=CONFIG, teacher=str(world / "teacher"))
     assert len(data) == 2 and data[1].aux_hidden_states.shape == (5, 3 * CONFIG["target_hidden_size"])

@@ -14,6 +14,7 @@ Each class has several members and a passing twin.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -153,6 +154,31 @@ def test_golden_write_refuses_a_block_that_would_allocate_gigabytes(golden, tmp_
     ckpt, _ = golden
     assert_one_line_error(run("golden", ckpt, "-o", tmp_path / "g.safetensors", "--block-size", "100000000"),
                           "--block-size", f"1..{MAX_BLOCK_SIZE}")
+    assert not (tmp_path / "g.safetensors").exists()
+
+
+#: name -> (write a hostile lm_head file at `path`, words of the one-line error)
+HEADS = {
+    "a FIFO": (lambda p: os.mkfifo(p), ["named pipe (FIFO)"]),
+    "integer weights": (lambda p: save_file({"lm_head.weight": torch.zeros(512, 64, dtype=torch.int64)}, str(p)),
+                        ["lm_head.weight is [512, 64] I64"]),
+    "two tensors, neither lm_head": (lambda p: save_file({"a": torch.zeros(1), "b": torch.zeros(1)}, str(p)),
+                                     ["holds 2 tensors and no lm_head.weight"]),
+    "a header that lies about its size": (lambda p: p.write_bytes(struct.pack("<Q", 100) + b"{" * 100), []),
+}
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_a_hostile_lm_head_file_is_one_line_and_never_blocks(golden, tmp_path, name):
+    from .test_folder import Unblocker
+
+    ckpt, _ = golden
+    head = tmp_path / "head.safetensors"
+    make, words = HEADS[name]
+    make(head)
+    with Unblocker(head) if name == "a FIFO" else contextlib.nullcontext():
+        result = run("golden", ckpt, "-o", tmp_path / "g.safetensors", "--lm-head", head)
+    assert_one_line_error(result, "head.safetensors", *words)
     assert not (tmp_path / "g.safetensors").exists()
 
 

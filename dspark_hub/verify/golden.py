@@ -58,7 +58,8 @@ from dspark_hub.errors import (
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import load_json_object
-from dspark_hub.format.tensorio import weight_files
+from dspark_hub.format.reader import read_header
+from dspark_hub.format.tensorio import iter_range, weight_files
 from dspark_hub.format.writer import atomic_path
 from dspark_hub.verify.checks import verify
 from dspark_hub.verify.golden_fixture import FLOAT_OUTPUTS, MAX_BLOCK_SIZE, load_checked, read_fixture
@@ -77,6 +78,8 @@ DEFAULT_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
 INT_OUTPUTS = ("greedy_tokens",)
 INPUTS = ("context_states", "position_ids", "anchor_ids", "drafted_tokens")
 LM_HEAD_NAME = "lm_head.weight"
+#: lm_head dtypes a fixture takes (safetensors name -> torch name).
+_HEAD_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 #: Config keys the lm_head's shape comes from: a fixture written for other values is not recomputed.
 _HEAD_KEYS = ("hidden_size", "draft_vocab_size")
 
@@ -216,20 +219,25 @@ def standin_lm_head(config: Mapping[str, Any], seed: int) -> torch.Tensor:
 
 
 def _load_lm_head(path: str | os.PathLike[str], config: Mapping[str, Any]) -> torch.Tensor:
-    """The lm_head weight in `path`, which must be [draft_vocab_size, hidden_size] of `config`."""
-    from safetensors.torch import load_file
+    """The lm_head weight in `path`, which must be [draft_vocab_size, hidden_size] of `config`; its shape is
+    checked in the header before its bytes are read (through `open_regular`: a FIFO is refused unopened)."""
+    import torch
 
-    tensors = load_file(str(path))
-    if len(tensors) != 1 and LM_HEAD_NAME not in tensors:
-        raise UsageError(f"{path}: holds {plural(len(tensors), 'tensor')} and no {LM_HEAD_NAME}; pass a file with the "
-                         "target's lm_head weight")
-    name = LM_HEAD_NAME if LM_HEAD_NAME in tensors else next(iter(tensors))
-    head = tensors[name]
+    header = read_header(path)
+    if len(header.tensors) != 1 and LM_HEAD_NAME not in header.tensors:
+        raise UsageError(f"{path}: holds {plural(len(header.tensors), 'tensor')} and no {LM_HEAD_NAME}; pass a file "
+                         "with the target's lm_head weight")
+    name = LM_HEAD_NAME if LM_HEAD_NAME in header.tensors else next(iter(header.tensors))
+    info = header.tensors[name]
     want = [int(config["draft_vocab_size"]), int(config["hidden_size"])]
-    if list(head.shape) != want:
-        raise UsageError(f"{path}: {name} is {list(head.shape)}; this draft scores with a {want} lm_head "
-                         "(draft_vocab_size, hidden_size)", hint="pass the lm_head of the target it was trained on")
-    return head.float()
+    if list(info.shape) != want or info.dtype not in _HEAD_DTYPES:
+        raise UsageError(f"{path}: {name} is {list(info.shape)} {info.dtype}; this draft scores with a {want} "
+                         "float lm_head (draft_vocab_size, hidden_size)", hint="pass the lm_head of the target it "
+                         "was trained on")
+    data = bytearray()
+    for piece in iter_range(path, *header.absolute_range(name)):
+        data += piece
+    return torch.frombuffer(data, dtype=getattr(torch, _HEAD_DTYPES[info.dtype])).reshape(want).float()
 
 
 def _outputs(model: K3DSparkModel, inputs: Mapping[str, torch.Tensor], lm_head: torch.Tensor,
