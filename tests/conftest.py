@@ -139,6 +139,7 @@ def hub(hub_server):
     yield hub_server
     hub_server.fail_lfs_uploads(0)
     hub_server.fail_commits(0)
+    hub_server.reset_faults()
 
 
 @pytest.fixture

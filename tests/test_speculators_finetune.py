@@ -258,7 +258,7 @@ def test_the_base_itself_is_never_the_output_even_with_force(data, tmp_path):
     base = copy_fixture(tmp_path, "dspark", "base")
     before = {p.name: p.read_bytes() for p in base.iterdir()}
     for out in (base, base / "trained"):
-        assert_one_line_error(_finetune(base, data["rollouts"], out, "--force"), "--out", "the base")
+        assert_one_line_error(_finetune(base, data["rollouts"], out, "--force"), "--out", "the input --base")
     assert {p.name: p.read_bytes() for p in base.iterdir()} == before
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import signal
 import sys
+import warnings
 
 import click
 
 from dspark_hub import __version__
 from dspark_hub.cli import cards, golden, hub, train, verify
-from dspark_hub.cli._errors import print_traceback
+from dspark_hub.cli._errors import on_sigint, on_sigterm, print_traceback
 from dspark_hub.cli._framework import DsparkGroup
+from dspark_hub.cli._output import show_warning
 
 
 @click.group(cls=DsparkGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,9 +35,12 @@ for _command in (verify.verify, verify.diff, verify.convert, verify.init_command
 
 
 def main() -> None:
-    """Console-script entry point: SIGTERM unwinds like Ctrl-C so writers clean up; a traceback (`--debug`, or a
-    bug) is printed through the output gate (no token), exit 1 as Python's own would."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    """Console-script entry point: SIGTERM unwinds like Ctrl-C so writers clean up (a Hub command ends within a
+    second either way: `exit_soon_if_stuck`); a traceback (`--debug`, or a bug) is printed through the output gate
+    (no token), exit 1 as Python's own would."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigint)
+    warnings.showwarning = show_warning
     try:
         cli(prog_name="dspark-hub")
     except Exception as error:

@@ -23,7 +23,8 @@ reports each as an error finding; the commands that hash (`checksums`, `package`
 refuse the folder (`folder_files`).
 
 `open_regular` opens a file for reading only when it is a regular file, without blocking on a
-FIFO; every reader of a named file goes through it.
+FIFO; every reader of a named file goes through it. `stamp_files` / `changed_files` say whether a
+file changed between two moments without reading it (the publish gate's judgment and the upload).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import errno
 import io
 import os
 import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,6 +307,32 @@ def listed_file(listing: FolderListing, name: object, *, named_in: str, key: str
         raise CheckpointFormatError("DATA_FILE_MISSING", f"{key} names {name!r}, which is not a regular file of "
                                     f"{listing.root}", path=named_in, hint=_FIX["DATA_FILE_MISSING"])
     return listing.root / name
+
+
+# ---------------------------------------------------------------- has a file changed since?
+
+#: What changes with a file's content, read without reading it: device, inode, size, and the modification
+#: and change times in ns (a write, truncate or rename over it changes one; `ctime` cannot be set back).
+FileStamp = tuple[int, int, int, int, int]
+
+
+def stamp_files(paths: Iterable[Path]) -> dict[Path, FileStamp | None]:
+    """Each file's `FileStamp` (following links, as its readers do); None for one that cannot be stat'ed."""
+    stamps: dict[Path, FileStamp | None] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            stamps[path] = None
+            continue
+        stamps[path] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return stamps
+
+
+def changed_files(stamps: Mapping[Path, FileStamp | None]) -> list[Path]:
+    """The files whose stamp is not the one in `stamps` now (written, replaced, removed or unreadable)."""
+    now = stamp_files(stamps)
+    return [path for path, stamp in stamps.items() if stamp is None or now[path] != stamp]
 
 
 # ---------------------------------------------------------------- opening a file by name

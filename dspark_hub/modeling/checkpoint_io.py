@@ -114,7 +114,7 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
     # With output_loading_info, from_pretrained returns (model, info); its annotation names the model only.
     model, info = cast(tuple[K3DSparkModel, dict[str, list[Any]]],
                        K3DSparkModel.from_pretrained(str(path), dtype=dtype, output_loading_info=True,
-                                                     ignore_mismatched_sizes=not strict))
+                                                     ignore_mismatched_sizes=not strict, weights_only=True))
     loaded = LoadedCheckpoint(
         model=model,
         config=raw_config,

@@ -29,7 +29,14 @@ from dspark_hub.format.tensorio import (
     iter_range,
     locate_tensor,
 )
-from dspark_hub.format.writer import atomic_dir, check_writable, write_file, write_safetensors
+from dspark_hub.format.writer import (
+    Checked,
+    atomic_dir,
+    check_writable,
+    refuse_own_inputs,
+    write_file,
+    write_safetensors,
+)
 from dspark_hub.progress import Progress, announce_total
 
 INIT_STD = 0.02
@@ -155,7 +162,8 @@ def _with_embedding(chunks: Callable[[TensorSpec], Iterator[BytesLike]],
 def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", config: Mapping[str, Any] | None = None,
                     init: str = "random", seed: int = 0, force: bool = False,
                     embed_from: str | os.PathLike[str] | None = None,
-                    progress: Progress | None = None, extra_files: Mapping[str, bytes] | None = None) -> InitResult:
+                    progress: Progress | None = None, extra_files: Mapping[str, bytes] | None = None,
+                    checked: Checked | None = None) -> InitResult:
     """Write a conforming checkpoint: `config.json` plus one `model.safetensors`.
 
     Args:
@@ -169,6 +177,7 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
             embedding becomes `embed_tokens.weight`, bit for bit (F32/F16 rounded to nearest even).
         progress: called with the number of tensor bytes written (see `dspark_hub.progress`).
         extra_files: name -> bytes written beside the weights (e.g. `init --target`'s provenance).
+        checked: what the caller's `check_writable(dst)` found, when it checked before this call.
 
     Returns:
         An `InitResult` (`result.path` is the output folder; `result.embedding` says where the
@@ -180,7 +189,8 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
             teacher's embedding does not fit the draft (checked before anything is written).
         CheckpointNotFoundError: `embed_from` does not exist.
     """
-    check_writable(Path(dst), force=force)
+    refuse_own_inputs(dst, [("embed_from", embed_from)], param="dst", folder=True)
+    checked = checked or check_writable(Path(dst), force=force)
     cfg = dict(config) if config is not None else contract.profile_config(profile)
     roster = contract.roster(cfg)
     specs = list(roster.values())
@@ -194,7 +204,7 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
                                     cast=None if source.info.dtype == spec.dtype
                                     else cast_text(source.info.dtype, spec.dtype))
     announce_total(progress, sum(s.nbytes for s in specs))
-    with atomic_dir(dst, force=force) as tmp:
+    with atomic_dir(dst, force=force, checked=checked) as tmp:
         write_file(tmp / contract.CONFIG_NAME, contract.config_bytes(cfg))
         for name, data in (extra_files or {}).items():
             write_file(tmp / name, data)

@@ -18,6 +18,7 @@ from typing import Any
 
 from dspark_hub.errors import UsageError
 from dspark_hub.format.provenance import TRAINING_ARGS_PATHS, public_args
+from dspark_hub.format.writer import refuse_own_inputs
 from dspark_hub.train import objective
 from dspark_hub.train.engines import DEFAULT_ENGINE, EngineOptions
 
@@ -106,6 +107,24 @@ class TrainConfig:
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir) if self.state_dir else Path(f"{self.out}.state")
+
+    def refuse_own_inputs(self, teacher: str | None = None) -> None:
+        """Refuse an `out` or state folder that is, holds or sits inside an input (`teacher`: the target the
+        data names, when not given), or a state folder inside `out` (replacing `out` would delete it).
+
+        Raises:
+            UsageError: naming the two arguments, with or without `force`.
+        """
+        inputs = [("base", self.base), ("data", self.data), ("teacher", self.teacher or teacher),
+                  ("prompts", self.prompts), ("eval_data", self.eval_data),
+                  ("engine_python", self.engine_options.python)]
+        refuse_own_inputs(self.out, inputs, param="out", folder=True)
+        if self.uses_state_dir:
+            refuse_own_inputs(self.state_path, inputs, param="state_dir", folder=True)
+            out, states = Path(self.out).resolve(), self.state_path.resolve()
+            if states == out or states.is_relative_to(out):
+                raise UsageError(f"{self.state_path}: is (inside) `out` ({self.out}), which the run replaces at "
+                                 "its end; keep the states in another folder", param="state_dir")
 
     @property
     def uses_state_dir(self) -> bool:

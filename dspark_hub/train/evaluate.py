@@ -26,6 +26,7 @@ from dspark_hub import schemas
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.provenance import describe, identify
+from dspark_hub.format.writer import atomic_path, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train import vllm_eval
 from dspark_hub.train.acceptance import (
@@ -162,6 +163,8 @@ def evaluate(draft: str | os.PathLike[str], *, teacher: str | None = None, promp
     if dtype != "float32" and engine != "vllm":
         raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
     if plot is not None:
+        refuse_own_inputs(plot, [("draft", draft), ("teacher", teacher), ("prompts", prompts), ("data", data),
+                                 ("reference", reference), ("vllm_python", vllm_python)], param="plot", folder=False)
         require_matplotlib()   # fail before the long run, not after it
     under_test = read_draft(draft, block_size)
     if engine == "vllm":
@@ -307,6 +310,7 @@ def plot_acceptance(result: EvalResult, path: str | os.PathLike[str]) -> Path:
     axes.set_ylim(0, 1)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    with atomic_path(path, force=True) as tmp:
+        figure.savefig(tmp, dpi=120, format="png")
     plt.close(figure)
     return Path(path)

@@ -44,12 +44,11 @@ import torch
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format import speculators as spec_format
-from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_file, write_weights_like
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train import objective
-from dspark_hub.train.checkpointer import rotate_states, state_files
+from dspark_hub.train.checkpointer import POINTER_NAME, read_state, resume_file, rotate_states, state_files
 from dspark_hub.train.config import TrainConfig, default
 from dspark_hub.train.distributed import peak_memory_bytes
 from dspark_hub.train.draft_step import batch_indices
@@ -184,11 +183,8 @@ class SpeculatorsFinetune:
 
         self.config, self.progress = config, progress
         refuse_unsupported(config)
-        out, base = Path(config.out).resolve(), Path(config.base).resolve()
-        if out == base or base in out.parents:
-            raise UsageError(f"{config.out}: is (inside) the base {config.base}, which the run reads; write the "
-                             "trained checkpoint to another folder", param="out")
-        check_writable(Path(config.out), force=config.force)
+        config.refuse_own_inputs()
+        self.out_checked = check_writable(Path(config.out), force=config.force)
         self.base_config = read_base(config.base)
         self.block_size = check_block_size(config, self.base_config, config.base)
         self.objective = library_objective(config)
@@ -199,6 +195,7 @@ class SpeculatorsFinetune:
                                      if detect_format(config.data, param="data") == "rollouts" else None)
         if not teacher:
             raise UsageError("no target; pass `teacher` (its embedding, lm_head and final norm)", param="teacher")
+        config.refuse_own_inputs(teacher)
         self.teacher = teacher
         teacher_config = read_teacher_config(teacher, param="teacher")
         self.view = tap_view(self.base_config, teacher_config, where=str(Path(config.base) / contract.CONFIG_NAME),
@@ -284,7 +281,7 @@ class SpeculatorsFinetune:
                  "config": self.config.to_dict()}
         with atomic_file(path, force=True) as handle:
             torch.save(state, handle)
-        with atomic_file(self.state_dir / "latest.json", force=True, mode="w") as handle:
+        with atomic_file(self.state_dir / POINTER_NAME, force=True, mode="w") as handle:
             json.dump({"step": self.step, "file": path.name}, handle)
         rotate_states(self.state_dir, self.config.keep_states, latest=path.name)
         return path
@@ -292,12 +289,10 @@ class SpeculatorsFinetune:
     def load_state(self) -> bool:
         """Continue from the latest state (`latest.json`, else the newest file); False when there is none."""
         assert self.state_dir is not None
-        pointer = self.state_dir / "latest.json"
-        found = state_files(self.state_dir)
-        if not (pointer.is_file() or found):
+        file = resume_file(self.state_dir)
+        if file is None:
             return False
-        file = self.state_dir / load_json_object(pointer)["file"] if pointer.is_file() else found[-1]
-        state = torch.load(file, weights_only=False, map_location="cpu")
+        state = read_state(file, ("model", "optimizer", "scheduler", "step", "tokens", "rng"))
         with torch.no_grad():
             for name, tensor in self.model.named_trainable().items():
                 tensor.copy_(state["model"][name])
@@ -343,7 +338,7 @@ class SpeculatorsFinetune:
 
     def write_output(self) -> None:
         """B's files with the trained weights (`write_weights_like`), the log and the options, atomically."""
-        with atomic_dir(self.config.out, force=self.config.force) as tmp:
+        with atomic_dir(self.config.out, force=self.config.force, checked=self.out_checked) as tmp:
             write_weights_like(self.config.base, tmp, self.trained_bytes())
             self.log.copy_into(tmp)
             trained = replace(self.config, block_size=self.block_size)      # the block size B trains with

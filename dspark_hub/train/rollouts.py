@@ -52,7 +52,7 @@ from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.folder import check_regular, data_folder
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
 from dspark_hub.format.taps import TAP_CONVENTION, text_config
-from dspark_hub.format.writer import atomic_file, atomic_path
+from dspark_hub.format.writer import atomic_file, atomic_path, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train.data_checks import (
     FIELD_DTYPES,
@@ -371,6 +371,10 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     draft = (draft_config if isinstance(draft_config, dict)
              else read_json(draft_config, what="the draft's config.json file", param="draft_config"))
     teacher_config = read_teacher_config(teacher, param="teacher")
+    refuse_own_inputs(out, [("teacher", teacher), ("prompts", prompts),
+                            ("draft_config", None if isinstance(draft_config, dict) else draft_config),
+                            ("engine_python", engine_options.python if engine_options else None)],
+                      param="out", folder=True)
     # A speculators DSpark's aux ids become our target_layer_ids here (format.taps, through its DraftFormat).
     draft = tap_view(draft, teacher_config, target=str(teacher),
                      where="the draft's config" if isinstance(draft_config, dict) else str(draft_config))

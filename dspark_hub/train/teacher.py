@@ -25,9 +25,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from pickle import UnpicklingError  # the error type only: nothing here unpickles outside weights_only
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dspark_hub._text import plural
+from dspark_hub._text import plural, shortened
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
@@ -286,9 +287,24 @@ def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> C
     if not (Path(folder) / CONFIG_NAME).is_file():
         raise CheckpointNotFoundError(f"{folder}: no config.json; pass a local transformers causal LM folder")
     folder_files(folder)     # a model folder's rules before transformers opens its files natively
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
+    try:   # weights_only: a `.bin` pickle is read as tensors only, never run (transformers' default, said here)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), weights_only=True)
+    except UnpicklingError as e:
+        raise UsageError(f"{folder}: its weights are a pickle a weights-only load refuses ({weights_only_refusal(e)}); "
+                         "nothing in it ran", hint="give the target's weights as safetensors") from None
     model.eval().requires_grad_(False)
     return model
+
+
+def weights_only_refusal(error: Exception) -> str:
+    """Why `torch.load(weights_only=True)` refused a file, in one line: the global it would import, else why."""
+    text = str(error)
+    if found := re.search(r"GLOBAL ([\w.]+)", text):
+        return f"it would import {found.group(1)}"
+    if found := re.search(r"(Unsupported [^\n]+)", text):
+        return f"not tensors and plain values: {shortened(found.group(1).strip(), 80)}"
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return f"not a file torch.save wrote: {shortened(first, 80)}"
 
 
 def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:

@@ -190,7 +190,8 @@ class Trainer:
         if config.batch_size < self.world:
             raise UsageError(f"{config.batch_size} is smaller than the {self.world} ranks; "
                              "each rank needs at least one sequence", param="batch_size")
-        check_writable(Path(config.out), force=config.force)
+        config.refuse_own_inputs()
+        self.out_checked = check_writable(Path(config.out), force=config.force)
         if config.keep_states < 0:
             raise UsageError(f"{config.keep_states}; keep the newest N states (N >= 1), or 0 to keep them all",
                              param="keep_states")
@@ -215,6 +216,7 @@ class Trainer:
             return self.config.teacher
         teacher = getattr(self.data, "teacher_path", None)
         if isinstance(teacher, str) and teacher:
+            self.config.refuse_own_inputs(teacher)
             return teacher
         raise UsageError("no target; pass `teacher` (its lm_head gives the target distributions)", param="teacher")
 
@@ -406,7 +408,7 @@ class Trainer:
             model = load_checkpoint(self.config.base, dtype=torch.float32).model
             assert state is not None   # gathered to rank 0
             model.load_state_dict(state)
-            with atomic_dir(self.config.out, force=self.config.force) as tmp:
+            with atomic_dir(self.config.out, force=self.config.force, checked=self.out_checked) as tmp:
                 save_checkpoint(model, tmp, dtype=self.save_dtype, force=True)
                 self.training_log.copy_into(tmp)
                 write_file(tmp / TRAINING_ARGS_NAME, json.dumps(self.config.public_dict(), indent=2) + "\n")

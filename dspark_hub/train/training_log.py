@@ -9,10 +9,14 @@ output gets a copy.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
+from dspark_hub.errors import UsageError
+from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.writer import write_file, writing
 
@@ -55,11 +59,26 @@ class TrainingLog:
         return self.path.read_text(encoding="utf-8") if self.path.is_file() else ""
 
     def truncate(self, step: int) -> None:
-        """Drop the lines after `step` (a resumed run repeats them); rank 0 only."""
-        if self.rank != 0 or self.path is None or not self.path.is_file():
+        """Drop the lines after `step` (a resumed run repeats them); rank 0 only.
+
+        Raises:
+            UsageError: the log is not a regular file of the state folder (a link is never followed,
+                a FIFO never opened), or a line is not a JSON object with an integer `step`.
+        """
+        if self.rank != 0 or self.path is None or not os.path.lexists(self.path):
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if loads_strict(line, path=str(self.path))["step"] <= step]
+        fix = "the training log is a file of its own state folder, one JSON object a line; remove it or fix it"
+        if not stat.S_ISREG(os.lstat(self.path).st_mode):
+            raise UsageError(f"{self.path}: is not a regular file (a link, or a special file); {fix}",
+                             param="state_dir")
+        kept = []
+        for number, line in enumerate(read_regular(self.path).decode("utf-8", "replace").splitlines(), 1):
+            entry = loads_strict(line, path=f"{self.path}:{number}")
+            if not (isinstance(entry, dict) and type(entry.get("step")) is int):
+                raise UsageError(f"{self.path}:{number}: not a log line (a JSON object with an integer step); {fix}",
+                                 param="state_dir")
+            if entry["step"] <= step:
+                kept.append(line)
         write_file(self.path, "".join(line + "\n" for line in kept))
 
     def copy_into(self, folder: Path) -> None:

@@ -52,7 +52,6 @@ from dspark_hub._text import plural
 from dspark_hub.errors import (
     CheckpointNotFoundError,
     ContractError,
-    RefusedOverwriteError,
     UsageError,
 )
 from dspark_hub.format import contract
@@ -60,7 +59,7 @@ from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.tensorio import iter_range, weight_files
-from dspark_hub.format.writer import atomic_path
+from dspark_hub.format.writer import atomic_path, check_writable, refuse_own_inputs
 from dspark_hub.verify.checks import verify
 from dspark_hub.verify.golden_fixture import FLOAT_OUTPUTS, MAX_BLOCK_SIZE, load_checked, read_fixture
 
@@ -330,8 +329,8 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         raise UsageError(f"{target}: a golden fixture beside the weights would be loaded as weights by runtimes "
                          f"that read every top-level *.safetensors; write it to "
                          f"{folder / contract.GOLDEN_DIR / target.name}")
-    if target.exists() and not force:
-        raise RefusedOverwriteError(str(target))
+    refuse_own_inputs(target, [("checkpoint", folder), ("lm_head", lm_head)], param="out", folder=False)
+    checked = check_writable(target, force=force)
     config = _verified_config(folder)
     model = _load_model(folder)
     head = _load_lm_head(lm_head, config) if lm_head is not None else standin_lm_head(config, seed)
@@ -356,7 +355,7 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                              for c, s in cases.items()}),
         "dtype": "float32", "torch": torch.__version__, "dspark_hub": __version__,
     }
-    with atomic_path(target, force=force) as tmp:
+    with atomic_path(target, force=force, checked=checked) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
     return GoldenWrite(path=target, input=folder, cases=cases, tensors=sorted(tensors), lm_head=head_info,
                        bytes=target.stat().st_size)

@@ -54,9 +54,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dspark_hub.errors import CheckpointFormatError, UsageError, about
+from dspark_hub.errors import CheckpointFormatError, HubError, UsageError, about
 from dspark_hub.format import contract
-from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
+from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint, read_at_most
 from dspark_hub.format.jsonio import is_int, loads_strict
 from dspark_hub.format.registry import DEFAULT_FORMAT, PairingKeys
 from dspark_hub.format.remote import source_for
@@ -142,7 +142,10 @@ def _read_json(view: CheckpointView, name: str) -> object:
     if name not in view.files:
         return None
     try:
-        return loads_strict(view.source.read_bytes(name, 0, view.files[name]), path=name)
+        data = read_at_most(view.source, name, view.files[name], contract.MAX_JSON_BYTES)
+        return loads_strict(data, path=name) if data is not None else None
+    except HubError:
+        raise   # the Hub failed, not the file
     except (CheckpointFormatError, OSError):
         return None
 
