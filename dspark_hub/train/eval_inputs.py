@@ -21,6 +21,7 @@ from dspark_hub.format.registry import K3, SPECULATORS, DraftFormat
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.progress import Progress, announce_stage, announce_total
 from dspark_hub.train.acceptance import ProposeMany, draft_batch_proposer, one_at_a_time, speculators_proposer
+from dspark_hub.train.data_checks import read_tensor
 from dspark_hub.train.draft_taps import tap_view
 from dspark_hub.train.generate import Rollout, generate_rollouts
 from dspark_hub.train.rollouts import MemoryRollouts, RolloutData, read_prompts
@@ -103,16 +104,12 @@ def stop_token_ids(teacher: str | os.PathLike[str], ignore_eos: bool) -> list[in
 
 def read_embedding(teacher: str | os.PathLike[str]) -> torch.Tensor:
     """The teacher's input embedding `[V, H]`, read from its safetensors (no model built)."""
-    from safetensors import safe_open  # framework="pt": torch, only when a speculators draft is measured
-
     files = tensor_files(teacher)
     hits = [n for n in files if n == "embed_tokens.weight" or n.endswith(".embed_tokens.weight")]
     if len(hits) != 1:
         raise UsageError(f"{teacher}: no unique embed_tokens.weight among {len(files)} tensors; pass a causal LM "
                          "checkpoint folder", param="teacher")
-    with safe_open(str(files[hits[0]]), framework="pt") as handle:
-        embedding: torch.Tensor = handle.get_tensor(hits[0])
-    return embedding
+    return read_tensor(files[hits[0]], hits[0])
 
 
 def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
@@ -157,7 +154,7 @@ def load_eval_rollouts(draft: DraftUnderTest, *, teacher: str | None, prompts: s
         raise UsageError("needs `teacher`", param="prompts")
     assert prompts is not None   # exactly one of prompts and data, checked above
     refuse_unpaired_teacher(draft, read_teacher_config(teacher, param="teacher"), teacher)
-    items = read_prompts(prompts, teacher, param="prompts")   # before the teacher loads
+    items = read_prompts(prompts, teacher, param="prompts", budget=max_new_tokens + draft.k)  # before the teacher loads
     model = load_teacher(teacher)
     announce_stage(progress, "eval: teacher continuations", len(items))
     memory = MemoryRollouts(list(generate_rollouts(model, items, draft.taps, max_new_tokens=max_new_tokens + draft.k,

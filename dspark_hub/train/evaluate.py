@@ -220,7 +220,7 @@ def _evaluate_vllm(draft: DraftUnderTest, *, teacher: str | None, prompts: str |
     python = vllm_eval.engine_python(vllm_python)       # before any work
     teacher_config = read_teacher_config(teacher, param="teacher")
     refuse_unpaired_teacher(draft, teacher_config, teacher)
-    items = read_prompts(prompts, teacher, param="prompts")
+    items = read_prompts(prompts, teacher, param="prompts", budget=max_new_tokens + draft.k)
     groups = dataset_groups(items)
     announce_stage(progress, "eval: vLLM, plain then speculative (2 runs of every prompt)", 2 * len(items))
     stops = stop_token_ids(teacher, ignore_eos)

@@ -45,7 +45,7 @@ from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
-from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_weights_like
+from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_file, write_weights_like
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train import objective
 from dspark_hub.train.checkpointer import POINTER_NAME, read_state, resume_file, rotate_states, state_files
@@ -342,7 +342,7 @@ class SpeculatorsFinetune:
             write_weights_like(self.config.base, tmp, self.trained_bytes())
             self.log.copy_into(tmp)
             trained = replace(self.config, block_size=self.block_size)      # the block size B trains with
-            (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(trained.public_dict(), indent=2) + "\n")
+            write_file(tmp / TRAINING_ARGS_NAME, json.dumps(trained.public_dict(), indent=2) + "\n")
 
 
 def finetune_speculators(config: TrainConfig, progress: Progress | None = None) -> TrainResult:

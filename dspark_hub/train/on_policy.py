@@ -17,8 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from dspark_hub.format.writer import write_file
 from dspark_hub.train.checkpointer import Checkpointer
 from dspark_hub.train.config import TrainConfig
+from dspark_hub.train.data_checks import prompt_lines as read_prompt_lines
 from dspark_hub.train.distributed import barrier
 from dspark_hub.train.engines import TeacherEngine, open_engine
 from dspark_hub.train.rollouts import RolloutData, make_rollouts
@@ -41,8 +43,8 @@ class Trainer(Protocol):
 
 
 def prompt_lines(path: str) -> list[str]:
-    """The non-blank lines of a prompts file."""
-    return [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The non-blank lines of a prompts file (strict UTF-8, never opened unless regular: `data_checks.prompt_lines`)."""
+    return [line for _, line in read_prompt_lines(path)]
 
 
 def share(total: int, parts: int, index: int) -> tuple[int, int]:
@@ -86,6 +88,6 @@ def roll_out(trainer: Trainer, engine: TeacherEngine, folder: Path, chunk: list[
     config = trainer.config
     assert config.teacher   # checked when the trainer was made
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "prompts.jsonl").write_text("".join(line + "\n" for line in chunk), encoding="utf-8")
+    write_file(folder / "prompts.jsonl", "".join(line + "\n" for line in chunk))
     make_rollouts(config.teacher, folder / "prompts.jsonl", trainer.base_config, folder / "data",
                   max_new_tokens=config.max_new_tokens, engine=engine)

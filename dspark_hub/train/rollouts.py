@@ -45,12 +45,26 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
+from dspark_hub._text import short_json, shortened
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.folder import check_regular, data_folder
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise
-from dspark_hub.format.taps import TAP_CONVENTION
+from dspark_hub.format.taps import TAP_CONVENTION, text_config
 from dspark_hub.format.writer import atomic_file, atomic_path, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.train.data_checks import (
+    FIELD_DTYPES,
+    check_mask,
+    check_prompt_ids,
+    check_rollouts_manifest,
+    check_token_ids,
+    prompt_kind,
+    prompt_lines,
+    read_tensors,
+    shard_headers,
+)
 from dspark_hub.train.draft_taps import tap_view
 from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TeacherEngine, open_engine
 from dspark_hub.train.generate import (  # noqa: F401 (re-exported: the names callers know rollouts by)
@@ -114,56 +128,74 @@ def require_file(path: str | os.PathLike[str], what: str, *, param: str | None =
         UsageError: `path` is not a file (`param`: the caller's argument it came from).
     """
     if not Path(path).is_file():
+        if Path(path).exists() and not Path(path).is_dir():
+            check_regular(path)      # a FIFO, socket or device: named as what it is, never opened
         raise UsageError(f"{path}: {'is a folder' if Path(path).is_dir() else 'not found'}; pass {what}", param=param)
 
 
 def read_prompts(path: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None, *,
-                 param: str | None = None) -> list[Prompt]:
+                 param: str | None = None, budget: int = 0) -> list[Prompt]:
     """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it).
 
-    `param` names the caller's argument `path` came from, in the errors (e.g. `prompts`).
+    `param` names the caller's argument `path` came from, in the errors (e.g. `prompts`). With `teacher`,
+    every prompt's ids must be in its vocabulary and, with `budget` tokens to generate after it, fit its
+    context (`data_checks.check_prompt_ids`).
 
     Raises:
-        UsageError: `path` is no file, or a line is not a prompt (one line naming the file and line).
+        UsageError: `path` is no file or not UTF-8, or a line is not a prompt (one line naming the file and line).
     """
     tokenizer = None
     prompts: list[Prompt] = []
     require_file(path, "a prompts JSONL file (one messages, text or input_ids object per line)", param=param)
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    limits = _target_limits(teacher)
+    for number, line in prompt_lines(path):
+        where = f"{path}:{number}"
         try:
-            record = object_or_raise(loads_strict(line, path=f"{path}:{number}"), path=f"{path}:{number}")
+            record = object_or_raise(loads_strict(line, path=where), path=where)
         except CheckpointFormatError as exc:
             raise UsageError(f"{exc.message}; one JSON object per line") from None
-        kinds = [key for key in ("messages", "text", "input_ids") if key in record]
-        if len(kinds) != 1:
-            raise UsageError(f"{path}:{number}: needs exactly one of messages, text, input_ids (has {kinds or 'none'})")
-        if kinds[0] != "input_ids" and tokenizer is None:
+        kind = prompt_kind(record, where)
+        if kind != "input_ids" and tokenizer is None:
             if teacher is None:
-                raise UsageError(f"{path}:{number}: {kinds[0]} needs the teacher's tokenizer; pass `teacher`")
+                raise UsageError(f"{where}: {kind} needs the teacher's tokenizer; pass `teacher`")
             tokenizer = load_tokenizer(teacher, required=True)
-        ids = _encode(record, kinds[0], tokenizer)
-        if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-            raise UsageError(f"{path}:{number}: the prompt encodes to no tokens or to non-integer ids")
+        ids = _encode(record, kind, tokenizer, where)
+        check_prompt_ids(ids, where, vocab_size=limits[0], context=limits[1], budget=budget)
         mask = record.get("loss_mask")
-        if mask is not None and (kinds[0] != "input_ids" or not isinstance(mask, list) or len(mask) != len(ids)
+        if mask is not None and (kind != "input_ids" or not isinstance(mask, list) or len(mask) != len(ids)
                                  or not all(m in (0, 1) and not isinstance(m, bool) for m in mask)):
-            raise UsageError(f"{path}:{number}: loss_mask must be a list of 0/1, one per input_ids token")
+            raise UsageError(f"{where}: loss_mask must be a list of 0/1, one per input_ids token")
         prompts.append(Prompt(index=len(prompts), input_ids=ids, dataset=record.get("dataset"), loss_mask=mask))
     return prompts
 
 
-def _encode(record: dict[str, Any], kind: str, tokenizer: Any) -> list[int]:
+def _target_limits(teacher: str | os.PathLike[str] | None) -> tuple[int | None, int | None]:
+    """(vocabulary size, context length) of the target's config, where it states them (a tokenizer-only folder
+    states neither)."""
+    if teacher is None or not (Path(teacher) / CONFIG_NAME).exists():
+        return None, None
+    config = text_config(read_teacher_config(teacher, param="teacher"))
+
+    def positive(key: str) -> int | None:
+        value = config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    return positive("vocab_size"), positive("max_position_embeddings")
+
+
+def _encode(record: dict[str, Any], kind: str, tokenizer: Any, where: str) -> list[int]:
     if kind == "input_ids":
         return list(record["input_ids"])
-    if kind == "text":
-        return list(tokenizer(record["text"], add_special_tokens=True)["input_ids"])
-    if not getattr(tokenizer, "chat_template", None):
+    if kind == "messages" and not getattr(tokenizer, "chat_template", None):
         raise UsageError("teacher tokenizer: no chat_template for 'messages' prompts; use text or input_ids")
-    return list(tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=True,
-                                              return_dict=False))
+    try:
+        if kind == "text":
+            return list(tokenizer(record["text"], add_special_tokens=True)["input_ids"])
+        return list(tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+    except Exception as e:   # the tokenizer's own code and chat template (jinja2) raise what they like
+        raise UsageError(f"{where}: the target's tokenizer cannot encode the {kind} ({type(e).__name__}: "
+                         f"{shortened(str(e).splitlines()[0] if str(e) else '', 120)})") from None
 
 
 # ----------------------------------------------------------------------------- on disk
@@ -201,7 +233,12 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 
 
 class RolloutData:
-    """Read access to a rollouts folder: `len(data)`, `data[i] -> Rollout` (memory-mapped reads)."""
+    """Read access to a rollouts folder: `len(data)`, `data[i] -> Rollout`.
+
+    The folder follows a model folder's rules (`format.folder.data_folder`), the manifest is checked key by
+    key and every shard's header against it (`data_checks`) before anything is read; tensor bytes are read
+    through `format.folder.open_regular`, never by a native library opening a path.
+    """
 
     def __init__(self, folder: str | os.PathLike[str], *, param: str | None = None) -> None:
         self.folder = Path(folder)
@@ -209,32 +246,34 @@ class RolloutData:
         if not path.is_file():
             raise UsageError(f"{self.folder}: no {MANIFEST}; pass a folder written by 'dspark-hub rollouts'",
                              param=param)
+        listing = data_folder(self.folder)
         self.manifest = _read_manifest(path)
         if schemas.current(self.manifest.get("schema")) != SCHEMA:
-            raise UsageError(f"{path}: schema is {self.manifest.get('schema')!r}, expected {SCHEMA!r}")
-        self.entries = [(shard["file"], seq) for shard in self.manifest["shards"] for seq in shard["sequences"]]
+            raise UsageError(f"{path}: schema is {short_json(self.manifest.get('schema'), 60)}, expected {SCHEMA!r}")
+        self.entries = check_rollouts_manifest(self.manifest, str(path))
+        self.settings = self.manifest["settings"]
+        self.shards = shard_headers(listing, self.entries, self.settings, str(path))
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def __getitem__(self, i: int) -> Rollout:
-        from safetensors import safe_open
-
         file, seq = self.entries[i]
+        shard, header = self.shards[file]
         key = str(seq["prompt_index"])
-        with safe_open(str(self.folder / file), framework="pt") as handle:
-            get = handle.get_tensor
-            return Rollout(seq["prompt_index"], seq.get("dataset"), get(f"{key}.input_ids"), seq["prompt_length"],
-                           get(f"{key}.aux_hidden_states"), get(f"{key}.final_hidden_states"),
-                           tuple(seq.get("greedy_agreement", (0, 0))), get(f"{key}.loss_mask"))
+        ids, mask, aux, final = read_tensors(shard, header, [f"{key}.{field}" for field in FIELD_DTYPES])
+        check_token_ids(ids, self.settings["vocab_size"], f"{shard}: {key}.input_ids")
+        check_mask(mask, f"{shard}: {key}.loss_mask")
+        return Rollout(seq["prompt_index"], seq.get("dataset"), ids, seq["prompt_length"], aux, final,
+                       tuple(seq.get("greedy_agreement", (0, 0))), mask)
 
     def __iter__(self) -> Iterator[Rollout]:
         return (self[i] for i in range(len(self)))
 
     @property
     def teacher_path(self) -> str | None:
-        teacher = self.manifest.get("settings", {}).get("teacher")
-        return teacher if isinstance(teacher, str) else None
+        teacher = self.settings["teacher"]
+        return teacher if isinstance(teacher, str) and teacher else None
 
 
 def token_counts(data: str | os.PathLike[str], teacher: str | os.PathLike[str] | None = None, *,
@@ -293,6 +332,7 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
         if before != value:
             raise RefusedOverwriteError(str(out), f"cannot resume: setting {key} was {before!r} and is now "
                                         f"{value!r}; write to another folder")
+    check_rollouts_manifest(manifest, str(path))
     return manifest
 
 
@@ -339,7 +379,7 @@ def make_rollouts(teacher: str | os.PathLike[str], prompts: str | os.PathLike[st
     draft = tap_view(draft, teacher_config, target=str(teacher),
                      where="the draft's config" if isinstance(draft_config, dict) else str(draft_config))
     # The inputs are checked before the engine starts (a vLLM start takes seconds to minutes).
-    all_prompts = read_prompts(prompts, teacher, param="prompts")
+    all_prompts = read_prompts(prompts, teacher, param="prompts", budget=max_new_tokens if mode == "generate" else 0)
     if mode == "generate":
         masked = next((p for p in all_prompts if p.loss_mask is not None), None)
         if masked is not None:

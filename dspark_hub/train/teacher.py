@@ -32,9 +32,11 @@ from dspark_hub._text import plural, shortened
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, DsparkError, UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.folder import folder_files
 from dspark_hub.format.jsonio import json_type, load_json_object
 from dspark_hub.format.taps import require_tap_layers, text_config
 from dspark_hub.format.tensorio import tensor_files
+from dspark_hub.train.data_checks import read_tensor
 
 # torch, transformers and safetensors are imported inside the functions that load weights: config
 # checks and identities (and the CLI's `--help`) import this module without them.
@@ -185,15 +187,12 @@ def read_lm_head(folder: str | os.PathLike[str]) -> torch.Tensor:
 
     Only the header and that one tensor are read, so this is cheap even for a huge teacher.
     """
-    from safetensors import safe_open
 
     folder = Path(folder)
     config = read_teacher_config(folder)
     files = tensor_files(folder)
     name = lm_head_name(files, config)
-    with safe_open(str(files[name]), framework="pt") as handle:
-        tensor: torch.Tensor = handle.get_tensor(name)
-    return tensor
+    return read_tensor(files[name], name)
 
 
 @dataclass(frozen=True)
@@ -234,7 +233,6 @@ def read_final_norm(folder: str | os.PathLike[str]) -> FinalNorm:
     Raises:
         UsageError: no unique final norm tensor, or a family whose norm is not `w * x / rms`.
     """
-    from safetensors import safe_open
 
     folder = Path(folder)
     config = read_teacher_config(folder)
@@ -247,8 +245,7 @@ def read_final_norm(folder: str | os.PathLike[str]) -> FinalNorm:
     if len(names) != 1:
         raise UsageError(f"{folder}: no unique final norm tensor ({' or '.join(_FINAL_NORM_NAMES)}) among "
                          f"{len(files)} tensors; use a causal LM checkpoint folder")
-    with safe_open(str(files[names[0]]), framework="pt") as handle:
-        weight = handle.get_tensor(names[0])
+    weight = read_tensor(files[names[0]], names[0])
     eps = text.get("rms_norm_eps", config.get("rms_norm_eps", 1e-6))
     return FinalNorm(names[0], weight, float(eps))
 
@@ -289,6 +286,7 @@ def load_teacher(folder: str | os.PathLike[str], *, dtype: str = "float32") -> C
 
     if not (Path(folder) / CONFIG_NAME).is_file():
         raise CheckpointNotFoundError(f"{folder}: no config.json; pass a local transformers causal LM folder")
+    folder_files(folder)     # a model folder's rules before transformers opens its files natively
     try:   # weights_only: a `.bin` pickle is read as tensors only, never run (transformers' default, said here)
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), weights_only=True)
     except UnpicklingError as e:
@@ -371,6 +369,8 @@ def load_tokenizer(folder: str | os.PathLike[str], *, required: bool) -> PreTrai
     """The teacher's tokenizer, or None when the folder ships none and `required` is False."""
     from transformers import AutoTokenizer
 
+    if Path(folder).is_dir():
+        folder_files(folder)     # a model folder's rules before the tokenizer library opens its files natively
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError, TypeError) as exc:

@@ -40,7 +40,7 @@ from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.remote_code import require_k3_dspark
-from dspark_hub.format.writer import atomic_dir, check_writable
+from dspark_hub.format.writer import atomic_dir, check_writable, write_file
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train import objective
 from dspark_hub.train.acceptance import measure_draft, measure_ngram
@@ -59,7 +59,7 @@ from dspark_hub.train.draft_step import DraftStep, batch_indices, chunkable_draf
 from dspark_hub.train.hidden_state_files import HiddenStateData, detect_format, open_training_data
 from dspark_hub.train.on_policy import fit_on_policy
 from dspark_hub.train.plan import TrainPlan, step_plan
-from dspark_hub.train.rollouts import RolloutData, require_file
+from dspark_hub.train.rollouts import RolloutData, read_prompts, require_file
 from dspark_hub.train.teacher import moved, read_json, read_lm_head, read_teacher_config
 from dspark_hub.train.training_log import LOG_NAME, MEASURED, TrainingLog
 
@@ -229,6 +229,7 @@ class Trainer:
             if not (config.prompts and config.teacher):
                 raise UsageError("needs `prompts` and `teacher`", param="on_policy")
             require_file(config.prompts, "a prompts JSONL file", param="prompts")
+            read_prompts(config.prompts, config.teacher, param="prompts", budget=config.max_new_tokens)  # every line
         if config.eval_data:
             detect_format(config.eval_data, param="eval_data")
 
@@ -410,7 +411,7 @@ class Trainer:
             with atomic_dir(self.config.out, force=self.config.force, checked=self.out_checked) as tmp:
                 save_checkpoint(model, tmp, dtype=self.save_dtype, force=True)
                 self.training_log.copy_into(tmp)
-                (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(self.config.public_dict(), indent=2) + "\n")
+                write_file(tmp / TRAINING_ARGS_NAME, json.dumps(self.config.public_dict(), indent=2) + "\n")
         barrier()
 
 
