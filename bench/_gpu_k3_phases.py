@@ -153,7 +153,7 @@ def synthetic_rollouts(config: Mapping[str, Any], scale: Scale, head: Any) -> li
     probability at K3's width, whose other logits are ~N(0, 0.19))."""
     import torch
 
-    from dspark_hub.train.generate import Rollout
+    from dspark_hub.train.target.generate import Rollout
 
     taps, hidden = config["num_target_layers"], config["target_hidden_size"]
     generator = torch.Generator().manual_seed(SEED + 3)
@@ -171,13 +171,19 @@ def synthetic_rollouts(config: Mapping[str, Any], scale: Scale, head: Any) -> li
     return rollouts
 
 
-def write_data(folder: Path, rollouts: list[Any], teacher: Path) -> None:
-    """A rollouts folder as `dspark-hub rollouts` writes it (one shard, a manifest)."""
-    from dspark_hub.train.rollouts import SCHEMA, shard_name, write_manifest, write_shard
+def write_data(folder: Path, rollouts: list[Any], teacher: Path, config: Mapping[str, Any]) -> None:
+    """A rollouts folder as `dspark-hub rollouts` writes it (one shard, a manifest with every setting the readers
+    check: the draft's taps, widths and vocabulary; no prompts file, so its digest is the empty file's)."""
+    import hashlib
+
+    from dspark_hub.train.data.rollouts import SCHEMA, shard_name, write_manifest, write_shard
 
     folder.mkdir(parents=True)
     write_shard(folder / shard_name(0), rollouts)
-    write_manifest(folder, {"schema": SCHEMA, "settings": {"teacher": str(teacher), "mode": "synthetic"},
+    settings = {"teacher": str(teacher), "mode": "synthetic", "prompts_sha256": hashlib.sha256(b"").hexdigest(),
+                "max_new_tokens": 0, **{key: config[key] for key in ("target_layer_ids", "target_hidden_size",
+                                                                    "target_num_hidden_layers", "vocab_size")}}
+    write_manifest(folder, {"schema": SCHEMA, "settings": settings, "teacher": {"label": f"{teacher.name} (synthetic)"},
                             "shards": [{"file": shard_name(0), "sequences": [r.entry() for r in rollouts]}]})
 
 
@@ -220,7 +226,7 @@ def build_world(workdir: Path, scale: Scale) -> dict[str, Any]:
           f"({time.perf_counter() - started:.1f} s)", flush=True)
     init_checkpoint(paths["base"], profile=scale.profile, seed=SEED, embed_from=paths["teacher"])
     print(f"world: draft `init --profile {scale.profile}` ({time.perf_counter() - started:.1f} s)", flush=True)
-    write_data(paths["data"], synthetic_rollouts(config, scale, head), paths["teacher"])
+    write_data(paths["data"], synthetic_rollouts(config, scale, head), paths["teacher"], config)
     from safetensors import safe_open
 
     with safe_open(str(paths["base"] / contract.WEIGHTS_NAME), framework="pt") as handle:
@@ -288,7 +294,7 @@ def teacher_forced(model: Any, context: Any, ids: Any, anchors: Any, head: Any, 
     """The draft's last hidden rows and logits (with the Markov bias) for every anchor's block."""
     import torch
 
-    from dspark_hub.train.config import default
+    from dspark_hub.train.finetuning.config import default
 
     with torch.no_grad(), torch.autocast(context.device.type, dtype=torch.bfloat16, enabled=autocast):
         out = model.teacher_forced(context, ids, anchors, block_size=default("block_size"), lm_head_weight=head)
@@ -308,15 +314,15 @@ def forward_check(workdir: Path, scale: Scale, device_name: str) -> dict[str, An
     import torch
 
     from dspark_hub.modeling import load_checkpoint
-    from dspark_hub.train.rollouts import RolloutData
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.target.target import Target
 
     torch.set_float32_matmul_precision("highest")   # IEEE float32 matrix products on the device too (no TF32)
     paths = world_paths(workdir)
     device = torch.device(device_name)
     started = time.perf_counter()
     model = load_checkpoint(paths["base"], dtype=torch.float32).model.eval()
-    head = read_lm_head(paths["teacher"]).float()
+    head = Target.open(paths["teacher"]).lm_head().float()
     context, ids, anchors = forward_inputs(RolloutData(paths["data"])[0], scale)
     loaded = time.perf_counter() - started
     started = time.perf_counter()
@@ -541,7 +547,7 @@ def train_run(workdir: Path, scale: Scale, device_name: str, label: str, *, fsdp
     import torch.distributed as dist
 
     from dspark_hub.train import TrainConfig, Trainer
-    from dspark_hub.train.checkpointer import full_model_state
+    from dspark_hub.train.finetuning.checkpointer import full_model_state
 
     paths = world_paths(workdir)
     config = TrainConfig(base=str(paths["base"]), out=str(workdir / f"out-{label}"), data=str(paths["data"]),

@@ -30,8 +30,8 @@ from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.registry import DraftFormat
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.format.writer import atomic_dir, write_weights_like
-from dspark_hub.train.eval_inputs import read_draft
-from dspark_hub.train.rollouts import MANIFEST
+from dspark_hub.train.data.rollouts import MANIFEST
+from dspark_hub.train.evaluation.inputs import read_draft
 
 MARKOV_OUTPUT = "markov_head.markov_w2.weight"
 D2T = "d2t"
@@ -229,11 +229,11 @@ def expected_accepted(draft: Path, data: Path, target: Path) -> Any:
     """
     import torch
 
-    from dspark_hub.train.rollouts import RolloutData
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.target.target import Target
 
     under_test = read_draft(draft)
-    lm_head = read_lm_head(target).float()
+    lm_head = Target.open(target).lm_head().float()
     slot_probabilities = (_k3_slot_probabilities if under_test.format.anchor_layout_key is None
                           else _speculators_slot_probabilities)(under_test, target, lm_head)
     values = []
@@ -271,9 +271,10 @@ def _speculators_slot_probabilities(under_test: Any, target: Path, lm_head: Any)
     import torch
 
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
-    from dspark_hub.train.eval_inputs import read_embedding
+    from dspark_hub.train.target.target import Target
 
-    model = SpeculatorsDSpark.from_folder(under_test.path, read_embedding(target), lm_head, dtype=torch.float32)
+    embedding = Target.open(target).embedding()
+    model = SpeculatorsDSpark.from_folder(under_test.path, embedding, lm_head, dtype=torch.float32)
     k, vocab = under_test.k, lm_head.shape[0]
     draft_ids = torch.arange(model.lm_head.shape[0])
     target_of = draft_ids if model.d2t is None else draft_ids + model.d2t     # the draft id -> target id map

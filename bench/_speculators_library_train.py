@@ -30,10 +30,10 @@ def main(settings: dict) -> None:
     from speculators.config import SpeculatorModelConfig
     from speculators.models.dspark.core import DSparkDraftModel
 
-    from dspark_hub.train.finetune_speculators import packed_row
-    from dspark_hub.train.objective import cosine_lr
-    from dspark_hub.train.rollouts import RolloutData
-    from dspark_hub.train.trainer import batch_indices
+    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.finetuning.finetune_speculators import packed_row
+    from dspark_hub.train.finetuning.objective import cosine_lr
+    from dspark_hub.train.finetuning.trainer import batch_indices
 
     config = SpeculatorModelConfig.from_pretrained(settings["base"])
     config.transformer_layer_config._attn_implementation = "eager"

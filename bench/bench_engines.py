@@ -64,8 +64,8 @@ def build_world(root: Path) -> None:
 def one_rollouts(root: Path, engine_name: str, vllm_python: str | None) -> dict:
     import torch
 
-    from dspark_hub.train.engines import EngineOptions, open_engine, peak_rss_bytes
-    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.data.rollouts import make_rollouts
+    from dspark_hub.train.target.engines import EngineOptions, open_engine, peak_rss_bytes
 
     torch.set_num_threads(1)
     config = json.loads((root / "base" / "config.json").read_text())
@@ -99,7 +99,7 @@ def step_batch(root: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from dspark_hub.train.rollouts import RolloutData
+    from dspark_hub.train.data.rollouts import RolloutData
 
     folders = sorted(p for p in root.glob("bench-transformers-*") if (p / "manifest.json").is_file())
     data = RolloutData(folders[0])
@@ -116,9 +116,9 @@ def one_step_ours(root: Path) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from dspark_hub.train.engines import peak_rss_bytes
-    from dspark_hub.train.rollouts import MemoryRollouts, Rollout
-    from dspark_hub.train.trainer import TrainConfig, Trainer
+    from dspark_hub.train.data.rollouts import MemoryRollouts, Rollout
+    from dspark_hub.train.finetuning.trainer import TrainConfig, Trainer
+    from dspark_hub.train.target.engines import peak_rss_bytes
 
     torch.set_num_threads(1)
     batch = load_file(str(root / "step_batch.safetensors"))
@@ -128,7 +128,7 @@ def one_step_ours(root: Path) -> dict:
                                        batch["loss_mask"][i]) for i in range(STEP_SEQUENCES)])
     trainer = Trainer(TrainConfig(base=str(root / "base"), out=str(root / "unused-out"), data=None, on_policy=True,
                                   steps=STEP_RUNS + 2, lr=3e-4, batch_size=STEP_SEQUENCES, max_anchors=STEP_ANCHORS,
-                                  teacher=str(root / "teacher"), device="cpu", force=True))
+                                  target=str(root / "teacher"), device="cpu", force=True))
     times, tokens = [], 0
     for step in range(STEP_RUNS + 2):
         started = time.perf_counter()

@@ -41,16 +41,17 @@ def main() -> None:
     import torch
 
     from dspark_hub.modeling import load_checkpoint
-    from dspark_hub.train.acceptance import draft_batch_proposer, draft_proposer, measure, measure_batched
-    from dspark_hub.train.eval_inputs import read_draft
-    from dspark_hub.train.rollouts import RolloutData
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.evaluation.acceptance import measure_batched
+    from dspark_hub.train.evaluation.drafters import draft_batch_proposer, draft_proposer, measure
+    from dspark_hub.train.evaluation.inputs import read_draft
+    from dspark_hub.train.target.target import Target
 
     torch.set_num_threads(args.threads)
     k = read_draft(args.draft).k
     model = load_checkpoint(args.draft, dtype=torch.float32).model
     model.train(False)
-    lm_head = read_lm_head(args.target).float()
+    lm_head = Target.open(args.target).lm_head().float()
     rollouts = list(itertools.islice(iter(RolloutData(args.data)), args.rollouts))
     print(f"{len(rollouts)} rollouts, k {k}, {args.threads} thread(s), load average {os.getloadavg()[0]:.1f}")
     with torch.no_grad():

@@ -35,7 +35,7 @@ GIB = 2**30
 
 def computed(ranks: int) -> dict:
     from dspark_hub.format import contract
-    from dspark_hub.train.objective import DEFAULT_LOSS_CHUNK
+    from dspark_hub.train.finetuning.objective import DEFAULT_LOSS_CHUNK
 
     config = contract.REFERENCE_CONFIG
     roster = contract.roster(config)

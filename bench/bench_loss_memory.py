@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _reference import env
 
 from dspark_hub.format import contract
-from dspark_hub.train import objective
+from dspark_hub.train.finetuning import objective
 
 TERMS = {"ce": 0.1, "tv": 0.9}
 
@@ -45,7 +45,7 @@ def measure(chunk_rows: int, anchors: int, block: int, hidden_size: int, repeats
     import torch
 
     from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
-    from dspark_hub.train.trainer import chunkable_draft_logits
+    from dspark_hub.train.finetuning.trainer import chunkable_draft_logits
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -32,7 +32,7 @@ def prompts_of(target: Path, count: int) -> list:
     """The first `count` train prompts, through the target's chat template (as `rollouts` reads them)."""
     import tempfile
 
-    from dspark_hub.train.rollouts import read_prompts
+    from dspark_hub.train.data.rollouts import read_prompts
 
     lines = (ROOT / "bench" / "prompts" / "smollm2-train.jsonl").read_text(encoding="utf-8").splitlines()[:count]
     with tempfile.TemporaryDirectory() as tmp:
@@ -42,7 +42,7 @@ def prompts_of(target: Path, count: int) -> list:
 
 
 def per_length(model, prompts: list, new_tokens: int) -> list:
-    from dspark_hub.train.generate import generate_rollouts
+    from dspark_hub.train.target.generate import generate_rollouts
 
     lengths = sorted({len(p.input_ids) for p in prompts})
     out = []
@@ -53,7 +53,7 @@ def per_length(model, prompts: list, new_tokens: int) -> list:
 
 
 def together(model, prompts: list, new_tokens: int) -> list:
-    from dspark_hub.train.generate import generate_rollouts
+    from dspark_hub.train.target.generate import generate_rollouts
 
     return list(generate_rollouts(model, prompts, TAPS, max_new_tokens=new_tokens, batch_size=len(prompts)))
 
@@ -69,10 +69,10 @@ def main() -> None:
         parser.error(f"--runs: at least {MIN_RUNS}, so one disturbed round cannot decide the median")
     import torch
 
-    from dspark_hub.train.teacher import load_teacher
+    from dspark_hub.train.target.target import load_target
 
     torch.set_num_threads(1)
-    model = load_teacher(args.target)
+    model = load_target(args.target)
     prompts = prompts_of(args.target, args.prompts)
     print(f"{len(prompts)} prompts of {len({len(p.input_ids) for p in prompts})} lengths, {args.new_tokens} new "
           f"tokens, {args.target.name}, 1 thread, load average {os.getloadavg()[0]:.1f}")

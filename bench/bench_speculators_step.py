@@ -120,8 +120,8 @@ def ours(root: Path, steps: int, warmup: int) -> dict:
 
     from dspark_hub.format.jsonio import load_json_object
     from dspark_hub.modeling.speculators_dspark import read_tensors
-    from dspark_hub.train.engines import peak_rss_bytes
-    from dspark_hub.train.objective_speculators import Objective, PackedRow, SpeculatorsDSparkTrainer
+    from dspark_hub.train.finetuning.objective_speculators import Objective, PackedRow, SpeculatorsDSparkTrainer
+    from dspark_hub.train.target.engines import peak_rss_bytes
 
     torch.set_num_threads(1)
     target = read_tensors(root / "target")

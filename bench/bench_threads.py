@@ -37,12 +37,12 @@ def child(kind: str, root: Path, threads: int | None, steps: int, prompts: int) 
     if threads is not None:
         torch.set_num_threads(threads)
     if kind == "finetune":
-        from dspark_hub.train.trainer import TrainConfig, finetune
+        from dspark_hub.train import TrainConfig, finetune
 
         config = TrainConfig(base=str(root / "base"), out=str(root / f"out-{threads}"), data=str(root / "data"),
-                             steps=steps, batch_size=8, max_anchors=64, teacher=str(root / "teacher"), force=True)
+                             steps=steps, batch_size=8, max_anchors=64, target=str(root / "teacher"), force=True)
         return finetune(config).seconds
-    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.data.rollouts import make_rollouts
 
     lines = (root / "p.jsonl").read_text().splitlines()[:prompts]
     (root / "some.jsonl").write_text("".join(line + "\n" for line in lines))

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dspark_hub.format import contract
-from dspark_hub.train import objective
+from dspark_hub.train.finetuning import objective
 
 STEP_CONFIG = {**contract.TINY_CONFIG, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
                "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 128, "kv_lora_rank": 64,
@@ -44,7 +44,7 @@ def tiny_world(root: Path) -> None:
     from transformers import LlamaForCausalLM
 
     from dspark_hub.ops.init import init_checkpoint
-    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.data.rollouts import make_rollouts
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from teacher_factory import teacher_config
@@ -60,13 +60,13 @@ def tiny_world(root: Path) -> None:
 
 
 def throughput(steps: int) -> float:
-    from dspark_hub.train.trainer import TrainConfig, finetune
+    from dspark_hub.train import TrainConfig, finetune
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tiny_world(root)
         config = TrainConfig(base=str(root / "base"), out=str(root / "out"), data=str(root / "data"), steps=steps,
-                             batch_size=8, max_anchors=64, teacher=str(root / "teacher"))
+                             batch_size=8, max_anchors=64, target=str(root / "teacher"))
         result = finetune(config)
     print(f"finetune, tiny config: {result.steps} steps, {result.tokens:,} continuation tokens in "
           f"{result.seconds:.2f} s -> {result.tokens_per_second:,.0f} tokens/s (includes data reads and logging)")
@@ -85,7 +85,7 @@ def timed(fn, repeats: int = 5) -> float:
 
 def draft_step_time(seq: int, anchors: int, block: int) -> float:
     from dspark_hub.modeling import K3DSparkConfig, K3DSparkModel
-    from dspark_hub.train.objective import Batch
+    from dspark_hub.train.finetuning.objective import Batch
 
     torch.manual_seed(0)
     cfg = STEP_CONFIG

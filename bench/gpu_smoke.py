@@ -41,7 +41,7 @@ def build_world(root: Path) -> dict[str, Path]:
     from transformers import LlamaForCausalLM
 
     from dspark_hub.ops.init import init_checkpoint
-    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.data.rollouts import make_rollouts
 
     sys.path.insert(0, str(ROOT / "tests"))
     from teacher_factory import teacher_config, write_prompts

@@ -78,7 +78,7 @@ def build_tiny_world(root: Path, args: argparse.Namespace) -> dict[str, Path]:
     from dspark_hub.format import contract
     from dspark_hub.ops.init import init_checkpoint
     from dspark_hub.ops.target_draft import MLA_WIDTH_KEYS
-    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.data.rollouts import make_rollouts
 
     sys.path.insert(0, str(ROOT / "tests"))
     from teacher_factory import build_teacher, write_prompts

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from _mistakes import Mistake, expected_accepted, mistakes_for, paired_z, target_layers  # noqa: E402
 
 from dspark_hub.format.digests import sha256_file  # noqa: E402
-from dspark_hub.train.rollouts import MANIFEST  # noqa: E402
+from dspark_hub.train.data.rollouts import MANIFEST  # noqa: E402
 
 CLI = [sys.executable, "-m", "dspark_hub"]
 TRAINED = "trained"

@@ -23,9 +23,14 @@ reaped, so a vLLM engine process is counted on its own, not added), prints a tab
    bench/gpu_smoke_eval_vllm.py);
 5. `verify --drop-in BASE --target T` and `card render` + `card lint` of each trained draft.
 
-`--ci` is the CI-sized run (tests/test_real_world.py): 24 train and 8 held-out prompts, 48 new tokens,
-40 steps of 4 sequences x 8 anchors. The full run: 200 and 40 prompts, 96 new tokens,
-300 steps of 8 x 16. The targets default to the folders `.ci/real-target.sh` builds.
+`--ci` is the CI-sized run, the one build the real-model tests share (tests/real_drafts.py runs it once a
+session; tests/test_real_world.py checks its record, tests/test_real_mistakes.py and
+tests/test_real_speculators_quality.py measure its drafts): 24 train and 8 held-out prompts, 48 new tokens,
+everything on the float32 target, the drafts tapping 1,7,14,22,29 (the last the target's final layer, where the
+norm matters), the speculators vocabulary from the train prompts, and each format's finetune as `CI_FINETUNE`
+sets it. The full run: 200 and 40 prompts, 96 new tokens, 300 steps of 8 x 16; its speculators run draws
+`--anchors` over its packed row of `--batch-size` sequences (`--anchors / --batch-size` a sequence: 8 x 2), the
+supervision its numbers were measured with. The targets default to the folders `.ci/real-target.sh` builds.
 """
 
 from __future__ import annotations
@@ -46,6 +51,15 @@ CLI = [sys.executable, "-m", "dspark_hub"]
 FORMATS = {"k3": "k3_dspark", "spec": "speculators"}
 FULL = {"train": 200, "heldout": 40, "max_new_tokens": 96, "steps": 300, "batch_size": 8, "anchors": 16}
 CI = {"train": 24, "heldout": 8, "max_new_tokens": 48, "steps": 40, "batch_size": 4, "anchors": 8}
+#: The CI run's taps: the K3 recipe's spread, its last moved onto the final layer (29 of 30).
+CI_TAPS = "1,7,14,22,29"
+#: Each format's CI-sized finetune: the k3_dspark step scores the whole 49,152-token vocabulary (2.4 s at 4 x 8
+#: anchors), the speculators one its pruned 8,192 (0.5 s at 8 sequences x 4 anchors, 32 a packed row), so the
+#: speculators draft gets 150 steps. tests/test_real_mistakes.py's bounds were measured on these drafts.
+CI_FINETUNE = {"k3": ["--steps", "30", "--batch-size", "4", "--anchors", "8", "--warmup", "2", "--lr", "3e-3",
+                      "--loss", '{"kl": 1}'],
+               "spec": ["--steps", "150", "--batch-size", "8", "--anchors", "4", "--warmup", "8", "--lr", "1e-3",
+                        "--loss", '{"kl": 1}']}
 
 
 def first_lines(src: Path, n: int, dst: Path) -> Path:
@@ -77,8 +91,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("out", type=Path)
     parser.add_argument("--target", type=Path, default=WORLD / "f32",
                         help="the target in float32: held-out rollouts, eval, verify [.ci/real-target.sh's f32 folder]")
-    parser.add_argument("--train-target", type=Path, default=WORLD / "bf16",
-                        help="the same target in bfloat16, for train rollouts and finetune [its bf16 folder]")
+    parser.add_argument("--train-target", type=Path,
+                        help="the same target in bfloat16, for train rollouts and finetune [its bf16 folder; --ci: "
+                             "--target]")
+    parser.add_argument("--taps", help="the k3_dspark draft's taps, e.g. 1,7,14,22,29 [init --target's; --ci: "
+                                       f"{CI_TAPS}]")
     for key, value in FULL.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"[full: {value}]")
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -96,6 +113,11 @@ def parse_args() -> argparse.Namespace:
     for key, value in (CI if args.ci else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.ci:           # one build for every real-model test: the float32 target throughout, fixed taps
+        args.train_target = args.target if args.train_target is None else args.train_target
+        args.taps = CI_TAPS if args.taps is None else args.taps
+    elif args.train_target is None:
+        args.train_target = WORLD / "bf16"
     if args.rollouts_engine == "vllm" and not args.vllm_python:
         parser.error("--rollouts-engine vllm needs --vllm-python \"$(.ci/venv-vllm.sh)\"")
     args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -105,14 +127,17 @@ def parse_args() -> argparse.Namespace:
 
 
 def init_k3_step(args: argparse.Namespace, out: Path) -> tuple[str, list[str]]:
-    return "init k3", ["init", str(out / "k3-base"), "--target", str(args.train_target), "--force"]
+    taps = ["--taps", args.taps] if args.taps else []
+    return "init k3", ["init", str(out / "k3-base"), "--target", str(args.train_target), *taps, "--force"]
 
 
 def init_spec_step(args: argparse.Namespace, out: Path, taps: str) -> tuple[str, list[str]]:
-    """The speculators draft at the k3_dspark draft's taps, its pruned vocabulary from the train rollouts."""
+    """The speculators draft at the k3_dspark draft's taps, its pruned vocabulary from the train rollouts (the CI run:
+    from the train prompts)."""
+    vocab_from = out / ("train.jsonl" if args.ci else "train-data")
     return "init spec", ["init", str(out / "spec-base"), "--target", str(args.train_target), "--format",
                          "speculators", "--taps", taps, "--draft-vocab", str(args.draft_vocab),
-                         "--vocab-from", str(out / "train-data"), "--force"]
+                         "--vocab-from", str(vocab_from), "--force"]
 
 
 def rollout_steps(args: argparse.Namespace, out: Path, threads: list[str]) -> list[tuple[str, list[str]]]:
@@ -120,7 +145,7 @@ def rollout_steps(args: argparse.Namespace, out: Path, threads: list[str]) -> li
     if args.rollouts_engine == "vllm":
         engine += ["--engine-python", args.vllm_python]
     common = ["--draft-config", str(out / "k3-base" / "config.json"), "--max-new-tokens", str(args.max_new_tokens),
-              "--batch-size", "100", *engine, *threads, "--force"]
+              "--batch-size", "16" if args.ci else "100", *engine, *threads, "--force"]
     return [("rollouts train", ["rollouts", "--target", str(args.train_target), "--prompts", str(out / "train.jsonl"),
                                 "--out", str(out / "train-data"), *common]),
             ("rollouts held-out", ["rollouts", "--target", str(args.target), "--prompts", str(out / "heldout.jsonl"),
@@ -133,10 +158,15 @@ def draft_steps(args: argparse.Namespace, out: Path, fmt: str, threads: list[str
     # k3_dspark scores the target's whole 49,152-token vocabulary: one unchunked loss (~2 GiB) skips the
     # chunks' recomputation; the speculators draft's pruned vocabulary is 6x smaller.
     chunk = ["--loss-chunk", "0"] if fmt == "k3" else []
+    # --anchors is per sequence for both formats; the speculators run keeps the supervision its numbers were
+    # measured with (docs/real-model.md): args.anchors over the packed row of batch_size sequences.
+    anchors = args.anchors if fmt == "k3" else max(1, args.anchors // args.batch_size)
+    settings = CI_FINETUNE[fmt] if args.ci else [
+        "--steps", str(steps_), "--batch-size", str(args.batch_size), "--anchors", str(anchors), "--warmup",
+        str(max(1, steps_ // 20)), "--lr", str(args.lr), "--loss", args.loss, "--gamma", str(args.gamma), "--dtype",
+        "bfloat16", *chunk]
     train = ["finetune", "--base", base, "--data", str(out / "train-data"), "--target", str(args.train_target),
-             "--out", draft, "--steps", str(steps_), "--batch-size", str(args.batch_size), "--anchors",
-             str(args.anchors), "--warmup", str(max(1, steps_ // 20)), "--lr", str(args.lr), "--loss", args.loss,
-             "--gamma", str(args.gamma), "--dtype", "bfloat16", *chunk, *threads, "--force"]
+             "--out", draft, *settings, *threads, "--force"]
     steps = [(f"finetune {fmt}", train),
              (f"eval {fmt}", ["eval", "--draft", draft, "--data", str(out / "heldout-data"), "--reference", base,
                               "--json", *threads]),

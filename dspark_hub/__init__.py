@@ -7,29 +7,11 @@ lazily (PEP 562), so `import dspark_hub` stays free of heavy imports.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_hub import _compat
 from dspark_hub._lazy import lazy_exports
-
-
-def _version() -> str:
-    """The version pyproject.toml declares: from the installed metadata, else from the checkout itself (a
-    source tree on sys.path that was never installed, as in CI's vLLM virtualenv)."""
-    try:
-        return version("dspark-hub")
-    except PackageNotFoundError:
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-        if not pyproject.is_file():
-            return "0+unknown"
-        import tomllib  # only an uninstalled checkout reads its pyproject.toml
-
-        return str(tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"])
-
-
-__version__ = _version()
+from dspark_hub._version import __version__ as __version__
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "CheckpointFormatError": "errors",

@@ -9,7 +9,7 @@ CLI boundary (2 = usage or I/O error, the check could not run).
 Messages are one line, `<file|tensor|key>: <what is wrong>; <what to do>`, in library terms:
 they never name a command-line flag. An error about one argument says which with
 `param="target"` (the Python name); a message that names other arguments writes them in
-backticks, `` `teacher` ``. The CLI turns both into its flags (`--target`, `--teacher`), and adds
+backticks, `` `target` ``. The CLI turns both into its flags (`--target`, `--teacher`), and adds
 "pass --force to replace it" to a `RefusedOverwriteError`. A message may quote a whole command
 a reader can run, `'dspark-hub checksums --force'`: that is advice, true whoever called.
 (`tests/test_errors.py` walks every string of the library to keep it so.)
@@ -17,9 +17,13 @@ a reader can run, `'dspark-hub checksums --force'`: that is advice, true whoever
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+#: Names of 0.2 that still resolve, with a `DeprecationWarning` (until 0.4).
+RENAMED = {"TeacherMismatchError": "TargetMismatchError"}
 
 
 class DsparkError(Exception):
@@ -135,11 +139,23 @@ class ChangedMeanwhileError(DsparkError):
 
 
 class EngineError(DsparkError, RuntimeError):
-    """A teacher engine failed or refused a request (its process died, or it rejected the teacher).
+    """A target engine failed or refused a request (its process died, or it rejected the target).
 
-    Example: ``vllm engine: ValueError: max_model_len 4096 exceeds the teacher's 512
+    Example: ``vllm engine: ValueError: max_model_len 4096 exceeds the target's 512
     (log: /tmp/dspark-vllm-x/engine.log)``
     """
+
+    error_code = "ENGINE"
+
+
+class TargetMismatchError(DsparkError):
+    """The target and the draft's config disagree on a pairing key (hidden size, layers, vocabulary).
+
+    Example: ``toy/target: hidden_size is 64, the draft's target_hidden_size is 128; pair the draft with the
+    target it was built for``
+    """
+
+    error_code = "TARGET_MISMATCH"
 
 
 class HubError(DsparkError, OSError):
@@ -205,3 +221,12 @@ class ExecutionFailed(DsparkError):
     """
 
     error_code = "EXECUTION_FAILED"
+
+
+def __getattr__(name: str) -> Any:
+    """An old name (`RENAMED`): the class it became, with a `DeprecationWarning`."""
+    if name in RENAMED:
+        warnings.warn(f"dspark_hub.errors.{name} is {RENAMED[name]} since 0.3; the old name goes in 0.4",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,15 +21,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NotRequired, TypedDict, cast
+from typing import Annotated, Literal, NotRequired, TypedDict, cast
 
 from dspark_hub import schemas
+from dspark_hub.documents import JSON, Document, Of
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 SCHEMA = schemas.command("verify")
 #: Section names a report may carry; each is always present in JSON (null when not run).
 SECTIONS = ("roster", "deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub")
+
+
+# The documents of results declared in the areas above (`documents.Of`: by path, so nothing is imported).
+FileScanDocument = Annotated[JSON, Of("dspark_hub.verify.file_scan.FileScan")]
+TensorStatsDocument = Annotated[JSON, Of("dspark_hub.verify.tensor_stats.TensorStats")]
+TensorDigestDocument = Annotated[JSON, Of("dspark_hub.format.tensorio.TensorDigest")]
+FingerprintDocument = Annotated[JSON, Of("dspark_hub.verify.family.Fingerprint")]
+PairingKeysDocument = Annotated[JSON, Of("dspark_hub.format.registry.PairingKeys")]
+TokenInfoDocument = Annotated[JSON, Of("dspark_hub.verify.pairing.TokenInfo")]
+CitedDocument = Annotated[JSON, Of("dspark_hub.verify.runtimes.verdicts.Cited")]
+RowDocument = Annotated[JSON, Of("dspark_hub.verify.runtimes.verdicts.Row")]
+FileProblemDocument = Annotated[JSON, Of("dspark_hub.format.digests.FileProblem")]
+HubComparisonDocument = Annotated[JSON, Of("dspark_hub.verify.against_hub.HubComparison")]
 
 
 # ----------------------------------------------------------------------------- the sections' shapes
@@ -40,48 +54,15 @@ class RosterEntry(TypedDict):
     dtype: str
 
 
-class FileScanDict(TypedDict):
-    """One file of `sections["deep"]` (`verify.file_scan.FileScan`)."""
-
-    name: str
-    size: int
-    sha256: str
-    seconds: float
-
-
-class TensorStatsDict(TypedDict):
-    """One tensor of `sections["deep"]` (`verify.tensor_stats.TensorStats`); mean/std/max_abs over finite values."""
-
-    file: str
-    dtype: str
-    shape: list[int]
-    nan: int
-    inf: int
-    all_zero: bool
-    mean: float | None
-    std: float | None
-    max_abs: float | None
-
-
 class DeepSection(TypedDict):
-    files: list[FileScanDict]
-    tensors: dict[str, TensorStatsDict]
-
-
-class TensorDigestDict(TypedDict):
-    """A tensor's bytes as hashed in place (`format.tensorio.TensorDigest`)."""
-
-    location: str
-    dtype: str
-    shape: list[int]
-    bytes: int
-    sha256: str
+    files: list[FileScanDocument]
+    tensors: dict[str, TensorStatsDocument]
 
 
 class EmbeddingVerdict(TypedDict):
     """How two embeddings compare (`verify.embedding.EmbeddingComparison`)."""
 
-    target_cast: TensorDigestDict | None
+    target_cast: TensorDigestDocument | None
     compared_as: Literal["bytes", "cast"] | None
     identical: bool | None
     verdict: str | None
@@ -91,21 +72,8 @@ class FrozenEmbedSection(EmbeddingVerdict):
     """`sections["frozen_embed"]`: the draft's embedding against the teacher's."""
 
     teacher: str
-    draft: TensorDigestDict | None
-    teacher_tensor: TensorDigestDict
-
-
-class FamilySection(TypedDict):
-    """`sections["family"]` (`verify.family.Fingerprint`)."""
-
-    family: str
-    title: str
-    confidence: str
-    evidence: list[str]
-    methods: dict[str, str | None]
-    config_model_type: object          # the config's model_type as written (any JSON value, or null)
-    format: str
-    speculators_type: str | None
+    draft: TensorDigestDocument | None
+    teacher_tensor: TensorDigestDocument
 
 
 class PairedConfig(TypedDict):
@@ -117,34 +85,14 @@ class PairedConfig(TypedDict):
     sha256: str
 
 
-class PairingDraftKeys(TypedDict):
-    """What the draft config says about its target (`format.registry.PairingKeys.to_dict`)."""
-
-    tap_width: int | None
-    vocab_size: int | None
-    draft_vocab_size: int | None
-    target_layers: int | None
-    target_layer_ids: list[int] | None          # our convention: entry l = output of target layer l
-    native_layer_ids: list[int] | None          # as the config writes them
-    native_layer_ids_key: str
-    verifier: str | None
-
-
 class FileSizeDigest(TypedDict):
     size: int
     sha256: str | None
 
 
 class PairedEmbedding(EmbeddingVerdict):
-    draft: TensorDigestDict | None
-    target: TensorDigestDict | None
-
-
-class TokenDict(TypedDict):
-    id: int
-    content: str
-    special: bool | None
-    where: str
+    draft: TensorDigestDocument | None
+    target: TensorDigestDocument | None
 
 
 class PairingSection(TypedDict):
@@ -154,11 +102,11 @@ class PairingSection(TypedDict):
     revision: str | None
     revision_source: str | None
     format: str
-    draft: PairingDraftKeys
+    draft: PairingKeysDocument
     config: PairedConfig
     files: dict[str, FileSizeDigest]
     embedding: PairedEmbedding | None
-    mask_token: TokenDict | None
+    mask_token: TokenInfoDocument | None
 
 
 # `sections["runtimes"]` (`verify.runtimes`): runtime name -> what its loader does with the draft.
@@ -169,15 +117,6 @@ Verdict = Literal["loaded", "skipped", "ignored", "fatal"]
 Evidence = Literal["executed", "read"]
 #: Where a runtime refuses a draft before judging any tensor.
 RefusalStage = Literal["config", "load", "after loading"]
-
-
-class CitedRule(TypedDict):
-    """One loader rule and where it comes from (`verify.runtimes.verdicts.Cited`)."""
-
-    id: str | None
-    rule: str
-    source: str
-    evidence: Evidence | None
 
 
 class VerdictFields(TypedDict):
@@ -226,16 +165,6 @@ class Execution(TypedDict):
     seconds: dict[str, float]
 
 
-class ComparedRow(TypedDict):
-    """One row of the rules against an executed load (`verify.runtimes.verdicts.Row`)."""
-
-    kind: Literal["tensor", "parameter", "refusal"]
-    name: str
-    rules: str
-    executed: str
-    agree: bool
-
-
 class ServingCommand(TypedDict):
     """How to start the runtime with the draft (`verdicts.recipe_parameters`, `speculators_rules`)."""
 
@@ -261,7 +190,7 @@ class RuntimeVerdictsDict(TypedDict):
     counts: dict[Verdict, int]
     executed: bool
     measured_by: str
-    rules: list[CitedRule]
+    rules: list[CitedDocument]
     notes: list[str]
     execution: NotRequired[Execution]   # only when the runtime's loader was run (`verify --execute`)
 
@@ -271,7 +200,7 @@ class RuleAgreement(TypedDict, total=False):
 
     rules_agree: bool
     rows_compared: int
-    disagreements: list[ComparedRow]
+    disagreements: list[RowDocument]
 
 
 class Serving(TypedDict):
@@ -295,7 +224,7 @@ class UnjudgedRuntime(TypedDict):
     verdicts: list[TensorVerdictRow]        # always empty
     unfilled: list[ParameterVerdictRow]     # always empty
     counts: dict[Verdict, int]              # always empty
-    rules: list[CitedRule]                  # always empty
+    rules: list[CitedDocument]                  # always empty
     notes: list[str]
     serving: None
 
@@ -309,61 +238,27 @@ RuntimeEntry = JudgedRuntime | UnjudgedRuntime
 ProblemKind = Literal["mismatch", "missing", "extra"]
 
 
-class FileProblemDict(TypedDict):
-    """A file that differs from its reference (`format.digests.FileProblem`); null for a side with no file."""
-
-    path: str
-    kind: ProblemKind
-    message: str
-    expected: str | None
-    actual: str | None
-
-
-class AgainstHubSection(TypedDict):
-    """`sections["against_hub"]` (`verify.against_hub.HubComparison`): local files against a Hub revision."""
-
-    location: str
-    commit: str
-    files_compared: int
-    ok: bool
-    problems: list[FileProblemDict]
-
-
 class Sections(TypedDict, total=False):
     """The optional analyses a report carries (absent: not run)."""
 
     roster: dict[str, RosterEntry] | None
     deep: DeepSection
     frozen_embed: FrozenEmbedSection
-    family: FamilySection
+    family: FingerprintDocument
     runtimes: dict[str, RuntimeEntry]
     pairing: PairingSection
-    against_hub: AgainstHubSection
-
-
-class FindingDict(TypedDict):
-    """One finding as `--json` prints it (`Finding.to_dict`)."""
-
-    code: str
-    severity: Severity
-    where: str
-    message: str
-    hint: str | None
+    against_hub: HubComparisonDocument
 
 
 @dataclass(frozen=True)
-class Finding:
-    """One problem (or note) found in a checkpoint."""
+class Finding(Document):
+    """One problem (or note) found in a checkpoint; its document is one entry of `findings`."""
 
     code: str
     severity: Severity
     where: str
     message: str
     hint: str | None = None
-
-    def to_dict(self) -> FindingDict:
-        return {"code": self.code, "severity": self.severity, "where": self.where,
-                "message": self.message, "hint": self.hint}
 
 
 def error(code: str, where: str, message: str, hint: str | None = None) -> Finding:
@@ -400,34 +295,12 @@ class SummaryFile(TypedDict):
     size: int
 
 
-class SummaryDict(TypedDict):
-    """`summary` as `--json` prints it (`Summary.to_dict`)."""
-
-    model_type: str | None
-    format: str | None
-    layout: str | None
-    files: list[SummaryFile]
-    tensors: int
-    parameters: dict[str, int] | None
-    bytes: int
-    dtypes: dict[str, int]
-    metadata: dict[str, str] | None
-
-
-class ReportDict(TypedDict):
-    """The `verify --json` document (`Report.to_dict`): `sections` has every name of SECTIONS (null: not run)."""
-
-    schema: str
-    ok: bool
-    path: str
-    summary: SummaryDict
-    findings: list[FindingDict]
-    sections: dict[str, object]     # name -> that section's type in `Sections`, or null
-
-
 @dataclass
-class Summary:
-    """What the checkpoint holds, as read from its headers and config."""
+class Summary(Document):
+    """What the checkpoint holds, as read from its headers and config (`summary` in `--json`)."""
+
+    KEYS = ("model_type", "format", "layout", "files", "tensors", "parameters", "bytes", "dtypes=sorted_dtypes",
+            "metadata")
 
     model_type: str | None = None
     format: str | None = None           # the draft format verified ("k3_dspark", "speculators_dspark") or None
@@ -439,15 +312,18 @@ class Summary:
     dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> tensor count
     metadata: dict[str, str] | None = None
 
-    def to_dict(self) -> SummaryDict:
-        return {"model_type": self.model_type, "format": self.format, "layout": self.layout, "files": self.files,
-                "tensors": self.tensors, "parameters": self.parameters, "bytes": self.bytes,
-                "dtypes": dict(sorted(self.dtypes.items())), "metadata": self.metadata}
+    @property
+    def sorted_dtypes(self) -> dict[str, int]:
+        return dict(sorted(self.dtypes.items()))
 
 
 @dataclass
-class Report(FindingsMixin):
-    """The result of `verify`: findings plus a summary and optional sections."""
+class Report(Document, FindingsMixin):
+    """The result of `verify`: findings plus a summary and optional sections; its document is `verify --json`,
+    whose `sections` has every name of SECTIONS (null: not run)."""
+
+    SCHEMA = SCHEMA
+    KEYS = ("ok", "path", "summary", "findings=sorted_findings", "sections=all_sections")
 
     path: str
     summary: Summary = field(default_factory=Summary)
@@ -457,12 +333,7 @@ class Report(FindingsMixin):
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], f.where, f.code))
 
-    def to_dict(self) -> ReportDict:
-        return {
-            "schema": SCHEMA,
-            "ok": self.ok,
-            "path": self.path,
-            "summary": self.summary.to_dict(),
-            "findings": [f.to_dict() for f in self.sorted_findings()],
-            "sections": {name: cast(Mapping[str, object], self.sections).get(name) for name in SECTIONS},
-        }
+    @property
+    def all_sections(self) -> dict[str, object]:
+        """Every section name of SECTIONS, in order: its value, or null when it was not run."""
+        return {name: cast(Mapping[str, object], self.sections).get(name) for name in SECTIONS}

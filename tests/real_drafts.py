@@ -1,17 +1,11 @@
-"""CI-sized trained drafts on the SmolLM2 world, one per format, built once per test session.
+"""CI-sized trained drafts on the SmolLM2 world, one per format, built once per test session by the real recipe.
 
-`build_real_drafts(run)` runs, each as its own `dspark-hub` process, the real recipe's commands at CI size
-(docs/real-model.md; `bench/real_recipe.py --ci` writes the same layout, with its own settings):
-
-    init run/k3-base --target T --taps 1,7,14,22,29
-    init run/spec-base --target T --format speculators --taps 1,7,14,22,29 --draft-vocab 8192 --vocab-from ...
-    rollouts --draft-config run/k3-base/config.json --prompts run/train.jsonl --out run/train-data     (24 prompts)
-    rollouts ... --prompts run/heldout.jsonl --out run/heldout-data                                  (8 prompts)
-    finetune --base run/k3-base --data run/train-data --out run/k3-draft        (30 steps, 4 x 8 anchors)
-    finetune --base run/spec-base --data run/train-data --out run/spec-draft    (150 steps, 8 x 32)
-
-Both drafts tap the same layers, the last being the target's final layer (29), so one pair of rollouts
-serves both and the final-norm mistake applies to both. `DSPARK_REAL_RUN=DIR` names a run folder already
+`build_real_drafts(run)` runs `bench/real_recipe.py RUN --ci --threads 1` (docs/real-model.md): every step a
+`dspark-hub` process, the float32 target, both drafts tapping 1,7,14,22,29 (the last the target's final layer,
+so the final-norm mistake applies to both), one pair of rollouts for both, each format's finetune as the
+recipe's `CI_FINETUNE` sets it, then eval, verify and card of each. The real-model tests share this one build:
+tests/test_real_world.py checks the recipe's record (`recipe.json`), tests/test_real_mistakes.py and
+tests/test_real_speculators_quality.py measure the drafts. `DSPARK_REAL_RUN=DIR` names a run folder already
 built this way (every path below present): it is used as it is, nothing is trained.
 """
 
@@ -28,15 +22,6 @@ PROMPTS = ROOT / "bench" / "prompts"
 WORLD = Path(os.environ.get("DSPARK_WORLD_CACHE", Path.home() / ".cache" / "dspark-hub")) / "smollm2-135m-instruct"
 WORLD_READY = (WORLD / ".dspark-hub-ready-1").is_file()
 TARGET = WORLD / "f32"
-#: The taps: the K3 recipe's spread, its last moved onto the final layer (29 of 30), where the norm matters.
-TAPS = "1,7,14,22,29"
-TRAIN_PROMPTS, HELDOUT_PROMPTS, NEW_TOKENS = 24, 8, 48
-#: Each format's CI-sized finetune: the k3_dspark step scores the whole 49,152-token vocabulary (2.4 s at 4 x 8
-#: anchors), the speculators one its pruned 8,192 (0.5 s at 8 x 32), so the speculators draft gets 150 steps.
-FINETUNE = {"k3_dspark": ["--steps", "30", "--batch-size", "4", "--anchors", "8", "--warmup", "2", "--lr", "3e-3",
-                          "--loss", '{"kl": 1}'],
-            "speculators": ["--steps", "150", "--batch-size", "8", "--anchors", "32", "--warmup", "8", "--lr", "1e-3",
-                            "--loss", '{"kl": 1}']}
 #: Each format's (untrained base, trained draft) folder names inside a run.
 FOLDERS = {"k3_dspark": ("k3-base", "k3-draft"), "speculators": ("spec-base", "spec-draft")}
 
@@ -65,29 +50,11 @@ def dspark_hub(*args: str) -> None:
     assert done.returncode == 0, f"dspark-hub {' '.join(args)}: exit {done.returncode}\n{done.stderr[-3000:]}"
 
 
-def _first_lines(src: Path, n: int, dst: Path) -> Path:
-    lines = src.read_text(encoding="utf-8").splitlines()[:n]
-    dst.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return dst
-
-
 def build_real_drafts(run: Path) -> dict[str, RealDraft]:
-    """Train one CI-sized draft per format into `run` (see the module docstring); the drafts by format."""
-    run.mkdir(parents=True, exist_ok=True)
-    train = _first_lines(PROMPTS / "smollm2-train.jsonl", TRAIN_PROMPTS, run / "train.jsonl")
-    heldout = _first_lines(PROMPTS / "smollm2-heldout.jsonl", HELDOUT_PROMPTS, run / "heldout.jsonl")
-    target = str(TARGET)
-    init = ["init", "--target", target, "--taps", TAPS, "--force"]
-    dspark_hub(*init, str(run / "k3-base"))
-    dspark_hub(*init, str(run / "spec-base"), "--format", "speculators", "--draft-vocab", "8192",
-                "--vocab-from", str(train))
-    for prompts, out in ((train, "train-data"), (heldout, "heldout-data")):
-        dspark_hub("rollouts", "--target", target, "--prompts", str(prompts), "--draft-config",
-                    str(run / "k3-base" / "config.json"), "--out", str(run / out), "--max-new-tokens", str(NEW_TOKENS),
-                    "--batch-size", "16", "--force")
-    for fmt, (base, trained) in FOLDERS.items():
-        dspark_hub("finetune", "--base", str(run / base), "--data", str(run / "train-data"), "--target", target,
-                   "--out", str(run / trained), *FINETUNE[fmt], "--force")
+    """The CI-sized real recipe into `run` (see the module docstring); the drafts by format."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "real_recipe.py"), str(run), "--ci", "--threads", "1"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, f"bench/real_recipe.py --ci: exit {done.returncode}\n{done.stdout[-3000:]}"
     return drafts_in(run)
 
 

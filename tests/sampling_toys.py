@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark_hub.train import sampled_acceptance as sa
+from dspark_hub.train.evaluation import sampled_acceptance as sa
 
 #: `law(p_rows, q_rows, drafts)` -> branches (`sa.verification_law` or a broken twin of it).
 Law = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], list[sa.Branch]]

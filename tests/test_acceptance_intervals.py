@@ -1,4 +1,4 @@
-"""Intervals for acceptance over prompts x samples (`train.acceptance_intervals`), on synthetic counts.
+"""Intervals for acceptance over prompts x samples (`train.evaluation.acceptance_intervals`), on synthetic counts.
 
 The synthetic measurements have a known truth: each prompt has its own acceptance rate (drawn from a
 fixed population of prompts), each of its samples a random number of drafts, and the accepted counts
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from dspark_hub.train.acceptance_intervals import (
+from dspark_hub.train.evaluation.acceptance_intervals import (
     acceptance_intervals,
     paired_difference,
     ratio_interval,

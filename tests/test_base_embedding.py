@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
 from dspark_hub.ops.init import init_checkpoint
-from dspark_hub.train.trainer import check_base_embedding
+from dspark_hub.train.finetuning.trainer import check_base_embedding
 
 from . import test_hidden_state_files as hsf
 
@@ -23,7 +23,7 @@ def test_a_random_base_is_refused_and_an_embed_from_base_passes(pair, tmp_path):
     random_base = init_checkpoint(tmp_path / "random", config=CONFIG).path
     with pytest.raises(UsageError, match=r"embed_tokens\.weight is not identical to the BF16 rounding") as refused:
         check_base_embedding(random_base, pair["teacher"])
-    assert "'dspark-hub init DIR --embed-from TEACHER'" in str(refused.value)
+    assert "'dspark-hub init DIR --embed-from TARGET'" in str(refused.value)
     # the fixture's draft was made with --embed-from: its embedding is the F32 teacher's exact BF16 rounding
     assert check_base_embedding(pair["draft"], pair["teacher"]).startswith("identical after BF16 rounding")
     draft = load_file(str(pair["draft"] / "model.safetensors"))["embed_tokens.weight"]

@@ -341,7 +341,7 @@ def test_cli_exit_codes_and_json(tmp_path, tiny, tiny_card):
 def _simulated_eval(tmp_path: Path) -> Path:
     """An eval file as `eval --json` (the simulation) writes it: the metric's definition paragraph at the top
     level and in the harness, the simulation's short name in `harness.simulation`."""
-    from dspark_hub.train.evaluate import DEFINITION, SIMULATION
+    from dspark_hub.train.evaluation.acceptance import DEFINITION, SIMULATION
 
     doc = json.loads((SPECDEC / "vllm_eval.json").read_text())
     doc.update(engine="simulated", measured_by=None, lossless=None)
@@ -354,7 +354,7 @@ def _simulated_eval(tmp_path: Path) -> Path:
 
 
 def test_a_card_rendered_from_a_simulation_prints_the_documented_short_label(tmp_path):
-    from dspark_hub.train.evaluate import DEFINITION, SIMULATION
+    from dspark_hub.train.evaluation.acceptance import DEFINITION, SIMULATION
 
     meta = {"name": "Simulated", "front_matter": yaml.safe_load(FRONT.strip("-\n")),
             "architecture": {"facts": {"block_size": 4}}, "results": {"eval": str(_simulated_eval(tmp_path))}}
@@ -386,7 +386,7 @@ def _simulated_card_and_eval(tmp_path: Path, simulation: str) -> tuple[Path, Pat
     "vLLM's greedy verify loop replayed on the draft's own samples",    # a near miss
 ])
 def test_lint_against_the_eval_file_catches_a_label_that_is_not_the_documented_one(tmp_path, simulation):
-    from dspark_hub.train.evaluate import DEFINITION
+    from dspark_hub.train.evaluation.acceptance import DEFINITION
 
     card, eval_json = _simulated_card_and_eval(tmp_path, DEFINITION if simulation == "DEFINITION" else simulation)
     report = lint_card(card, eval_json=eval_json)
@@ -397,7 +397,7 @@ def test_lint_against_the_eval_file_catches_a_label_that_is_not_the_documented_o
 
 
 def test_lint_accepts_the_documented_simulation_label(tmp_path):
-    from dspark_hub.train.evaluate import SIMULATION
+    from dspark_hub.train.evaluation.acceptance import SIMULATION
 
     card, eval_json = _simulated_card_and_eval(tmp_path, SIMULATION)
     assert lint_card(card, eval_json=eval_json).ok

@@ -123,36 +123,55 @@ def test_package_accepts_a_local_endpoint_and_a_sha(tmp_path):   # the passing t
 def pair(teacher):
     """The `teacher` fixture plus a draft sharing its embedding and a rollouts folder of it."""
     from dspark_hub.ops.init import init_checkpoint
+    from dspark_hub.train.data.rollouts import make_rollouts
 
     init_checkpoint(teacher / "base", config=contract.TINY_CONFIG, embed_from=teacher / "teacher")
+    make_rollouts(teacher / "teacher", teacher / "p.jsonl", teacher / "draft.json", teacher / "data",
+                  max_new_tokens=2)
     return teacher
 
 
+#: Where every model and engine of these commands is loaded: the definitions themselves (a class's method,
+#: a module's function read at call time), so a caller that bound a name at import cannot slip past.
+HEAVY = [("dspark_hub.train.target.target", "Target", "load"), ("dspark_hub.modeling", None, "load_checkpoint"),
+         ("dspark_hub.modeling.speculators_dspark", "SpeculatorsDSpark", "from_folder"),
+         ("dspark_hub.train.target.vllm_engine", "VllmEngine", "start")]
+
+
+class Loaded(AssertionError):
+    """A model or engine was loaded while the guard was on."""
+
+
 def _no_heavy_loads(monkeypatch):
-    """A model or engine loaded before the paths are checked fails the test."""
-    import dspark_hub.modeling
-    import dspark_hub.train.rollouts
-    import dspark_hub.train.teacher
-
+    """A model or engine loaded before the paths are checked fails the test (`Loaded`)."""
     def loaded(*_args, **_kwargs):
-        raise AssertionError("a model was loaded before the inputs were checked")
+        raise Loaded("a model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(dspark_hub.modeling, "load_checkpoint", loaded)
-    monkeypatch.setattr(dspark_hub.train.teacher, "load_teacher", loaded)
-    monkeypatch.setattr(dspark_hub.train.rollouts, "open_engine", loaded)
+    for module, cls, name in HEAVY:
+        owner = importlib.import_module(module)
+        monkeypatch.setattr(getattr(owner, cls) if cls else owner, name, loaded)
 
 
 def _path_commands(root, out):
-    teacher, prompts, base = root / "teacher", root / "p.jsonl", root / "base"
+    teacher, prompts, base, data = root / "teacher", root / "p.jsonl", root / "base", root / "data"
     return {
         "rollouts": ["rollouts", "--target", teacher, "--prompts", prompts, "--draft-config", base / "config.json",
                      "--out", out],
-        "finetune": ["finetune", "--base", base, "--data", root, "--target", teacher, "--out", out, "--steps", "1"],
+        "finetune": ["finetune", "--base", base, "--data", data, "--target", teacher, "--out", out, "--steps", "1"],
         "on-policy": ["finetune", "--base", base, "--target", teacher, "--out", out, "--steps", "1", "--on-policy",
                       "--prompts", prompts],
         "eval": ["eval", "--draft", base, "--target", teacher, "--prompts", prompts],
-        "eval-data": ["eval", "--draft", base, "--data", root],
+        "eval-data": ["eval", "--draft", base, "--data", data],
     }
+
+
+@pytest.mark.parametrize("command", ["rollouts", "finetune", "on-policy", "eval", "eval-data"])
+def test_the_guard_stops_each_commands_first_load(pair, tmp_path, monkeypatch, command):
+    """The failing twin of the test below: with every path good, the command reaches a load, and the guard stops it
+    (were a load to go around the patched definitions, the command would run on and this would fail)."""
+    _no_heavy_loads(monkeypatch)
+    result = run(*_path_commands(pair, tmp_path / "out")[command])
+    assert isinstance(result.exception, Loaded), result.output
 
 
 @pytest.mark.parametrize("command, option", [
@@ -175,7 +194,7 @@ def test_a_missing_path_names_its_option_before_anything_loads(pair, tmp_path, m
 
 
 def test_finetune_checks_its_eval_data_before_loading(pair, tmp_path, monkeypatch):
-    from dspark_hub.train.rollouts import make_rollouts
+    from dspark_hub.train.data.rollouts import make_rollouts
 
     make_rollouts(pair / "teacher", pair / "p.jsonl", pair / "draft.json", tmp_path / "data", max_new_tokens=2)
     args = _path_commands(pair, tmp_path / "out")["finetune"]
@@ -202,12 +221,12 @@ def test_rollouts_take_a_speculators_dspark_config_and_refuse_other_families(pai
                                             ("vllm", ["--engine-device", "cpu"])])
 def test_an_engine_option_the_engine_does_not_take_is_named_by_its_flag(pair, tmp_path, engine, option):
     result = rollouts(pair, tmp_path / "out", "--engine", engine, *option)
-    line = assert_one_line_error(result, f"teacher engine '{engine}' does not take")
+    line = assert_one_line_error(result, f"target engine '{engine}' does not take")
     assert line.startswith(f"Error: {option[0]}: "), line
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is importable here")
 def test_on_policy_without_vllm_leaves_no_state_folder(pair, tmp_path):
     result = run(*_path_commands(pair, tmp_path / "out")["on-policy"], "--engine", "vllm")
-    assert_one_line_error(result, "the vllm teacher engine needs vLLM 0.32")
+    assert_one_line_error(result, "the vllm target engine needs vLLM 0.32")
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -190,7 +190,7 @@ def test_transformers_bars_stay_on_a_terminal(transformers_bars, monkeypatch):
 def toy(tmp_path_factory):
     """`init --profile tiny` and `init-teacher --draft` of it, and four prompts."""
     from dspark_hub.ops.init import init_checkpoint
-    from dspark_hub.train.toy import init_teacher
+    from dspark_hub.train.target.toy import init_teacher
 
     from .teacher_factory import write_prompts
 
@@ -223,7 +223,7 @@ def test_rollouts_finetune_and_eval_log_progress_when_stderr_is_not_a_terminal(t
     lines = _progress_lines(run("eval", "--draft", tmp_path / "tuned", "--teacher", toy / "teacher", "--prompts",
                                 toy / "p.jsonl", "--max-new-tokens", 4), "eval")
     # Two stages, each counting the 4 prompts once: never "of 8 prompts".
-    assert any(line.startswith("eval: teacher continuations: 4 of 4 prompts") for line in lines), lines
+    assert any(line.startswith("eval: target continuations: 4 of 4 prompts") for line in lines), lines
     assert lines[-1].startswith("eval: draft: 4 of 4 prompts (100%)"), lines
     assert not any(" of 8 " in line for line in lines), lines
 

@@ -12,9 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
-from dspark_hub.errors import UsageError
-from dspark_hub.train.config import TrainConfig, canonical_dtype
-from dspark_hub.train.evaluate import DTYPES, ENGINES
+from dspark_hub.errors import CheckpointNotFoundError, UsageError
+from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES
+from dspark_hub.train.finetuning.config import TrainConfig
+from dspark_hub.train.target.dtypes import canonical_dtype
 
 from .cli_errors import assert_one_line_error
 
@@ -30,7 +31,7 @@ class Recorded(UsageError):
 @pytest.fixture
 def finetune_config(monkeypatch):
     """`finetune`'s command line -> the `TrainConfig` it builds (the run itself is replaced)."""
-    import dspark_hub.train.trainer
+    import dspark_hub.train.finetuning.trainer
 
     seen: list[TrainConfig] = []
 
@@ -38,7 +39,7 @@ def finetune_config(monkeypatch):
         seen.append(config)
         raise Recorded("recorded")
 
-    monkeypatch.setattr(dspark_hub.train.trainer, "finetune", record)
+    monkeypatch.setattr(dspark_hub.train.finetuning.trainer, "Trainer", record)   # what the k3_dspark run makes
 
     def invoke(*args: object) -> TrainConfig:
         result = run("finetune", "--base", "b", "--out", "o", *args)
@@ -124,11 +125,11 @@ def test_the_dtype_normaliser_is_the_one_the_library_applies():
 
 
 def test_eval_in_the_library_normalises_before_it_judges_the_dtype(tmp_path):
-    from dspark_hub.train.evaluate import evaluate
+    from dspark_hub.train.evaluation.evaluate import evaluate
 
     with pytest.raises(UsageError, match="the simulation runs in float32"):
         evaluate(tmp_path / "none", dtype="bf16")
-    with pytest.raises(Exception, match="none") as passed:     # fp32 is float32: on to reading the draft
+    with pytest.raises(CheckpointNotFoundError, match="none") as passed:     # fp32 is float32: on to reading the draft
         evaluate(tmp_path / "none", dtype="fp32")
     assert "simulation runs in float32" not in str(passed.value)
 
@@ -141,8 +142,8 @@ def test_the_target_flag_is_target_and_teacher_still_works_unshown(command):
 
 @pytest.mark.parametrize("flag", ["--target", "--teacher"])
 def test_both_spellings_of_the_target_reach_the_library(finetune_config, eval_call, flag):
-    assert finetune_config(flag, "big").teacher == "big"
-    assert eval_call(flag, "big")["teacher"] == "big"
+    assert finetune_config(flag, "big").target == "big"
+    assert eval_call(flag, "big")["target"] == "big"
 
 
 def test_the_engine_dtype_takes_either_spelling(monkeypatch):
@@ -164,7 +165,7 @@ def test_the_engine_dtype_takes_either_spelling(monkeypatch):
 def test_eval_without_options_hands_evaluate_its_own_defaults(eval_call):
     import inspect
 
-    from dspark_hub.train.evaluate import evaluate
+    from dspark_hub.train.evaluation.evaluate import evaluate
 
     given = eval_call()
     defaults = {name: p.default for name, p in inspect.signature(evaluate).parameters.items()

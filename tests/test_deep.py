@@ -265,18 +265,18 @@ def test_an_f32_teacher_and_its_exact_bf16_rounding_are_identical_after_rounding
     assert report.ok, report.errors
     section = report.to_dict()["sections"]["frozen_embed"]
     assert section["identical"] is True and section["compared_as"] == "cast"
-    assert section["verdict"] == "identical after BF16 rounding (nearest even) of the F32 teacher"
+    assert section["verdict"] == "identical after BF16 rounding (nearest even) of the F32 target"
     assert section["teacher_tensor"]["dtype"] == "F32" and section["target_cast"]["dtype"] == "BF16"
     assert section["target_cast"]["sha256"] == section["draft"]["sha256"]
     human = CliRunner().invoke(cli, ["verify", str(draft), "--frozen-embed", str(tmp_path / "t")])
-    assert human.exit_code == 0 and "identical after BF16 rounding (nearest even) of the F32 teacher" in human.stdout
+    assert human.exit_code == 0 and "identical after BF16 rounding (nearest even) of the F32 target" in human.stdout
     nudged = state[EMBED].clone()
     nudged.view(torch.int16)[3, 4] += 1          # one BF16 ulp off the rounding
     state[EMBED] = nudged
     other = write_checkpoint(tmp_path / "d2", tensors=state)
     report = verify(other, frozen_embed=tmp_path / "t")
     (finding,) = [f for f in report.findings if f.code == "FROZEN_EMBED_MISMATCH"]
-    assert "identical to the BF16 rounding (nearest even) of the teacher's" in finding.message
+    assert "identical to the BF16 rounding (nearest even) of the target's" in finding.message
     assert report.sections["frozen_embed"]["verdict"] == "different"
 
 

@@ -115,9 +115,9 @@ def test_the_recorded_vllm_measurement_is_the_documented_16_token_row():
     ("simulated, 16 tokens", 16, True), ("simulated without the Markov head (the control)", 16, False),
     ("simulated, 48 tokens", 48, True), ("simulated without the Markov head, 48 tokens", 48, False)])
 def test_a_simulated_parity_row_is_what_eval_computes(row, tokens, markov):
-    from dspark_hub.train.evaluate import evaluate
+    from dspark_hub.train.evaluation.evaluate import evaluate
 
-    result = evaluate(SPECDEC / "dspark", teacher=str(SPECDEC / "target"), prompts=str(SPECDEC / "prompts.jsonl"),
+    result = evaluate(SPECDEC / "dspark", target=str(SPECDEC / "target"), prompts=str(SPECDEC / "prompts.jsonl"),
                       max_new_tokens=tokens, markov=markov).to_dict()
     assert _parity_rows()[row] == (result["drafts"], result["accepted_per_position"],
                                    round(result["acceptance_length"], 4))
@@ -157,7 +157,7 @@ def test_the_documented_plan_is_what_finetune_prints_for_that_batch():
     """docs/training.md's plan: step 1 of the tiny profile, 8 sequences x 538 positions, --anchors 512
     (511 fit: a 512-token continuation has 511 anchors whose next token is supervised)."""
     from dspark_hub.cli._render import plan_lines
-    from dspark_hub.train.plan import step_plan
+    from dspark_hub.train.finetuning.plan import step_plan
 
     plan = step_plan(contract.TINY_CONFIG, sequences=8, positions=538, tokens=8 * 538, supervised_tokens=8 * 512,
                      anchors=511, valid_anchors=8 * 511, block_size=7, vocabulary=512, target_hidden_size=64,

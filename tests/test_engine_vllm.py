@@ -21,12 +21,13 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
-from dspark_hub.train.engines import EngineOptions, open_engine
-from dspark_hub.train.evaluate import evaluate
-from dspark_hub.train.hidden_state_files import HiddenStateData, open_training_data
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import capture_states, load_teacher
-from dspark_hub.train.trainer import TrainConfig, finetune
+from dspark_hub.train import TrainConfig, finetune
+from dspark_hub.train.data.hidden_state_files import HiddenStateData, open_training_data
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.evaluation.evaluate import evaluate
+from dspark_hub.train.target.engines import EngineOptions, open_engine
+from dspark_hub.train.target.generate import capture_states
+from dspark_hub.train.target.target import load_target
 
 from .teacher_factory import build_teacher, sentence, word_language, write_draft_base, write_prompts
 
@@ -51,7 +52,7 @@ def vworld(tmp_path_factory):
     # max_num_batched_tokens=64: long prompts are prefilled in chunks, mixed with other requests' decodes.
     engine = open_engine("vllm", str(teacher), TAPS, EngineOptions(**ENGINE))
     yield {"root": root, "teacher": teacher, "base": base, "engine": engine,
-           "config": json.loads((base / "config.json").read_text()), "model": load_teacher(teacher)}
+           "config": json.loads((base / "config.json").read_text()), "model": load_target(teacher)}
     engine.close()
     for key, value in saved.items():
         os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
@@ -154,7 +155,7 @@ def test_prefill_capture_keeps_extraction_files_that_finetune_reads_and_trains_o
     sequences = mixed_sequences([40, 57, 33, 64, 48, 71, 39, 52], seed=5)
     captured = engine.capture(sequences, keep=tmp_path / "hs")              # vLLM's own files, speculators' names
     assert sorted(p.name for p in (tmp_path / "hs").iterdir()) == [f"hs_{i}.safetensors" for i in range(8)]
-    data = open_training_data(tmp_path / "hs", draft_config=vworld["config"], teacher=str(vworld["teacher"]))
+    data = open_training_data(tmp_path / "hs", draft_config=vworld["config"], target=str(vworld["teacher"]))
     assert isinstance(data, HiddenStateData) and data.format == "vllm-extraction" and len(data) == 8
     assert data.layer_ids == [2, 4, 5, 6]
     for i, got in enumerate(captured):
@@ -165,7 +166,7 @@ def test_prefill_capture_keeps_extraction_files_that_finetune_reads_and_trains_o
                                    capture_states(model, torch.tensor([sequences[i]]), TAPS).final_hidden_states[0],
                                    atol=4e-2, rtol=1e-2)
     # The files name their layers in vLLM's ids (ours + 1); a draft tapping others is refused, naming the file.
-    same = HiddenStateData(tmp_path / "hs", draft_config=vworld["config"], teacher=str(vworld["teacher"]),
+    same = HiddenStateData(tmp_path / "hs", draft_config=vworld["config"], target=str(vworld["teacher"]),
                            layer_ids=[2, 4, 5])
     assert same.columns == [0, 1, 2]
     other = {**vworld["config"], "target_layer_ids": [0, 2, 4]}
@@ -173,7 +174,7 @@ def test_prefill_capture_keeps_extraction_files_that_finetune_reads_and_trains_o
     with pytest.raises(UsageError, match=r"hs_0.safetensors: captured at vLLM/speculators ids \[2, 4, 5, 6\] = "
                                          r"target_layer_ids \[1, 3, 4, 5\]; the draft taps \[0, 2, 4\], \[0, 2\] "
                                          r"missing"):
-        HiddenStateData(tmp_path / "hs", draft_config=other, teacher=str(vworld["teacher"]), layer_ids=[2, 4, 5])
+        HiddenStateData(tmp_path / "hs", draft_config=other, target=str(vworld["teacher"]), layer_ids=[2, 4, 5])
     result = CliRunner().invoke(cli, ["finetune", "--base", str(vworld["base"]), "--data", str(tmp_path / "hs"),
                                       "--teacher", str(vworld["teacher"]), "--out", str(tmp_path / "tuned"),
                                       "--steps", "4", "--batch-size", "4", "--anchors", "8", "--json"])
@@ -219,7 +220,7 @@ def test_the_vllm_internals_the_connector_relies_on_are_the_pinned_ones():
     assert vllm.__version__.startswith("0.32."), (
         f"vLLM {vllm.__version__}: the connector subclass and the drain are written against 0.32; re-check "
         "vllm_connector.PINNED_* and vllm_worker (scheduler.has_requests, kv_transfer_params) before moving the pin")
-    from dspark_hub.train.vllm_connector import check_upstream
+    from dspark_hub.train.target.vllm_connector import check_upstream
 
     assert check_upstream() == []
     assert callable(getattr(LLM, "sleep", None)) and callable(getattr(LLM, "wake_up", None))

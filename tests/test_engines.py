@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from dspark_hub.errors import MissingDependencyError, RefusedOverwriteError, UsageError
-from dspark_hub.train.engines import ENGINES, EngineOptions, engine_names, open_engine
-from dspark_hub.train.generate import greedy_agreement
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.teacher import capture_states, load_teacher, read_final_norm, teacher_eos_ids
-from dspark_hub.train.vllm_engine import tap_columns, vllm_layer_ids
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.target.engines import ENGINES, EngineOptions, engine_names, open_engine
+from dspark_hub.train.target.generate import capture_states, greedy_agreement
+from dspark_hub.train.target.target import Target, load_target
+from dspark_hub.train.target.vllm_engine import tap_columns, vllm_layer_ids
 
 from .teacher_factory import teacher_config, write_draft_base, write_prompts
 
@@ -40,7 +40,7 @@ def small(tmp_path_factory):
 
 def test_the_registry_names_the_engines_and_refuses_options_an_engine_does_not_take(small):
     assert engine_names() == sorted(ENGINES) == ["transformers", "vllm"]
-    with pytest.raises(UsageError, match="teacher engine 'sglang': unknown; use one of transformers, vllm"):
+    with pytest.raises(UsageError, match="target engine 'sglang': unknown; use one of transformers, vllm"):
         open_engine("sglang", str(small["teacher"]), [1, 3, 4])
     with pytest.raises(UsageError, match="'transformers' does not take max_num_seqs, tensor_parallel_size"):
         open_engine("transformers", str(small["teacher"]), [1, 3, 4],
@@ -63,8 +63,8 @@ def test_our_tap_l_is_vllm_aux_id_l_plus_one_and_the_last_layer_is_always_extrac
 
 
 def test_the_final_norm_from_the_weights_is_transformers_own_final_norm(small):
-    model = load_teacher(small["teacher"])
-    norm = read_final_norm(small["teacher"])
+    model = load_target(small["teacher"])
+    norm = Target.open(small["teacher"]).final_norm()
     assert norm.tensor == "model.norm.weight" and norm.eps == model.config.rms_norm_eps
     x = torch.randn(3, 5, 64) * 4
     for dtype in (torch.float32, torch.bfloat16):
@@ -79,11 +79,11 @@ def test_the_final_norm_from_the_weights_is_transformers_own_final_norm(small):
 
 
 def test_eos_ids_come_from_the_generation_config_then_the_config(small, tmp_path):
-    assert teacher_eos_ids(small["teacher"]) == []                 # the factory's teacher has none
+    assert Target.open(small["teacher"]).eos_ids == []              # the factory's teacher has none
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
-    assert teacher_eos_ids(tmp_path) == [2]
+    assert Target.open(tmp_path).eos_ids == [2]
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 2]}))
-    assert teacher_eos_ids(tmp_path) == [7, 2]
+    assert Target.open(tmp_path).eos_ids == [7, 2]
 
 
 def test_greedy_agreement_counts_supervised_tokens_whose_previous_row_argmax_is_them():
@@ -110,7 +110,7 @@ def test_prefill_mode_records_given_sequences_with_their_loss_masks(small, tmp_p
     settings = data.manifest["settings"]
     assert (settings["mode"], settings["max_new_tokens"], settings["engine"]) == ("prefill", 0, "transformers")
     assert data.manifest["engine"]["name"] == "transformers"
-    model = load_teacher(small["teacher"])
+    model = load_target(small["teacher"])
     states = capture_states(model, torch.tensor([rows[0]["input_ids"]]), [1, 3, 4])
     assert torch.equal(by_index[0].aux_hidden_states, states.aux_hidden_states[0].to(torch.bfloat16))
     with pytest.raises(UsageError, match="prompt 0 has a loss_mask, which only prefill mode reads"):
@@ -158,8 +158,7 @@ def test_rollouts_passes_the_engine_and_its_options_through(small, tmp_path, mon
     from click.testing import CliRunner
 
     from dspark_hub.cli.main import cli
-    from dspark_hub.train import rollouts
-
+    from dspark_hub.train.data import rollouts
     opened = []
 
     def recording_open_engine(name, teacher, layer_ids, options=None, **kwargs):
@@ -200,4 +199,4 @@ def test_rollouts_with_the_vllm_engine_and_no_vllm_is_a_one_line_error(small, tm
     result = CliRunner().invoke(cli, ["rollouts", "--teacher", str(small["teacher"]), "--prompts", str(prompts),
                                       "--draft-config", str(small["base"] / "config.json"), "--out",
                                       str(tmp_path / "d"), "--engine", "vllm"])
-    assert_one_line_error(result, "the vllm teacher engine needs vLLM 0.32", "pip install 'dspark-hub[vllm]'")
+    assert_one_line_error(result, "the vllm target engine needs vLLM 0.32", "pip install 'dspark-hub[vllm]'")

@@ -12,8 +12,10 @@ import pytest
 
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError
 from dspark_hub.ops.init import init_checkpoint
-from dspark_hub.train import vllm_eval
-from dspark_hub.train.evaluate import evaluate, read_draft, stop_token_ids
+from dspark_hub.train.evaluation import vllm_eval
+from dspark_hub.train.evaluation.evaluate import evaluate
+from dspark_hub.train.evaluation.inputs import open_inputs, read_draft
+from dspark_hub.train.target.target import Target
 from tests.spec_fixtures import VERIFIER, copy_fixture, fixture, read_config
 
 SPECDEC = Path(__file__).parent / "fixtures" / "specdec"
@@ -41,22 +43,25 @@ def test_eval_refuses_what_it_cannot_measure(tmp_path):
     with pytest.raises(UsageError, match="sample_from_anchor"):
         read_draft(folder)
     with pytest.raises(UsageError, match="float32"):
-        evaluate(fixture("dspark"), teacher=str(VERIFIER), prompts=str(SPECDEC / "prompts.jsonl"), dtype="bfloat16")
+        evaluate(fixture("dspark"), target=str(VERIFIER), prompts=str(SPECDEC / "prompts.jsonl"), dtype="bfloat16")
 
 
 @pytest.mark.slow
 def test_a_bonus_anchor_draft_runs_its_one_plus_k_block(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": [i, i + 1, i + 2, 7, 9]}) + "\n" for i in range(3)))
-    doc = evaluate(fixture("dspark-bonus-anchor"), teacher=str(VERIFIER), prompts=str(prompts), max_new_tokens=6,
+    doc = evaluate(fixture("dspark-bonus-anchor"), target=str(VERIFIER), prompts=str(prompts), max_new_tokens=6,
                    ignore_eos=True).to_dict()
     assert doc["k"] == 3 and len(doc["accepted_per_position"]) == 3 and doc["tokens"] == 18
     assert doc["drafts"] >= 6 and doc["harness"]["format"] == "speculators_dspark"
 
 
-def test_stop_tokens_come_from_the_generation_config(tmp_path):
-    assert stop_token_ids(SPECDEC / "target", ignore_eos=False) == [254]
-    assert stop_token_ids(SPECDEC / "target", ignore_eos=True) == []
+def test_stop_tokens_come_from_the_generation_config():
+    assert Target.open(SPECDEC / "target").eos_ids == [254]
+    opened = {ignore: open_inputs(SPECDEC / "dspark", target=SPECDEC / "target", prompts=str(SPECDEC / "prompts.jsonl"),
+                                  data=None, engine="vllm", ignore_eos=ignore, vllm_python=sys.executable)
+              for ignore in (False, True)}
+    assert opened[False].stop_ids == [254] and opened[True].stop_ids == []
 
 
 def _fake_python(tmp_path: Path, reply: dict | None, exit_code: int = 1) -> str:
@@ -90,15 +95,15 @@ def test_a_missing_interpreter_is_a_missing_dependency(tmp_path):
 
 
 def test_a_teacher_config_without_a_layer_count_is_refused_not_a_type_error():
-    # refuse_unpaired_teacher compared the taps with num_hidden_layers unchecked: None raised TypeError out of eval.
+    # The pairing compared the taps with num_hidden_layers unchecked: None raised TypeError out of eval.
     from dspark_hub.errors import UsageError
-    from dspark_hub.train.evaluate import refuse_unpaired_teacher
+    from dspark_hub.train.data.draft_taps import tap_view
 
     draft = read_draft(fixture("dspark"))
     keys = draft.format.pairing_keys(draft.config)
     teacher = {"hidden_size": keys.tap_width, "vocab_size": keys.vocab_size}
     with pytest.raises(UsageError, match="no num_hidden_layers"):
-        refuse_unpaired_teacher(draft, teacher, "teacher")
+        tap_view(draft.config, teacher, where=draft.path, target="teacher", param="draft")
 
 
 def test_one_vllm_pin_everywhere_and_the_install_hint_works_as_written():

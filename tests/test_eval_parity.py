@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import MissingDependencyError
-from dspark_hub.train.evaluate import evaluate
+from dspark_hub.train.evaluation.evaluate import evaluate
 
 SPECDEC = Path(__file__).parent / "fixtures" / "specdec"
 DRAFT, TARGET, PROMPTS = SPECDEC / "dspark", SPECDEC / "target", SPECDEC / "prompts.jsonl"
@@ -42,12 +42,12 @@ def run(*args: object):
 
 @pytest.fixture(scope="module")
 def simulated() -> dict:
-    return evaluate(DRAFT, teacher=str(TARGET), prompts=str(PROMPTS), max_new_tokens=MAX_TOKENS).to_dict()
+    return evaluate(DRAFT, target=str(TARGET), prompts=str(PROMPTS), max_new_tokens=MAX_TOKENS).to_dict()
 
 
 @pytest.fixture(scope="module")
 def without_markov() -> dict:
-    return evaluate(DRAFT, teacher=str(TARGET), prompts=str(PROMPTS), max_new_tokens=MAX_TOKENS,
+    return evaluate(DRAFT, target=str(TARGET), prompts=str(PROMPTS), max_new_tokens=MAX_TOKENS,
                     markov=False).to_dict()
 
 
@@ -81,7 +81,7 @@ def test_the_engine_needs_an_interpreter_with_vllm(tmp_path):
     if not VLLM_MISSING:
         pytest.skip("vllm is importable here: the default interpreter works")
     with pytest.raises(MissingDependencyError, match="vllm_python"):
-        evaluate(DRAFT, teacher=str(TARGET), prompts=str(PROMPTS), engine="vllm")
+        evaluate(DRAFT, target=str(TARGET), prompts=str(PROMPTS), engine="vllm")
 
 
 def test_an_interpreter_without_vllm_is_named_with_the_install_hint():

@@ -44,7 +44,7 @@ REMAINING: dict[tuple[str, str], str] = {}
 
 #: Literals that spell a format's name but mean something else (checked here so each is a decision).
 NOT_A_DRAFT_FORMAT: dict[tuple[str, str], str] = {
-    ("dspark_hub/train/hidden_state_files.py", 'self.format == "speculators"'):
+    ("dspark_hub/train/data/hidden_state_files.py", 'self.format == "speculators"'):
         "the hidden-state DATA layout speculators' data pipeline writes (`DataFormat`), not the draft format",
 }
 

@@ -277,7 +277,7 @@ def test_a_run_ended_before_its_search_leaves_the_search_unjudged(k3):
 
 
 def test_the_k3_run_uses_the_trainer_s_defaults_where_the_docs_do(k3):
-    from dspark_hub.train.config import default
+    from dspark_hub.train.finetuning.config import default
 
     # docs/k3-scale.md's command: --anchors 512 --loss-chunk 409 --lr 3e-4, bf16; the trainer's defaults
     assert (k3.K3.anchors, k3.K3.loss_chunk, k3.K3.lr) == (default("max_anchors"), default("loss_chunk"),

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.ops.init import init_checkpoint
-from dspark_hub.train.hidden_state_files import (
+from dspark_hub.train.data.hidden_state_files import (
     HiddenStateData,
     detect_format,
     open_training_data,
@@ -28,7 +28,7 @@ from dspark_hub.train.hidden_state_files import (
     resolve_columns,
     write_hidden_state_file,
 )
-from dspark_hub.train.teacher import read_final_norm
+from dspark_hub.train.target.target import Target
 
 from .cli_errors import assert_one_line_error
 from .modeling_factory import tiny_config
@@ -66,11 +66,11 @@ def test_the_format_is_detected_from_the_folder(tmp_path):
 def test_speculators_rows_give_masks_and_the_files_give_taps_and_the_normed_final_state(pair):
     import pyarrow.ipc as ipc
 
-    data = open_training_data(SAMPLE, draft_config=CONFIG, teacher=pair["teacher"])
+    data = open_training_data(SAMPLE, draft_config=CONFIG, target=pair["teacher"])
     assert isinstance(data, HiddenStateData) and (data.format, len(data), data.missing) == ("speculators", 4, 0)
     assert (data.layer_ids, data.columns) == ([2, 4, 5, 6], [0, 1, 2])     # the draft's [1, 3, 4] + 1, and the last
     rows = ipc.open_stream(str(SAMPLE / "data-00000-of-00001.arrow")).read_all().to_pylist()
-    norm = read_final_norm(pair["teacher"])
+    norm = Target.open(pair["teacher"]).final_norm()
     for i in range(4):
         row, raw = data[i], load_file(str(SAMPLE / "hidden_states" / f"hs_{i}.safetensors"))
         assert row.input_ids.tolist() == rows[i]["input_ids"] == raw["token_ids"].tolist()
@@ -78,14 +78,14 @@ def test_speculators_rows_give_masks_and_the_files_give_taps_and_the_normed_fina
         assert torch.equal(row.aux_hidden_states, raw["hidden_states"][:, :3].flatten(1))
         assert torch.equal(row.final_hidden_states, norm(raw["hidden_states"][:, 3]))
     # Pointing at the hidden_states folder is the same data; naming their ids is the same mapping.
-    again = open_training_data(SAMPLE / "hidden_states", draft_config=CONFIG, teacher=pair["teacher"],
+    again = open_training_data(SAMPLE / "hidden_states", draft_config=CONFIG, target=pair["teacher"],
                                layer_ids=[2, 4, 5, 6])
     assert len(again) == 4 and torch.equal(again[3].aux_hidden_states, data[3].aux_hidden_states)
 
 
 def test_files_with_more_taps_than_the_draft_needs_give_the_draft_its_columns(pair):
     draft = {**CONFIG, "target_layer_ids": [1, 4], "num_target_layers": 2}
-    data = HiddenStateData(SAMPLE, draft_config=draft, teacher=pair["teacher"], layer_ids=[2, 4, 5])
+    data = HiddenStateData(SAMPLE, draft_config=draft, target=pair["teacher"], layer_ids=[2, 4, 5])
     raw = load_file(str(SAMPLE / "hidden_states" / "hs_1.safetensors"))["hidden_states"]
     assert data.columns == [0, 2] and torch.equal(data[1].aux_hidden_states, raw[:, [0, 2]].flatten(1))
 
@@ -105,28 +105,28 @@ def test_a_hidden_size_or_layout_other_than_the_drafts_is_refused_in_one_line(pa
     (tmp_path / "narrow").mkdir()
     write_hidden_state_file(tmp_path / "narrow" / "a.safetensors", torch.zeros(5, 4, 32), torch.arange(5))
     with pytest.raises(UsageError, match=r"a.safetensors: hidden size 32, the draft's target_hidden_size is 64$"):
-        open_training_data(tmp_path / "narrow", draft_config=CONFIG, teacher=pair["teacher"])
+        open_training_data(tmp_path / "narrow", draft_config=CONFIG, target=pair["teacher"])
     (tmp_path / "odd").mkdir()
     save_file({"hidden_states": torch.zeros(5, 64)}, str(tmp_path / "odd" / "b.safetensors"))
     with pytest.raises(UsageError, match=r"b\.safetensors: has hidden_states; a hidden-state file holds"):
-        open_training_data(tmp_path / "odd", draft_config=CONFIG, teacher=pair["teacher"])
-    with pytest.raises(UsageError, match="need the teacher folder"):
-        open_training_data(SAMPLE, draft_config=CONFIG, teacher=None)
+        open_training_data(tmp_path / "odd", draft_config=CONFIG, target=pair["teacher"])
+    with pytest.raises(UsageError, match="need the target folder"):
+        open_training_data(SAMPLE, draft_config=CONFIG, target=None)
 
 
 def test_a_rollouts_folder_takes_layer_ids_only_when_they_name_its_own_taps(tmp_path):
-    from dspark_hub.train.rollouts import RolloutData
+    from dspark_hub.train.data.rollouts import RolloutData
 
     from .data_factory import rollouts_manifest
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "manifest.json").write_text(json.dumps(rollouts_manifest(CONFIG)))
     for ids in ([2, 4, 5], [2, 4, 5, 6], [5, 4, 2]):   # the recipe's ids, with or without the last layer
-        assert isinstance(open_training_data(tmp_path / "r", draft_config=CONFIG, teacher=None, layer_ids=ids),
+        assert isinstance(open_training_data(tmp_path / "r", draft_config=CONFIG, target=None, layer_ids=ids),
                           RolloutData)
     with pytest.raises(UsageError, match=r"records its own taps, target_layer_ids \[1, 3, 4\] = vLLM/speculators "
                                          r"ids \[2, 4, 5\]; the layer ids \[2\] name others") as caught:
-        open_training_data(tmp_path / "r", draft_config=CONFIG, teacher=None, layer_ids=[2])
+        open_training_data(tmp_path / "r", draft_config=CONFIG, target=None, layer_ids=[2])
     assert caught.value.param == "data_layer_ids"
 
 
@@ -138,7 +138,7 @@ def test_a_tap_at_the_teachers_last_layer_is_read_from_the_last_column(pair, tmp
     write_hidden_state_file(tmp_path / "files" / "a.safetensors", hidden, torch.arange(5))
     draft = {**CONFIG, "target_layer_ids": [1, 5], "num_target_layers": 2}
     for ids in (None, [2, 6], [2]):
-        data = open_training_data(tmp_path / "files", draft_config=draft, teacher=pair["teacher"], layer_ids=ids)
+        data = open_training_data(tmp_path / "files", draft_config=draft, target=pair["teacher"], layer_ids=ids)
         assert data.columns == [0, 1] and torch.equal(data[0].aux_hidden_states, hidden.flatten(1).bfloat16())
 
 
@@ -146,11 +146,11 @@ def test_files_and_rows_from_different_runs_are_refused_when_read(pair, tmp_path
     shutil.copytree(SAMPLE, tmp_path / "s")
     hidden = tmp_path / "s" / "hidden_states"
     shutil.copy(hidden / "hs_0.safetensors", hidden / "hs_1.safetensors")
-    data = open_training_data(tmp_path / "s", draft_config=CONFIG, teacher=pair["teacher"])
+    data = open_training_data(tmp_path / "s", draft_config=CONFIG, target=pair["teacher"])
     with pytest.raises(UsageError, match=r"hs_1\.safetensors: token_ids differ from row 1's input_ids"):
         data[1]
     (tmp_path / "s" / "hidden_states" / "hs_3.safetensors").unlink()
-    assert open_training_data(tmp_path / "s", draft_config=CONFIG, teacher=pair["teacher"]).missing == 1
+    assert open_training_data(tmp_path / "s", draft_config=CONFIG, target=pair["teacher"]).missing == 1
 
 
 def test_fp8_files_are_dequantized_with_their_per_token_scales(pair, tmp_path):
@@ -160,14 +160,14 @@ def test_fp8_files_are_dequantized_with_their_per_token_scales(pair, tmp_path):
     (tmp_path / "fp8").mkdir()
     save_file({"hidden_states": (hidden / scale).to(torch.float8_e4m3fn), "hidden_states_scales": scale,
                "token_ids": raw["token_ids"]}, str(tmp_path / "fp8" / "hs_0.safetensors"))
-    data = open_training_data(tmp_path / "fp8", draft_config=CONFIG, teacher=pair["teacher"])
+    data = open_training_data(tmp_path / "fp8", draft_config=CONFIG, target=pair["teacher"])
     torch.testing.assert_close(data[0].aux_hidden_states.float(), hidden[:, :3].flatten(1), rtol=0.07, atol=0.02)
 
 
 def test_speculators_data_without_pyarrow_names_the_install(pair, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow.ipc", None)
     with pytest.raises(MissingDependencyError, match=r"needs pyarrow; pip install 'dspark-hub\[speculators\]'"):
-        open_training_data(SAMPLE, draft_config=CONFIG, teacher=pair["teacher"])
+        open_training_data(SAMPLE, draft_config=CONFIG, target=pair["teacher"])
 
 
 def test_layer_ids_parse_from_a_list_or_commas():

@@ -23,8 +23,8 @@ from safetensors.torch import load_file, save_file
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import CheckpointFormatError, DsparkError, UsageError
 from dspark_hub.format import contract
-from dspark_hub.train.hidden_state_files import open_training_data, write_hidden_state_file
-from dspark_hub.train.rollouts import RolloutData, read_prompts
+from dspark_hub.train.data.hidden_state_files import open_training_data, write_hidden_state_file
+from dspark_hub.train.data.rollouts import RolloutData, read_prompts
 
 from . import test_cli_inputs
 from .cli_errors import assert_one_line_error
@@ -238,7 +238,7 @@ def test_hidden_state_folders_follow_the_same_rules(world, tmp_path, name):
     outside = Path(shutil.copytree(folder, tmp_path / "outside"))
     HIDDEN[name](folder, outside)
     with pytest.raises(DsparkError) as caught:
-        data = open_training_data(folder, draft_config=CONFIG, teacher=str(world / "teacher"))
+        data = open_training_data(folder, draft_config=CONFIG, target=str(world / "teacher"))
         [data[i] for i in range(len(data))]
     assert "hs_1.safetensors" in str(caught.value) or "more" in str(caught.value), str(caught.value)
 
@@ -273,8 +273,8 @@ SPECULATORS = {
 def speculators_data(folder: Path, tmp_path: Path):
     """The speculators sample at `folder` read as training data, its target a config of the sample's shape."""
     pytest.importorskip("pyarrow")
-    from dspark_hub.train.hidden_state_files import HiddenStateData
-    from dspark_hub.train.teacher import FinalNorm
+    from dspark_hub.train.data.hidden_state_files import HiddenStateData
+    from dspark_hub.train.target.target import FinalNorm
 
     from .teacher_factory import teacher_config
 
@@ -282,7 +282,7 @@ def speculators_data(folder: Path, tmp_path: Path):
     teacher_config(vocab_size=256, num_attention_heads=2, num_key_value_heads=2).to_json_file(
         str(tmp_path / "target" / "config.json"))
     norm = FinalNorm("model.norm.weight", torch.ones(64), 1e-6)
-    return HiddenStateData(folder, draft_config=SAMPLE_CONFIG, teacher=str(tmp_path / "target"), final_norm=norm)
+    return HiddenStateData(folder, draft_config=SAMPLE_CONFIG, target=str(tmp_path / "target"), final_norm=norm)
 
 
 @pytest.mark.parametrize("name", list(SPECULATORS))
@@ -304,7 +304,7 @@ def test_the_speculators_sample_reads_whole(tmp_path):
 
 
 def test_a_sound_hidden_state_folder_reads(world, tmp_path):
-    data = open_training_data(hidden_folder(tmp_path), draft_config=CONFIG, teacher=str(world / "teacher"))
+    data = open_training_data(hidden_folder(tmp_path), draft_config=CONFIG, target=str(world / "teacher"))
     assert len(data) == 2 and data[1].aux_hidden_states.shape == (5, 3 * CONFIG["target_hidden_size"])
 
 

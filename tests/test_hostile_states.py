@@ -169,7 +169,7 @@ def _poisons(marker: Path) -> dict[str, object]:
 @pytest.mark.parametrize("name", ["os.system", "builtins.exec", "builtins.eval", "subprocess.call",
                                   "a class of its own", "a module of torch"])
 def test_a_state_that_would_run_code_is_refused_before_it_runs(tmp_path, name):
-    from dspark_hub.train.checkpointer import read_state
+    from dspark_hub.train.finetuning.checkpointer import read_state
 
     marker = _marker(tmp_path)
     path = _save(tmp_path / "step-000001.pt", _poisons(marker)[name])
@@ -187,7 +187,7 @@ def test_a_state_that_would_run_code_is_refused_before_it_runs(tmp_path, name):
     ("JSON", lambda marker: json.dumps({"model": {}}).encode()),
 ])
 def test_a_file_that_is_no_state_is_refused_in_one_line(tmp_path, name, content):
-    from dspark_hub.train.checkpointer import read_state
+    from dspark_hub.train.finetuning.checkpointer import read_state
 
     marker = _marker(tmp_path)
     path = tmp_path / "step-000001.pt"
@@ -199,7 +199,7 @@ def test_a_file_that_is_no_state_is_refused_in_one_line(tmp_path, name, content)
 
 @pytest.mark.parametrize("state, missing", [([1, 2], "model"), ({"model": {}}, "optimizer")])
 def test_a_state_of_the_wrong_shape_names_what_it_lacks(tmp_path, state, missing):
-    from dspark_hub.train.checkpointer import read_state
+    from dspark_hub.train.finetuning.checkpointer import read_state
 
     path = _save(tmp_path / "step-000001.pt", state)
     with pytest.raises(UsageError, match=f"not a training state \\(no {missing}"):
@@ -210,8 +210,8 @@ def test_a_state_shaped_like_the_trainers_loads(tmp_path):
     """Weights, an AdamW state, a LambdaLR schedule, the RNG and the options: data a weights-only load rebuilds."""
     import torch
 
-    from dspark_hub.train.checkpointer import read_state
-    from dspark_hub.train.config import TrainConfig
+    from dspark_hub.train.finetuning.checkpointer import read_state
+    from dspark_hub.train.finetuning.config import TrainConfig
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -268,7 +268,7 @@ POINTERS = {
 
 @pytest.mark.parametrize("name", list(POINTERS))
 def test_a_pointer_that_leaves_its_folder_is_refused(tmp_path, name):
-    from dspark_hub.train.checkpointer import resume_file
+    from dspark_hub.train.finetuning.checkpointer import resume_file
 
     folder = _states(tmp_path)
     POINTERS[name](folder)
@@ -280,7 +280,7 @@ def test_a_pointer_that_leaves_its_folder_is_refused(tmp_path, name):
 @pytest.mark.parametrize("pointer, chosen", [({"file": "step-000001.pt", "step": 1}, "step-000001.pt"),
                                              (None, "step-000002.pt")])
 def test_a_pointer_into_its_own_folder_and_the_newest_state_are_taken(tmp_path, pointer, chosen):
-    from dspark_hub.train.checkpointer import resume_file
+    from dspark_hub.train.finetuning.checkpointer import resume_file
 
     folder = _states(tmp_path)
     if pointer is not None:
@@ -302,7 +302,7 @@ LOGS = {
 def test_a_resumed_training_log_that_is_not_a_log_of_its_folder_is_refused(tmp_path, name):
     """The log is cut back to the state's step on resume: never through a link, never from a FIFO."""
     from dspark_hub.errors import CheckpointFormatError
-    from dspark_hub.train.training_log import LOG_NAME, TrainingLog
+    from dspark_hub.train.finetuning.training_log import LOG_NAME, TrainingLog
 
     folder = _states(tmp_path)
     outside = tmp_path / "outside" / "theirs.jsonl"
@@ -315,7 +315,7 @@ def test_a_resumed_training_log_that_is_not_a_log_of_its_folder_is_refused(tmp_p
 
 
 def test_a_resumed_training_log_is_cut_back_to_the_state(tmp_path):
-    from dspark_hub.train.training_log import LOG_NAME, TrainingLog
+    from dspark_hub.train.finetuning.training_log import LOG_NAME, TrainingLog
 
     folder = _states(tmp_path)
     (folder / LOG_NAME).write_text("".join(json.dumps({"step": n}) + "\n" for n in (1, 2, 3)))
@@ -430,7 +430,7 @@ def test_the_speculators_trainer_refuses_them_too(data, tmp_path, spoil):
         shutil.copy(states / "step-000001.pt", tmp_path / "outside" / "step-000009.pt")
         POINTERS["an absolute path"](states)
     result = run("finetune", "--base", fixture("dspark"), "--data", data["rollouts"], "--out", tmp_path / "again",
-                 "--steps", 3, "--teacher", TARGET, "--resume", "--state-dir", states)
+                 "--steps", 3, "--target", TARGET, "--resume", "--state-dir", states)
     assert_one_line_error(result, "step-000002.pt" if spoil == "a poisoned state" else "latest.json")
     assert not marker.exists() and not (tmp_path / "again").exists()
 
@@ -439,7 +439,7 @@ def test_a_state_written_with_an_unsafe_torch_is_not_read(tmp_path, monkeypatch)
     """torch before 2.6 could run code from a weights-only load (CVE-2025-32434): resuming needs 2.6."""
     import torch
 
-    from dspark_hub.train.checkpointer import read_state
+    from dspark_hub.train.finetuning.checkpointer import read_state
 
     path = _save(tmp_path / "step-000001.pt", {"model": {}})
     monkeypatch.setattr(torch, "__version__", "2.5.1")

@@ -53,10 +53,27 @@ def test_export_code_copies_files_without_torch(tmp_path):
         Path(__file__).resolve().parent.parent / "dspark_hub" / "modeling" / "modeling_k3_dspark.py").read_bytes()
 
 
-def test_every_public_name_resolves():
+def test_every_public_name_resolves_to_its_definition():
+    """Each lazy name of the root is the object of the same name in the module its table names; a name the table
+    lacks is an AttributeError."""
     import dspark_hub
-    for name in dspark_hub.__all__:
-        assert getattr(dspark_hub, name) is not None
+
+    names = _root_exports()
+    assert set(names) == set(dspark_hub.__all__)
+    for name, module in names.items():
+        assert getattr(dspark_hub, name) is getattr(importlib.import_module(f"dspark_hub.{module}"), name), name
+    with pytest.raises(AttributeError, match="has no attribute 'roster_of'"):
+        _ = dspark_hub.roster_of
+
+
+def _root_exports() -> dict[str, str]:
+    """The root package's lazy table (`lazy_exports(__name__, {...})`), read from its source."""
+    import dspark_hub
+
+    tree = ast.parse(Path(dspark_hub.__file__).read_text())
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", None) == "lazy_exports"]
+    return ast.literal_eval(calls[0].args[1])
 
 
 PACKAGES = ["dspark_hub", "dspark_hub.verify", "dspark_hub.ops", "dspark_hub.train", "dspark_hub.cards",
@@ -80,10 +97,14 @@ def test_every_public_name_resolves_to_a_definition_not_a_submodule(package):
         assert getattr(value, "__module__", package).startswith("dspark_hub"), (name, value)
 
 
-def test_the_version_is_the_one_pyproject_declares():
+def test_the_version_is_typed_once_and_is_the_installed_one():
+    """pyproject.toml reads the version from `dspark_hub/_version.py`, so start-up needs no metadata import."""
+    import importlib.metadata
     import tomllib
 
     import dspark_hub
 
-    declared = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
-    assert dspark_hub.__version__ == declared["version"] != "0+unknown"
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"] and pyproject["project"]["dynamic"] == ["version"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dspark_hub._version.__version__"}
+    assert dspark_hub.__version__ == importlib.metadata.version("dspark-hub")

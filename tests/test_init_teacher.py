@@ -62,13 +62,13 @@ def test_init_teacher_refuses_a_teacher_that_is_no_toy(tmp_path):
     (tmp_path / "k3").mkdir()
     (tmp_path / "k3" / "config.json").write_text(json.dumps(contract.REFERENCE_CONFIG))
     result = run("init-teacher", tmp_path / "teacher", "--draft", tmp_path / "k3")
-    assert result.exit_code == 2 and "toy teachers stop at 50,000,000" in result.output
+    assert result.exit_code == 2 and "toy targets stop at 50,000,000" in result.output
     assert result.output.startswith("Error: --draft:") and not (tmp_path / "teacher").exists()
 
 
 def test_init_teacher_head_dim_makes_a_teacher_vllms_cpu_attention_runs(tmp_path):
     from dspark_hub.errors import UsageError
-    from dspark_hub.train.vllm_worker import _check_cpu_head_dim
+    from dspark_hub.train.target.vllm_worker import _check_cpu_head_dim
 
     from .cli_errors import assert_one_line_error
 
@@ -78,7 +78,7 @@ def test_init_teacher_head_dim_makes_a_teacher_vllms_cpu_attention_runs(tmp_path
     assert config["hidden_size"] // config["num_attention_heads"] == 32
     with pytest.raises(UsageError, match=r"head_dim is 16; vLLM's CPU attention needs head_dim >= 32") as caught:
         _check_cpu_head_dim(tmp_path / "narrow")       # refused before vLLM's engine starts
-    assert caught.value.param == "teacher"
+    assert caught.value.param == "target"
     _check_cpu_head_dim(tmp_path / "wide")
     line = assert_one_line_error(run("init-teacher", tmp_path / "odd", "--head-dim", 24), "24 does not divide")
     assert line.startswith("Error: --head-dim: ") and not (tmp_path / "odd").exists()

@@ -217,13 +217,13 @@ def test_finetune_refuses_outputs_over_its_inputs(ws, name):
 
 def test_finetune_refuses_an_out_that_is_the_target_its_data_names(ws, monkeypatch):
     """The target can come from the rollouts manifest instead of --target: it is an input all the same."""
-    from dspark_hub.train.config import TrainConfig
+    from dspark_hub.train.finetuning.config import TrainConfig
 
     config = TrainConfig(base=str(ws / "ckpt"), out=str(ws / "target"), data=str(ws / "data"))
-    with pytest.raises(UsageError, match="is the input `teacher`"):
-        config.refuse_own_inputs(teacher=str(ws / "target"))
+    with pytest.raises(UsageError, match="is the input `target`"):
+        config.refuse_own_inputs(target=str(ws / "target"))
     TrainConfig(base=str(ws / "ckpt"), out=str(ws / "tuned"), data=str(ws / "data")).refuse_own_inputs(
-        teacher=str(ws / "target"))     # the twin: a new folder beside them
+        target=str(ws / "target"))     # the twin: a new folder beside them
 
 
 @pytest.mark.parametrize("name", ["the draft's config.json", "the draft folder", "the prompts file",

@@ -17,18 +17,21 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dspark_hub"
 
 #: The bottom: imported by every area, importing nothing of ours but each other.
-BOTTOM = {"errors", "report", "schemas", "_lazy", "_compat", "_text", "progress"}
+BOTTOM = {"errors", "report", "schemas", "_lazy", "_compat", "_text", "progress", "redaction", "_version", "documents"}
 
 #: area -> the areas it may import (besides itself). One row per area; docs/architecture.md shows this table.
 ALLOWED: dict[str, set[str]] = {
     # The bottom imports nothing of ours but the bottom, downwards (the table stays a DAG).
     "errors": set(),
     "schemas": set(),
-    "report": {"errors", "schemas"},
+    "report": {"errors", "schemas", "documents"},
+    "documents": set(),       # a result's JSON document from its dataclass
     "_lazy": set(),
     "_compat": set(),         # resolves the moved names by string (importlib), never by an import statement
     "_text": set(),
     "progress": set(),
+    "redaction": set(),       # no token in any output: the CLI's gate and the Hub client's messages
+    "_version": set(),
     "format": BOTTOM,
     "vllm": {"format"} | BOTTOM,                    # vLLM's one home: its pin, install hint, child process
     "modeling": {"format"} | BOTTOM,
@@ -41,6 +44,8 @@ ALLOWED: dict[str, set[str]] = {
     "__main__": {"cli"},
     "__init__": {"format", "ops"} | BOTTOM,          # the root package's lazy public names
 }
+#: `train`'s wings, lowest first: a wing imports only the wings before it (docs/architecture.md says so).
+TRAIN_WINGS = ("target", "data", "evaluation", "finetuning")
 #: (importer, area): the importer may use only `dspark_hub.<area>` itself, i.e. the names in its `__all__`.
 PUBLIC_ONLY = {("hub", "cards")}
 #: `from dspark_hub import <name>` is the root package; these names of it are bottom-level facts.
@@ -216,3 +221,33 @@ def test_no_cycle_between_modules():
         list(TopologicalSorter(module_graph()).static_order())
     except CycleError as e:
         pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+def _wing(module: str) -> str | None:
+    """`dspark_hub.train.data.rollouts` -> `data`; None outside a wing (the `train` package itself)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["dspark_hub", "train"] and parts[2] in TRAIN_WINGS else None
+
+
+def upward_wing_imports(found: list[tuple[str, str, str, int, str, list[str]]]) -> list[str]:
+    """`file:line: wing imports higher-wing` for every import of a higher wing of `train`."""
+    wrong = []
+    for _importer, _area, file, line, target, _names in found:
+        here, there = _wing(_module_name(ROOT / file)), _wing(target)
+        if here and there and TRAIN_WINGS.index(there) > TRAIN_WINGS.index(here):
+            wrong.append(f"{file}:{line}: {here} imports {there} ({target})")
+    return wrong
+
+
+def test_train_wings_import_only_downward():
+    assert {p.name for p in (PACKAGE / "train").iterdir() if (p / "__init__.py").is_file()} == set(TRAIN_WINGS)
+    assert upward_wing_imports(edges()) == []
+
+
+def test_an_upward_wing_import_is_named():
+    upward = ("train", "train", "dspark_hub/train/evaluation/evaluate.py", 7, "dspark_hub.train.finetuning.config",
+              ["canonical_dtype"])
+    downward = ("train", "train", "dspark_hub/train/evaluation/evaluate.py", 8, "dspark_hub.train.target.dtypes",
+                ["canonical_dtype"])
+    assert upward_wing_imports([upward, downward]) == [
+        "dspark_hub/train/evaluation/evaluate.py:7: evaluation imports finetuning (dspark_hub.train.finetuning.config)"]

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from dspark_hub.errors import UsageError
-from dspark_hub.train import objective
-from dspark_hub.train.evaluate import AcceptanceStats, ngram_proposer, simulate
+from dspark_hub.train.evaluation.acceptance import AcceptanceStats, simulate
+from dspark_hub.train.evaluation.drafters import ngram_proposer
+from dspark_hub.train.finetuning import objective
 
 
 def test_parse_loss_accepts_known_terms_and_names_the_bad_one():
@@ -116,7 +117,7 @@ def test_a_stop_token_ends_the_request_after_its_step_is_counted():
 def _partly_predicted_rollouts(model, lm_head, k: int, shapes: list[tuple[int, int]], seed: int = 0):
     """Rollouts of random taps whose paths take, at each step, a planned number of the draft's own drafts
     (0 to k) and then a token the draft did not propose; with the planned counts, one per step."""
-    from dspark_hub.train.acceptance import draft_proposer
+    from dspark_hub.train.evaluation.drafters import draft_proposer
 
     generator = torch.Generator().manual_seed(seed)
     config = model.config
@@ -143,12 +144,8 @@ def _partly_predicted_rollouts(model, lm_head, k: int, shapes: list[tuple[int, i
 def test_lockstep_simulation_of_a_k3_draft_counts_what_one_request_at_a_time_counts():
     """`measure_batched` drafts every unfinished request of a window in one call per round; each request's
     counts must be its own (requests finish at different rounds, windows split the rollouts)."""
-    from dspark_hub.train.acceptance import (
-        draft_batch_proposer,
-        draft_proposer,
-        measure,
-        measure_batched,
-    )
+    from dspark_hub.train.evaluation.acceptance import measure_batched
+    from dspark_hub.train.evaluation.drafters import draft_batch_proposer, draft_proposer, measure
 
     model, lm_head, *_ = _draft_case(seed=3)
     model.eval()
@@ -205,7 +202,7 @@ def _loss_and_grads(model, hidden, sums):
 @pytest.mark.parametrize("chunk_rows", [1, 5, 16, 409])    # 5 and 16 do not divide the supervised rows
 def test_chunked_loss_and_gradients_equal_the_whole_vocabulary_loss(chunk_rows):
     model, lm_head, hidden, prev_ids, labels, positions, batch = _draft_case()
-    from dspark_hub.train.trainer import chunkable_draft_logits
+    from dspark_hub.train.finetuning.trainer import chunkable_draft_logits
 
     terms = ["ce", "kl", "tv"]
     confidence = model.confidence_logits(hidden, prev_ids)

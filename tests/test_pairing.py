@@ -126,7 +126,7 @@ def test_one_changed_embedding_element_fails(tmp_path, draft, draft_tensors):
 def test_verify_pairing_and_rollouts_apply_one_tap_rule(tmp_path, draft_tensors, last_tap, accepted):
     # Before: [1, 3, 5] with 6 target layers passed verify and was refused by rollouts and finetune.
     from dspark_hub.errors import DsparkError
-    from dspark_hub.train.teacher import check_teacher_matches
+    from dspark_hub.train.data.draft_taps import check_target_matches
 
     config = tiny_config(target_layer_ids=[1, 3, last_tap])
     draft = write_checkpoint(tmp_path / "d", config=config, tensors=draft_tensors)
@@ -134,7 +134,7 @@ def test_verify_pairing_and_rollouts_apply_one_tap_rule(tmp_path, draft_tensors,
     paired = verify(draft, target=teacher)
     teacher_config = json.loads((teacher / "config.json").read_text())
     try:
-        check_teacher_matches(teacher_config, config)
+        check_target_matches(teacher_config, config)
         rollouts_accept = True
     except DsparkError:
         rollouts_accept = False

@@ -48,13 +48,13 @@ def test_public_args_replace_every_path_and_keep_the_rest(tmp_path, monkeypatch)
 
 
 def test_training_args_name_no_local_path(tmp_path, monkeypatch):
-    from dspark_hub.train.trainer import TrainConfig
+    from dspark_hub.train.finetuning.trainer import TrainConfig
 
     monkeypatch.chdir(tmp_path)
     write_checkpoint(tmp_path / "base")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "manifest.json").write_text("{}")
-    doc = TrainConfig(base="./base", out="./tuned", data="./data", teacher="teacher").public_dict()
+    doc = TrainConfig(base="./base", out="./tuned", data="./data", target="teacher").public_dict()
     assert set(doc) >= {"base", "data", "teacher", "lr", "steps"} and "out" not in doc and "state_dir" not in doc
     assert describe(doc["base"]).startswith("sha256 config.json ")
     assert doc["teacher"] is None           # a path that is not there: nothing to name, and no path

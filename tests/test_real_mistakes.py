@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dspark_hub.train.eval_inputs import read_draft
+from dspark_hub.train.evaluation.inputs import read_draft
 from tests.real_drafts import ROOT, TARGET, WORLD_READY, dspark_hub
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -51,7 +51,7 @@ APPLICABLE = {"k3_dspark": ("taps_shifted", "final_norm_on_last_tap", "markov_dr
               "speculators": ("taps_shifted", "slot_layout_flipped", "final_norm_on_last_tap", "d2t_absolute",
                               "markov_dropped")}
 #: What a CI-sized draft cannot tell apart: it barely reads its context yet. Paired z on the CI-sized drafts
-#: (`tests/real_drafts.FINETUNE`), finetune seeds 0, 1, 2 (2026-12-01): k3_dspark taps -1.8, -0.1, -5.8 and
+#: (`bench/real_recipe.py`'s `CI_FINETUNE`), finetune seeds 0, 1, 2 (2026-12-01): k3_dspark taps -1.8, -0.1, -5.8 and
 #: final norm -2.6, +3.9, +4.0; speculators taps -1.8, +0.4, -2.9 and final norm -2.2, +0.7, -1.5. The ones
 #: asserted: k3_dspark Markov +6.9, +7.3, +7.4; speculators slot layout +5.7, +6.4, +5.4, d2t +8.4, +8.8, +8.2,
 #: Markov +5.6, +6.1, +5.9 (so `MARGIN_Z` 4 leaves 1.4 standard errors). For these two the test asserts that
@@ -181,7 +181,7 @@ def test_the_normed_tap_is_the_target_final_norm_of_the_captured_tap(real_drafts
     from safetensors import safe_open
 
     from dspark_hub.format.tensorio import tensor_files
-    from dspark_hub.train.rollouts import RolloutData
+    from dspark_hub.train.data.rollouts import RolloutData
 
     if read_draft(real_drafts["k3_dspark"].draft).taps[-1] != 29:
         pytest.skip("this k3_dspark draft does not tap the final layer")
@@ -226,13 +226,13 @@ def test_a_zeroed_markov_output_drafts_as_a_runtime_without_the_head(real_drafts
     import torch
 
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
-    from dspark_hub.train.eval_inputs import read_embedding
-    from dspark_hub.train.rollouts import RolloutData
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.target.target import Target
 
     real = real_drafts["speculators"]
     next(m for m in mistakes_for(real.draft, 30) if m.key == "markov_dropped").write(real.draft, tmp_path / "m")
-    embed, lm_head = read_embedding(real.target), read_lm_head(real.target).float()
+    target = Target.open(real.target)
+    embed, lm_head = target.embedding(), target.lm_head().float()
     mutant = SpeculatorsDSpark.from_folder(tmp_path / "m", embed, lm_head)
     headless = SpeculatorsDSpark.from_folder(real.draft, embed, lm_head, markov=False)
     trained = SpeculatorsDSpark.from_folder(real.draft, embed, lm_head)

@@ -64,16 +64,11 @@ def test_init_target_sizes_a_draft_for_smollm2_that_pairs(tmp_path, fmt, extra):
 @pytest.mark.real
 @pytest.mark.slow
 @needs_world
-def test_the_ci_sized_real_recipe_runs_and_training_beats_the_untrained_draft(tmp_path):
-    """bench/real_recipe.py --ci: both formats through init --target, rollouts, finetune, eval, verify and card."""
-    import subprocess
-    import sys
-
-    script = PROMPTS.parent / "real_recipe.py"
-    run = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), "--ci", "--threads", "1"],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    summary = json.loads((tmp_path / "run" / "recipe.json").read_text())
+def test_the_ci_sized_real_recipe_runs_and_training_beats_the_untrained_draft(real_drafts):
+    """bench/real_recipe.py --ci (the session's one build, tests/real_drafts.py): both formats through init --target,
+    rollouts, finetune, eval, verify and card."""
+    run = real_drafts["k3_dspark"].draft.parent
+    summary = json.loads((run / "recipe.json").read_text())
     per_draft = ["finetune", "eval", "verify", "card", "card lint"]
     assert [s["step"] for s in summary["steps"]] == [
         "init k3", "rollouts train", "rollouts held-out", "init spec",
@@ -84,5 +79,5 @@ def test_the_ci_sized_real_recipe_runs_and_training_beats_the_untrained_draft(tm
         simulated = draft["simulated"]
         assert simulated["trained"]["acceptance_length"] > simulated["untrained base"]["acceptance_length"]
         assert set(draft["by_dataset"]) <= {"chat", "code", "lists", "arithmetic", "explanation"}
-    card = (tmp_path / "run" / "card-k3.md").read_text()
+    card = (run / "card-k3.md").read_text()
     assert "simulated" in card

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.format import contract
-from dspark_hub.train.plan import step_plan
+from dspark_hub.train.finetuning.plan import step_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -97,7 +97,7 @@ def test_the_plan_says_attention_dominates_at_512_anchors_of_the_tiny_profile():
 
 
 def test_the_plan_reaches_the_progress_callback_before_step_1_and_the_result(tmp_path):
-    from dspark_hub.train.trainer import TrainConfig, finetune
+    from dspark_hub.train import TrainConfig, finetune
 
     assert run("init", tmp_path / "base").exit_code == 0
     assert run("init-teacher", tmp_path / "teacher", "--draft", tmp_path / "base").exit_code == 0

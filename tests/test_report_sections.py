@@ -13,13 +13,14 @@ import json
 import types
 import typing
 import uuid
-from typing import Any, Literal, NotRequired, TypedDict, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, NotRequired, Required, TypedDict, get_args, get_origin, get_type_hints
 
 import pytest
 from click.testing import CliRunner
 
 from dspark_hub import report
 from dspark_hub.cli.main import cli
+from dspark_hub.documents import Document, Of, document_type, json_type
 from dspark_hub.format import contract
 from dspark_hub.hub.publish import publish
 from dspark_hub.verify.checks import verify
@@ -39,6 +40,22 @@ def _is_typeddict(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
 
 
+def _shape(tp: Any) -> Any:
+    """A result type (a `Document` class, or `Annotated[JSON, Of(path)]`) as the TypedDict its declaration makes
+    (`documents.document_type`); any other type as it is."""
+    if isinstance(tp, type) and issubclass(tp, Document):
+        return document_type(tp)
+    if get_origin(tp) is Annotated and isinstance(get_args(tp)[1], Of):
+        return json_type(tp)
+    return tp
+
+
+def _hints(tp: Any) -> dict[str, Any]:
+    """A TypedDict's keys and types, `Annotated` kept (it names result types), `NotRequired` taken off."""
+    return {key: get_args(hint)[0] if get_origin(hint) in (NotRequired, Required) else hint
+            for key, hint in get_type_hints(tp, include_extras=True).items()}
+
+
 def _required(tp: Any) -> frozenset[str]:
     """The keys a TypedDict demands. `__required_keys__` alone counts a `NotRequired` key as required when
     the annotations are strings (`from __future__ import annotations`, Python 3.11)."""
@@ -52,10 +69,11 @@ def mismatches(tp: Any, value: Any, where: str = "$", seen: Seen | None = None) 
     a value outside its Literal, a non-null where null is declared. Adds to `seen` (TypedDict name, key)
     for every declared key the value writes (of the union member it fits best)."""
     seen = set() if seen is None else seen
+    tp = _shape(tp)
     if _is_typeddict(tp):
         if not isinstance(value, dict):
             return [f"{where}: expected an object"]
-        hints = get_type_hints(tp)
+        hints = _hints(tp)
         out = [f"{where}.{key}: missing" for key in sorted(_required(tp) - value.keys())]
         out += [f"{where}.{key}: not in {tp.__name__}" for key in sorted(value.keys() - hints.keys())]
         for key in sorted(hints.keys() & value.keys()):
@@ -90,8 +108,9 @@ def mismatches(tp: Any, value: Any, where: str = "$", seen: Seen | None = None) 
 def declared(tp: Any, out: Seen | None = None) -> Seen:
     """(TypedDict name, key) for every key of every TypedDict `tp` reaches (through unions, lists, dicts)."""
     out = set() if out is None else out
+    tp = _shape(tp)
     if _is_typeddict(tp):
-        for key, hint in get_type_hints(tp).items():
+        for key, hint in _hints(tp).items():
             if (tp.__name__, key) not in out:
                 out.add((tp.__name__, key))
                 declared(hint, out)
@@ -121,7 +140,7 @@ def sections(tmp_path_factory) -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["roster", "deep", "frozen_embed", "family", "runtimes", "pairing"])
 def test_the_produced_section_has_exactly_the_typed_keys(sections, name):
     assert sections[name], f"the run produced no {name} section"
-    assert mismatches(get_type_hints(report.Sections)[name], sections[name], name) == []
+    assert mismatches(_hints(report.Sections)[name], sections[name], name) == []
 
 
 # ----------------------------------------------------------------- runtimes and against_hub, from `verify --json`
@@ -183,7 +202,7 @@ def runs(documents) -> dict[str, dict[str, Any]]:
 
 
 def test_every_run_is_a_typed_document_with_every_section_name(documents):
-    found = {name: problems for name, doc in documents.items() if (problems := mismatches(report.ReportDict, doc))}
+    found = {name: problems for name, doc in documents.items() if (problems := mismatches(report.Report, doc))}
     assert found == {}
     assert {name for name, doc in documents.items() if list(doc["sections"]) != list(report.SECTIONS)} == set()
     assert {f["severity"] for doc in documents.values() for f in doc["findings"]} >= {"error", "info"}
@@ -192,7 +211,7 @@ def test_every_run_is_a_typed_document_with_every_section_name(documents):
 
 @pytest.mark.parametrize("name", TYPED)
 def test_every_run_writes_exactly_the_typed_keys(runs, name):
-    tp = get_type_hints(report.Sections)[name]
+    tp = _hints(report.Sections)[name]
     produced = {run: sections[name] for run, sections in runs.items() if sections[name] is not None}
     assert len(produced) >= 3, f"too few runs write {name}"
     found = {run: problems for run, section in produced.items() if (problems := mismatches(tp, section, name))}
@@ -200,7 +219,7 @@ def test_every_run_writes_exactly_the_typed_keys(runs, name):
 
 
 def test_every_declared_key_is_written_by_some_run(runs):
-    types_ = [get_type_hints(report.Sections)[name] for name in TYPED]
+    types_ = [_hints(report.Sections)[name] for name in TYPED]
     seen: Seen = set()
     for sections in runs.values():
         for name, tp in zip(TYPED, types_, strict=True):

@@ -1,6 +1,7 @@
-"""The hub and golden commands' `--json` documents against their TypedDicts (`checksums`, `checksums --check`,
-`package`, `publish`, `golden`, `golden check`), as tests/test_report_sections.py checks the verify report:
-every run's document has exactly the typed keys, and between them the runs write every key the types declare.
+"""The hub and golden commands' `--json` documents against their declarations, the result dataclasses
+(`checksums`, `checksums --check`, `package`, `publish`, `golden`, `golden check`; `documents.document_type`), as
+tests/test_report_sections.py checks the verify report: every run's document has exactly the declared keys, and
+between them the runs write every key the declarations name.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from safetensors.torch import save_file
 from dspark_hub.cards.render import render_card
 from dspark_hub.cli.main import cli
 from dspark_hub.format import contract
-from dspark_hub.hub.checksums import ChecksumCheckDict, ChecksumFilesDict
-from dspark_hub.hub.package import PackageDict
-from dspark_hub.hub.release import PublicationDict
-from dspark_hub.verify.golden import GoldenCheckDict, GoldenWriteDict
+from dspark_hub.hub.checksums import ChecksumCheck, ChecksumFiles
+from dspark_hub.hub.package import PackageResult
+from dspark_hub.hub.release import Publication
+from dspark_hub.verify.golden import GoldenCheck, GoldenWrite
 
 from .factories import write_checkpoint
 from .test_publish import FRONT
@@ -44,12 +45,12 @@ def documents(tmp_path_factory, hub_server) -> dict[str, tuple[Any, dict[str, An
     tmp = tmp_path_factory.mktemp("hub-documents")
     plain = write_checkpoint(tmp / "plain")
     out: dict[str, tuple[Any, dict[str, Any]]] = {
-        "checksums": (ChecksumFilesDict, run_json("checksums", plain)),
-        "checksums --check, clean": (ChecksumCheckDict, run_json("checksums", plain, "--check")),
-        "package": (PackageDict, run_json("package", plain, "--repo", "org/tiny", "-o", tmp / "package"))}
+        "checksums": (ChecksumFiles, run_json("checksums", plain)),
+        "checksums --check, clean": (ChecksumCheck, run_json("checksums", plain, "--check")),
+        "package": (PackageResult, run_json("package", plain, "--repo", "org/tiny", "-o", tmp / "package"))}
     (plain / contract.CONFIG_NAME).write_text((plain / contract.CONFIG_NAME).read_text() + " ")
     (plain / "extra.txt").write_text("not in the sidecars")
-    out["checksums --check, differs"] = (ChecksumCheckDict, run_json("checksums", plain, "--check"))
+    out["checksums --check, differs"] = (ChecksumCheck, run_json("checksums", plain, "--check"))
     carded = write_checkpoint(tmp / "carded")
     meta = tmp / "card.yaml"
     meta.write_text(yaml.safe_dump({"name": "Tiny", "front_matter": FRONT, "architecture": {"block_size": 2}}))
@@ -57,7 +58,7 @@ def documents(tmp_path_factory, hub_server) -> dict[str, tuple[Any, dict[str, An
     repo = f"{hub_server.user}/documents-{uuid.uuid4().hex[:10]}"
 
     def publish(folder: Any, *extra: Any) -> tuple[Any, dict[str, Any]]:
-        return PublicationDict, run_json("publish", folder, repo, "--endpoint", hub_server.url, *extra,
+        return Publication, run_json("publish", folder, repo, "--endpoint", hub_server.url, *extra,
                                          token=hub_server.token)
 
     out["publish --dry-run"] = publish(carded, "--dry-run")
@@ -80,16 +81,16 @@ def golden_documents(tmp: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
     config = contract.TINY_CONFIG
     save_file({"lm_head.weight": torch.randn(config["draft_vocab_size"], config["hidden_size"])}, str(head))
     standin, with_file, reshaped = tmp / "standin.safetensors", tmp / "file.safetensors", tmp / "reshaped.safetensors"
-    out = {"golden": (GoldenWriteDict, run_json("golden", ckpt, "-o", standin)),
-           "golden --lm-head": (GoldenWriteDict, run_json("golden", ckpt, "-o", with_file, "--lm-head", head)),
-           "golden check": (GoldenCheckDict, run_json("golden", "check", ckpt, standin))}
+    out = {"golden": (GoldenWrite, run_json("golden", ckpt, "-o", standin)),
+           "golden --lm-head": (GoldenWrite, run_json("golden", ckpt, "-o", with_file, "--lm-head", head)),
+           "golden check": (GoldenCheck, run_json("golden", "check", ckpt, standin))}
     with safe_open(str(standin), framework="pt") as handle:
         metadata = handle.metadata()
         names = handle.keys()
         tensors = {name: handle.get_tensor(name) for name in names}
     tensors["short.last_hidden_state"] = tensors["short.last_hidden_state"][:1].contiguous()
     save_file(tensors, str(reshaped), metadata=metadata)
-    out["golden check, reshaped output"] = (GoldenCheckDict, run_json("golden", "check", ckpt, reshaped))
+    out["golden check, reshaped output"] = (GoldenCheck, run_json("golden", "check", ckpt, reshaped))
     return out
 
 
@@ -108,23 +109,23 @@ def test_every_declared_key_is_written_by_some_run(documents):
 
 
 def test_the_runs_cover_each_publish_status_both_check_outcomes_and_both_lm_heads(documents):
-    statuses = {doc["status"] for tp, doc in documents.values() if tp is PublicationDict}
+    statuses = {doc["status"] for tp, doc in documents.values() if tp is Publication}
     assert statuses == {"dry_run", "published", "unchanged", "refused"}
-    checks = [doc for tp, doc in documents.values() if tp is ChecksumCheckDict]
+    checks = [doc for tp, doc in documents.values() if tp is ChecksumCheck]
     assert {doc["ok"] for doc in checks} == {True, False}
     assert {p["kind"] for doc in checks for p in doc["problems"]} >= {"mismatch", "extra"}
-    assert {doc["lm_head"]["kind"] for tp, doc in documents.values() if tp is GoldenWriteDict} == {
+    assert {doc["lm_head"]["kind"] for tp, doc in documents.values() if tp is GoldenWrite} == {
         "file", "seeded-standin"}
-    assert {doc["ok"] for tp, doc in documents.values() if tp is GoldenCheckDict} == {True, False}
+    assert {doc["ok"] for tp, doc in documents.values() if tp is GoldenCheck} == {True, False}
 
 
 @pytest.mark.parametrize("tp, change, expected", [
-    (ChecksumFilesDict, lambda d: d.pop("sums_path"), ["$.sums_path: missing"]),
-    (ChecksumFilesDict, lambda d: d.update(schema_version=1), ["$.schema_version: not in ChecksumFilesDict"]),
-    (PublicationDict, lambda d: d["gate"].update(extra=1), ["$.gate.extra: not in GateDict"]),
-    (PublicationDict, lambda d: d.update(status="uploaded"), [
+    (ChecksumFiles, lambda d: d.pop("sums_path"), ["$.sums_path: missing"]),
+    (ChecksumFiles, lambda d: d.update(schema_version=1), ["$.schema_version: not in ChecksumFilesDocument"]),
+    (Publication, lambda d: d["gate"].update(extra=1), ["$.gate.extra: not in GateDocument"]),
+    (Publication, lambda d: d.update(status="uploaded"), [
         "$.status: 'uploaded' is not one of ['refused', 'dry_run', 'published', 'unchanged']"]),
-    (GoldenWriteDict, lambda d: d["lm_head"].update(kind="file"), [      # the stand-in's keys under the file's kind
+    (GoldenWrite, lambda d: d["lm_head"].update(kind="file"), [      # the stand-in's keys under the file's kind
         "$.lm_head.kind: 'file' is not one of ['seeded-standin']"]),
 ])
 def test_a_document_out_of_shape_is_named(documents, tp, change, expected):

@@ -1,4 +1,4 @@
-"""Sampled acceptance as vLLM 0.32.0 verifies drafts (`train.sampled_acceptance`), on toy distributions.
+"""Sampled acceptance as vLLM 0.32.0 verifies drafts (`train.evaluation.sampled_acceptance`), on toy distributions.
 
 Losslessness is a statement about laws: on vocabularies small enough to enumerate every draft,
 acceptance and residual branch, the speculative loop's output law equals the target's own sampling
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from dspark_hub.errors import UsageError
-from dspark_hub.train import sampled_acceptance as sa
-from dspark_hub.train.acceptance import longest_prefix
-from dspark_hub.train.acceptance_intervals import acceptance_intervals
+from dspark_hub.train.evaluation import sampled_acceptance as sa
+from dspark_hub.train.evaluation.acceptance import longest_prefix
+from dspark_hub.train.evaluation.acceptance_intervals import acceptance_intervals
 from tests.sampling_toys import (
     chi_square,
     chi_square_limit,

@@ -1,4 +1,4 @@
-"""`train.sampled_acceptance` against vLLM 0.32.0's own sampling kernels (executed, in the interpreter).
+"""`train.evaluation.sampled_acceptance` against vLLM 0.32.0's own sampling kernels (executed, in the interpreter).
 
 One child process of the vLLM interpreter (tests/vllm_sampling_child.py) runs, on logits given here:
 the rejection sampler of Model Runner V2 (`rejection_sample`: verify, residual, bonus) once per request
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_hub.train import sampled_acceptance as sa
+from dspark_hub.train.evaluation import sampled_acceptance as sa
 from tests.sampling_toys import chi_square, chi_square_limit, make_toy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

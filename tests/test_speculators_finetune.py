@@ -21,10 +21,10 @@ from safetensors import safe_open
 
 from dspark_hub.cli.main import cli
 from dspark_hub.format.tensorio import tensor_files
-from dspark_hub.train.config import TrainConfig
-from dspark_hub.train.finetuners import finetune
-from dspark_hub.train.hidden_state_files import write_hidden_state_file
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
+from dspark_hub.train import finetune
+from dspark_hub.train.data.hidden_state_files import write_hidden_state_file
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.finetuning.config import TrainConfig
 
 from .cli_errors import assert_one_line_error
 from .spec_fixtures import VERIFIER, add, copy_fixture, drop, edit_config, edit_tensors, fixture, reshape, set_key
@@ -48,7 +48,7 @@ def data(tmp_path_factory):
     """The three data sources, recorded from the verifier at B's taps (aux ids [1, 3, 5] = our [0, 2, 4])."""
     from transformers import AutoModelForCausalLM
 
-    from dspark_hub.train.teacher import capture_states
+    from dspark_hub.train.target.generate import capture_states
 
     root = tmp_path_factory.mktemp("specft")
     prompts = root / "p.jsonl"
@@ -72,7 +72,7 @@ def _base_for(source: str, tmp_path: Path, name: str = "dspark") -> Path:
 
 
 def _train(base: Path, data_path: Path, out: Path, **options):
-    config = TrainConfig(base=str(base), out=str(out), data=str(data_path), teacher=TARGET,
+    config = TrainConfig(base=str(base), out=str(out), data=str(data_path), target=TARGET,
                          **{"steps": 10, "lr": 3e-3, "batch_size": 4, "loss": {"kl_div": 1.0}, **options})
     return finetune(config)
 
@@ -98,6 +98,15 @@ def _assert_drop_in(out: Path, base: Path) -> None:
     for file in base.glob("*.safetensors"):        # same header bytes: names, dtypes, offsets, __metadata__
         head = file.read_bytes()[:8 + int.from_bytes(file.read_bytes()[:8], "little")]
         assert (out / file.name).read_bytes()[:len(head)] == head, file.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("batch_size", "anchors"), [(4, 2), (2, 2), (4, 3)])
+def test_anchors_mean_anchors_per_sequence_as_for_k3_dspark(data, tmp_path, batch_size, anchors):
+    """`--anchors N` supervises N per sequence: the library draws N x the row's sequences over the packed row (its
+    `max_anchors` counts a row), so `--batch-size 4 --anchors 2` draws 8, where it drew 2."""
+    _train(fixture("dspark"), data["rollouts"], tmp_path / "out", steps=2, batch_size=batch_size, max_anchors=anchors)
+    assert [e["anchors"] for e in _log(tmp_path / "out") if "loss" in e] == [batch_size * anchors] * 2
 
 
 @pytest.mark.slow
@@ -275,14 +284,19 @@ def test_an_existing_output_is_kept_without_force(data, tmp_path):
 
 def test_every_registered_format_has_a_trainer():
     from dspark_hub.format.registry import FORMATS
-    from dspark_hub.train.finetuners import FINETUNERS
+    from dspark_hub.train.finetuning.finetuners import FINETUNERS
 
     assert all(f.trainable != (f.name in FINETUNERS) for f in FORMATS.values())
 
 
 def test_a_final_normed_row_skips_the_targets_norm_and_gives_the_pre_norm_rows_loss():
     from dspark_hub.modeling.speculators_dspark import read_tensors, rms_norm
-    from dspark_hub.train.objective_speculators import Objective, PackedRow, SpeculatorsDSparkTrainer, library_anchors
+    from dspark_hub.train.finetuning.objective_speculators import (
+        Objective,
+        PackedRow,
+        SpeculatorsDSparkTrainer,
+        library_anchors,
+    )
 
     config = json.loads((fixture("dspark") / "config.json").read_text())
     target = read_tensors(VERIFIER)

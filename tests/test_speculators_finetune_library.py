@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dspark_hub.train import objective
-from dspark_hub.train.config import TrainConfig
-from dspark_hub.train.draft_step import batch_indices
-from dspark_hub.train.finetune_speculators import SpeculatorsFinetune, packed_row
-from dspark_hub.train.hidden_state_files import write_hidden_state_file
+from dspark_hub.train.data.hidden_state_files import write_hidden_state_file
+from dspark_hub.train.finetuning import objective
+from dspark_hub.train.finetuning.config import TrainConfig
+from dspark_hub.train.finetuning.draft_step import batch_indices
+from dspark_hub.train.finetuning.finetune_speculators import SpeculatorsFinetune, packed_row
 from tests.spec_fixtures import VERIFIER, fixture
 from tests.test_speculators_objective import _config, _library, _library_step  # skips without speculators
 
@@ -41,7 +41,7 @@ def _files(folder, count: int = 6) -> None:
 def test_our_finetune_loop_follows_the_librarys_model_step_by_step(name, tmp_path, monkeypatch):
     _files(tmp_path / "data")
     config = TrainConfig(base=str(fixture(name)), out=str(tmp_path / "out"), data=str(tmp_path / "data"),
-                         teacher=str(VERIFIER), steps=12, lr=3e-3, warmup=2, batch_size=3, max_anchors=12,
+                         target=str(VERIFIER), steps=12, lr=3e-3, warmup=2, batch_size=3, max_anchors=12,
                          loss={"kl_div": 1.0}, weight_decay=0.01)
     ours = SpeculatorsFinetune(config)
     library = _library(name, _config(name, window=None), monkeypatch)

@@ -36,7 +36,7 @@ from speculators.models.dflash import core as dflash_core  # noqa: E402
 from speculators.models.dspark.core import DSparkDraftModel  # noqa: E402
 
 from dspark_hub.modeling.speculators_dspark import read_tensors  # noqa: E402
-from dspark_hub.train.objective_speculators import (  # noqa: E402
+from dspark_hub.train.finetuning.objective_speculators import (  # noqa: E402
     Objective,
     PackedRow,
     SpeculatorsDSparkTrainer,

@@ -59,15 +59,15 @@ def test_eval_json_and_train_log_refuse_a_repeated_key(tmp_path):
 
 
 def test_teacher_and_draft_configs_refuse_a_repeated_key(tmp_path):
-    from dspark_hub.train.teacher import read_json
+    from dspark_hub.format.jsonio import read_json_input
 
     path = _config_with_duplicate(tmp_path)
     with pytest.raises(UsageError, match=r"config.json: key 'hidden_size' appears twice.*; pass the draft"):
-        read_json(path, what="the draft's config.json file")
+        read_json_input(path, what="the draft's config.json file")
 
 
 def test_rollouts_manifest_and_prompts_refuse_a_repeated_key(tmp_path):
-    from dspark_hub.train.rollouts import RolloutData, read_prompts
+    from dspark_hub.train.data.rollouts import RolloutData, read_prompts
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "manifest.json").write_text('{"schema": "x", "schema": "y"}')
@@ -79,7 +79,7 @@ def test_rollouts_manifest_and_prompts_refuse_a_repeated_key(tmp_path):
 
 
 def test_loss_weights_refuse_a_repeated_term():
-    from dspark_hub.train.objective import parse_loss
+    from dspark_hub.train.finetuning.objective import parse_loss
 
     with pytest.raises(UsageError, match=r"^loss: key 'ce' appears twice"):
         parse_loss(json.dumps({"ce": 1.0})[:-1] + ', "ce": 0.5}')

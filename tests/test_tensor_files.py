@@ -14,7 +14,7 @@ from dspark_hub.format import contract
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.modeling.speculators_dspark import read_tensors
-from dspark_hub.train.teacher import read_lm_head
+from dspark_hub.train.target.target import Target
 
 from .factories import raw_safetensors, write_checkpoint
 
@@ -89,8 +89,8 @@ def test_the_teacher_lm_head_is_found_in_whichever_shard_holds_it(tmp_path):
     save_file({"model.embed_tokens.weight": torch.zeros(3, 2)}, str(folder / "model-00001-of-00002.safetensors"))
     save_file({"lm_head.weight": head}, str(folder / "model-00002-of-00002.safetensors"))
     (folder / "config.json").write_text(json.dumps({"hidden_size": 2, "vocab_size": 3}))
-    assert torch.equal(read_lm_head(folder), head)
+    assert torch.equal(Target.open(folder).lm_head(), head)
     (folder / "model-00001-of-00002.safetensors").rename(folder / "shard-a.safetensors")
     (folder / contract.INDEX_NAME).write_text(json.dumps({"weight_map": {
         "model.embed_tokens.weight": "shard-a.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}))
-    assert torch.equal(read_lm_head(folder), head)
+    assert torch.equal(Target.open(folder).lm_head(), head)

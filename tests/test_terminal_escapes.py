@@ -123,7 +123,7 @@ def test_a_config_key_is_shown_escaped(plain, tmp_path, member):
 
 @given(st.text())
 def test_no_string_reaches_the_terminal_with_a_control_character(text):
-    from dspark_hub.cli._output import terminal_text
+    from dspark_hub.cli._gate import terminal_text
 
     shown = terminal_text(text)
     _assert_terminal_safe(shown)
@@ -134,6 +134,6 @@ def test_no_string_reaches_the_terminal_with_a_control_character(text):
 @given(st.text(st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters="\u202a\u202b\u202c\u202d"
                              "\u202e\u2066\u2067\u2068\u2069")))
 def test_text_without_control_characters_is_unchanged(text):
-    from dspark_hub.cli._output import terminal_text
+    from dspark_hub.cli._gate import terminal_text
 
     assert terminal_text(text) == text

@@ -1,4 +1,4 @@
-"""`--threads` and its default (`dspark_hub.train.threads`): one thread on a loaded machine, every core idle."""
+"""`--threads` and its default (`train.finetuning.threads`): one thread on a loaded machine, every core idle."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
-from dspark_hub.train import threads as threads_module
-from dspark_hub.train.threads import choose_threads, default_threads
+from dspark_hub.train.finetuning import threads as threads_module
+from dspark_hub.train.finetuning.threads import choose_threads, default_threads
 
 
 @pytest.mark.parametrize("cores, load, expected", [

@@ -16,10 +16,12 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from dspark_hub.cli.main import cli
-from dspark_hub.train.config import TrainConfig
-from dspark_hub.train.rollouts import RolloutData, make_rollouts
-from dspark_hub.train.trainer import Trainer, finetune
-from dspark_hub.train.training_log import MEASURED
+from dspark_hub.errors import RefusedOverwriteError, UsageError
+from dspark_hub.train import finetune
+from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
+from dspark_hub.train.finetuning.config import TrainConfig
+from dspark_hub.train.finetuning.trainer import Trainer
+from dspark_hub.train.finetuning.training_log import MEASURED
 from dspark_hub.verify.checks import verify
 
 from .teacher_factory import build_teacher, write_draft_base, write_prompts
@@ -62,7 +64,8 @@ def small_config(world, out: Path, **changes) -> TrainConfig:
 
 
 def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
-    from dspark_hub.train.teacher import capture_states, load_teacher
+    from dspark_hub.train.target.generate import capture_states
+    from dspark_hub.train.target.target import load_target
 
     summary = world["rollouts"]
     assert summary["sequences"] == 96 and summary["continuation_tokens"] == 96 * 48
@@ -71,7 +74,7 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
     sample = data[5]
     assert sample.aux_hidden_states.dtype == torch.bfloat16 and sample.aux_hidden_states.shape == (60, 3 * 64)
     assert sample.loss_mask.tolist() == [0] * 12 + [1] * 48
-    teacher = load_teacher(world["teacher"])
+    teacher = load_target(world["teacher"])
     states = capture_states(teacher, sample.input_ids[None], [1, 3, 4])
     assert torch.equal(states.aux_hidden_states[0].to(torch.bfloat16), sample.aux_hidden_states)
     logits = teacher(sample.input_ids[None]).logits[0]
@@ -83,10 +86,10 @@ def test_rollouts_are_the_teachers_greedy_path_with_its_states(world):
 
 def test_prompts_of_many_lengths_share_a_generate_call_and_continue_as_each_would_alone(world, monkeypatch):
     """`rollouts` left-pads a batch of mixed lengths: one `generate` call, and each row equals its run alone."""
-    from dspark_hub.train.generate import Prompt, generate_rollouts
-    from dspark_hub.train.teacher import load_teacher
+    from dspark_hub.train.target.generate import Prompt, generate_rollouts
+    from dspark_hub.train.target.target import load_target
 
-    teacher = load_teacher(world["teacher"])
+    teacher = load_target(world["teacher"])
     rng = torch.Generator().manual_seed(7)
     prompts = [Prompt(i, torch.randint(10, 70, (length,), generator=rng).tolist(), "words")
                for i, length in enumerate([9, 12, 5, 12, 7, 10])]
@@ -107,7 +110,7 @@ def test_prompts_of_many_lengths_share_a_generate_call_and_continue_as_each_woul
 def test_tap_is_the_output_of_decoder_layer_l_in_ascending_order(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from dspark_hub.train.teacher import capture_states
+    from dspark_hub.train.target.generate import capture_states
 
     from .teacher_factory import teacher_config
 
@@ -167,7 +170,7 @@ def test_rollouts_resume_skips_written_prompts_and_equals_a_fresh_run(world, tmp
     for i in a:
         assert torch.equal(a[i].input_ids, b[i].input_ids)
         assert torch.equal(a[i].aux_hidden_states, b[i].aux_hidden_states)
-    with pytest.raises(Exception, match="max_new_tokens"):
+    with pytest.raises(RefusedOverwriteError, match="setting max_new_tokens was 8 and is now 9"):
         make_rollouts(world["teacher"], prompts, config, partial, max_new_tokens=9)
 
 
@@ -220,7 +223,7 @@ def test_eval_counts_follow_vllms_definitions(tuned):
 
 @pytest.mark.slow
 def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
-    from dspark_hub.train.teacher import sha256_file
+    from dspark_hub.train.target.target import sha256_file
 
     doc = tuned["eval"]
     assert set(doc["by_dataset"]) == {"words"} and doc["by_dataset"]["words"]["baseline"]["drafts"] > 0
@@ -228,7 +231,7 @@ def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
     harness = doc["harness"]
     assert (harness["mode"], harness["decoding"], harness["block_size"]) == ("simulated", "greedy", 7)
     assert harness["definition"] == doc["definition"] and "1 + sum(per_position)" in doc["definition"]
-    assert set(harness["teacher_identity"]["digests"]) == {"config.json", "model.safetensors"}
+    assert set(harness["target_identity"]["digests"]) == {"config.json", "model.safetensors"}
     assert harness["teacher"].startswith("teacher (sha256 config.json ") and "ratio" in harness["reference"]
     assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
 
@@ -236,7 +239,7 @@ def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
 @pytest.mark.slow
 def test_the_card_reads_the_eval_naming_target_and_reference_by_digest_never_by_path(world, tuned):
     from dspark_hub.cards.results import load_eval
-    from dspark_hub.train.teacher import sha256_file
+    from dspark_hub.train.target.target import sha256_file
 
     doc, harness = tuned["eval"], tuned["eval"]["harness"]
     card = dict(load_eval(tuned["eval_path"]).by_dataset.harness)
@@ -251,7 +254,7 @@ def test_the_card_reads_the_eval_naming_target_and_reference_by_digest_never_by_
 @pytest.mark.slow
 def test_the_held_out_rollouts_folder_measures_nearly_what_the_prompts_do(world, tuned):
     """bfloat16 taps, and no tokens past the folder's end: nearly the same measurement."""
-    from dspark_hub.train.evaluate import evaluate
+    from dspark_hub.train.evaluation.evaluate import evaluate
 
     measured = evaluate(tuned["out"], data=str(world["heldout"])).to_dict()["acceptance_length"]
     assert measured == pytest.approx(tuned["eval"]["acceptance_length"], abs=0.15)
@@ -298,11 +301,11 @@ def test_eval_plot_names_its_missing_dependency(world, tmp_path):
 
 def test_a_block_in_the_packed_training_batch_equals_single_block_inference(world):
     from dspark_hub.modeling import load_checkpoint
-    from dspark_hub.train import objective
-    from dspark_hub.train.teacher import read_lm_head
+    from dspark_hub.train.finetuning import objective
+    from dspark_hub.train.target.target import Target
 
     model = load_checkpoint(world["base"], dtype=torch.float32).model.eval()
-    lm_head = read_lm_head(world["teacher"]).float()
+    lm_head = Target.open(world["teacher"]).lm_head().float()
     data = RolloutData(world["data"])
     short, long = data[0], data[1]
     short.input_ids, short.aux_hidden_states = short.input_ids[:40], short.aux_hidden_states[:40]
@@ -403,7 +406,7 @@ def test_states_rotate_to_the_newest_n_and_resume_after_rotation_reproduces_the_
 
 
 def test_rotation_never_leaves_zero_complete_states(tmp_path):
-    from dspark_hub.train.checkpointer import rotate_states, state_files
+    from dspark_hub.train.finetuning.checkpointer import rotate_states, state_files
 
     for step in (2, 4, 6):
         (tmp_path / f"step-{step:06d}.pt").write_bytes(b"state")
@@ -459,11 +462,17 @@ def test_two_process_torchrun_equals_one_process_on_the_same_global_batch(world,
 
 
 @pytest.mark.slow
-def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path):
+def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path, monkeypatch):
+    from dspark_hub.format.digests import sha256_file
+    from dspark_hub.train.target import target as target_module
+
+    hashed: list[str] = []
+    monkeypatch.setattr(target_module, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256_file(path))
     prompts = write_prompts(tmp_path / "p.jsonl", count=8, seed=31)
     config = small_config(world, tmp_path / "onpolicy", data=None, on_policy=True, rounds=2, prompts=str(prompts),
-                          teacher=str(world["teacher"]), max_new_tokens=16, steps=4)
+                          target=str(world["teacher"]), max_new_tokens=16, steps=4)
     result = finetune(config)
+    assert sorted(hashed) == ["config.json", "model.safetensors"]      # the target's identity: once for both rounds
     state = Path(result.state_dir)
     assert [len(RolloutData(state / f"round-{r:03d}" / "data")) for r in (0, 1)] == [4, 4]
     log = [json.loads(line) for line in (tmp_path / "onpolicy" / "training_log.jsonl").read_text().splitlines()]
@@ -476,7 +485,7 @@ def test_on_policy_rounds_alternate_teacher_rollouts_and_updates(world, tmp_path
 
 def test_finetune_refuses_an_existing_output_before_training(world, tmp_path):
     (tmp_path / "taken").mkdir()
-    with pytest.raises(Exception, match="already exists"):
+    with pytest.raises(RefusedOverwriteError, match="already exists"):
         Trainer(small_config(world, tmp_path / "taken"))
 
 
@@ -484,7 +493,7 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from dspark_hub.train.rollouts import read_prompts
+    from dspark_hub.train.data.rollouts import read_prompts
 
     vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "user:", "assistant:", "hello", "world", "\n"])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
@@ -494,6 +503,7 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
     tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
                                "{% if add_generation_prompt %}assistant: {% endif %}")
     tokenizer.save_pretrained(str(tmp_path / "teacher"))
+    (tmp_path / "teacher" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": len(vocab)}))
     lines = [{"messages": [{"role": "user", "content": "hello world"}], "dataset": "chat"},
              {"text": "world hello"}, {"input_ids": [5, 6, 7]}]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -501,7 +511,7 @@ def test_prompts_render_messages_with_the_chat_template_and_text_with_the_tokeni
     assert prompts[0].input_ids == [3, 5, 6, 4] and prompts[0].dataset == "chat"
     assert prompts[1].input_ids == [6, 5] and prompts[2].input_ids == [5, 6, 7]
     (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "a", "input_ids": [1]}) + "\n")
-    with pytest.raises(Exception, match=r"bad.jsonl:1: needs exactly one of"):
+    with pytest.raises(UsageError, match=r"bad.jsonl:1: needs exactly one of"):
         read_prompts(tmp_path / "bad.jsonl", tmp_path / "teacher")
 
 
@@ -550,14 +560,13 @@ def test_a_chunked_loss_trains_the_same_weights_as_the_whole_vocabulary_loss(wor
             assert a.keys() == b.keys()
             for key in ("loss", "ce", "kl", "tv", "confidence", "accuracy", "overlap", "grad_norm"):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (chunk, key)
-    with pytest.raises(Exception, match=r"^loss_chunk: -1; "):
+    with pytest.raises(UsageError, match=r"^loss_chunk: -1; "):
         Trainer(small_config(world, tmp_path / "negative", loss_chunk=-1))
     assert run("finetune", "--base", world["base"], "--out", tmp_path / "x", "--loss-chunk", -1).exit_code == 2
 
 
 def test_the_device_defaults_to_cuda_only_when_torch_sees_one_and_a_missing_one_is_refused():
-    from dspark_hub.errors import UsageError
-    from dspark_hub.train.distributed import resolve_device
+    from dspark_hub.train.finetuning.distributed import resolve_device
 
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")
@@ -631,8 +640,7 @@ def test_a_torchrun_resume_reads_the_state_on_rank_0_only_and_reproduces_the_run
 def test_dist_timeout_reaches_the_process_group(monkeypatch, device, backend):
     from datetime import timedelta
 
-    from dspark_hub.train import distributed
-
+    from dspark_hub.train.finetuning import distributed
     joined: list[dict] = []
     monkeypatch.setattr(distributed, "launched_by_torchrun", lambda: True)
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: bool(joined))

@@ -221,7 +221,7 @@ def test_the_loader_executions_child_refuses_an_unknown_request():
 
 
 def test_the_measured_evals_child_refuses_an_unknown_request():
-    from dspark_hub.train.vllm_eval_worker import handle
+    from dspark_hub.train.evaluation.vllm_eval_worker import handle
 
     assert handle({"op": "exit"}) == {}
     for request in ({"op": "measure"}, {"op": "run"}, {"op": "run", "job": []}):
@@ -230,10 +230,12 @@ def test_the_measured_evals_child_refuses_an_unknown_request():
 
 
 def test_every_vllm_user_launches_its_child_through_the_home():
-    for module in ("verify/runtimes/execute_vllm/runner.py", "train/vllm_engine.py", "train/vllm_eval.py"):
+    for module in ("verify/runtimes/execute_vllm/runner.py", "train/target/vllm_engine.py",
+                   "train/evaluation/vllm_eval.py"):
         source = (PACKAGE / module).read_text()
         assert "Child(" in source and "subprocess" not in source, module
-    for module in ("verify/runtimes/execute_vllm/__main__.py", "train/vllm_worker.py", "train/vllm_eval_worker.py"):
+    for module in ("verify/runtimes/execute_vllm/__main__.py", "train/target/vllm_worker.py",
+                   "train/evaluation/vllm_eval_worker.py"):
         assert "serve(" in (PACKAGE / module).read_text(), module
 
 
@@ -252,8 +254,8 @@ def vllm_as(monkeypatch):
 @pytest.mark.vllm
 def test_each_user_refuses_a_vllm_outside_the_series_before_any_work(vllm_as, tmp_path):
     from dspark_hub.errors import VllmNotAvailable
-    from dspark_hub.train.vllm_eval_worker import run
-    from dspark_hub.train.vllm_worker import Worker
+    from dspark_hub.train.evaluation.vllm_eval_worker import run
+    from dspark_hub.train.target.vllm_worker import Worker
     from dspark_hub.verify.runtimes.execute_vllm import check_internals
 
     refused = r"vLLM 0\.33\.0 is outside the tested 0\.32 series"

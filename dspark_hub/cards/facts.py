@@ -9,10 +9,11 @@ import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, DsparkError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
@@ -37,21 +38,24 @@ FactsSource = Literal["checkpoint", "config", "metadata"]
 
 
 @dataclass(frozen=True)
-class Component:
+class Component(Document):
     """A row of the component table: one tensor, or tensors that differ only by an index."""
+
+    KEYS = ("name", "shape=listed_shape", "count", "kind")
 
     name: str                              # `layers.{0..4}.mlp.up_proj.weight`, `markov_head.markov_w{1,2}.weight`
     shape: tuple[int, ...] | None          # None for the decoder-layer summary row
     count: int = 1                         # tensors the row stands for
     kind: Literal["tensor", "layers"] = "tensor"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape) if self.shape else None, "count": self.count,
-                "kind": self.kind}
+    @property
+    def listed_shape(self) -> tuple[int, ...] | None:
+        """The shape, None for the summary row (and a shape with no dimension)."""
+        return self.shape or None
 
 
 @dataclass(frozen=True)
-class FileChecksum:
+class FileChecksum(Document):
     """One row of the checksum table; `sha256` is None when it was not computed."""
 
     file: str
@@ -59,12 +63,9 @@ class FileChecksum:
     sha256: str | None
     origin: Literal["computed", "manifest", "metadata", "none"]
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass
-class CardFacts:
+class CardFacts(Document):
     """What a card states about the weights, computed (or, without weights, taken from metadata)."""
 
     source: FactsSource
@@ -89,21 +90,6 @@ class CardFacts:
     config: dict[str, Any] = field(default_factory=dict)
     checksums: list[FileChecksum] = field(default_factory=list)
     golden: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source, "location": self.location, "model_type": self.model_type, "format": self.format,
-            "parameters": self.parameters.to_dict() if self.parameters else None,
-            "tensor_count": self.tensor_count, "dtype": self.dtype,
-            "components": [c.to_dict() for c in self.components],
-            "layer_components": [c.to_dict() for c in self.layer_components],
-            "num_layers": self.num_layers, "target_layer_ids": self.target_layer_ids,
-            "target_num_hidden_layers": self.target_num_hidden_layers, "block_size": self.block_size,
-            "markov_rank": self.markov_rank, "has_lm_head": self.has_lm_head,
-            "has_embed_tokens": self.has_embed_tokens, "frozen_note": self.frozen_note, "tap_note": self.tap_note,
-            "tap_convention": self.tap_convention, "config": self.config,
-            "checksums": [c.to_dict() for c in self.checksums], "golden": self.golden,
-        }
 
 
 # ------------------------------------------------------------------ components

@@ -53,6 +53,7 @@ from dspark_hub.cards.facts import card_facts
 from dspark_hub.cards.front_matter import FRONT_MATTER_CODES, front_matter_problems
 from dspark_hub.cards.labels import AcceptanceLabel, acceptance_label, parse_label
 from dspark_hub.cards.source import load_yaml
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.digests import sha256_file
@@ -105,8 +106,11 @@ _REPRS = (
 
 
 @dataclass
-class CardLintReport(FindingsMixin):
+class CardLintReport(Document, FindingsMixin):
     """Findings about one card; `ok` when none is an error."""
+
+    SCHEMA = SCHEMA
+    KEYS = ("ok", "input=path", "path", "checkpoint", "findings=sorted_findings")
 
     path: str
     checkpoint: str | None = None
@@ -117,11 +121,6 @@ class CardLintReport(FindingsMixin):
             tail = f.where.rsplit(":", 1)[-1]
             return int(tail) if tail.isdigit() else 0
         return sorted(self.findings, key=lambda f: (SEVERITY_RANK[f.severity], line(f), f.code))
-
-    def to_dict(self) -> dict[str, Any]:
-        # `input` is the card linted; `path`, the same, stays for readers of version 1
-        return {"schema": SCHEMA, "ok": self.ok, "input": self.path, "path": self.path, "checkpoint": self.checkpoint,
-                "findings": [f.to_dict() for f in self.sorted_findings()]}
 
 
 # ------------------------------------------------------------------ front matter

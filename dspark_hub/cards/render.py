@@ -56,11 +56,12 @@ from dspark_hub.cards.front_matter import front_matter_problems, front_matter_ya
 from dspark_hub.cards.results import Results, load_eval, load_train_log, load_training_run
 from dspark_hub.cards.source import load_card_source
 from dspark_hub.cards.templating import TEMPLATE, environment, render_strings, source_environment
+from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError
 from dspark_hub.format.checkpoint import CheckpointView
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
-from dspark_hub.format.secrets import redact_tokens
 from dspark_hub.format.writer import atomic_file, check_writable, refuse_own_inputs
+from dspark_hub.redaction import redact_tokens
 from dspark_hub.schemas import command
 
 
@@ -163,19 +164,17 @@ def card_inputs(meta: str | os.PathLike[str], ckpt: str | os.PathLike[str] | Non
 
 
 @dataclass(frozen=True)
-class CardResult:
+class CardResult(Document):
     """What `write_card` wrote: the card at `path`, rendered from the checkpoint `checkpoint` (or its metadata)."""
+
+    SCHEMA = command("card")
+    KEYS = ("path", "input=checkpoint", "bytes", "lines", "sha256")
 
     path: Path
     checkpoint: Path | None
     bytes: int
     lines: int
     sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": command("card"), "path": str(self.path),
-                "input": str(self.checkpoint) if self.checkpoint is not None else None,
-                "bytes": self.bytes, "lines": self.lines, "sha256": self.sha256}
 
 
 def write_card(meta: str | os.PathLike[str], ckpt: str | os.PathLike[str] | None, output: str | os.PathLike[str], *,

@@ -28,12 +28,14 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
 from dspark_hub import schemas
-from dspark_hub.cli._output import json_text, terminal_text
+from dspark_hub.cli._gate import terminal_text
+from dspark_hub.cli._output import json_text
+from dspark_hub.documents import Document
 from dspark_hub.errors import DsparkError, RefusedOverwriteError
 from dspark_hub.format.hub_http import scope_open
 
@@ -42,21 +44,27 @@ _ARGUMENT = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
 
 @dataclass(frozen=True)
-class ErrorReport:
+class ErrorReport(Document):
     """An error as the CLI shows it: a stable `code`, the message and the hint in CLI terms."""
+
+    SCHEMA = schemas.command("error")
+    KEYS = ("ok", "error=fields")
 
     code: str
     message: str
     hint: str | None = None
     exit_code: int = 2
 
+    #: An error's document is never ok.
+    ok: ClassVar[bool] = False
+
     def line(self) -> str:
         """The one stderr line (after click's `Error: `): `<message>; <hint>`."""
         return self.message + (f"; {self.hint}" if self.hint else "")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("error"), "ok": False,
-                "error": {"code": self.code, "message": self.message, "hint": self.hint}}
+    @property
+    def fields(self) -> dict[str, str | None]:
+        return {"code": self.code, "message": self.message, "hint": self.hint}
 
 
 def _current_command() -> click.Command | None:

@@ -6,7 +6,9 @@ Progress, warnings and errors go to stderr. On a terminal progress is a rich bar
 shows that a long run is alive and when it will end (and transformers' own bars stay off, see
 `quiet_transformers`). `--quiet` and `--json` silence both.
 
-Everything printed passes one gate here: no token huggingface_hub would send (`redact_tokens`) and,
+rich loads on first use (`_terminal`: the consoles, `TerminalText`, the bar): `--help`, `--json` and a
+log's plain lines never import it. Everything printed passes one gate here: no token huggingface_hub would
+send (`redaction.redact_tokens`) and,
 for people, no control character: a tensor name, config value, metadata or file name holding
 `\x1b]0;...\x07`, `\x1b[2J`, `\r` or `\x9b` is shown as that text (`terminal_text`), so a
 checkpoint cannot retitle the terminal, clear the screen or overwrite its own findings. `--json`
@@ -16,84 +18,39 @@ keeps JSON's own escaping (`json.dumps` writes `\u001b`).
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.segment import Segment
-from rich.text import Text
 
-from dspark_hub.format.remote import redact_tokens
-
-#: What a terminal may act on: C0 but the newline, DEL, C1, lone surrogates (unprintable), bidi overrides.
-_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\t": "\\t", "\r": "\\r"}
+from dspark_hub.cli._gate import terminal_text
+from dspark_hub.redaction import redact_tokens
 
 
-def _escape(match: re.Match[str]) -> str:
-    char = match[0]
-    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+def stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal, as rich's console decides it (`FORCE_COLOR`, `TTY_COMPATIBLE`, ...)."""
+    return bool(console("stderr").is_terminal)
 
 
-def terminal_text(text: str) -> str:
-    """`text` safe for a terminal: tokens redacted, control characters written out (`\x1b`, `\r`, `\x9b`)."""
-    return _CONTROL.sub(_escape, redact_tokens(text))
+def console(name: str) -> Any:
+    """The rich console `stdout` or `stderr` (`_terminal.TerminalConsole`), made on first use."""
+    from dspark_hub.cli import _terminal  # rich: loaded by the first command that draws or asks
+
+    return getattr(_terminal, name)
 
 
-class TerminalText(Text):
-    """rich's `Text` with its strings written out first: rich itself keeps `\x1b` and drops `\r` or `\b` unseen.
+def __getattr__(name: str) -> Any:
+    """`stdout`, `stderr`, `TerminalText`: the rich-backed names of `_terminal`, loaded on first use."""
+    if name in ("stdout", "stderr", "TerminalText", "TerminalConsole"):
+        from dspark_hub.cli import _terminal  # rich: on first use
 
-    Renderers build every `Text` with this class, so a name is measured as it will be shown.
-    """
+        return getattr(_terminal, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    def __init__(self, text: str = "", *args: Any, **kwargs: Any) -> None:
-        super().__init__(terminal_text(text), *args, **kwargs)
-
-    def append(self, text: str | Text, style: Any = None) -> Text:
-        return super().append(terminal_text(text) if isinstance(text, str) else text, style)
-
-    @classmethod
-    def assemble(cls, *parts: Any, **kwargs: Any) -> TerminalText:
-        return cast(TerminalText, super().assemble(*parts, **kwargs))
-
-
-class TerminalConsole(Console):
-    """A rich console whose every line goes through `terminal_text`.
-
-    Strings are escaped before rich measures (and would silently drop `\r` or `\b` from) them; the
-    rendered segments are escaped again, for `Text` a renderer built itself, and the result is redacted.
-    Control segments (rich's own cursor moves for a progress bar) pass as they are.
-    """
-
-    def render_str(self, text: str, **kwargs: Any) -> Text:
-        return super().render_str(terminal_text(text), **kwargs)
-
-    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
-        safe = (segment if segment.control else Segment(_CONTROL.sub(_escape, segment.text), segment.style)
-                for segment in buffer)
-        return redact_tokens(super()._render_buffer(safe))
-
-
-# Markup and emoji are off: tensor names, keys and paths come from checkpoints and are printed as they
-# are ('bad[/x]name' must not crash, ':smile:' must not become a picture). Styles use `Text`.
-# soft_wrap keeps commands, URLs and paths on one line for copy and paste.
-stdout = TerminalConsole(highlight=False, soft_wrap=True, markup=False, emoji=False)
-stderr = TerminalConsole(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 #: Seconds between two progress lines off a terminal.
 INTERVAL = 10.0
@@ -127,16 +84,19 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
     echo_line(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"), err=True)
 
 
-def emit(result: Result, *, as_json: bool, renderer: Callable[[Any], None]) -> None:
+def emit(result: Result, *, as_json: bool, renderer: str) -> None:
     """Print a command's result, the one way every command does, and exit 1 when `result.ok` is False.
 
-    `--json` prints `result.to_dict()`; otherwise `renderer(result)` draws the human view.
-    A result without `ok` (nothing to find) exits 0.
+    `--json` prints `result.to_dict()`; otherwise the function `renderer` of `_render` draws the human view
+    (`_render` and rich load here, on first use: a `--json` run never imports them). A result without `ok`
+    (nothing to find) exits 0.
     """
     if as_json:
         print_json(result.to_dict())
     else:
-        renderer(result)
+        from dspark_hub.cli import _render  # rich: only a human view pays for it
+
+        getattr(_render, renderer)(result)
     if not getattr(result, "ok", True):
         click.get_current_context().exit(1)
 
@@ -145,7 +105,7 @@ def quiet_transformers(quiet: bool) -> None:
     """transformers' own bars (`Loading weights`, `Writing model shards`) only on a terminal: off one (a log,
     CI) they would fill the log with carriage returns, and our plain progress lines say how far a run is.
     With --quiet or --json its advisories go too (they go to stderr otherwise)."""
-    if quiet or not stderr.is_terminal:
+    if quiet or not stderr_is_terminal():
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
@@ -175,20 +135,6 @@ class _Silent:
 
     def stage(self, description: str, done: int, total: int) -> None:
         pass
-
-
-class _RichBar:
-    def __init__(self, progress: Any, task: Any) -> None:
-        self._progress, self._task = progress, task
-
-    def __call__(self, n: int) -> None:
-        self._progress.advance(self._task, n)
-
-    def set_total(self, total: int) -> None:
-        self._progress.update(self._task, total=total)
-
-    def stage(self, description: str, done: int, total: int) -> None:
-        self._progress.update(self._task, description=description, completed=done, total=total)
 
 
 def size_text(n: float, *, binary: bool = False) -> str:
@@ -293,13 +239,12 @@ def progress(description: str, *, unit: str = "bytes", total: int | None = None,
     if quiet:
         yield _Silent()
         return
-    if not stderr.is_terminal:
+    if not stderr_is_terminal():
         log = LogProgress(description, unit=unit, total=total, write=lambda line: echo_line(line, err=True))
         yield log
         log.finish()
         return
+    from dspark_hub.cli._terminal import rich_bar  # rich: only a bar on a terminal pays for it
 
-    columns = ((DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(),))
-    with Progress(TextColumn("{task.description}"), BarColumn(), *columns, TimeRemainingColumn(),
-                  console=stderr) as bar:
-        yield _RichBar(bar, bar.add_task(description, total=total))
+    with rich_bar(description, unit=unit, total=total) as bar:
+        yield bar

@@ -1,41 +1,50 @@
-"""Human views of library results: one renderer per result type, on stdout. The commands import them from here.
+"""Human views of library results: one renderer per result type, on stdout. `emit` looks them up here by name.
 
 Everything the renderers do turns a library result into text; nothing computes. `--json` output
 does not pass through here: `emit` prints the result's own `to_dict()`. Each concern has its module:
 `_table` (tables that never cut a name), `_render_verify`, `_render_ops`, `_render_train` and
-`_render_release` (release, cards and golden vectors).
+`_render_release` (release, cards and golden vectors). A renderer's module loads on first use (a verify
+report never imports the training renderers).
 """
 
 from __future__ import annotations
 
-from dspark_hub.cli._render_ops import render_convert, render_diff, render_init, render_init_target
-from dspark_hub.cli._render_release import (
-    render_card_lint,
-    render_checksum_check,
-    render_checksums,
-    render_export,
-    render_golden_check,
-    render_golden_write,
-    render_package,
-    render_publication,
-    render_written_card,
-)
-from dspark_hub.cli._render_train import (
-    plan_lines,
-    render_eval,
-    render_init_teacher,
-    render_plan,
-    render_rollouts,
-    render_threads,
-    render_training,
-)
-from dspark_hub.cli._render_verify import render_verify
-from dspark_hub.cli._table import Column, print_table
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "Column", "plan_lines", "print_table", "render_card_lint", "render_checksum_check",
-    "render_checksums", "render_convert", "render_diff", "render_eval", "render_export",
-    "render_golden_check", "render_golden_write", "render_init", "render_init_target", "render_init_teacher",
-    "render_package", "render_plan", "render_publication", "render_rollouts", "render_threads", "render_training",
-    "render_verify", "render_written_card",
-]
+#: renderer -> the module (under `dspark_hub.cli`) that defines it, imported on first use.
+RENDERERS: dict[str, str] = {
+    "Column": "_table",
+    "plan_lines": "_render_train",
+    "print_table": "_table",
+    "render_card_lint": "_render_release",
+    "render_checksum_check": "_render_release",
+    "render_checksums": "_render_release",
+    "render_convert": "_render_ops",
+    "render_diff": "_render_ops",
+    "render_eval": "_render_train",
+    "render_export": "_render_release",
+    "render_golden_check": "_render_release",
+    "render_golden_write": "_render_release",
+    "render_init": "_render_ops",
+    "render_init_target": "_render_ops",
+    "render_init_teacher": "_render_train",
+    "render_package": "_render_release",
+    "render_plan": "_render_train",
+    "render_publication": "_render_release",
+    "render_rollouts": "_render_train",
+    "render_threads": "_render_train",
+    "render_training": "_render_train",
+    "render_verify": "_render_verify",
+    "render_written_card": "_render_release",
+}
+__all__ = sorted(RENDERERS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in RENDERERS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"dspark_hub.cli.{RENDERERS[name]}"), name)
+
+if TYPE_CHECKING:
+    pass

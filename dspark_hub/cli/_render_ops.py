@@ -6,9 +6,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from dspark_hub._text import plural, short_json
-from dspark_hub.cli._output import TerminalText as Text
-from dspark_hub.cli._output import stderr, stdout
 from dspark_hub.cli._table import Cell, Column, print_table
+from dspark_hub.cli._terminal import TerminalText as Text
+from dspark_hub.cli._terminal import stderr, stdout
 from dspark_hub.format.contract import CONFIG_NAME
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def render_convert(result: ConvertReport) -> None:
 def render_init(result: InitResult) -> None:
     """Human view of an `InitResult`; a random frozen embedding is a warning on stderr."""
     embedding = result.embedding
-    source = (f"; embed_tokens from {embedding.teacher}" + (f" ({embedding.cast})" if embedding.cast else "")
+    source = (f"; embed_tokens from {embedding.target}" + (f" ({embedding.cast})" if embedding.cast else "")
               if embedding.kind == "teacher" else "")
     stdout.print(f"wrote {result.path} ({result.profile}, {result.init}, {plural(result.weights_bytes, 'byte')}"
                  f"{source}); check it with: dspark-hub verify {result.path}")

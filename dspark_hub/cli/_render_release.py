@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_hub._text import plural
 from dspark_hub.cli._errors import in_cli_terms
-from dspark_hub.cli._output import TerminalText as Text
-from dspark_hub.cli._output import stdout
 from dspark_hub.cli._render_verify import render_findings, verdict_line
 from dspark_hub.cli._table import Cell, Column, print_table
+from dspark_hub.cli._terminal import TerminalText as Text
+from dspark_hub.cli._terminal import stdout
 
 if TYPE_CHECKING:
     from dspark_hub.format.remote_code import ExportResult

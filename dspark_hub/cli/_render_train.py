@@ -1,13 +1,14 @@
-"""Human views of the train commands' results: rollouts, teacher init, the plan, training, eval."""
+"""Human views of the train commands' results: rollouts, target init, the plan, training, eval."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from dspark_hub._text import plural
-from dspark_hub.cli._output import TerminalText as Text
-from dspark_hub.cli._output import size_text, stderr, stdout
+from dspark_hub.cli._output import size_text
 from dspark_hub.cli._table import Cell, Column, print_table
+from dspark_hub.cli._terminal import TerminalText as Text
+from dspark_hub.cli._terminal import stderr, stdout
 
 
 def render_rollouts(summary: Any) -> None:
@@ -21,9 +22,9 @@ def render_rollouts(summary: Any) -> None:
 
 
 def render_init_teacher(result: Any) -> None:
-    """Human view of a `TeacherInitResult`."""
+    """Human view of a `TargetInitResult`."""
     source = f"shapes and embedding of {result.draft}" if result.draft else f"profile {result.profile}"
-    stdout.print(f"wrote {result.path}: a random Llama teacher ({source}; hidden {result.hidden_size}, "
+    stdout.print(f"wrote {result.path}: a random Llama target ({source}; hidden {result.hidden_size}, "
                  f"{plural(result.num_hidden_layers, 'layer')}, vocabulary {result.vocab_size:,}, "
                  f"{plural(result.parameters, 'parameter')}) with an offline byte-level tokenizer")
 
@@ -42,7 +43,7 @@ def _flops(n: float) -> str:
 
 #: How `plan.memory_bytes` parts read.
 MEMORY_PARTS = {"attention": "attention", "activations": "activations", "loss": "loss chunks",
-                "states": "weights+grads+AdamW", "teacher_lm_head": "teacher lm_head"}
+                "states": "weights+grads+AdamW", "teacher_lm_head": "target lm_head"}
 
 
 def plan_lines(plan: dict[str, Any]) -> list[str]:
@@ -122,7 +123,7 @@ def render_eval(result: Any) -> None:
     print_table(title, columns, rows)
     stdout.print(f"accepted per position {data['accepted_per_position']} of {plural(data['drafts'], 'draft')} "
                  f"(k {data['k']}); {plural(data['prompts'], 'prompt')}, {plural(data['tokens'], 'output token')}; "
-                 f"teacher {harness['teacher']}")
+                 f"target {harness['teacher']}")
     if measured:
         spec = measured["speculative_config"]
         stdout.print(f"vLLM {measured['vllm_version']}, {measured['model_runner']} runner"

@@ -7,9 +7,9 @@ from typing import Any
 
 from dspark_hub._text import plural
 from dspark_hub.cli._errors import in_cli_terms
-from dspark_hub.cli._output import TerminalText as Text
-from dspark_hub.cli._output import stdout
 from dspark_hub.cli._table import Column, print_table
+from dspark_hub.cli._terminal import TerminalText as Text
+from dspark_hub.cli._terminal import stdout
 from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS
 from dspark_hub.report import EmbeddingVerdict, Finding, Report
 

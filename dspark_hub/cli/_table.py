@@ -15,8 +15,8 @@ from typing import Literal
 from rich.cells import cell_len
 from rich.table import Table
 
-from dspark_hub.cli._output import TerminalText as Text
-from dspark_hub.cli._output import stdout
+from dspark_hub.cli._terminal import TerminalText as Text
+from dspark_hub.cli._terminal import stdout
 
 #: A prose column narrower than this wraps into a column of single words: use blocks instead.
 MIN_PROSE_WIDTH = 16

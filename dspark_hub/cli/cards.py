@@ -8,7 +8,6 @@ import click
 
 from dspark_hub.cli._framework import DefaultCommandGroup, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress
-from dspark_hub.cli._render import render_card_lint, render_written_card
 
 
 @click.group(cls=DefaultCommandGroup, default_command="render")
@@ -39,7 +38,7 @@ def card_render(ckpt: Path | None, meta: Path, eval_json: Path | None, train_log
     with progress("hashing", quiet=quiet or as_json) as bar:
         result = write_card(meta, ckpt, output, eval_json=eval_json, train_log=train_log,
                             checksums_from=checksums_from, hash_files=not no_hash, force=force, progress=bar)
-    emit(result, as_json=as_json, renderer=render_written_card)
+    emit(result, as_json=as_json, renderer="render_written_card")
 
 
 @card.command("lint")
@@ -52,4 +51,4 @@ def card_lint(readme: Path, checkpoint: Path | None, eval_json: Path | None, as_
     """Check a model card: front matter, acceptance arithmetic and labels, duplicate rows, and weight facts."""
     from dspark_hub.cards.lint import lint_card  # loads when the command runs (--help stays light)
 
-    emit(lint_card(readme, checkpoint, eval_json=eval_json), as_json=as_json, renderer=render_card_lint)
+    emit(lint_card(readme, checkpoint, eval_json=eval_json), as_json=as_json, renderer="render_card_lint")

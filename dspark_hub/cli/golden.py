@@ -8,7 +8,6 @@ import click
 
 from dspark_hub.cli._framework import DefaultCommandGroup, force_option, json_option
 from dspark_hub.cli._output import emit, quiet_transformers
-from dspark_hub.cli._render import render_golden_check, render_golden_write
 
 
 @click.group(cls=DefaultCommandGroup, default_command="write")
@@ -39,7 +38,7 @@ def golden_write(ckpt: Path, output: Path, lm_head: Path | None, seed: int, bloc
 
     quiet_transformers(as_json)
     result = write_golden(ckpt, output, lm_head=lm_head, seed=seed, block_size=block_size, force=force)
-    emit(result, as_json=as_json, renderer=render_golden_write)
+    emit(result, as_json=as_json, renderer="render_golden_write")
 
 
 @golden.command("check")
@@ -57,4 +56,4 @@ def golden_check(ckpt: Path, fixture: Path, lm_head: Path | None, atol: float | 
 
     quiet_transformers(as_json)
     result = check_golden(ckpt, fixture, lm_head=lm_head, atol=atol, rtol=rtol)
-    emit(result, as_json=as_json, renderer=render_golden_check)
+    emit(result, as_json=as_json, renderer="render_golden_check")

@@ -9,13 +9,6 @@ import click
 
 from dspark_hub.cli._framework import command, endpoint_option, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress
-from dspark_hub.cli._render import (
-    render_checksum_check,
-    render_checksums,
-    render_export,
-    render_package,
-    render_publication,
-)
 
 if TYPE_CHECKING:
     from dspark_hub.hub.publish import Transfer
@@ -36,7 +29,7 @@ def checksums(folder: Path, check: bool, force: bool, quiet: bool, as_json: bool
 
     with progress("sha256", quiet=quiet or as_json) as bar:
         result = check_checksums(folder, progress=bar) if check else write_checksums(folder, force=force, progress=bar)
-    emit(result, as_json=as_json, renderer=render_checksum_check if check else render_checksums)
+    emit(result, as_json=as_json, renderer="render_checksum_check" if check else "render_checksums")
 
 
 @command()
@@ -57,7 +50,7 @@ def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: st
     with progress("checksums", quiet=quiet or as_json) as bar:
         result = build(ckpt, repo_id, out_dir=out_dir, revision=revision, endpoint=endpoint, force=force,
                        progress=bar.stage)
-    emit(result, as_json=as_json, renderer=render_package)
+    emit(result, as_json=as_json, renderer="render_package")
 
 
 @command()
@@ -90,7 +83,7 @@ def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
         outcome = publish_checkpoint(ckpt, repo_id, drop_in=drop_in, private=private, revision=revision, tag=tag,
                                      with_remote_code=with_remote_code, endpoint=endpoint, dry_run=dry_run,
                                      transfer=transfer, progress=bar)
-    emit(outcome, as_json=as_json, renderer=render_publication)
+    emit(outcome, as_json=as_json, renderer="render_publication")
 
 
 @command("export-code")
@@ -101,4 +94,4 @@ def export_code(folder: Path, force: bool, as_json: bool) -> None:
     """Copy the modeling files and an auto_map into FOLDER for trust_remote_code loading."""
     from dspark_hub.format.remote_code import export_code as export  # loads when the command runs (--help stays light)
 
-    emit(export(folder, force=force), as_json=as_json, renderer=render_export)
+    emit(export(folder, force=force), as_json=as_json, renderer="render_export")

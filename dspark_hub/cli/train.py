@@ -13,31 +13,17 @@ import click
 
 from dspark_hub.cli._framework import POSITIVE, command, force_option, json_option, quiet_option
 from dspark_hub.cli._output import emit, progress, quiet_transformers
-from dspark_hub.cli._render import (
-    render_eval,
-    render_init_teacher,
-    render_plan,
-    render_rollouts,
-    render_threads,
-    render_training,
-)
 from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
-from dspark_hub.train import objective
-from dspark_hub.train.config import (
-    DTYPE_ALIASES,
-    TRAIN_DTYPES,
-    TrainConfig,
-    canonical_dtype,
-    default,
-    dtype_spellings,
-)
-from dspark_hub.train.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
-from dspark_hub.train.evaluate import DTYPES, ENGINES, evaluate
-from dspark_hub.train.hidden_state_files import parse_layer_ids
-from dspark_hub.train.rollouts import make_rollouts
-from dspark_hub.train.threads import apply_threads, choose_threads
-from dspark_hub.train.toy import init_teacher as write_init_teacher
+from dspark_hub.train.data.hidden_state_files import parse_layer_ids
+from dspark_hub.train.data.rollouts import make_rollouts
+from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
+from dspark_hub.train.finetuning import objective
+from dspark_hub.train.finetuning.config import TRAIN_DTYPES, TrainConfig, default
+from dspark_hub.train.finetuning.threads import apply_threads, choose_threads
+from dspark_hub.train.target.dtypes import DTYPE_ALIASES, canonical_dtype, dtype_spellings
+from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
+from dspark_hub.train.target.toy import init_teacher as write_init_teacher
 
 
 def keyword_default(function: Callable[..., Any], name: str) -> Any:
@@ -62,9 +48,9 @@ class AliasedOption(click.Option):
 
 
 def target_option(*, required: bool = False, help: str) -> Callable[[F], F]:
-    """`--target DIR`: the large model the draft serves (the Python keyword stays `teacher`, the library's);
-    `--teacher`, its name before 0.3, still works."""
-    return click.option("--target", "teacher", cls=AliasedOption, aliases=("--teacher",), required=required,
+    """`--target DIR`: the large model the draft serves (the library's keyword `target`); `--teacher`, its name
+    before 0.3, still works."""
+    return click.option("--target", "target", cls=AliasedOption, aliases=("--teacher",), required=required,
                         metavar="DIR", help=help)
 
 
@@ -72,7 +58,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Dtype(click.ParamType):  # type: ignore[type-arg]  # click 8.1 ParamType is not generic
-    """A dtype in either spelling (`bfloat16` or `bf16`), passed on as its torch name (`config.canonical_dtype`)."""
+    """A dtype in either spelling (`bfloat16` or `bf16`), passed on as its torch name (`canonical_dtype`)."""
 
     name = "dtype"
 
@@ -195,7 +181,7 @@ def engine_option_flags() -> Iterator[None]:
 @force_option
 @quiet_option
 @json_option
-def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
+def rollouts(target: str, prompts: str, draft_config: str, out: str, max_new_tokens: int, batch_size: int,
              shard_size: int, ignore_eos: bool, mode: Mode, threads: int | None, force: bool, quiet: bool,
              as_json: bool, **engine: Any) -> None:
     """Write the target's greedy continuations with the draft's tap states (resumable safetensors shards)."""
@@ -203,14 +189,14 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
     choice = use_threads(threads)
     engine_name, engine_options = pop_engine_options(engine)
     with progress("rollouts", unit="prompts", quiet=quiet or as_json) as bar, engine_option_flags():
-        summary = make_rollouts(teacher, prompts, draft_config, out, max_new_tokens=max_new_tokens,
+        summary = make_rollouts(target, prompts, draft_config, out, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, shard_size=shard_size, ignore_eos=ignore_eos, force=force,
                                 mode=mode, engine=engine_name, engine_options=engine_options, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
-    emit(summary, as_json=as_json, renderer=render_rollouts)
+    emit(summary, as_json=as_json, renderer="render_rollouts")
 
 
-@command()
+@command(name="finetune")
 @click.option("--base", required=True, metavar="CKPT",
               help="The checkpoint to start from: a k3_dspark or a speculators DSpark (docs/training-speculators.md).")
 @click.option("--data", metavar="DIR", help="Rollouts folder ('dspark-hub rollouts'), or hidden-state files from "
@@ -230,7 +216,8 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @click.option("--block-size", "block_size", type=int, default=default("block_size"), show_default=True,
               help="K drafts per block.")
 @click.option("--anchors", "max_anchors", type=int, default=default("max_anchors"), show_default=True,
-              help="Max anchors per sequence.")
+              help="Max anchors per sequence (either format: a speculators base draws N x sequences over its packed "
+                   "row).")
 @click.option("--loss", default=default("loss"), show_default=True,
               help="JSON weights of ce, kl, tv; a speculators DSpark base takes the library's terms (kl_div, rkl, jsd, "
                    "ce, tv, nla, lk_hybrid).")
@@ -271,10 +258,10 @@ def rollouts(teacher: str, prompts: str, draft_config: str, out: str, max_new_to
 @force_option
 @quiet_option
 @json_option
-def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: bool, as_json: bool,
-             **options: Any) -> None:
+def finetune_command(loss: str, data_layer_ids: str | None, threads: int | None, quiet: bool, as_json: bool,
+                     **options: Any) -> None:
     """Fine-tune drop-in weights (k3_dspark or speculators DSpark) on target rollouts (one process or torchrun)."""
-    from dspark_hub.train.finetuners import finetune as run  # torch: only a run pays for it
+    from dspark_hub.train import finetune  # torch: only a run pays for it
 
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
@@ -283,9 +270,9 @@ def finetune(loss: str, data_layer_ids: str | None, threads: int | None, quiet: 
                          engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
     with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
-        result = run(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
+        result = finetune(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
-        emit(result, as_json=as_json, renderer=render_training)
+        emit(result, as_json=as_json, renderer="render_training")
 
 
 class _Planned:
@@ -302,6 +289,8 @@ class _Planned:
 
     def plan(self, plan: Any) -> None:
         if self.show:
+            from dspark_hub.cli._render import render_plan  # rich: on first use
+
             render_plan(plan)
             say_threads(self.threads, show=True)
 
@@ -309,6 +298,8 @@ class _Planned:
 def say_threads(choice: Any, *, show: bool) -> None:
     """The thread choice on stderr, said only once work has begun or ended (a refusal stays one line)."""
     if show and choice is not None:
+        from dspark_hub.cli._render import render_threads  # rich: on first use
+
         render_threads(choice)
 
 
@@ -332,7 +323,7 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
     with progress("init-teacher", unit="teachers", quiet=quiet or as_json) as bar:
         result = write_init_teacher(dst, profile=profile, draft=draft, seed=seed, force=force, head_dim=head_dim,
                        progress=bar)
-    emit(result, as_json=as_json, renderer=render_init_teacher)
+    emit(result, as_json=as_json, renderer="render_init_teacher")
 
 
 @command(name="eval")
@@ -359,7 +350,7 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @threads_option
 @quiet_option
 @json_option
-def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str | None, reference: str | None,
+def eval_command(draft: str, target: str | None, prompts: str | None, data: str | None, reference: str | None,
                  engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
                  ignore_eos: bool, batch_size: int, plot: Path | None, threads: int | None, quiet: bool,
                  as_json: bool) -> None:
@@ -370,9 +361,9 @@ def eval_command(draft: str, teacher: str | None, prompts: str | None, data: str
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
-        result = evaluate(draft, teacher=teacher, prompts=prompts, data=data, reference=reference,
+        result = evaluate(draft, target=target, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
                           progress=bar)
     say_threads(choice, show=not (quiet or as_json))
-    emit(result, as_json=as_json, renderer=render_eval)
+    emit(result, as_json=as_json, renderer="render_eval")

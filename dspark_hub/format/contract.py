@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import ContractError
 from dspark_hub.format import roster_k3_dspark
 from dspark_hub.format.reader import DTYPE_SIZES
@@ -174,9 +175,9 @@ def unknown_dtypes(config: Mapping[str, Any]) -> dict[str, Any]:
 
 #: Tensors that are part of the checkpoint but never trained (a copy of the target's embedding).
 FROZEN_TENSORS = ("embed_tokens.weight",)
-#: Where a teacher (target) checkpoint keeps the embedding the draft must copy bit for bit.
-TEACHER_EMBED_NAMES = ("embed_tokens.weight", "model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
-                       "model.language_model.embed_tokens.weight")
+#: Where a target checkpoint keeps the embedding the draft must copy bit for bit.
+TARGET_EMBED_NAMES = ("embed_tokens.weight", "model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
+                      "model.language_model.embed_tokens.weight")
 
 #: Golden-vector fixtures ship in this subfolder: runtimes glob the top-level `*.safetensors` as weights.
 GOLDEN_DIR = "golden"
@@ -223,20 +224,19 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class ParameterCounts:
+class ParameterCounts(Document):
     """Parameters of a roster: everything, what is frozen, and what training owns.
 
     `maps` counts the elements of integer/boolean vocabulary maps (a speculators draft's
     `d2t`/`t2d`), which are stored beside the weights but are not parameters.
     """
 
+    KEYS = ("total", "trained", "frozen", "maps")
+
     total: int
     frozen: int
     trained: int
     maps: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return {"total": self.total, "trained": self.trained, "frozen": self.frozen, "maps": self.maps}
 
 
 def reference_config() -> dict[str, Any]:

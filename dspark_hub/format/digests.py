@@ -37,13 +37,14 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, ClassVar, TypedDict
 
+from dspark_hub.documents import JSON, Document, Of
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.folder import folder_files, open_regular, read_regular
 from dspark_hub.format.jsonio import json_type, loads_strict
 from dspark_hub.progress import Progress, announce_total
-from dspark_hub.report import FileProblemDict, ProblemKind
+from dspark_hub.report import ProblemKind
 from dspark_hub.schemas import CHECKSUMS, current
 
 SUMS_NAME = "SHA256SUMS"
@@ -77,33 +78,17 @@ DIGEST_CODES: dict[str, str] = {
 #: How to repair a sidecar `dspark-hub checksums` wrote.
 REGENERATE = "regenerate it with 'dspark-hub checksums --force'"
 
-class FileDigestDict(TypedDict):
-    """One file of a manifest (`FileDigest.to_dict`): null for what the source does not state."""
-
-    path: str
-    size: int | None
-    sha256: str | None
-    blob_id: str | None
-    lfs: bool | None
-
-
 class ManifestListing(TypedDict):
     """What a manifest lists (`Manifest.listing`): `checksums.json` without its schema."""
 
     algorithm: str
     file_count: int
     total_bytes: int
-    files: list[FileDigestDict]
-
-
-class ManifestDict(ManifestListing):
-    """`checksums.json` (`Manifest.to_dict`)."""
-
-    schema: str
+    files: list[Annotated[JSON, Of("dspark_hub.format.digests.FileDigest")]]
 
 
 @dataclass(frozen=True)
-class FileDigest:
+class FileDigest(Document):
     """What a source states about one file.
 
     A manifest we compute knows every field; a `SHA256SUMS` line only the SHA-256; the Hub's
@@ -112,6 +97,8 @@ class FileDigest:
     for messages.
     """
 
+    KEYS: ClassVar[tuple[str, ...]] = ("path", "size", "sha256", "blob_id", "lfs")
+
     path: str
     size: int | None = None
     sha256: str | None = None
@@ -119,14 +106,13 @@ class FileDigest:
     lfs: bool | None = None
     origin: str | None = field(default=None, compare=False)
 
-    def to_dict(self) -> FileDigestDict:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256,
-                "blob_id": self.blob_id, "lfs": self.lfs}
-
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(Document):
     """Digests of every file of a checkpoint folder, sorted by path (every field known)."""
+
+    SCHEMA = CHECKSUMS
+    KEYS = ("**listing",)
 
     files: tuple[FileDigest, ...]
 
@@ -138,15 +124,13 @@ class Manifest:
         return {f.path: f for f in self.files}
 
     def listing(self) -> ManifestListing:
+        """What a manifest lists (`checksums.json` without its schema)."""
         return {"algorithm": "sha256", "file_count": len(self.files), "total_bytes": self.total_bytes,
                 "files": [f.to_dict() for f in self.files]}
 
-    def to_dict(self) -> ManifestDict:
-        return {"schema": CHECKSUMS, **self.listing()}
-
 
 @dataclass(frozen=True)
-class FileProblem:
+class FileProblem(Document):
     """A file that differs from its reference (a manifest, or the Hub).
 
     `kind`: `mismatch` (present on both sides, size or digest differs), `missing` (in the
@@ -159,10 +143,6 @@ class FileProblem:
     message: str
     expected: str | None = None
     actual: str | None = None
-
-    def to_dict(self) -> FileProblemDict:
-        return {"path": self.path, "kind": self.kind, "message": self.message,
-                "expected": self.expected, "actual": self.actual}
 
 
 # --- git / LFS identities --------------------------------------------------------------------------

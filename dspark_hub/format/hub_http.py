@@ -49,8 +49,8 @@ from dspark_hub.format.hub_bounds import (
     bounded_stream,
     describe_timeout,
 )
-from dspark_hub.format.secrets import gate_hub_logs
 from dspark_hub.format.urls import origin, redact_url
+from dspark_hub.redaction import gate_hub_logs
 
 if TYPE_CHECKING:
     import httpx2

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.folder import read_regular
 
 #: code -> meaning, for the JSON failures every caller shares (prefixed by callers that need to).
@@ -225,3 +225,28 @@ def load_json_object(path: str | os.PathLike[str], *, display: str | None = None
     """
     doc = load_json_file(path, display=display, codes=codes)
     return object_or_raise(doc, path=display or str(path), codes=codes)
+
+
+def read_json_input(path: str | os.PathLike[str], *, what: str = "the file or a folder that holds it",
+                    param: str | None = None) -> dict[str, Any]:
+    """Read a JSON object from `path`, a file a caller named (a config, a manifest): errors ask for `what`.
+
+    Args:
+        path: the file.
+        what: what the caller should pass instead, for the error messages.
+        param: the caller's argument the file came from (the errors' `param`).
+
+    Raises:
+        CheckpointNotFoundError: `path` does not exist.
+        UsageError: `path` is a folder, not strict UTF-8 JSON (`jsonio.loads_strict`: no repeated
+            keys, no NaN), or not a JSON object (one line ending `pass <what>`).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder; pass {what}", param=param)
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"{path}: not found; pass {what}", param=param)
+    try:
+        return load_json_object(path)
+    except CheckpointFormatError as e:
+        raise UsageError(f"{e.message}; pass {what}", param=param) from None

@@ -28,10 +28,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import ContractError
 from dspark_hub.format import contract, speculators, taps
 from dspark_hub.format.contract import ParameterCounts, TensorSpec
-from dspark_hub.report import Finding, PairingDraftKeys
+from dspark_hub.report import Finding
 
 #: The family names (`verify.family`) of the registered formats.
 K3_DSPARK = "k3_dspark"
@@ -43,8 +44,11 @@ def _int_or_none(value: Any) -> int | None:
 
 
 @dataclass(frozen=True)
-class PairingKeys:
+class PairingKeys(Document):
     """What a draft config says about the target it pairs with, each with the key it came from."""
+
+    KEYS = ("tap_width", "vocab_size", "draft_vocab_size", "target_layers", "target_layer_ids=taps",
+            "native_layer_ids=native_taps", "native_layer_ids_key=taps_key", "verifier")
 
     tap_width: int | None              # hidden size of each tapped state = the target's hidden size
     tap_width_key: str
@@ -60,12 +64,6 @@ class PairingKeys:
     embedding: str | None              # the draft tensor that must equal the target's embedding, if any
     verifier: str | None = None        # the model the draft was trained against, when recorded
     verifier_architectures: list[str] | None = None
-
-    def to_dict(self) -> PairingDraftKeys:
-        return {"tap_width": self.tap_width, "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
-                "target_layers": self.target_layers, "target_layer_ids": self.taps,
-                "native_layer_ids": self.native_taps, "native_layer_ids_key": self.taps_key,
-                "verifier": self.verifier}
 
 
 @dataclass(frozen=True)

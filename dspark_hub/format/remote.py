@@ -8,7 +8,7 @@
 
 `huggingface_hub` is imported inside the functions (header-level commands never pay for it).
 The token comes from `token=` or huggingface_hub's usual sources (HF_TOKEN, the login file) and is
-never put in a message, nor are the credentials of an endpoint URL: `secrets.redact_tokens` removes
+never put in a message, nor are the credentials of an endpoint URL: `redaction.redact_tokens` removes
 them from any text (the CLI runs every line it prints through it; re-exported here).
 """
 
@@ -29,14 +29,14 @@ from dspark_hub.errors import DsparkError, HubError, MissingDependencyError, Usa
 from dspark_hub.format import hub_bounds, hub_http
 from dspark_hub.format.checkpoint import LocalSource, Source
 from dspark_hub.format.digests import FileDigest
-from dspark_hub.format.secrets import REDACTED, hub_tokens, note_endpoint, redact_tokens
 from dspark_hub.format.urls import check_endpoint, redact_url
+from dspark_hub.redaction import REDACTED, hub_tokens, note_endpoint, redact_tokens
 
 if TYPE_CHECKING:
     import httpx2
     from huggingface_hub import HfApi
 
-#: Where these names lived before `secrets` (imported from here by callers).
+#: Where these names lived before `redaction` (imported from here by callers).
 __all__ = ["REDACTED", "hub_tokens", "redact_tokens"]
 
 HF_SCHEME = "hf://"
@@ -121,7 +121,7 @@ def hf_location(repo_id: str, revision: str | None = None) -> str:
 def resolve_endpoint(endpoint: str | None) -> str:
     """The Hub endpoint to use: the argument, else huggingface_hub's (HF_ENDPOINT at its import).
 
-    The credentials its URL may hold are secrets from now on (`secrets.note_endpoint`).
+    The credentials its URL may hold are secrets from now on (`redaction.note_endpoint`).
 
     Raises:
         UsageError: not an http(s)://host URL (`urls.check_endpoint`).

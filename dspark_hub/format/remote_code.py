@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, RefusedOverwriteError
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.checkpoint import CONFIG_JSON_CODES
@@ -41,16 +42,14 @@ LOAD_CODES: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class ExportResult:
+class ExportResult(Document):
     """What `export_code` changed in the checkpoint folder `path`."""
+
+    SCHEMA = schemas.command("export-code")
 
     path: str
     written: list[str]
     unchanged: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("export-code"), "path": self.path, "written": self.written,
-                "unchanged": self.unchanged}
 
 
 def checkpoint_folder(path: str | os.PathLike[str]) -> Path:

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointNotFoundError, UsageError
 from dspark_hub.format.contract import INDEX_NAME
 from dspark_hub.format.folder import list_folder, open_regular, read_regular
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader, TensorInfo, parse_index, read_header
 from dspark_hub.progress import Progress
-from dspark_hub.report import TensorDigestDict
 
 if TYPE_CHECKING:
     import numpy as np
@@ -97,18 +97,16 @@ class TensorLocation:
 
 
 @dataclass(frozen=True)
-class TensorDigest:
+class TensorDigest(Document):
     """SHA-256 of a tensor's raw bytes, with the dtype and shape that give them meaning."""
+
+    KEYS = ("location", "dtype", "shape", "bytes=nbytes", "sha256")
 
     location: str
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
     sha256: str
-
-    def to_dict(self) -> TensorDigestDict:
-        return {"location": self.location, "dtype": self.dtype, "shape": list(self.shape),
-                "bytes": self.nbytes, "sha256": self.sha256}
 
 
 def view_location(view: CheckpointView, name: str) -> TensorLocation:

@@ -1,31 +1,21 @@
 """URLs of Hub endpoints: their form, their origin, and the credentials they may hold (never shown).
 
 Some artifact proxies are reached as `HF_ENDPOINT=https://user:password@host`. Those credentials are a
-secret like a token: `redact_url` shows them as `<credentials>`, `redact_credentials` does so for every URL in a
-text (an error line, a log record, a JSON document), and `public_url` drops them from a URL that is written to be
-shared (a torrent's web seeds). `origin` is what the token is kept to (`format.hub_http`).
+secret like a token: `redact_url` shows them as `<credentials>` (`redaction.redact_credentials` does so for every
+URL in a text: an error line, a log record, a JSON document), and `public_url` drops them from a URL that is
+written to be shared (a torrent's web seeds). `origin` is what the token is kept to (`format.hub_http`).
 
 Stdlib only.
 """
 
 from __future__ import annotations
 
-import base64
-import re
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from dspark_hub.errors import UsageError
+from dspark_hub.redaction import redact_credentials
 
-#: What credentials in a URL read as.
-CREDENTIALS = "<credentials>"
-#: `scheme://userinfo@`: the userinfo runs to the last `@` before the host ends (`/`, `?`, `#`, a space, a quote).
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/?#\"'<>\\]*@")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def redact_credentials(text: str) -> str:
-    """`text` with the userinfo of every `scheme://user:password@host` in it replaced by `<credentials>`."""
-    return _USERINFO.sub(lambda m: f"{m[1]}{CREDENTIALS}@", text)
 
 
 def redact_url(url: str) -> str:
@@ -39,21 +29,6 @@ def public_url(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-
-
-def credential_strings(url: str) -> list[str]:
-    """The secrets a URL's userinfo makes: the userinfo as written and decoded, the password, and the
-    `Authorization: Basic` value httpx builds from them (a server may quote it back). Empty without userinfo."""
-    netloc = urlsplit(url).netloc
-    if "@" not in netloc:
-        return []
-    userinfo = netloc.rpartition("@")[0]
-    user, _, password = userinfo.partition(":")
-    plain = f"{unquote(user)}:{unquote(password)}"
-    secrets = {userinfo, unquote(userinfo), plain, base64.b64encode(plain.encode()).decode()}
-    if password:
-        secrets.update({password, unquote(password)})
-    return sorted(secrets)
 
 
 def origin(url: str) -> tuple[str, str, int]:

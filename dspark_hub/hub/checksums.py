@@ -10,9 +10,9 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointNotFoundError, RefusedOverwriteError
 from dspark_hub.format.digests import (
     MANIFEST_NAME,
@@ -28,46 +28,31 @@ from dspark_hub.format.digests import (
 )
 from dspark_hub.format.writer import atomic_file
 from dspark_hub.progress import Progress
-from dspark_hub.report import FileProblemDict
-
-
-class ChecksumFilesDict(ManifestListing):
-    """`dspark-hub checksums --json` (`ChecksumFiles.to_dict`)."""
-
-    schema: str
-    path: str
-    sums_path: str
-    manifest_path: str
-
-
-class ChecksumCheckDict(TypedDict):
-    """`dspark-hub checksums --check --json` (`ChecksumCheck.to_dict`)."""
-
-    schema: str
-    ok: bool
-    input: str
-    path: str
-    problems: list[FileProblemDict]
 
 
 @dataclass(frozen=True)
-class ChecksumFiles:
+class ChecksumFiles(Document):
     """What `write_checksums` wrote: the two sidecars for the checkpoint folder `path`."""
+
+    SCHEMA = schemas.command("checksums")
+    KEYS = ("path", "sums_path", "manifest_path", "**listing")
 
     path: Path
     sums_path: Path
     manifest_path: Path
     manifest: Manifest = field(repr=False)
 
-    def to_dict(self) -> ChecksumFilesDict:
-        """`dspark-hub checksums --json`: where the sidecars went and what they list (as `checksums.json`)."""
-        return {"schema": schemas.command("checksums"), "path": str(self.path), "sums_path": str(self.sums_path),
-                "manifest_path": str(self.manifest_path), **self.manifest.listing()}
+    def listing(self) -> ManifestListing:
+        """What the sidecars list (as `checksums.json`)."""
+        return self.manifest.listing()
 
 
 @dataclass(frozen=True)
-class ChecksumCheck:
+class ChecksumCheck(Document):
     """What `check_checksums` found: every file that differs from the sidecars (none when `ok`)."""
+
+    SCHEMA = schemas.command("checksums-check")
+    KEYS = ("ok", "input=path", "path", "problems")
 
     path: Path
     problems: list[FileProblem]
@@ -75,12 +60,6 @@ class ChecksumCheck:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-    def to_dict(self) -> ChecksumCheckDict:
-        # `input` is the folder checked; `path`, the same, stays for readers of version 1
-        return {"schema": schemas.command("checksums-check"), "ok": self.ok, "input": str(self.path),
-                "path": str(self.path),
-                "problems": [p.to_dict() for p in self.problems]}
 
 
 def _checkpoint_folder(folder: Path | str) -> Path:

@@ -18,10 +18,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 from urllib.parse import quote
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointNotFoundError, MissingDependencyError, UsageError
 from dspark_hub.format.digests import (
     GITATTRIBUTES_NAME,
@@ -43,26 +44,13 @@ from dspark_hub.hub.checksums import manifest_text, sums_text
 PackageProgress = Callable[[str, int, int], None]
 
 
-class PackageDict(TypedDict):
-    """`dspark-hub package --json` (`PackageResult.to_dict`)."""
-
-    schema: str
-    input: str
-    path: str
-    files: dict[str, str]           # role -> the file written
-    repo_id: str
-    revision: str
-    infohash: str
-    magnet: str
-    webseeds: list[str]
-    piece_size: int
-    file_count: int
-    total_bytes: int
-
-
 @dataclass(frozen=True)
-class PackageResult:
+class PackageResult(Document):
     """What `package` wrote (the package folder `path`, from the checkpoint folder `input`), and the torrent."""
+
+    SCHEMA = schemas.command("package")
+    KEYS = ("input", "path", "files", "repo_id", "revision", "infohash", "magnet", "webseeds", "piece_size",
+            "file_count", "total_bytes")
 
     input: Path
     path: Path
@@ -75,12 +63,13 @@ class PackageResult:
     piece_size: int
     manifest: Manifest
 
-    def to_dict(self) -> PackageDict:
-        return {"schema": schemas.command("package"), "input": str(self.input), "path": str(self.path),
-                "files": {k: str(v) for k, v in self.files.items()}, "repo_id": self.repo_id,
-                "revision": self.revision, "infohash": self.infohash, "magnet": self.magnet,
-                "webseeds": list(self.webseeds), "piece_size": self.piece_size,
-                "file_count": len(self.manifest.files), "total_bytes": self.manifest.total_bytes}
+    @property
+    def file_count(self) -> int:
+        return len(self.manifest.files)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.manifest.total_bytes
 
 
 def gitattributes_text(manifest: Manifest, patterns: tuple[str, ...]) -> str:

@@ -18,15 +18,16 @@ import importlib.util
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import TYPE_CHECKING, ClassVar, Literal
 from urllib.parse import quote
 
 from dspark_hub import __version__
+from dspark_hub.documents import Document
 from dspark_hub.errors import ChangedMeanwhileError, HubError, UsageError
 from dspark_hub.format.contract import CONFIG_NAME
-from dspark_hub.format.digests import FileDigest, FileDigestDict, FileProblem, Manifest, compute_manifest
+from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest
 from dspark_hub.format.folder import FileStamp, changed_files, list_folder, read_regular, stamp_files
 from dspark_hub.format.hub_http import network_scope
 from dspark_hub.format.remote import (
@@ -39,7 +40,6 @@ from dspark_hub.format.remote import (
 )
 from dspark_hub.format.urls import redact_url
 from dspark_hub.progress import Progress
-from dspark_hub.report import FileProblemDict
 from dspark_hub.verify.against_hub import compare_files, local_digests
 
 if TYPE_CHECKING:
@@ -52,49 +52,13 @@ _LAST = (CONFIG_NAME, "README.md")
 Transfer = Literal["auto", "xet", "lfs"]
 TRANSFERS: tuple[Transfer, ...] = ("auto", "xet", "lfs")
 
-class PlannedFile(FileDigestDict):
-    source: str                     # the local file it is read from
-
-
-class PublishPlanDict(TypedDict):
-    """`publish`'s plan (`PublishPlan.to_dict`): every file in upload order."""
-
-    repo_id: str
-    revision: str
-    endpoint: str
-    private: bool | None
-    tag: str | None
-    commit_message: str
-    transfer: Transfer
-    files: list[PlannedFile]
-    file_count: int
-    total_bytes: int
-    lfs_bytes: int
-
-
-class TransferChoiceDict(TypedDict):
-    name: Literal["xet", "lfs"]
-    reason: str
-
-
-class PublishResultDict(TypedDict):
-    """What `publish` did (`PublishResult.to_dict`)."""
-
-    status: PublishStatus
-    ok: bool
-    refusals: list[str]
-    repo_url: str | None
-    commit_oid: str | None
-    commit_url: str | None
-    tag: str | None
-    transfer: TransferChoiceDict | None
-    plan: PublishPlanDict
-    problems: list[FileProblemDict]
-
 
 @dataclass(frozen=True)
-class PublishPlan:
+class PublishPlan(Document):
     """What `publish` sends, in upload order (LFS weights first, the card and config last)."""
+
+    KEYS = ("repo_id", "revision", "endpoint=shown_endpoint", "private", "tag", "commit_message", "transfer",
+            "files=planned_files", "file_count", "total_bytes", "lfs_bytes")
 
     repo_id: str
     revision: str
@@ -116,25 +80,44 @@ class PublishPlan:
     def lfs_bytes(self) -> int:
         return sum(f.size or 0 for f in self.files if f.lfs)
 
-    def to_dict(self) -> PublishPlanDict:
-        return {"repo_id": self.repo_id, "revision": self.revision, "endpoint": redact_url(self.endpoint),
-                "private": self.private, "tag": self.tag, "commit_message": self.commit_message,
-                "transfer": self.transfer,
-                "files": [{**f.to_dict(), "source": str(self.sources[f.path])} for f in self.files],
-                "file_count": len(self.files), "total_bytes": self.total_bytes, "lfs_bytes": self.lfs_bytes}
+    @property
+    def shown_endpoint(self) -> str:
+        """The endpoint as a document may show it: credentials in its URL read `<credentials>`."""
+        return redact_url(self.endpoint)
+
+    @property
+    def file_count(self) -> int:
+        return len(self.files)
+
+    @property
+    def planned_files(self) -> list[PlannedFile]:
+        """Every file in upload order, with the local file it is read from."""
+        return [PlannedFile(**{f.name: getattr(file, f.name) for f in fields(FileDigest)},
+                            source=str(self.sources[file.path])) for file in self.files]
+
+
+@dataclass(frozen=True)
+class PlannedFile(FileDigest):
+    """A file of the plan: its digest and the local file it is read from."""
+
+    KEYS: ClassVar[tuple[str, ...]] = ("path", "size", "sha256", "blob_id", "lfs", "source")
+
+    source: str = ""
 
 
 PublishStatus = Literal["refused", "dry_run", "published", "unchanged"]
 
 
 @dataclass(frozen=True)
-class PublishResult:
+class PublishResult(Document):
     """The outcome of `publish`.
 
     `status`: `refused` (the preflight named problems; nothing was sent), `dry_run` (the plan
     only), `published` (a new commit) or `unchanged` (every file was already on the Hub).
     `problems` are the post-upload differences between the local digests and the Hub.
     """
+
+    KEYS = ("status", "ok", "refusals", "repo_url", "commit_oid", "commit_url", "tag", "transfer", "plan", "problems")
 
     status: PublishStatus
     plan: PublishPlan
@@ -151,24 +134,13 @@ class PublishResult:
     def ok(self) -> bool:
         return self.status in ("dry_run", "published", "unchanged") and not self.problems
 
-    def to_dict(self) -> PublishResultDict:
-        return {"status": self.status, "ok": self.ok,
-                "refusals": list(self.refusals), "repo_url": self.repo_url, "commit_oid": self.commit_oid,
-                "commit_url": self.commit_url, "tag": self.tag,
-                "transfer": self.transfer.to_dict() if self.transfer is not None else None,
-                "plan": self.plan.to_dict(),
-                "problems": [p.to_dict() for p in self.problems]}
-
 
 @dataclass(frozen=True)
-class TransferChoice:
+class TransferChoice(Document):
     """The transfer an upload used (`xet` or `lfs`) and the reason, in words."""
 
     name: Literal["xet", "lfs"]
     reason: str
-
-    def to_dict(self) -> TransferChoiceDict:
-        return {"name": self.name, "reason": self.reason}
 
 
 def _upload_order(digest: FileDigest) -> tuple[int, str]:

@@ -15,15 +15,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
 from dspark_hub.cards import CardLintReport, lint_card
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.digests import Manifest, checkpoint_files, sha256_file
@@ -34,9 +34,9 @@ from dspark_hub.format.registry import FORMATS, titles
 from dspark_hub.format.remote import validate_repo_id
 from dspark_hub.format.remote_code import export_code
 from dspark_hub.hub.checksums import check_checksums, has_sidecars
-from dspark_hub.hub.publish import PublishResult, PublishResultDict, PublishStatus, Transfer, publish
+from dspark_hub.hub.publish import PublishResult, PublishStatus, Transfer, publish
 from dspark_hub.progress import Progress
-from dspark_hub.report import Report, ReportDict
+from dspark_hub.report import Report
 from dspark_hub.verify.against_hub import local_digests
 from dspark_hub.verify.checks import verify
 from dspark_hub.verify.family import detect
@@ -44,30 +44,11 @@ from dspark_hub.verify.family import detect
 CARD_NAME = "README.md"
 
 
-class GateDict(TypedDict):
-    """The preflight (`Gate.to_dict`): the verify report, the card lint (the cards package's document)."""
-
-    ok: bool
-    refusals: list[str]
-    verify: ReportDict
-    card_lint: Mapping[str, object] | None
-
-
-class PublicationDict(TypedDict):
-    """`dspark-hub publish --json` (`Publication.to_dict`)."""
-
-    schema: str
-    ok: bool
-    status: PublishStatus           # "refused" also when the gate refused (no publish ran)
-    input: str
-    repo_id: str
-    gate: GateDict
-    publish: PublishResultDict | None
-
-
 @dataclass
-class Gate:
+class Gate(Document):
     """What the preflight found: the verify report, the card lint, and the reasons to refuse."""
+
+    KEYS = ("ok", "refusals", "verify", "card_lint=lint")
     verify: Report
     lint: CardLintReport | None
     refusals: list[str] = field(default_factory=list)
@@ -75,10 +56,6 @@ class Gate:
     @property
     def ok(self) -> bool:
         return not self.refusals
-
-    def to_dict(self) -> GateDict:
-        return {"ok": self.ok, "refusals": self.refusals, "verify": self.verify.to_dict(),
-                "card_lint": self.lint.to_dict() if self.lint is not None else None}
 
 
 def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
@@ -176,8 +153,11 @@ def staged_with_code(folder: Path) -> Iterator[Path]:
 
 
 @dataclass
-class Publication:
+class Publication(Document):
     """The gate for publishing the folder `input` to `repo_id` and, when it passed, what `hub.publish` did."""
+
+    SCHEMA = schemas.command("publish")
+    KEYS = ("ok", "status", "input", "repo_id", "gate", "publish=result")
     input: str
     repo_id: str
     gate: Gate
@@ -187,11 +167,10 @@ class Publication:
     def ok(self) -> bool:
         return self.gate.ok and (self.result is None or self.result.ok)
 
-    def to_dict(self) -> PublicationDict:
-        return {"schema": schemas.command("publish"), "ok": self.ok,
-                "status": self.result.status if self.result is not None else "refused",
-                "input": self.input, "repo_id": self.repo_id,
-                "gate": self.gate.to_dict(), "publish": self.result.to_dict() if self.result is not None else None}
+    @property
+    def status(self) -> PublishStatus:
+        """The publish status; `refused` also when the gate refused (no publish ran)."""
+        return self.result.status if self.result is not None else "refused"
 
 
 def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in: str | None = None,

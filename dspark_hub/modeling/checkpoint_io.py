@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import torch
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
 from dspark_hub.format import contract
 from dspark_hub.format.folder import folder_files
@@ -39,8 +40,10 @@ _SOURCE_ATTR = "_dspark_source"
 
 
 @dataclass
-class LoadedCheckpoint:
+class LoadedCheckpoint(Document):
     """A checkpoint loaded into a `K3DSparkModel`, with what is needed to write it back alike."""
+
+    KEYS = ("metadata", "missing_keys", "unexpected_keys", "mismatched_keys")
 
     model: K3DSparkModel
     config: dict[str, Any]
@@ -53,13 +56,9 @@ class LoadedCheckpoint:
     def ok(self) -> bool:
         return not (self.missing_keys or self.unexpected_keys or self.mismatched_keys)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"metadata": self.metadata, "missing_keys": self.missing_keys,
-                "unexpected_keys": self.unexpected_keys, "mismatched_keys": self.mismatched_keys}
-
 
 @dataclass(frozen=True)
-class SaveResult:
+class SaveResult(Document):
     """What `save_checkpoint` wrote."""
 
     folder: str
@@ -67,10 +66,6 @@ class SaveResult:
     dtype: str
     metadata: dict[str, str] | None
     config_keys: list[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"folder": self.folder, "tensor_count": self.tensor_count, "dtype": self.dtype,
-                "metadata": self.metadata, "config_keys": self.config_keys}
 
 
 # ----------------------------------------------------------------------------- load

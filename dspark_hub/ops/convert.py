@@ -45,6 +45,7 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub._text import plural
+from dspark_hub.documents import Document
 from dspark_hub.errors import ConversionRefusedError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
@@ -68,15 +69,12 @@ DTYPE_ALIAS = "dtype"
 
 
 @dataclass(frozen=True)
-class Change:
+class Change(Document):
     """One thing convert did (or deliberately did not do)."""
 
     kind: str
     target: str
     detail: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "target": self.target, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -92,8 +90,11 @@ class TensorPlan:
 
 
 @dataclass
-class ConvertReport:
+class ConvertReport(Document):
     """What `convert` wrote and every change it made."""
+
+    SCHEMA = SCHEMA
+    KEYS = ("ok", "input=src", "path=dst", "tensors", "weights_bytes", "changes", "verify=verify_outcome")
 
     src: str
     dst: str
@@ -108,11 +109,9 @@ class ConvertReport:
         """DST was written and passes a header-level verify."""
         return self.verify_ok
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "ok": self.ok, "input": self.src, "path": self.dst, "tensors": self.tensors,
-                "weights_bytes": self.weights_bytes, "changes": [c.to_dict() for c in self.changes],
-                "verify": {"ok": self.verify_ok,
-                           "errors": [{"code": c, "where": w} for c, w in self.verify_errors]}}
+    @property
+    def verify_outcome(self) -> dict[str, Any]:
+        return {"ok": self.verify_ok, "errors": [{"code": c, "where": w} for c, w in self.verify_errors]}
 
 
 # ---------------------------------------------------------------- names

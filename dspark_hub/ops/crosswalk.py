@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.registry import DraftFormat
@@ -52,8 +53,11 @@ def grouped(names: list[str]) -> list[str]:
 
 
 @dataclass
-class Crosswalk:
+class Crosswalk(Document):
     """A source checkpoint's tensors against another format's layout."""
+
+    KEYS = ("source=source_name", "target=target_name", "lossless", "mapped", "no_counterpart=missing_counterparts",
+            "no_source=missing_sources", "taps")
 
     source: DraftFormat
     target: DraftFormat
@@ -66,6 +70,23 @@ class Crosswalk:
     def lossless(self) -> bool:
         return not self.no_counterpart and not self.no_source
 
+    @property
+    def source_name(self) -> str:
+        return self.source.name
+
+    @property
+    def target_name(self) -> str:
+        return self.target.name
+
+    @property
+    def missing_counterparts(self) -> list[str]:
+        """`no_counterpart`, numbered runs grouped (`layers.{0..1}.x`)."""
+        return grouped(self.no_counterpart)
+
+    @property
+    def missing_sources(self) -> list[str]:
+        return grouped(self.no_source)
+
     def reason(self) -> str:
         parts = []
         if self.no_counterpart:
@@ -74,11 +95,6 @@ class Crosswalk:
         if self.no_source:
             parts.append(f"{', '.join(grouped(self.no_source))} would have no source")
         return "; ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source.name, "target": self.target.name, "lossless": self.lossless,
-                "mapped": dict(self.mapped), "no_counterpart": grouped(self.no_counterpart),
-                "no_source": grouped(self.no_source), "taps": self.taps}
 
 
 def _target_taps(config: Mapping[str, Any], source: DraftFormat, target: DraftFormat) -> dict[str, Any]:

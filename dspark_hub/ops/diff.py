@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_checkpoint
 from dspark_hub.format.tensorio import (
     TensorLocation,
@@ -64,16 +65,13 @@ CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)
-class TensorDelta:
+class TensorDelta(Document):
     """How one tensor changed from A to B."""
 
     identical: bool
     rel_l2: float | None
     #: ||b - a||, the change itself: what says how much a tensor that is zero in A (rel_l2 null) changed
     abs_l2: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"identical": self.identical, "rel_l2": self.rel_l2, "abs_l2": self.abs_l2}
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """`init`: write a conforming k3_dspark checkpoint from a profile or a config (streamed, atomic).
 
 The frozen `embed_tokens.weight` is a copy of the target's embedding in a real draft. With
-`embed_from=TEACHER` it is copied from the teacher, bit for bit, streamed (never the whole teacher
-in memory), found where the target keeps it (`contract.TEACHER_EMBED_NAMES`, single file or
+`embed_from=TARGET` it is copied from the target, bit for bit, streamed (never the whole target
+in memory), found where the target keeps it (`contract.TARGET_EMBED_NAMES`, single file or
 sharded, as `verify --target` finds it), and cast to the draft's BF16 with round to nearest even
-when the teacher stores F32 or F16. Without it the embedding is random (or zeros), and the result
+when the target stores F32 or F16. Without it the embedding is random (or zeros), and the result
 says so (`InitResult.embedding`): pairing checks against the target fail until it is copied.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.contract import TensorSpec
@@ -42,17 +43,19 @@ from dspark_hub.progress import Progress, announce_total
 INIT_STD = 0.02
 INIT_KINDS = ("random", "zeros")
 _CHUNK_BYTES = 64 << 20
-#: Bytes of the teacher's embedding read at a time (an F32 piece and its BF16 cast stay under ~100 MB).
+#: Bytes of the target's embedding read at a time (an F32 piece and its BF16 cast stay under ~100 MB).
 _EMBED_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
-class EmbeddingSource:
+class EmbeddingSource(Document):
     """Where the written `embed_tokens.weight` came from."""
 
+    KEYS = ("source=kind", "teacher=target", "teacher_dtype=target_dtype", "cast")
+
     kind: Literal["teacher", "random", "zeros"]
-    teacher: str | None = None    # `path:tensor` of the teacher's embedding
-    teacher_dtype: str | None = None
+    target: str | None = None    # `path:tensor` of the target's embedding
+    target_dtype: str | None = None
     cast: str | None = None       # e.g. "BF16 rounding (nearest even) of the F32", when the dtypes differ
 
     @property
@@ -62,15 +65,15 @@ class EmbeddingSource:
             return None
         return (f"embed_tokens.weight is {self.kind}, not the target's embedding: a draft shares its target's "
                 "embedding frozen, so a pairing check against the target fails until the target's embedding "
-                "is copied in (init_checkpoint(..., embed_from=TEACHER))")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.kind, "teacher": self.teacher, "teacher_dtype": self.teacher_dtype, "cast": self.cast}
+                "is copied in (init_checkpoint(..., embed_from=TARGET))")
 
 
 @dataclass(frozen=True)
-class InitResult:
+class InitResult(Document):
     """What `init_checkpoint` wrote."""
+
+    SCHEMA = schemas.command("init")
+    KEYS = ("path", "profile", "init", "seed", "weights_bytes", "embedding", "warnings")
 
     path: Path
     profile: str | None      # None when a config was given instead
@@ -82,11 +85,6 @@ class InitResult:
     @property
     def warnings(self) -> list[str]:
         return [w for w in (self.embedding.warning,) if w]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": schemas.command("init"), "path": str(self.path), "profile": self.profile,
-                "init": self.init, "seed": self.seed, "weights_bytes": self.weights_bytes,
-                "embedding": self.embedding.to_dict(), "warnings": self.warnings}
 
 
 def _is_norm(name: str) -> bool:
@@ -125,20 +123,20 @@ def init_chunks(kind: str, seed: int) -> Callable[[TensorSpec], Iterator[BytesLi
     return produce
 
 
-def teacher_embedding(teacher: str | os.PathLike[str], spec: TensorSpec) -> TensorLocation:
-    """The teacher's embedding, checked against the draft's `embed_tokens.weight` (headers only).
+def target_embedding(target: str | os.PathLike[str], spec: TensorSpec) -> TensorLocation:
+    """The target's embedding, checked against the draft's `embed_tokens.weight` (headers only).
 
     Raises:
-        CheckpointNotFoundError: `teacher` does not exist.
+        CheckpointNotFoundError: `target` does not exist.
         UsageError: it holds no embedding, its shape is not the draft's [vocab_size, hidden_size], or
             its dtype has no exact cast to the draft's.
     """
     with about("embed_from"):
-        found = locate_tensor(teacher, contract.TEACHER_EMBED_NAMES)
+        found = locate_tensor(target, contract.TARGET_EMBED_NAMES)
     shape, dtype = tuple(found.info.shape), found.info.dtype
     if shape != spec.shape:
         raise UsageError(f"{found.describe()} is {list(shape)}, the draft's {spec.name} is {list(spec.shape)} "
-                         "(vocab_size x hidden_size); pass the teacher the draft is built for", param="embed_from")
+                         "(vocab_size x hidden_size); pass the target the draft is built for", param="embed_from")
     if dtype != spec.dtype and (dtype, spec.dtype) not in EXACT_CASTS:
         raise UsageError(f"{found.describe()} is {dtype}; only {spec.dtype} or "
                          f"{' / '.join(sorted(a for a, b in EXACT_CASTS if b == spec.dtype))} convert exactly to the "
@@ -148,7 +146,7 @@ def teacher_embedding(teacher: str | os.PathLike[str], spec: TensorSpec) -> Tens
 
 def _with_embedding(chunks: Callable[[TensorSpec], Iterator[BytesLike]],
                     source: TensorLocation) -> Callable[[TensorSpec], Iterator[BytesLike]]:
-    """`chunks`, except that `embed_tokens.weight` streams from the teacher (cast when the dtypes differ)."""
+    """`chunks`, except that `embed_tokens.weight` streams from the target (cast when the dtypes differ)."""
     def produce(spec: TensorSpec) -> Iterator[BytesLike]:
         if spec.name != contract.FROZEN_TENSORS[0]:
             yield from chunks(spec)
@@ -173,7 +171,7 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
         init: `random` (seeded N(0, 0.02) matrices) or `zeros`; norms are always ones.
         seed: seed for `random`.
         force: replace an existing `dst`.
-        embed_from: a teacher checkpoint (folder, sharded or not, or a .safetensors file) whose
+        embed_from: a target checkpoint (folder, sharded or not, or a .safetensors file) whose
             embedding becomes `embed_tokens.weight`, bit for bit (F32/F16 rounded to nearest even).
         progress: called with the number of tensor bytes written (see `dspark_hub.progress`).
         extra_files: name -> bytes written beside the weights (e.g. `init --target`'s provenance).
@@ -186,7 +184,7 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
     Raises:
         RefusedOverwriteError: `dst` exists and `force` is False (checked before any work).
         UsageError: `init` is not a known kind, `dst` is the current folder or a parent of it, or the
-            teacher's embedding does not fit the draft (checked before anything is written).
+            target's embedding does not fit the draft (checked before anything is written).
         CheckpointNotFoundError: `embed_from` does not exist.
     """
     refuse_own_inputs(dst, [("embed_from", embed_from)], param="dst", folder=True)
@@ -198,9 +196,9 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
     embedding = EmbeddingSource("zeros" if init == "zeros" else "random")
     if embed_from is not None:
         spec = roster[contract.FROZEN_TENSORS[0]]
-        source = teacher_embedding(embed_from, spec)
+        source = target_embedding(embed_from, spec)
         chunks = _with_embedding(chunks, source)
-        embedding = EmbeddingSource("teacher", teacher=source.describe(), teacher_dtype=source.info.dtype,
+        embedding = EmbeddingSource("teacher", target=source.describe(), target_dtype=source.info.dtype,
                                     cast=None if source.info.dtype == spec.dtype
                                     else cast_text(source.info.dtype, spec.dtype))
     announce_total(progress, sum(s.nbytes for s in specs))

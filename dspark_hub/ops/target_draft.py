@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_hub import schemas
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format import contract, speculators, writer
 from dspark_hub.format.jsonio import loads_strict
@@ -127,13 +128,10 @@ def read_target(target: str | Path) -> TargetFacts:
 # ---------------------------------------------------------------- the mask token
 
 @dataclass(frozen=True)
-class MaskChoice:
+class MaskChoice(Document):
     id: int
     content: str | None
     reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "content": self.content, "reason": self.reason}
 
 
 def _added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
@@ -438,7 +436,7 @@ def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, An
                        counts: Mapping[int, int], seed: int, init: str, force: bool,
                        checked: Checked) -> TargetInitResult:
     tied = facts.config.get("tie_word_embeddings", False) is True
-    head = locate_tensor(facts.path, contract.TEACHER_EMBED_NAMES if tied else ("lm_head.weight",))
+    head = locate_tensor(facts.path, contract.TARGET_EMBED_NAMES if tied else ("lm_head.weight",))
     dtype = head.info.dtype if head.info.dtype in _SPECULATORS_DTYPES else contract.CONTRACT_DTYPE
     vocab = (draft_vocabulary(counts, facts.vocab_size, draft_vocab, always=[common["mask"].id])
              if draft_vocab < facts.vocab_size else None)

@@ -6,18 +6,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_hub.documents import Document
 from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest, git_blob_sha1
 from dspark_hub.format.folder import folder_files, read_regular
 from dspark_hub.format.hub_http import network_scope
 from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
 from dspark_hub.progress import Progress
-from dspark_hub.report import AgainstHubSection
 
 
 @dataclass(frozen=True)
-class HubComparison:
+class HubComparison(Document):
     """Local files against a Hub revision. The Hub is the reference: `missing` = not in the folder,
     `extra` = in the folder but not on the Hub, `mismatch` = size or digest differs."""
+
+    KEYS = ("location", "commit", "files_compared", "ok", "problems")
 
     location: str
     commit: str
@@ -27,11 +29,6 @@ class HubComparison:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-    def to_dict(self) -> AgainstHubSection:
-        return {"location": self.location, "commit": self.commit,
-                "files_compared": self.files_compared, "ok": self.ok,
-                "problems": [p.to_dict() for p in self.problems]}
 
 
 def compare_files(folder: Path, local: Iterable[FileDigest], remote: Mapping[str, FileDigest], *,

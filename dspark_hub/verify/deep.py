@@ -3,7 +3,7 @@
 One streaming pass per weight file (`verify.file_scan`) computes the file's SHA-256 and, per tensor
 (`verify.tensor_stats`), the count of NaN and inf values, whether it is all zeros, and its mean, std
 and max |x|. This module turns the scans into findings and report sections, and compares the draft's
-frozen embedding with the teacher's.
+frozen embedding with the target's.
 
 On two idle cores the scan runs beside the hash and `--deep` takes about as long as hashing
 alone; when other processes keep every core busy, the wall time tends to the CPU-time ratio
@@ -23,14 +23,14 @@ alone; when other processes keep every core busy, the wall time tends to the CPU
 `sections["frozen_embed"]` (JSON)::
 
     {
-      "teacher": str,                    # the TEACHER argument as given
+      "target": str,                    # the TARGET argument as given
       "draft": {"location", "dtype", "shape", "bytes", "sha256"}|null,
-      "teacher_tensor": {"location", "dtype", "shape", "bytes", "sha256"},   # as stored
-      "target_cast": {...}|null,         # the teacher's values cast to the draft's dtype (when they differ)
-      "compared_as": "bytes"|"cast"|null,  # bytes: same dtype; cast: exact round-to-nearest-even of the teacher
+      "target_tensor": {"location", "dtype", "shape", "bytes", "sha256"},   # as stored
+      "target_cast": {...}|null,         # the target's values cast to the draft's dtype (when they differ)
+      "compared_as": "bytes"|"cast"|null,  # bytes: same dtype; cast: exact round-to-nearest-even of the target
       "identical": bool|null,            # null when the draft has no embed_tokens.weight
       "verdict": str|null                # "bit-identical", "identical after BF16 rounding (nearest even) of
-    }                                    # the F32 teacher", or "different"
+    }                                    # the F32 target", or "different"
 
 Findings: `TENSOR_NAN`, `TENSOR_INF`, `TENSOR_ALL_ZERO` (a weight matrix, ndim >= 2; a zero bias
 or norm is not an error) and `FROZEN_EMBED_MISMATCH`, all errors naming the tensor.
@@ -42,6 +42,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from dspark_hub._compat import renamed_keywords
 from dspark_hub.errors import UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, LocalSource
@@ -88,23 +89,23 @@ def deep_section(scans: list[FileScan]) -> DeepSection:
 
 @dataclass
 class FrozenEmbedResult:
-    """The draft's `embed_tokens.weight` against the teacher's embedding, compared in the draft's dtype."""
+    """The draft's `embed_tokens.weight` against the target's embedding, compared in the draft's dtype."""
 
-    teacher: str
+    target: str
     draft: TensorDigest | None
-    teacher_tensor: CastDigest
+    target_tensor: CastDigest
 
     @property
     def comparison(self) -> EmbeddingComparison:
-        return compare_embeddings(self.draft, self.teacher_tensor, who="teacher")
+        return compare_embeddings(self.draft, self.target_tensor, who="target")
 
     @property
     def identical(self) -> bool | None:
         return self.comparison.identical
 
     def to_dict(self) -> FrozenEmbedSection:
-        return {"teacher": self.teacher, "draft": self.draft.to_dict() if self.draft else None,
-                "teacher_tensor": self.teacher_tensor.stored.to_dict(), **self.comparison.to_dict()}
+        return {"teacher": self.target, "draft": self.draft.to_dict() if self.draft else None,
+                "teacher_tensor": self.target_tensor.stored.to_dict(), **self.comparison.to_dict()}
 
     def findings(self) -> list[Finding]:
         comparison = self.comparison
@@ -112,10 +113,10 @@ class FrozenEmbedResult:
             return []
         assert self.draft is not None
         return [error("FROZEN_EMBED_MISMATCH", contract.FROZEN_TENSORS[0],
-                      f"{self.draft.location} is not {comparison.sameness} the teacher's "
-                      f"{self.teacher_tensor.stored.location} ({comparison.evidence})",
-                      "copy the teacher's embedding unchanged (a new draft: 'dspark-hub init DIR --embed-from "
-                      "TEACHER'); the draft must share it frozen")]
+                      f"{self.draft.location} is not {comparison.sameness} the target's "
+                      f"{self.target_tensor.stored.location} ({comparison.evidence})",
+                      "copy the target's embedding unchanged (a new draft: 'dspark-hub init DIR --embed-from "
+                      "TARGET'); the draft must share it frozen")]
 
 
 def draft_location(view: CheckpointView, name: str) -> TensorLocation | None:
@@ -124,24 +125,25 @@ def draft_location(view: CheckpointView, name: str) -> TensorLocation | None:
     return view_location(view, name) if name in view.tensors else None
 
 
-def check_frozen_embed(view: CheckpointView, teacher: str | os.PathLike[str], *,
+@renamed_keywords(teacher="target")
+def check_frozen_embed(view: CheckpointView, target: str | os.PathLike[str], *,
                        progress: Progress | None = None) -> FrozenEmbedResult:
-    """Hash the draft's and the teacher's embedding in place (in parallel) and compare them in the draft's dtype.
+    """Hash the draft's and the target's embedding in place (in parallel) and compare them in the draft's dtype.
 
-    A teacher stored in F32 or F16 is also hashed as its exact BF16 rounding, in the same read
+    A target stored in F32 or F16 is also hashed as its exact BF16 rounding, in the same read
     (`verify.embedding`).
 
     Raises:
-        CheckpointNotFoundError: the teacher path does not exist.
-        UsageError: the teacher holds none of `contract.TEACHER_EMBED_NAMES`.
+        CheckpointNotFoundError: the target path does not exist.
+        UsageError: the target holds none of `contract.TARGET_EMBED_NAMES`.
     """
-    teacher_loc = locate_tensor(teacher, contract.TEACHER_EMBED_NAMES)
+    target_loc = locate_tensor(target, contract.TARGET_EMBED_NAMES)
     draft_loc = draft_location(view, contract.FROZEN_TENSORS[0])
     as_dtype = draft_loc.info.dtype if draft_loc else None
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="deep-embed") as pool:
-        teacher_job = pool.submit(location_digest, teacher_loc, as_dtype=as_dtype, progress=progress)
+        target_job = pool.submit(location_digest, target_loc, as_dtype=as_dtype, progress=progress)
         draft_job = pool.submit(tensor_digest, draft_loc, progress=progress) if draft_loc else None
-        return FrozenEmbedResult(teacher=os.fspath(teacher), teacher_tensor=teacher_job.result(),
+        return FrozenEmbedResult(target=os.fspath(target), target_tensor=target_job.result(),
                                  draft=draft_job.result() if draft_job else None)
 
 
@@ -168,8 +170,8 @@ def planned_bytes(view: CheckpointView, *, deep: bool = False,
         total = sum(view.files[name] for name in view.headers) if deep else 0
         if frozen_embed is not None:
             draft = draft_location(view, contract.FROZEN_TENSORS[0])
-            teacher: TensorInfo = locate_tensor(frozen_embed, contract.TEACHER_EMBED_NAMES).info
-            total += teacher.nbytes + (draft.info.nbytes if draft else 0)
+            target: TensorInfo = locate_tensor(frozen_embed, contract.TARGET_EMBED_NAMES).info
+            total += target.nbytes + (draft.info.nbytes if draft else 0)
         return total
     except Exception:   # the real run reports the problem; a progress total is best effort
         return None

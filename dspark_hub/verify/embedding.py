@@ -19,7 +19,7 @@ from dspark_hub.report import EmbeddingVerdict
 
 @dataclass(frozen=True)
 class EmbeddingComparison:
-    """The verdict on a draft embedding against a target (or teacher) embedding."""
+    """The verdict on a draft embedding against a target (or target) embedding."""
 
     draft: TensorDigest | None
     target: CastDigest | None

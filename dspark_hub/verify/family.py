@@ -43,9 +43,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dspark_hub.documents import Document
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.registry import FORMATS, K3, K3_DSPARK, SPECULATORS, DraftFormat
-from dspark_hub.report import FamilySection
 from dspark_hub.vllm.pin import PINNED_VERSION
 
 _NOT_SERVED = {"tokenspeed": None, "sglang": None, "atom": None}
@@ -101,8 +101,10 @@ _LAYER = re.compile(r"^(?:model\.|module\.|_orig_mod\.)?layers\.\d+\.")
 
 
 @dataclass
-class Fingerprint:
+class Fingerprint(Document):
     """The family a checkpoint belongs to and why."""
+
+    KEYS = ("family", "title", "confidence", "evidence", "methods", "config_model_type", "format", "speculators_type")
 
     family: str
     confidence: str                       # "config" | "names" | "config+names" | "none"
@@ -113,11 +115,22 @@ class Fingerprint:
     def spec(self) -> FamilySpec:
         return FAMILIES[self.family]
 
-    def to_dict(self) -> FamilySection:
-        return {"family": self.family, "title": self.spec.title, "confidence": self.confidence,
-                "evidence": self.evidence, "methods": dict(self.spec.methods),
-                "config_model_type": self.config_model_type, "format": self.spec.format,
-                "speculators_type": self.spec.speculators_type}
+    @property
+    def title(self) -> str:
+        return self.spec.title
+
+    @property
+    def methods(self) -> dict[str, str | None]:
+        """Each runtime's method name for the family (None: the runtime does not serve it)."""
+        return dict(self.spec.methods)
+
+    @property
+    def format(self) -> str:
+        return self.spec.format
+
+    @property
+    def speculators_type(self) -> str | None:
+        return self.spec.speculators_type
 
 
 def methods_text(spec: FamilySpec) -> str:

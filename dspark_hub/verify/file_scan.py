@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError
 from dspark_hub.format.folder import open_regular
 from dspark_hub.format.reader import SafetensorsHeader
 from dspark_hub.progress import Progress
-from dspark_hub.report import FileScanDict
 from dspark_hub.verify.tensor_stats import FileScanner, TensorStats
 
 RING_DEPTH = 4
@@ -35,10 +35,11 @@ RING_DEPTH = 4
 WINDOW_BYTES = 8 << 20
 
 
-
 @dataclass
-class FileScan:
+class FileScan(Document):
     """One scanned weight file: its digest and the statistics of its tensors."""
+
+    KEYS = ("name", "size", "sha256", "seconds=rounded_seconds")
 
     name: str
     size: int
@@ -46,8 +47,10 @@ class FileScan:
     seconds: float
     tensors: list[TensorStats] = field(default_factory=list)
 
-    def to_dict(self) -> FileScanDict:
-        return {"name": self.name, "size": self.size, "sha256": self.sha256, "seconds": round(self.seconds, 3)}
+    @property
+    def rounded_seconds(self) -> float:
+        """The hashing time, to the millisecond."""
+        return round(self.seconds, 3)
 
 
 class _Job:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
+from dspark_hub.documents import Document
 from dspark_hub.errors import (
     CheckpointNotFoundError,
     ContractError,
@@ -118,32 +119,11 @@ class LmHeadStandin(TypedDict):
 LmHead = LmHeadFile | LmHeadStandin
 
 
-class GoldenWriteDict(TypedDict):
-    """`dspark-hub golden --json` (`GoldenWrite.to_dict`)."""
-
-    schema: str
-    path: str
-    input: str
-    cases: dict[str, int]
-    tensors: list[str]
-    lm_head: LmHead
-    bytes: int
-
-
-class GoldenCheckDict(TypedDict):
-    """`dspark-hub golden check --json` (`GoldenCheck.to_dict`)."""
-
-    schema: str
-    ok: bool
-    input: str
-    fixture: str
-    problems: list[str]
-    comparisons: list[Comparison]
-
-
 @dataclass(frozen=True)
-class GoldenWrite:
+class GoldenWrite(Document):
     """What `write_golden` wrote: the fixture `path` of the checkpoint `input`."""
+
+    SCHEMA = schemas.command("golden-write")
 
     path: Path
     input: Path
@@ -152,14 +132,13 @@ class GoldenWrite:
     lm_head: LmHead
     bytes: int
 
-    def to_dict(self) -> GoldenWriteDict:
-        return {"schema": schemas.command("golden-write"), "path": str(self.path), "input": str(self.input),
-                "cases": self.cases, "tensors": self.tensors, "lm_head": self.lm_head, "bytes": self.bytes}
-
 
 @dataclass
-class GoldenCheck:
+class GoldenCheck(Document):
     """The outcome of `check_golden` of the checkpoint `input` against `fixture`: every comparison, what differs."""
+
+    SCHEMA = schemas.command("golden-check")
+    KEYS = ("ok", "input", "fixture", "problems", "comparisons")
 
     fixture: str
     input: str
@@ -169,10 +148,6 @@ class GoldenCheck:
     @property
     def ok(self) -> bool:
         return not self.problems and all(c["ok"] for c in self.comparisons)
-
-    def to_dict(self) -> GoldenCheckDict:
-        return {"schema": schemas.command("golden-check"), "ok": self.ok, "input": self.input,
-                "fixture": self.fixture, "problems": self.problems, "comparisons": self.comparisons}
 
 
 def _weight_digests(folder: Path) -> dict[str, str]:

@@ -54,6 +54,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, HubError, UsageError, about
 from dspark_hub.format import contract
 from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint, read_at_most
@@ -69,7 +70,6 @@ from dspark_hub.report import (
     PairedEmbedding,
     PairingSection,
     Report,
-    TokenDict,
     error,
     info,
     warning,
@@ -79,7 +79,7 @@ from dspark_hub.verify.family import detect
 
 CHUNK_BYTES = 16 << 20
 #: Where a target checkpoint keeps its input embedding (plain, HF causal-LM, multimodal wrappers).
-TARGET_EMBED_NAMES = contract.TEACHER_EMBED_NAMES
+TARGET_EMBED_NAMES = contract.TARGET_EMBED_NAMES
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _RESERVED = re.compile(r"reserved|mask|<\|.*\|>|^\[.*\]$|^<.*>$", re.IGNORECASE)
 _HF_METADATA = ".cache/huggingface/download/config.json.metadata"
@@ -173,14 +173,11 @@ def target_revision(view: CheckpointView) -> tuple[str | None, str | None]:
 # ---------------------------------------------------------------- mask token
 
 @dataclass(frozen=True)
-class TokenInfo:
+class TokenInfo(Document):
     id: int
     content: str
     special: bool | None
     where: str
-
-    def to_dict(self) -> TokenDict:
-        return {"id": self.id, "content": self.content, "special": self.special, "where": self.where}
 
 
 def find_token(view: CheckpointView, token_id: int) -> TokenInfo | None:

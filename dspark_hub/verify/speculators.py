@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dspark_hub._text import short_json
+from dspark_hub.documents import Document
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.jsonio import is_int
 from dspark_hub.format.taps import aux_id_findings
@@ -30,7 +31,7 @@ V = f"vLLM {PINNED_VERSION} "
 
 
 @dataclass(frozen=True)
-class ConfigRule:
+class ConfigRule(Document):
     """One config rule, where it comes from, and how we know."""
 
     id: str
@@ -41,9 +42,6 @@ class ConfigRule:
     @property
     def note(self) -> str:
         return f"[{self.source}; {self.evidence}]"
-
-    def to_dict(self) -> dict[str, str]:
-        return {"id": self.id, "rule": self.rule, "source": self.source, "evidence": self.evidence}
 
 
 RULES: dict[str, ConfigRule] = {r.id: r for r in (
@@ -96,7 +94,7 @@ RULES: dict[str, ConfigRule] = {r.id: r for r in (
                + V + "model_executor/models/qwen3_dspark.py:220, 366-368", "executed"),
     ConfigRule("sliding_window_non_causal", "sliding_window_non_causal is not carried over to vLLM (its block is "
                "causal on sliding-window layers)", V + "algos.py:197-209", "executed"),
-    ConfigRule("dtype", "dtype names the float dtype of the tensors", S + "train/checkpointer.py:282-298 "
+    ConfigRule("dtype", "dtype names the float dtype of the tensors", S + "train/finetuning/checkpointer.py:282-298 "
                "(patch_config_dtype)", "read"),
 )}
 
@@ -113,7 +111,6 @@ BOOLEAN_FLAGS = ("enable_confidence_head", "confidence_head_with_markov", "sampl
 
 def _fmt(value: object) -> str:
     return short_json(value)
-
 
 
 def _rule(rule_id: str, key: str, message: str, hint: str, *, severity: str = "error",

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dspark_hub.documents import Document
 from dspark_hub.format.reader import DTYPE_SIZES, SafetensorsHeader
 from dspark_hub.format.tensorio import FLOAT_BITS, decode_float
-from dspark_hub.report import TensorStatsDict
 
 #: Elements per numpy call in the stats thread: small enough that the slice and its temporaries stay in L2.
 SLICE_ELEMENTS = 1 << 17
@@ -124,8 +124,10 @@ def _json_float(x: float) -> float | None:
 
 
 @dataclass
-class TensorStats:
+class TensorStats(Document):
     """Streaming statistics of one tensor."""
+
+    KEYS = ("file", "dtype", "shape", "nan", "inf", "all_zero", "mean", "std", "max_abs")
 
     name: str
     file: str
@@ -159,6 +161,16 @@ class TensorStats:
         var = self.total_sq / self.finite - mean * mean
         return _json_float(mean), _json_float(math.sqrt(max(0.0, var)) if math.isfinite(var) else var)
 
+    @property
+    def mean(self) -> float | None:
+        """The mean of the finite values (None where float32 partial sums overflowed)."""
+        return self.mean_std()[0]
+
+    @property
+    def std(self) -> float | None:
+        """The population std of the finite values (None where float32 partial sums overflowed)."""
+        return self.mean_std()[1]
+
     def max_abs(self) -> float | None:
         if not self.is_float or self.finite == 0:
             return None
@@ -166,11 +178,6 @@ class TensorStats:
             return float(FP8[self.dtype].values[self.max_bits])
         bits_dtype = FLOAT_BITS[self.dtype][0]
         return float(decode_float(np.array([self.max_bits], dtype=bits_dtype).tobytes(), self.dtype)[0])
-
-    def to_dict(self) -> TensorStatsDict:
-        mean, std = self.mean_std()
-        return {"file": self.file, "dtype": self.dtype, "shape": list(self.shape), "nan": self.nan,
-                "inf": self.inf, "all_zero": self.all_zero, "mean": mean, "std": std, "max_abs": self.max_abs()}
 
 
 class _Accumulator:

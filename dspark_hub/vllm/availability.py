@@ -1,9 +1,13 @@
-"""Whether vLLM can be imported in this Python, and the one hint that says how to get it."""
+"""Whether vLLM can be imported in this Python, the one hint that says how to get it, and what its CPU build
+cannot run (a target whose attention head size its CPU attention lacks)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 from dspark_hub.errors import MissingDependencyError
 from dspark_hub.vllm.pin import PINNED_VERSION
@@ -30,3 +34,44 @@ def missing_vllm(what: str, python: str | None = None, *, param: str | None = No
     """The error for `what` needing vLLM that `python` (default: this one) cannot import."""
     return MissingDependencyError(f"{what} needs vLLM {PINNED_VERSION}: {python or sys.executable} cannot import "
                                   f"vllm; {INSTALL_HINT}", param=param)
+
+
+#: Head sizes vLLM 0.32's CPU attention takes (`CPUAttentionBackend.get_supported_head_sizes`), if it cannot be asked.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def head_dim(config: dict[str, Any]) -> int | None:
+    """The target's attention head size: `head_dim`, else `hidden_size / num_attention_heads` (text config)."""
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    value = text.get("head_dim")
+    if isinstance(value, int) and value > 0:
+        return value
+    hidden, heads = text.get("hidden_size"), text.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
+
+
+def cpu_head_dim_problem(config: dict[str, Any], target: str | Path,
+                         sizes: tuple[int, ...] = CPU_HEAD_SIZES) -> str | None:
+    """Why vLLM's CPU attention cannot run the target of `config` (its head size), or None when it can."""
+    size = head_dim(config)
+    if size is None or size in sizes:
+        return None
+    return (f"{target}: head_dim is {size}; vLLM's CPU attention needs head_dim >= 32 (one of "
+            f"{', '.join(map(str, sizes))}), so run this target on a GPU, or with the transformers engine, or "
+            "make a toy target with a larger head ('dspark-hub init-teacher DIR --head-dim 32')")
+
+
+def engine_python(python: str | os.PathLike[str] | None) -> str:
+    """The interpreter to run vLLM in: `python`, else this one when it can import vllm.
+
+    Raises:
+        MissingDependencyError: no `python` and vllm is not importable here.
+    """
+    if python is not None:
+        return str(python)
+    if vllm_importable():
+        return sys.executable
+    raise missing_vllm("the vllm engine", param="vllm_python")

@@ -214,7 +214,7 @@ class SpeculatorsLoader:
     notes: tuple[str, ...] = (f"{VERSION} model class Qwen3DSparkForCausalLM ({_DSPARK}); every loader rule was "
                               "executed on CPU through vLLM's own draft loader "
                               "(dspark_hub.verify.runtimes.execute_vllm); serving it was executed on CPU too "
-                              "(dspark_hub.train.vllm_eval: Model Runner V2 through Triton's interpreter)",)
+                              "(dspark_hub.train.evaluation.vllm_eval: Model Runner V2 through Triton's interpreter)",)
     drop_hint: str = "save the checkpoint with the speculators library's names"
     fatal_hint: str = "save the names and shapes the config implies (vLLM loads only the vanilla Markov head)"
     unfilled_state: str = "uninitialised"

@@ -30,10 +30,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
+from dspark_hub.documents import Document
 from dspark_hub.format import contract
 from dspark_hub.report import (
-    CitedRule,
-    ComparedRow,
     Evidence,
     Execution,
     Finding,
@@ -51,7 +50,7 @@ VERDICTS: tuple[Verdict, ...] = ("loaded", "skipped", "ignored", "fatal")
 
 
 @dataclass(frozen=True)
-class Cited:
+class Cited(Document):
     """One loader rule and where it comes from.
 
     `id` names the rule so a verdict can say which rule decided it; `evidence` says whether the
@@ -59,13 +58,12 @@ class Cited:
     for rules read from public sources without a pinned version.
     """
 
+    KEYS = ("id", "rule", "source", "evidence")
+
     rule: str
     source: str
     evidence: Evidence | None = None
     id: str | None = None
-
-    def to_dict(self) -> CitedRule:
-        return {"id": self.id, "rule": self.rule, "source": self.source, "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -261,8 +259,10 @@ def recipe_parameters(config: Mapping[str, Any], recipe: ServingRecipe, *, draft
 
 
 @dataclass(frozen=True)
-class Row:
+class Row(Document):
     """One compared row: a tensor's verdict, a parameter's fate (`written` or its unfilled verdict), or a refusal."""
+
+    KEYS = ("kind", "name", "rules", "executed", "agree")
 
     kind: Literal["tensor", "parameter", "refusal"]
     name: str
@@ -272,10 +272,6 @@ class Row:
     @property
     def agree(self) -> bool:
         return self.rules == self.executed
-
-    def to_dict(self) -> ComparedRow:
-        return {"kind": self.kind, "name": self.name, "rules": self.rules, "executed": self.executed,
-                "agree": self.agree}
 
 
 def _refusal_text(refusal: Refusal | None) -> str:

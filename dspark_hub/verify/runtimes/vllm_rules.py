@@ -98,7 +98,7 @@ RULES: dict[str, Cited] = by_id((
          "written, vLLM starts and serves with it uninitialised", f"{_LOADER}:529-561; {_LINEAR}:165, 206; "
          f"{_VOCAB}:39, 67"),
     rule("cpu_serving", "serving DSpark needs Model Runner V2, which needs Triton, which the CPU build lacks, so "
-         "that build refuses a DSpark config; with Triton's interpreter standing in (dspark_hub.train.vllm_eval) a "
+         "that build refuses a DSpark config; with Triton's interpreter standing in (train.evaluation.vllm_eval) a "
          "k3_dspark draft then fails at load on CPU: the CPU linear post-processing empties kv_b_proj.weight and the "
          "MLA check raises 'kv_b_proj weight (0,) vs kv_lora_rank=512' (serving it needs a GPU, not run here)",
          "vllm/config/vllm.py:723-727, 2976-2979, 3190, 3197-3202; "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, ClassVar, Literal, TypedDict, cast
 
+from dspark_hub.documents import Document
 from dspark_hub.report import Verdict
 from dspark_hub.verify.runtimes.execute_vllm.stubs import WORKER_SETUP
 from dspark_hub.verify.runtimes.verdicts import RuntimeLoader, RuntimeVerdicts
@@ -59,7 +60,7 @@ class ExecutedRefusal(TypedDict):
 
 
 @dataclass
-class ExecutedLoad:
+class ExecutedLoad(Document):
     """What vLLM's loader did with one draft folder.
 
     `tensors`: checkpoint name -> an `ExecutedTensor` (status in `TENSOR_VERDICTS`).
@@ -70,6 +71,10 @@ class ExecutedLoad:
     `outcome`: ``starts``, ``refused at config parse``, ``refused at load`` (a check in the model's
     ``load_weights`` that names no tensor), ``fails at the strict check``, ``fails after loading``.
     """
+
+    KEYS = ("draft", "format", "executed", "vllm_version", "pinned_version", "model_class", "outcome", "refusal",
+            "rounds", "tensors", "parameters", "replaced_after_load=replaced", "strict_check", "stubs", "shims",
+            "worker_setup", "seconds", "warnings")
 
     draft: str
     format: str
@@ -87,6 +92,11 @@ class ExecutedLoad:
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
+    #: The document says the loader was run, the pin it was built against and how the worker was set up.
+    executed: ClassVar[bool] = True
+    pinned_version: ClassVar[str] = PINNED_VERSION
+    worker_setup: ClassVar[tuple[str, ...]] = tuple(WORKER_SETUP)
+
     @property
     def starts(self) -> bool:
         return self.outcome == "starts"
@@ -95,13 +105,6 @@ class ExecutedLoad:
         """Never-written parameter -> ``fatal`` (the strict check raised for it) or ``ignored``."""
         return {name: p["verdict"] for name, p in self.parameters.items() if p["status"] == "never written"}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"draft": self.draft, "format": self.format, "executed": True, "vllm_version": self.vllm_version,
-                "pinned_version": PINNED_VERSION, "model_class": self.model_class, "outcome": self.outcome,
-                "refusal": self.refusal, "rounds": self.rounds, "tensors": self.tensors,
-                "parameters": self.parameters, "replaced_after_load": self.replaced,
-                "strict_check": self.strict_check, "stubs": self.stubs, "shims": self.shims,
-                "worker_setup": list(WORKER_SETUP), "seconds": self.seconds, "warnings": self.warnings}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ExecutedLoad:

@@ -1,0 +1,200 @@
+"""Acceptance with vLLM's definitions, simulated: the counts and the verify loop (the drafters: `drafters`).
+
+The definitions (vLLM 0.32.0's spec-decoding metrics, `DEFINITION`): a *draft* is one verification
+step of one request that carried `k` drafted tokens; `accepted_per_position[i]` counts the drafts
+whose first `i + 1` tokens were all accepted; `per_position[i] = accepted_per_position[i] / drafts`;
+`acceptance_length = 1 + sum(per_position) = 1 + accepted / drafts`, the mean number of tokens a
+verification step emits (the 1 is the target's own token). `k` is the number of drafted tokens per
+step.
+
+`simulate` (`SIMULATION`) replays vLLM's greedy verify loop in plain PyTorch: the target's greedy
+continuation of each prompt is the path vLLM emits (greedy speculative decoding is lossless). The
+request starts at the token sampled at prefill, `x_P`; each step the draft proposes `k` tokens from
+the target's taps of positions `< p` and the anchor `x_p` (its Markov head chained on its own
+drafts); `j` = the longest prefix equal to the path; the step counts as one draft with `j`
+accepted, IN FULL even when it crosses `max_tokens`; it emits `j + 1` tokens and the next anchor is
+`x_{p+j+1}`. The request stops once it has `max_tokens` tokens or emitted a stop token.
+
+A prompt-lookup drafter (n-gram copy, `BASELINE`, in `drafters`) runs through the same simulation on
+the same paths, so a looping or degenerate dataset cannot pass for a good draft.
+
+`measure_batched` runs the loops of many rollouts in lockstep (`VerifyLoop`), drafting one step of
+each unfinished request per call, so a drafter can share work across requests; the counts are each
+request's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dspark_hub.documents import Document
+from dspark_hub.progress import Progress
+
+if TYPE_CHECKING:
+    from dspark_hub.train.target.generate import Rollout
+
+DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that carried k drafted tokens; "
+              "accepted_per_position[i] = drafts whose first i+1 tokens were all accepted; per_position[i] = "
+              "accepted_per_position[i] / drafts; acceptance_length = 1 + sum(per_position) = 1 + accepted / drafts "
+              "(mean tokens per verification step, the 1 being the target's own token)")
+#: What the simulated numbers are, in a card's label: `simulated (<this>, k=K, float32, prompts F)`.
+SIMULATION = "vLLM's greedy verify loop replayed on the target's float32 greedy path"
+#: `propose_many([(i, p), ...])`: the drafts after position `p` of the i-th rollout, for each request.
+ProposeMany = Callable[[list[tuple[int, int]]], list[list[int]]]
+#: Rollouts simulated together (their requests drafted in one call per round).
+WINDOW = 64
+BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K tokens that followed the earliest "
+            "earlier occurrence of the last n = 3, 2, 1 tokens")
+
+
+@dataclass
+class AcceptanceStats(Document):
+    """Counts of one decoding run, in vLLM's terms; merge runs by adding."""
+
+    KEYS = ("acceptance_length", "per_position", "accepted_per_position", "drafts", "draft_tokens", "accepted", "k",
+            "prompts", "tokens")
+
+    k: int
+    drafts: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    tokens: int = 0
+    prompts: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.accepted_per_position:
+            self.accepted_per_position = [0] * self.k
+
+    def record(self, accepted: int) -> None:
+        """One draft of which the first `accepted` tokens were accepted."""
+        self.drafts += 1
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    def add(self, other: AcceptanceStats) -> None:
+        self.drafts += other.drafts
+        self.accepted_per_position = [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position,
+                                                              strict=True)]
+        self.tokens += other.tokens
+        self.prompts += other.prompts
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_per_position)
+
+    @property
+    def acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+    @property
+    def per_position(self) -> list[float]:
+        return [a / self.drafts if self.drafts else float("nan") for a in self.accepted_per_position]
+
+    @property
+    def draft_tokens(self) -> int:
+        """Tokens drafted: `k` a draft."""
+        return self.drafts * self.k
+
+
+def longest_prefix(draft: list[int], truth: list[int]) -> int:
+    j = 0
+    while j < len(draft) and j < len(truth) and draft[j] == truth[j]:
+        j += 1
+    return j
+
+
+class VerifyLoop:
+    """vLLM's greedy verify loop over one rollout, one step at a time (`SIMULATION`).
+
+    `anchor` is the position `p` the next step drafts after (None once the request is done);
+    `step(drafts)` verifies the drafts for positions `p+1 ..` against the path and moves on.
+    """
+
+    def __init__(self, rollout: Rollout, k: int, *, max_tokens: int | None = None, stop_ids: Iterable[int] = ()):
+        self.tokens: list[int] = rollout.input_ids.tolist()
+        self.k = k
+        start = rollout.prompt_length
+        self.budget = len(self.tokens) - start if max_tokens is None else min(max_tokens, len(self.tokens) - start)
+        self.stats = AcceptanceStats(k, prompts=1)
+        self.stops = set(stop_ids)
+        self.p = start
+        self.emitted = 1 if self.budget > 0 else 0          # x_P is sampled at prefill
+        self.stopped = self.emitted == 0 or self.tokens[start] in self.stops
+        self.stats.tokens = self.emitted
+
+    @property
+    def anchor(self) -> int | None:
+        return None if self.stopped or self.emitted >= self.budget else self.p
+
+    def step(self, drafts: list[int]) -> None:
+        p = self.p
+        accepted = longest_prefix(drafts[:self.k], self.tokens[p + 1:p + 1 + self.k])
+        self.stats.record(accepted)
+        for token in self.tokens[p + 1:p + 2 + accepted]:       # the accepted drafts and the target's token
+            if self.emitted >= self.budget:
+                break
+            self.emitted += 1
+            if token in self.stops:
+                self.stopped = True
+                break
+        self.p += accepted + 1
+        self.stats.tokens = self.emitted
+
+
+def simulate(rollout: Rollout, propose: Callable[[int], list[int]], k: int, *, max_tokens: int | None = None,
+             stop_ids: Iterable[int] = ()) -> AcceptanceStats:
+    """vLLM's greedy verify loop over one rollout, with `propose(p) -> drafts` (`SIMULATION`).
+
+    Args:
+        rollout: `input_ids` (prompt, then the greedy path) and `prompt_length`.
+        propose: the drafter; `propose(p)` drafts the tokens after position `p`.
+        k: drafted tokens per step.
+        max_tokens: the request's output budget (default: the rollout's continuation). A path that
+            does not reach `k` tokens past the budget compares the last steps with what it holds.
+        stop_ids: tokens that end the request when emitted.
+    """
+    loop = VerifyLoop(rollout, k, max_tokens=max_tokens, stop_ids=stop_ids)
+    while (p := loop.anchor) is not None:
+        loop.step(propose(p))
+    return loop.stats
+
+
+@dataclass
+class Measurement(Document):
+    """Acceptance over a set of rollouts, overall and per dataset label."""
+
+    KEYS = ("**overall", "by_dataset=datasets")
+
+    overall: AcceptanceStats
+    by_dataset: dict[str, AcceptanceStats]
+
+    @property
+    def datasets(self) -> dict[str, AcceptanceStats]:
+        """`by_dataset`, its labels sorted."""
+        return dict(sorted(self.by_dataset.items()))
+
+
+def measure_batched(rollouts: Iterable[Rollout], make_batch_proposer: Callable[[list[Rollout]], ProposeMany], k: int,
+                    progress: Progress | None = None, *, max_tokens: int | None = None,
+                    stop_ids: Iterable[int] = (), window: int = WINDOW) -> Measurement:
+    """Simulate `window` rollouts at a time in lockstep: each round drafts one step of every unfinished
+    request with one `propose_many` call. The counts are those of `simulate` on each rollout alone."""
+    stops = list(stop_ids)
+    overall = AcceptanceStats(k)
+    by_dataset: dict[str, AcceptanceStats] = {}
+    pending = iter(rollouts)
+    while chunk := list(itertools.islice(pending, window)):
+        loops = [VerifyLoop(rollout, k, max_tokens=max_tokens, stop_ids=stops) for rollout in chunk]
+        propose_many = make_batch_proposer(chunk)
+        while requests := [(i, p) for i, loop in enumerate(loops) if (p := loop.anchor) is not None]:
+            for (i, _), drafts in zip(requests, propose_many(requests), strict=True):
+                loops[i].step(drafts)
+        for rollout, loop in zip(chunk, loops, strict=True):
+            overall.add(loop.stats)
+            if rollout.dataset is not None:
+                by_dataset.setdefault(rollout.dataset, AcceptanceStats(k)).add(loop.stats)
+            if progress:
+                progress(1)
+    return Measurement(overall, by_dataset)

@@ -1,0 +1,193 @@
+"""How a draft of each format drafts in the simulation (`acceptance`), and the prompt-lookup baseline.
+
+`drafter_for(draft, target)` picks the drafter by the draft's format (`PROPOSERS`, keyed by
+`DraftFormat.name`: the modeling classes sit above `format/`, so the table lives here) and returns
+what `acceptance.measure_batched` takes: rollouts -> `propose_many`. A k3_dspark draft drafts the
+requests of a round together (`draft_batch_proposer`), a speculators DSpark one request at a time
+(its pruned vocabulary makes a request cheap), the baseline copies earlier tokens (`ngram_proposer`).
+`measure_draft` and `measure_ngram` are the two counts `finetune` logs on held-out data.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from dspark_hub.errors import UsageError
+from dspark_hub.format.registry import K3, SPECULATORS
+from dspark_hub.progress import Progress
+from dspark_hub.train.evaluation.acceptance import Measurement, ProposeMany, measure_batched
+
+if TYPE_CHECKING:
+    import torch
+
+    from dspark_hub.modeling import K3DSparkModel
+    from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
+    from dspark_hub.train.evaluation.inputs import DraftUnderTest
+    from dspark_hub.train.target.generate import Rollout
+    from dspark_hub.train.target.target import Target
+
+#: rollouts -> propose_many: what `acceptance.measure_batched` drafts with.
+Drafter = Callable[[list["Rollout"]], ProposeMany]
+
+
+def one_at_a_time(make_proposer: Callable[[Rollout], Callable[[int], list[int]]]
+                  ) -> Callable[[list[Rollout]], ProposeMany]:
+    """A batch proposer maker from a per-rollout one: each request is drafted on its own."""
+    def make(rollouts: list[Rollout]) -> ProposeMany:
+        proposers = [make_proposer(r) for r in rollouts]
+        return lambda requests: [proposers[i](p) for i, p in requests]
+
+    return make
+
+
+def measure(rollouts: Iterable[Rollout], make_proposer: Callable[[Rollout], Callable[[int], list[int]]], k: int,
+            progress: Progress | None = None, *, max_tokens: int | None = None,
+            stop_ids: Iterable[int] = ()) -> Measurement:
+    """Simulate every rollout with the proposer `make_proposer(rollout)` builds (`simulate`)."""
+    return measure_batched(rollouts, one_at_a_time(make_proposer), k, progress, max_tokens=max_tokens,
+                           stop_ids=stop_ids)
+
+
+def draft_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollout: Rollout,
+                   block_size: int) -> Callable[[int], list[int]]:
+    """`propose(p)` for a k3_dspark draft: context = taps of positions < p, anchor = x_p."""
+    propose_many = draft_batch_proposer(model, lm_head_weight, [rollout], block_size)
+    return lambda p: propose_many([(0, p)])[0]
+
+
+def draft_batch_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
+                         block_size: int) -> ProposeMany:
+    """`propose_many` for a k3_dspark draft over `rollouts`: one block forward per request, then one
+    vocabulary projection and one Markov chain for all of them.
+
+    The projection and the chain read the whole vocabulary's weights for a few rows each, so they are
+    bound by memory: on 40 SmolLM2 requests at once they cost 5 ms a request against 56 ms one at a
+    time (2 cores, float32).
+    """
+    import torch  # heavy: only a measurement of a draft pays for it
+
+    dtype, device = model.context_proj.weight.dtype, model.context_proj.weight.device
+    with torch.no_grad():
+        latents = [model.encode_context(r.aux_hidden_states[None].to(device=device, dtype=dtype)) for r in rollouts]
+    ids = [r.input_ids.to(device) for r in rollouts]
+
+    def propose_many(requests: list[tuple[int, int]]) -> list[list[int]]:
+        anchors = torch.stack([ids[i][p] for i, p in requests])
+        blocks = model.draft_block(anchors, block_size)
+        rows = []
+        for n, (i, p) in enumerate(requests):        # contexts differ in length: one forward each
+            context = tuple(latent[:, :p] for latent in latents[i])
+            rows.append(model(input_ids=blocks[n:n + 1], context_latents=context).last_hidden_state)
+        proposal = model.decode_block(torch.cat(rows), anchors, lm_head_weight)
+        assert proposal.tokens is not None   # decode_block always sets the tokens
+        tokens: list[list[int]] = proposal.tokens.tolist()
+        return tokens
+
+    return propose_many
+
+
+def speculators_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], list[int]]:
+    """`propose(p)` for a speculators DSpark (`modeling.speculators_dspark.SpeculatorsDSpark`)."""
+    import torch  # heavy: only a measurement of a draft pays for it
+
+    with torch.no_grad():
+        kv = draft.context_kv(draft.context(rollout.aux_hidden_states))
+    ids = rollout.input_ids.tolist()
+    return lambda p: draft.propose(kv, ids[p], p, k)
+
+
+def ngram_proposer(rollout: Rollout, block_size: int, max_ngram: int = 3,
+                   min_ngram: int = 1) -> Callable[[int], list[int]]:
+    """Prompt-lookup drafting over the tokens up to and including the anchor.
+
+    As transformers' `prompt_lookup_decoding`: longest n first, the earliest earlier occurrence of
+    the last n tokens, and the (up to K) tokens that followed it.
+    """
+    tokens = rollout.input_ids.tolist()
+
+    def propose(p: int) -> list[int]:
+        history = tokens[:p + 1]
+        for n in range(max_ngram, min_ngram - 1, -1):
+            suffix = history[-n:]
+            for start in range(len(history) - n):
+                if history[start:start + n] == suffix:
+                    return history[start + n:start + n + block_size]
+        return []
+
+    return propose
+
+
+def measure_draft(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: Iterable[Rollout], block_size: int,
+                  progress: Progress | None = None, **bounds: Any) -> Measurement:
+    """Acceptance of a k3_dspark draft (in eval mode, no gradients) on rollouts; `bounds` as `measure`'s."""
+    import torch  # heavy: only a measurement of a draft pays for it
+
+    was_training = model.training
+    model.train(False)
+    try:
+        with torch.no_grad():
+            return measure_batched(rollouts, lambda chunk: draft_batch_proposer(model, lm_head_weight, chunk,
+                                                                                 block_size), block_size,
+                                   progress, **bounds)
+    finally:
+        model.train(was_training)
+
+
+def baseline_drafter(block_size: int) -> Drafter:
+    """The prompt-lookup baseline (`acceptance.BASELINE`) as a drafter: each request on its own."""
+    return one_at_a_time(lambda r: ngram_proposer(r, block_size))
+
+
+def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -> Measurement:
+    """The prompt-lookup baseline's acceptance on rollouts; `bounds` as `acceptance.measure`'s."""
+    return measure_batched(rollouts, baseline_drafter(block_size), block_size, **bounds)
+
+
+# ----------------------------------------------------------------------------- a drafter per format
+
+
+def drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True) -> Drafter:
+    """rollouts -> propose_many (`acceptance.measure_batched`) for the draft's format.
+
+    Raises:
+        UsageError: `markov` False for a format whose Markov head is not optional.
+    """
+    if not markov and not draft.format.markov_optional:
+        raise UsageError(f"a {draft.format.title} draft always drafts with its Markov head; `markov` False is for "
+                         "drafts whose head is optional")
+    lm_head = target.lm_head().float()
+    return PROPOSERS[draft.format.name](draft, target, lm_head, markov)
+
+
+def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
+    # torch and modeling (transformers): only a measurement of a k3_dspark draft pays for them
+    import torch
+
+    from dspark_hub.modeling import load_checkpoint
+
+    model: K3DSparkModel = load_checkpoint(path, dtype=torch.float32).model
+    model.train(False)
+    return model
+
+
+def _speculators_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+    import torch  # heavy: only a measurement pays for it
+
+    # modeling imports torch and transformers: only a measurement of a speculators draft pays for them
+    from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
+
+    model = SpeculatorsDSpark.from_folder(draft.path, target.embedding(), lm_head, dtype=torch.float32, markov=markov)
+    # its pruned vocabulary makes a request cheap (10 ms on SmolLM2): drafted one at a time
+    return one_at_a_time(lambda r: speculators_proposer(model, r, draft.k))
+
+
+def _k3_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+    k3 = _load_draft(draft.path)
+    return lambda rollouts: draft_batch_proposer(k3, lm_head, rollouts, draft.k)
+
+
+#: How a draft of each format drafts (the modeling classes sit above format/, so the table lives here).
+PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], Drafter]] = {
+    K3.name: _k3_drafter, SPECULATORS.name: _speculators_drafter}

@@ -1,0 +1,246 @@
+"""`dspark-hub eval`: acceptance of a draft with vLLM's definitions, simulated or measured by vLLM itself.
+
+`engine="simulated"` (`acceptance.SIMULATION`) replays vLLM's greedy verify loop in plain PyTorch
+on the target's float32 greedy continuation of each prompt, rolled out `max_new_tokens + k`
+tokens so the last step can overshoot as it does in vLLM; the request stops at `max_new_tokens`
+tokens or at a stop token (the target's EOS unless `ignore_eos`). On these fixtures the counts
+equal vLLM's exactly (`tests/test_eval_parity.py`). `k` is the number of drafted tokens per step:
+the speculators `speculative_tokens` (the block size for a DSpark drafting from its anchor), the
+reference 7 for k3_dspark, or `block_size` when given. A prompt-lookup drafter runs beside it.
+
+`engine="vllm"` (`dspark_hub.train.evaluation.vllm_eval`) serves the target with the draft in vLLM and reads
+the same counts from vLLM's metrics, plus `measured_by` and `lossless`.
+
+`evaluate` is three steps: open the inputs (`inputs.open_inputs`: the draft, the target, the
+rollouts), choose the drafter for the draft's format (`drafters.drafter_for`), count
+(`acceptance.measure_batched`); with the vllm engine, vLLM serving the draft is the drafter and
+its metrics are the count (`vllm_eval.measure_served`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from dspark_hub import schemas
+from dspark_hub._compat import renamed_keywords
+from dspark_hub.documents import Document
+from dspark_hub.errors import MissingDependencyError, UsageError
+from dspark_hub.format.provenance import describe, identify
+from dspark_hub.format.writer import atomic_path, refuse_own_inputs
+from dspark_hub.progress import Progress, announce_stage
+from dspark_hub.train.evaluation import vllm_eval
+from dspark_hub.train.evaluation.acceptance import (
+    BASELINE,
+    DEFINITION,
+    SIMULATION,
+    AcceptanceStats,
+    Measurement,
+    measure_batched,
+)
+from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for
+from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
+from dspark_hub.train.target.dtypes import canonical_dtype
+
+ENGINES = ("simulated", "vllm")
+#: The vllm engine's dtypes (torch names; `target.dtypes.canonical_dtype` also takes fp32, bf16, fp16).
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class EvalResult(Document):
+    """What `dspark-hub eval` reports; its document is the `--json` output.
+
+    `engine` is `simulated` or `vllm`; a vLLM measurement carries `measured_by` (the vLLM version,
+    the exact speculative config, runner, interpreter, dtype) and `lossless` (its outputs equal
+    plain greedy decoding's). A simulated one has neither (`null`).
+    """
+
+    SCHEMA = schemas.command("eval")
+    KEYS = ("ok", "engine", "**overall", "definition", "by_dataset=datasets", "baseline=baseline_overall",
+            "harness=shown_harness", "reference=reference_overall", "plot", "measured_by", "lossless")
+
+    draft: Measurement
+    baseline: Measurement | None
+    harness: dict[str, Any]
+    reference: Measurement | None = None
+    reference_path: str | None = None
+    reference_identity: dict[str, Any] | None = None
+    plot: str | None = None
+    engine: str = "simulated"
+    measured_by: dict[str, Any] | None = None
+    lossless: bool | None = None
+
+    definition: ClassVar[str] = DEFINITION
+
+    @property
+    def ok(self) -> bool:
+        """False only for a vLLM measurement whose outputs differ from plain greedy decoding's."""
+        return self.lossless is not False
+
+    @property
+    def overall(self) -> AcceptanceStats:
+        return self.draft.overall
+
+    @property
+    def datasets(self) -> dict[str, dict[str, Any]]:
+        """Per dataset label (sorted): the draft's counts, the baseline's and the reference's beside them."""
+        out = {}
+        for name, stats in self.draft.datasets.items():
+            entry = stats.to_dict()
+            entry["baseline"] = self.baseline.by_dataset[name].to_dict() if self.baseline else None
+            if self.reference is not None:
+                entry["reference"] = self.reference.by_dataset[name].to_dict()
+            out[name] = entry
+        return out
+
+    @property
+    def baseline_overall(self) -> dict[str, Any] | None:
+        return {"method": BASELINE, **self.baseline.overall.to_dict()} if self.baseline else None
+
+    @property
+    def ratio(self) -> float | None:
+        """The draft's acceptance length over the reference's."""
+        if self.reference is None:
+            return None
+        return self.draft.overall.acceptance_length / self.reference.overall.acceptance_length
+
+    @property
+    def reference_overall(self) -> dict[str, Any] | None:
+        if self.reference is None:
+            return None
+        return {"path": self.reference_path, "identity": self.reference_identity, **self.reference.overall.to_dict(),
+                "ratio": self.ratio}
+
+    @property
+    def shown_harness(self) -> dict[str, Any]:
+        """The harness; with a reference, the card's text for it: its Hub id or digests, never its path."""
+        if self.reference is None:
+            return self.harness
+        named = describe(self.reference_identity) or "a local draft"
+        return {**self.harness, "reference": f"{named} (acceptance length "
+                f"{self.reference.overall.acceptance_length:.4f}; ratio {self.ratio:.4f})"}
+
+
+@renamed_keywords(teacher="target")
+def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompts: str | None = None,
+             data: str | None = None, reference: str | None = None, block_size: int | None = None,
+             max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
+             ignore_eos: bool = False, engine: str = "simulated", vllm_python: str | os.PathLike[str] | None = None,
+             dtype: str = "float32", markov: bool = True, progress: Progress | None = None) -> EvalResult:
+    """Acceptance of a draft with vLLM's definitions: simulated (next to a prompt-lookup drafter) or measured by vLLM.
+
+    Args:
+        draft: a k3_dspark or speculators DSpark checkpoint folder.
+        target: local target folder; with `data`, defaults to the manifest's target.
+        prompts: prompts JSONL (continued greedily by the target).
+        data: a rollouts folder instead of `prompts` (simulated only; bfloat16 taps, and no tokens past
+            its end, so the last step of each sequence can only undercount).
+        reference: another draft measured on the same rollouts in the same run (simulated only).
+        block_size: k, the drafted tokens per step (default: the speculators `speculative_tokens`,
+            or 7 for k3_dspark, the reference draft's).
+        max_new_tokens: output tokens per prompt (vLLM's `max_tokens`).
+        batch_size: target generation batch.
+        plot: also write a PNG of acceptance by position there (needs matplotlib; checked first).
+        ignore_eos: never stop a request at the target's EOS.
+        engine: `simulated` or `vllm` (`dspark_hub.train.evaluation.vllm_eval`).
+        vllm_python: the interpreter of a vLLM virtualenv (default: this one, when it has vllm).
+        dtype: the vllm engine's dtype (`DTYPES`, or fp32, bf16, fp16); the simulation runs in
+            float32, so only a float32 measurement can equal it exactly.
+        markov: False drafts without the Markov head (a control; speculators drafts only).
+        progress: called per simulated prompt / generated prompt / engine run.
+
+    Raises:
+        UsageError: not exactly one of `prompts` and `data`, no target, an engine that cannot do
+            what was asked, or a draft eval cannot measure.
+        MissingDependencyError: `plot` without matplotlib, or `vllm` without vLLM (before any work).
+        EngineError: the vLLM engine failed (its log is kept and named).
+    """
+    if engine not in ENGINES:
+        raise UsageError(f"engine {engine!r}; use one of {', '.join(ENGINES)}", param="engine")
+    dtype = canonical_dtype(dtype, DTYPES)
+    if dtype != "float32" and engine != "vllm":
+        raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
+    if plot is not None:
+        refuse_own_inputs(plot, [("draft", draft), ("target", target), ("prompts", prompts), ("data", data),
+                                 ("reference", reference), ("vllm_python", vllm_python)], param="plot", folder=False)
+        require_matplotlib()   # fail before the long run, not after it
+    inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
+                         block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                         ignore_eos=ignore_eos, vllm_python=vllm_python, progress=progress)
+    if engine == "simulated":
+        outcome = _simulated(inputs, max_new_tokens=max_new_tokens if data is None else None, ignore_eos=ignore_eos,
+                             markov=markov, progress=progress)
+    else:
+        served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, dtype=dtype,
+                                          progress=progress)
+        outcome = EvalResult(served.measurement, None, served.harness, engine="vllm", measured_by=served.measured_by,
+                             lossless=served.lossless)
+    if plot is not None:
+        outcome.plot = str(plot_acceptance(outcome, plot))
+    return outcome
+
+
+def _simulated(inputs: EvalInputs, *, max_new_tokens: int | None, ignore_eos: bool, markov: bool,
+               progress: Progress | None) -> EvalResult:
+    """Choose the drafters (the draft's, the reference's, the prompt-lookup baseline), then count each on the
+    rollouts. `max_new_tokens` None: a rollouts folder's sequences are measured to their end (no tokens past it).
+    """
+    import torch  # heavy: only a simulated measurement pays for it
+
+    draft, rollouts, k = inputs.draft, inputs.rollouts, inputs.draft.k
+    assert rollouts is not None    # the simulation's inputs always hold rollouts
+    drafter = drafter_for(draft, inputs.target, markov=markov)
+    reference = None if inputs.reference is None else drafter_for(inputs.reference, inputs.target)
+    baseline = baseline_drafter(k)
+    bounds: dict[str, Any] = {} if max_new_tokens is None else {"max_tokens": max_new_tokens,
+                                                                  "stop_ids": inputs.stop_ids}
+    announce_stage(progress, "eval: draft", len(rollouts))
+    with torch.no_grad():
+        result = measure_batched(rollouts, drafter, k, progress, **bounds)
+        ref = None if reference is None else measure_batched(rollouts, reference, k, **bounds)
+        prompt_lookup = measure_batched(rollouts, baseline, k, **bounds)
+    harness = {"definition": DEFINITION, "mode": "simulated", "simulation": SIMULATION, "decoding": "greedy",
+               "temperature": 0.0, "block_size": k, "dtype": "float32", "format": draft.format.name,
+               "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
+    ref_path = inputs.reference.path if inputs.reference else None
+    return EvalResult(result, prompt_lookup, harness, ref, ref_path, identify(ref_path) if ref_path else None)
+
+
+def require_matplotlib() -> Any:
+    """`matplotlib.pyplot` (Agg backend), or a `MissingDependencyError` naming the package."""
+    try:
+        import matplotlib  # heavy and optional: only `plot` needs it
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise MissingDependencyError("needs matplotlib, which is not installed; pip install matplotlib",
+                                     param="plot") from exc
+    return plt
+
+
+def plot_acceptance(result: EvalResult, path: str | os.PathLike[str]) -> Path:
+    """PNG of per-position acceptance (draft, baseline, reference). Needs matplotlib."""
+    plt = require_matplotlib()
+    figure, axes = plt.subplots(figsize=(6, 4))
+    series = [("draft", result.draft)]
+    if result.baseline is not None:
+        series.append(("prompt lookup", result.baseline))
+    if result.reference is not None:
+        series.append(("reference", result.reference))
+    for label, measurement in series:
+        rates = measurement.overall.per_position
+        axes.plot(range(1, len(rates) + 1), rates, marker="o",
+                  label=f"{label} (AL {measurement.overall.acceptance_length:.3f})")
+    axes.set_xlabel("draft position k")
+    axes.set_ylabel("a_k: fraction of steps accepting k drafts")
+    axes.set_ylim(0, 1)
+    axes.legend()
+    figure.tight_layout()
+    with atomic_path(path, force=True) as tmp:
+        figure.savefig(tmp, dpi=120, format="png")
+    plt.close(figure)
+    return Path(path)
