@@ -47,7 +47,7 @@ from dspark_hub.format import contract
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.format.jsonio import read_json_input
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
-from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_weights_like
+from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_file, write_weights_like
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.data.hidden_state_files import HiddenStateData, detect_format, open_training_data
@@ -378,7 +378,7 @@ class SpeculatorsFinetune:
             write_weights_like(self.config.base, tmp, self.trained_bytes())
             self.log.copy_into(tmp)
             trained = replace(self.config, block_size=self.block_size)      # the block size B trains with
-            (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(trained.public_dict(), indent=2) + "\n")
+            write_file(tmp / TRAINING_ARGS_NAME, json.dumps(trained.public_dict(), indent=2) + "\n")
 
 
 def finetune_speculators(config: TrainConfig, progress: Progress | None = None) -> TrainResult:

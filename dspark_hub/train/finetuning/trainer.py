@@ -43,10 +43,10 @@ from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.jsonio import read_json_input
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.remote_code import require_k3_dspark
-from dspark_hub.format.writer import atomic_dir, check_writable
+from dspark_hub.format.writer import atomic_dir, check_writable, write_file
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train.data.hidden_state_files import HiddenStateData, detect_format, open_training_data
-from dspark_hub.train.data.rollouts import RolloutData, require_file
+from dspark_hub.train.data.rollouts import RolloutData, read_prompts, require_file
 from dspark_hub.train.evaluation.drafters import measure_draft, measure_ngram
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.finetuning.checkpointer import Checkpointer, full_model_state, rotate_states, state_files
@@ -233,6 +233,7 @@ class Trainer:
             if not (config.prompts and config.target):
                 raise UsageError("needs `prompts` and `target`", param="on_policy")
             require_file(config.prompts, "a prompts JSONL file", param="prompts")
+            read_prompts(config.prompts, self.given_target, param="prompts", budget=config.max_new_tokens)  # every line
         if config.eval_data:
             detect_format(config.eval_data, param="eval_data")
 
@@ -423,6 +424,6 @@ class Trainer:
             with atomic_dir(self.config.out, force=self.config.force, checked=self.out_checked) as tmp:
                 save_checkpoint(model, tmp, dtype=self.save_dtype, force=True)
                 self.training_log.copy_into(tmp)
-                (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(self.config.public_dict(), indent=2) + "\n")
+                write_file(tmp / TRAINING_ARGS_NAME, json.dumps(self.config.public_dict(), indent=2) + "\n")
         barrier()
 
