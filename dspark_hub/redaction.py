@@ -1,12 +1,13 @@
-"""No secret in any output: every secret this process could send to a Hub, and the one function that removes
-them from text.
+"""No secret in any output: every secret this process could send to a Hub, and the one function that removes them
+from text.
 
 A secret is a token huggingface_hub would send (`hub_tokens`) or the credentials in an endpoint URL
 (`HF_ENDPOINT=https://user:password@proxy`, and every endpoint `note_endpoint` was told of). `redact_tokens`
 replaces each token with `<token>` and the userinfo of every URL with `<credentials>`; the CLI runs every line it
-prints through it (`cli/_output.py`), Hub errors are made with it (`format/remote.py`), and huggingface_hub's log
-records pass it (`gate_hub_logs`). Stdlib only, in the bottom: huggingface_hub is not imported here (before it is
-imported no token has been read or sent).
+prints through it, Hub errors are made with it, and huggingface_hub's log records pass it (`gate_hub_logs`).
+An output concern with no dependency of ours (stdlib only; the bottom layer): the CLI's gate (`cli/_gate.py`), the
+Hub client (`format/remote.py`, `format/hub_http.py`) and cards use it. huggingface_hub is not imported here: before
+it is imported no token has been read or sent.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dspark_hub.cli._output import console
 from dspark_hub.cli.main import cli
 from dspark_hub.ops.init import init_checkpoint
 from tests.docs_text import ROOT, doc_files, fenced_blocks, read, section
@@ -59,12 +58,7 @@ def _run(command: str) -> str:
     env = dict(word.split("=", 1) for word in words if re.fullmatch(r"[A-Z_]+=\S*", word))
     args = [w for w in words if not re.fullmatch(r"[A-Z_]+=\S*", w)]
     assert args[0] == "dspark-hub", command
-    env = {"COLUMNS": "80", **env, "NO_COLOR": "1"}
-    # The consoles are made on first use and rich reads COLUMNS once, when it makes them: a console an earlier
-    # in-process run made keeps that run's width, so each sample sets its own.
-    for name in ("stdout", "stderr"):
-        console(name).width = int(env["COLUMNS"])
-    result = CliRunner(env=env).invoke(cli, args[1:])
+    result = CliRunner(env={"COLUMNS": "80", **env, "NO_COLOR": "1"}).invoke(cli, args[1:])
     return result.stdout
 
 

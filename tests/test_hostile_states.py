@@ -302,7 +302,7 @@ LOGS = {
 def test_a_resumed_training_log_that_is_not_a_log_of_its_folder_is_refused(tmp_path, name):
     """The log is cut back to the state's step on resume: never through a link, never from a FIFO."""
     from dspark_hub.errors import CheckpointFormatError
-    from dspark_hub.train.training_log import LOG_NAME, TrainingLog
+    from dspark_hub.train.finetuning.training_log import LOG_NAME, TrainingLog
 
     folder = _states(tmp_path)
     outside = tmp_path / "outside" / "theirs.jsonl"
@@ -315,7 +315,7 @@ def test_a_resumed_training_log_that_is_not_a_log_of_its_folder_is_refused(tmp_p
 
 
 def test_a_resumed_training_log_is_cut_back_to_the_state(tmp_path):
-    from dspark_hub.train.training_log import LOG_NAME, TrainingLog
+    from dspark_hub.train.finetuning.training_log import LOG_NAME, TrainingLog
 
     folder = _states(tmp_path)
     (folder / LOG_NAME).write_text("".join(json.dumps({"step": n}) + "\n" for n in (1, 2, 3)))

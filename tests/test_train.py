@@ -231,7 +231,7 @@ def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
     harness = doc["harness"]
     assert (harness["mode"], harness["decoding"], harness["block_size"]) == ("simulated", "greedy", 7)
     assert harness["definition"] == doc["definition"] and "1 + sum(per_position)" in doc["definition"]
-    assert set(harness["target_identity"]["digests"]) == {"config.json", "model.safetensors"}
+    assert set(harness["teacher_identity"]["digests"]) == {"config.json", "model.safetensors"}
     assert harness["teacher"].startswith("teacher (sha256 config.json ") and "ratio" in harness["reference"]
     assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
 

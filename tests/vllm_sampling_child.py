@@ -26,7 +26,7 @@ def _interpreter() -> str:
 
     if torch.cuda.is_available():
         return "cuda"
-    from dspark_hub.train.vllm_eval_worker import install_interpreter_backend
+    from dspark_hub.train.evaluation.vllm_eval_worker import install_interpreter_backend
 
     install_interpreter_backend()
     import vllm.v1.worker.gpu.spec_decode.rejection_sampler_utils as kernels

@@ -44,6 +44,7 @@ from dspark_hub.cards.card_text import (
     Statement,
     Table,
     cell_int,
+    code_text,
     expand_names,
     parse_card,
     plain,
@@ -363,12 +364,12 @@ def _shape_findings(card: Card, table: Table, shapes: Mapping[str, tuple[int, ..
         return []
     out = []
     for line, cells in table.rows:
-        named = re.fullmatch(r"`([^`]+)`", cells[0].strip()) if cells else None
+        named = code_text(cells[0]) if cells and cells[0].strip().startswith("`") else None
         shape_text = plain(cells[shape_col]) if shape_col < len(cells) else ""
         if not named or not _SHAPE.match(shape_text):
             continue
         stated = tuple(int(x) for x in shape_text.split(" x "))
-        for name in expand_names(named.group(1)):
+        for name in expand_names(named):
             actual = shapes.get(name)
             if actual is None:
                 out.append(error("TENSOR_NOT_IN_CHECKPOINT", card.where(line), f"the card lists {name} but the "
@@ -388,7 +389,7 @@ def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
     size_col = table.column(r"^size")
     out = []
     for line, cells in table.rows:
-        name = plain(cells[file_col]) if file_col < len(cells) else ""
+        name = code_text(cells[file_col]) if file_col < len(cells) else ""
         digest = plain(cells[sha_col]).lower() if sha_col < len(cells) else ""
         where = card.where(line)
         if digest not in ("", "—", "-") and not _SHA256.match(digest):

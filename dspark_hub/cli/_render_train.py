@@ -43,7 +43,8 @@ def _flops(n: float) -> str:
 
 #: How `plan.memory_bytes` parts read.
 MEMORY_PARTS = {"attention": "attention", "activations": "activations", "loss": "loss chunks",
-                "states": "weights+grads+AdamW", "teacher_lm_head": "target lm_head"}
+                "states": "weights+grads+AdamW", "teacher_lm_head": "target lm_head",
+                "target_embedding": "target embedding"}
 
 
 def plan_lines(plan: dict[str, Any]) -> list[str]:
@@ -54,13 +55,29 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     split = ", ".join(f"{part} {100 * flops[part] / total:.0f}%" for part in sorted(flops, key=flops.get, reverse=True))
     parts = ", ".join(f"{MEMORY_PARTS.get(part, part)} {binary_size(memory[part])}"
                       for part in sorted(memory, key=memory.get, reverse=True))
+    if plan.get("layout") == "packed":
+        shape = [
+            f"finetune plan, from step 1's batch: {plural(plan['sequences'], 'sequence')} packed into one row of "
+            f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
+            f"  {plan['anchors']:,} anchors x block {plan['block_size']} = {plan['block_rows']:,} block rows, each "
+            f"attending over its sequence's rows before the anchor and its block (at most {plan['keys_per_row']:,} "
+            f"keys); {plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        ]
+    else:
+        shape = [
+            f"finetune plan{ranks}, from step 1's batch: {plural(plan['sequences'], 'sequence')} x "
+            f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
+            f"  {plan['sequences']} x {plan['anchors']:,} anchors x block {plan['block_size']} = "
+            f"{plan['block_rows']:,} block rows, each attending over {plan['keys_per_row']:,} keys "
+            f"({plan['positions']:,} positions + {plan['anchors'] * plan['block_size']:,} block rows); "
+            f"{plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        ]
     lines = [
-        f"finetune plan{ranks}, from step 1's batch: {plural(plan['sequences'], 'sequence')} x "
-        f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
-        f"  {plan['sequences']} x {plan['anchors']:,} anchors x block {plan['block_size']} = "
-        f"{plan['block_rows']:,} block rows, each attending over {plan['keys_per_row']:,} keys "
-        f"({plan['positions']:,} positions + {plan['anchors'] * plan['block_size']:,} block rows); "
-        f"{plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        *shape,
+        f"  the run: {plural(plan['steps'], 'step')} x {plural(plan['step_anchors'], 'anchor')}"
+        + (f" x {plan['world_size']} ranks" if plan["world_size"] > 1 else "")
+        + f" = ~{plan['run_anchors']:,} anchors, ~{plan['run_supervised_slots']:,} supervised block slots "
+        f"(step 1: {plan['supervised_slots']:,} of {plan['step_anchors'] * plan['block_size']:,} slots)",
         f"  compute ~{_flops(total)} a step: {split}",
         f"  memory ~{binary_size(plan['memory_total_bytes'])} (estimate, besides the runtime): {parts}",
     ]
@@ -80,7 +97,8 @@ def render_training(result: Any) -> None:
     """Human view of a `TrainResult`."""
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
     log = f"{result.path}/training_log.jsonl"
-    stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.tokens, 'token')}, "
+    stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.anchors, 'anchor')}, "
+                 f"{plural(result.supervised_slots, 'supervised block slot')}, {plural(result.tokens, 'token')}, "
                  f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} (log: {log})")
     if result.plan is not None:
         measured = "CUDA allocated" if result.device.startswith("cuda") else "process RSS"

@@ -21,7 +21,8 @@ from dspark_hub.train.evaluation.by_context import parse_edges
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
 from dspark_hub.train.evaluation.serving import MEASURE, ServingOptions
 from dspark_hub.train.finetuning import objective
-from dspark_hub.train.finetuning.config import TRAIN_DTYPES, TrainConfig, default
+from dspark_hub.train.finetuning.allocator import steady_allocator
+from dspark_hub.train.finetuning.config import TRAIN_DTYPES, TrainConfig, check_betas, default
 from dspark_hub.train.finetuning.threads import apply_threads, choose_threads
 from dspark_hub.train.target.dtypes import DTYPE_ALIASES, canonical_dtype, dtype_spellings
 from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
@@ -80,6 +81,15 @@ class Dtype(click.ParamType):  # type: ignore[type-arg]  # click 8.1 ParamType i
 def _canonical_engine_dtype(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     """`--engine-dtype` in either spelling; `auto` and names the engine checks itself pass through."""
     return None if value is None else DTYPE_ALIASES.get(value, value)
+
+
+def _betas(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[float, float]:
+    """`--betas 0.9,0.95` -> (0.9, 0.95), refused in click's words when it is not two numbers in [0, 1)."""
+    try:
+        return check_betas(float(part) for part in value.split(","))
+    except (ValueError, DsparkError) as error:
+        message = error.message if isinstance(error, DsparkError) else f"{value!r}: not numbers"
+        raise click.BadParameter(f"{message}; give B1,B2 in [0, 1), e.g. 0.9,0.95") from None
 
 
 def _engine_args(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
@@ -234,6 +244,8 @@ def rollouts(target: str, prompts: str, draft_config: str, out: str, max_new_tok
                    "(temperature 0) or greedy_drafts (greedy drafts at temperature 1, vLLM's default).")
 @click.option("--clip", type=float, default=default("clip"), show_default=True, help="Gradient-norm clip (0 = off).")
 @click.option("--weight-decay", "weight_decay", type=float, default=default("weight_decay"), show_default=True)
+@click.option("--betas", default=",".join(str(b) for b in default("betas")), show_default=True, metavar="B1,B2",
+              callback=_betas, help="AdamW's moment decays.")
 @click.option("--dtype", type=Dtype(TRAIN_DTYPES), default=default("dtype"), show_default=True,
               help="bfloat16 = bf16 autocast over fp32 master weights.")
 @click.option("--seed", type=int, default=default("seed"), show_default=True)
@@ -271,12 +283,14 @@ def finetune_command(loss: str, data_layer_ids: str | None, threads: int | None,
 
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
+    steady_allocator()
     engine, engine_options = pop_engine_options(options)
     config = TrainConfig(**options, loss=objective.parse_loss(loss, terms=None), engine=engine,
                          engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
-    with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
-        result = finetune(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
+    # A run takes minutes to hours: its plan and progress go to stderr even with --json (stdout stays one document).
+    with progress("finetune", unit="steps", quiet=quiet) as bar, engine_option_flags():
+        result = finetune(config, progress=_Planned(bar, show=not quiet, threads=choice))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer="render_training")
 

@@ -1,8 +1,8 @@
 """URLs of Hub endpoints: their form, their origin, and the credentials they may hold (never shown).
 
 Some artifact proxies are reached as `HF_ENDPOINT=https://user:password@host`. Those credentials are a
-secret like a token: `redact_url` shows them as `<credentials>` (`redaction.redact_credentials` does so for
-every URL in a text: an error line, a log record, a JSON document), and `public_url` drops them from a URL that is
+secret like a token: `redact_url` shows them as `<credentials>` (`redaction.redact_credentials` does so for every
+URL in a text: an error line, a log record, a JSON document), and `public_url` drops them from a URL that is
 written to be shared (a torrent's web seeds). `origin` is what the token is kept to (`format.hub_http`).
 
 Stdlib only.

@@ -52,6 +52,7 @@ _LAST = (CONFIG_NAME, "README.md")
 Transfer = Literal["auto", "xet", "lfs"]
 TRANSFERS: tuple[Transfer, ...] = ("auto", "xet", "lfs")
 
+
 @dataclass(frozen=True)
 class PublishPlan(Document):
     """What `publish` sends, in upload order (LFS weights first, the card and config last)."""

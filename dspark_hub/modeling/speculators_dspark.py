@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from dspark_hub.errors import UsageError
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.format.contract import CONFIG_NAME
+from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.tensorio import tensor_files
 
@@ -76,11 +77,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def read_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder (one file, or an index and its shards)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_file
 
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(set(tensor_files(folder).values())):
-        tensors.update(load_file(str(file)))
+        tensors.update(load_file(read_regular(file)))    # bytes read through open_regular: no native open
     return tensors
 
 

@@ -186,7 +186,7 @@ def _paired(draft: DraftUnderTest, target: Target, prompts: str, *, reference: D
     """The inputs once the target pairs with the draft (hidden size, vocabulary, taps in range) and the prompts
     are read (before any model loads), with the harness facts about the target (its identity, computed once)."""
     tap_view(draft.config, target.config, where=f"{draft.path}/{CONFIG_NAME}", target=target.path, param="draft")
-    items = read_prompts(prompts, target, param="prompts")
+    items = read_prompts(prompts, target, param="prompts", budget=(max_new_tokens or 0) + draft.k)   # fits its context
     identity = target.identity.to_dict()
     budget = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
     facts = {"prompts_sha256": sha256_file(prompts), **budget, "chat_template_sha256": target.chat_template_sha256,

@@ -192,6 +192,21 @@ def slot_weights(labels: torch.Tensor, target_positions: torch.Tensor, loss_mask
     return slot_mask, slot_mask * decay_weights(block, gamma).to(labels.device)
 
 
+def supervised_slots(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor,
+                     block_size: int) -> int:
+    """The block slots of a batch whose label counts in the loss (`slot_weights`' contiguous prefix), counted
+    from the batch alone: per valid anchor `a`, slots `k = 0, 1, ...` while `x[a + k + 1]` is a supervised token
+    of the sequence. What `finetune` plans before step 1; the step's own count is `LossSums.stats["slots"]`."""
+    import torch
+
+    rows, length = loss_mask.shape
+    label_positions = anchors.long()[..., None] + torch.arange(1, block_size + 1, device=anchors.device)
+    inside = label_positions < length
+    supervised = loss_mask.bool().gather(1, label_positions.clamp(max=length - 1).reshape(rows, -1))
+    kept = torch.cumprod((supervised.reshape_as(label_positions) & inside).int(), dim=-1)
+    return int((kept * anchor_valid.bool()[..., None]).sum())
+
+
 def _target_distribution(final_hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
     import torch
     import torch.nn.functional as F

@@ -246,6 +246,30 @@ class SpeculatorsDSparkTrainer:
                 start = j
         return spans
 
+    def block_keys(self, row: PackedRow, anchors: torch.Tensor) -> list[int]:
+        """Per anchor, the keys each row of its block attends over: its group's context rows (`_spans`) and
+        its own block."""
+        return [hi - lo + self.block_size for group, lo, hi in self._spans(row, anchors)
+                for _ in range(group.stop - group.start)]
+
+    def slot_rows(self, anchors: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(rows, target_rows)`, both `[A*K]`: the packed row's index of each block slot, and the row whose
+        target distribution that slot is distilled at (the row before it without `sample_from_anchor`)."""
+        import torch
+
+        rows = (anchors[:, None] + torch.arange(self.block_size)[None, :]).reshape(-1)
+        return rows, rows if self.sample_from_anchor else (rows - 1) % length
+
+    def slot_mask(self, row: PackedRow, anchors: torch.Tensor) -> torch.Tensor:
+        """`[A*K]` float: 1 on the block slots whose own row is supervised (slot 0 never, without
+        `sample_from_anchor`: it is the anchor), the slots the library's loss counts."""
+        rows, _ = self.slot_rows(anchors, row.input_ids.shape[0])
+        mask = row.loss_mask[rows].float()
+        if not self.sample_from_anchor:
+            mask = mask.clone()
+            mask[:: self.block_size] = 0
+        return mask
+
     def hidden(self, row: PackedRow, anchors: torch.Tensor) -> torch.Tensor:
         """Final-normed block states `z` `[A, K, H]` for the anchors of one packed row."""
         import torch
@@ -308,9 +332,8 @@ class SpeculatorsDSparkTrainer:
         k = self.block_size
         z = self.hidden(row, anchors)
         logits = F.linear(z, self.lm_head)
-        rows = (anchors[:, None] + torch.arange(k)[None, :]).reshape(-1)
+        rows, target_rows = self.slot_rows(anchors, row.input_ids.shape[0])
         with torch.no_grad():
-            target_rows = rows if self.sample_from_anchor else (rows - 1) % row.input_ids.shape[0]
             # Overlapping blocks share rows: the target's log-distribution once per distinct row, then gathered.
             distinct, inverse = torch.unique(target_rows, return_inverse=True)
             last = row.last_hidden[distinct].to(self.target_norm.dtype)
@@ -332,11 +355,8 @@ class SpeculatorsDSparkTrainer:
 
     def loss(self, row: PackedRow, anchors: torch.Tensor, objective: Objective) -> LossResult:
         """The library's total loss and its terms for the given anchors."""
-        logits, targets, confidence, rows = self.forward(row, anchors)
-        mask = row.loss_mask[rows].float()
-        if not self.sample_from_anchor:
-            mask = mask.clone()
-            mask[:: self.block_size] = 0
+        logits, targets, confidence, _ = self.forward(row, anchors)
+        mask = self.slot_mask(row, anchors)
         return library_loss(logits, targets, confidence, mask, self.block_size, objective,
                             sample_from_anchor=self.sample_from_anchor)
 
