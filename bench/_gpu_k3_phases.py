@@ -551,7 +551,7 @@ def train_run(workdir: Path, scale: Scale, device_name: str, label: str, *, fsdp
 
     paths = world_paths(workdir)
     config = TrainConfig(base=str(paths["base"]), out=str(workdir / f"out-{label}"), data=str(paths["data"]),
-                         teacher=str(paths["teacher"]), steps=scale.steps, batch_size=scale.batch_size,
+                         target=str(paths["teacher"]), steps=scale.steps, batch_size=scale.batch_size,
                          max_anchors=scale.anchors, loss_chunk=scale.loss_chunk, dtype="bfloat16", lr=scale.lr,
                          warmup=scale.warmup, seed=SEED, fsdp=fsdp, device=device_name, force=True)
     started = time.perf_counter()

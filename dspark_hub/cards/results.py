@@ -16,6 +16,7 @@ from typing import Any
 
 from dspark_hub._text import short_json
 from dspark_hub.cards.labels import AcceptanceLabel, acceptance_label
+from dspark_hub.cards.serving_tables import CalibrationTable, SweepTable, calibration_table, sweep_table
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise
@@ -79,7 +80,8 @@ ARG_LABELS: tuple[tuple[str, str], ...] = (
     ("eval_data", "Evaluation data"), ("steps", "Steps"), ("epochs", "Epochs"), ("batch_size", "Batch size"),
     ("lr", "Learning rate"), ("min_lr_ratio", "Final learning rate / peak"), ("warmup", "Warmup steps"),
     ("block_size", "Block size"), ("max_anchors", "Anchors per sequence"), ("loss", "Loss weights"),
-    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"), ("clip", "Gradient clipping"),
+    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"),
+    ("confidence_target", "Confidence head target"), ("clip", "Gradient clipping"),
     ("weight_decay", "Weight decay"), ("dtype", "Precision"), ("seed", "Seed"), ("on_policy", "On-policy"),
     ("rounds", "Rounds"), ("fsdp", "FSDP"),
 )
@@ -127,6 +129,8 @@ class Results:
     by_step_label: AcceptanceLabel | None = None
     by_dataset: AcceptanceTable | None = None
     long_context: AcceptanceTable | None = None
+    sweep: SweepTable | None = None
+    calibration: CalibrationTable | None = None
     training: TrainingRun | None = None
 
     @property
@@ -341,6 +345,17 @@ def _long_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, s
                            title=str(title) if title else None, label=label) if rows else None
 
 
+def _by_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]],
+                label: AcceptanceLabel | None) -> AcceptanceTable | None:
+    """`eval --by-context`'s rows as the card's long-context table (sub-domain: the dataset, or all prompts)."""
+    block = doc.get("by_context")
+    rows_in = block.get("rows") if isinstance(block, Mapping) else None
+    rows = [_row((str(entry.get("dataset")), str(entry.get("context"))), entry, f"{where}:by_context.rows[{i}]")
+            for i, entry in enumerate(rows_in if isinstance(rows_in, list) else []) if isinstance(entry, Mapping)]
+    return AcceptanceTable(key_headers=("Sub-domain", "Context"), rows=rows, harness=harness,
+                           title="acceptance by context length at the anchor", label=label) if rows else None
+
+
 def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | None = None) -> Results:
     """Read an evaluation JSON (`dspark-hub eval --json` or the card-side shape) into tables.
 
@@ -361,8 +376,11 @@ def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | Non
     if long_block is not None:
         check_counts(long_block, f"{p.name}:long_context")
     long_harness = harness_pairs(long_block, doc, defaults)
-    return Results(by_dataset=_by_dataset(doc, p.name, harness, acceptance_label(doc, defaults)),
-                   long_context=_long_context(doc, p.name, long_harness, acceptance_label(long_block, doc, defaults)))
+    label = acceptance_label(doc, defaults)
+    return Results(by_dataset=_by_dataset(doc, p.name, harness, label),
+                   long_context=_long_context(doc, p.name, long_harness, acceptance_label(long_block, doc, defaults))
+                   or _by_context(doc, p.name, harness, label),
+                   sweep=sweep_table(doc, p.name, label), calibration=calibration_table(doc, p.name, label))
 
 
 def _number(value: Any) -> float | None:

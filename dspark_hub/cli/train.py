@@ -17,7 +17,9 @@ from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.data.hidden_state_files import parse_layer_ids
 from dspark_hub.train.data.rollouts import make_rollouts
+from dspark_hub.train.evaluation.by_context import parse_edges
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
+from dspark_hub.train.evaluation.serving import MEASURE, ServingOptions
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.finetuning.allocator import steady_allocator
 from dspark_hub.train.finetuning.config import TRAIN_DTYPES, TrainConfig, check_betas, default
@@ -236,6 +238,10 @@ def rollouts(target: str, prompts: str, draft_config: str, out: str, max_new_tok
               help="(anchor, position) rows per loss chunk; bounds loss memory in the vocabulary (0 = no chunking).")
 @click.option("--gamma", type=float, default=default("gamma"), show_default=True, help="Slot weight exp(-k/gamma).")
 @click.option("--alpha", type=float, default=default("alpha"), show_default=True, help="Confidence-head BCE weight.")
+@click.option("--confidence-target", "confidence_target", type=click.Choice(list(objective.CONFIDENCE_TARGETS)),
+              default=default("confidence_target"), show_default=True,
+              help="What the confidence head learns: overlap (sampled drafts at temperature 1, speculators'), greedy "
+                   "(temperature 0) or greedy_drafts (greedy drafts at temperature 1, vLLM's default).")
 @click.option("--clip", type=float, default=default("clip"), show_default=True, help="Gradient-norm clip (0 = off).")
 @click.option("--weight-decay", "weight_decay", type=float, default=default("weight_decay"), show_default=True)
 @click.option("--betas", default=",".join(str(b) for b in default("betas")), show_default=True, metavar="B1,B2",
@@ -361,12 +367,29 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(evaluate, "batch_size"),
               show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
+@click.option("--k", "ks", metavar="KS", help="Also measure these k in the same run (1,2,4 or 1-7 or block: 1 to the "
+              "draft's k), sharing the target's rollouts and the draft's context; each k as --block-size k counts.")
+@click.option("--by-context", "by_context", is_flag=True,
+              help="Acceptance per bucket of context length at the anchor (powers of two from 64).")
+@click.option("--context-edges", "context_edges", metavar="LENGTHS", callback=lambda _c, _p, v: parse_edges(v)
+              if v else None, help="The buckets' edges, e.g. 1024,4096,16384 (implies --by-context).")
+@click.option("--costs", type=click.Choice([MEASURE]), help="Time a draft step and a verify pass against a target "
+              "decode step here, for the expected speedup per k.")
+@click.option("--draft-cost", "draft_cost", metavar="X[,X...]", callback=lambda _c, p, v: _floats(v, p),
+              help="A draft step's cost in target decode steps on your hardware (one, or one per k).")
+@click.option("--verify-cost", "verify_cost", metavar="X[,X...]", callback=lambda _c, p, v: _floats(v, p),
+              help="Verifying k + 1 tokens, in target decode steps on your hardware (one, or one per k).")
+@click.option("--profile", is_flag=True, help="Write speculation_profile.json beside the draft (Model-Optimizer's "
+              "keys plus ours).")
+@force_option
 @threads_option
 @quiet_option
 @json_option
 def eval_command(draft: str, target: str | None, prompts: str | None, data: str | None, reference: str | None,
                  engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
-                 ignore_eos: bool, batch_size: int, plot: Path | None, threads: int | None, quiet: bool,
+                 ignore_eos: bool, batch_size: int, plot: Path | None, ks: str | None, by_context: bool,
+                 context_edges: list[int] | None, costs: str | None, draft_cost: list[float] | None,
+                 verify_cost: list[float] | None, profile: bool, force: bool, threads: int | None, quiet: bool,
                  as_json: bool) -> None:
     """Acceptance of a draft with vLLM's definitions: simulated, or measured by vLLM serving it.
 
@@ -374,10 +397,22 @@ def eval_command(draft: str, target: str | None, prompts: str | None, data: str 
     """
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
+    serving = ServingOptions(ks=ks, by_context=by_context, context_edges=context_edges, costs=costs,
+                             draft_cost=draft_cost, verify_cost=verify_cost, profile=profile, force=force)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, target=target, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
-                          progress=bar)
+                          serving=serving if serving.asked else None, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
     emit(result, as_json=as_json, renderer="render_eval")
+
+
+def _floats(text: str | None, param: click.Parameter) -> list[float] | None:
+    """`0.1` or `1.0,1.02,1.05` as numbers (a click callback)."""
+    if not text:
+        return None
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a list of numbers, e.g. 0.08 or 1.0,1.05", param=param) from None

@@ -58,6 +58,7 @@ class TrainConfig:
     loss: dict[str, float] = field(default_factory=lambda: {"ce": 0.1, "tv": 0.9})
     gamma: float = 4.0
     alpha: float = 1.0
+    confidence_target: str = "overlap"   # what the confidence head learns (`objective.CONFIDENCE_TARGETS`)
     clip: float = 1.0
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)   # AdamW's moment decays
@@ -84,6 +85,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.dtype = canonical_dtype(self.dtype, TRAIN_DTYPES)
+        if self.confidence_target not in objective.CONFIDENCE_TARGETS:
+            raise UsageError(f"confidence target {self.confidence_target!r}; use one of "
+                             f"{', '.join(objective.CONFIDENCE_TARGETS)}", param="confidence_target")
         self.betas = check_betas(self.betas)
 
     def __getattr__(self, name: str) -> Any:

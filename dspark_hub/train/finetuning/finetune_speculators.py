@@ -79,7 +79,7 @@ def library_objective(config: TrainConfig) -> Objective:
     loss = {LOSS_ALIASES.get(name, name): float(weight) for name, weight in config.loss.items()}
     if config.max_anchors <= 0:
         raise UsageError(f"{config.max_anchors}; give the anchors per sequence (> 0)", param="max_anchors")
-    return Objective(loss=loss, gamma=config.gamma, alpha=config.alpha,
+    return Objective(loss=loss, gamma=config.gamma, alpha=config.alpha, confidence_target=config.confidence_target,
                      max_anchors=anchors_per_row(config.max_anchors, config.batch_size))
 
 

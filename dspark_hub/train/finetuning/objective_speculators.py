@@ -16,7 +16,8 @@ against it by tests/test_speculators_objective.py in the library's own virtualen
    token at the same row;
 5. loss: each term of `loss` (KL by default) is `sum(l * m * w) / (sum(m) + 1e-5)` with
    `w_k = exp(-k / gamma)` (without `sample_from_anchor`: slot 0 is the anchor, weight 0, then
-   `exp(-(k - 1) / gamma)`), plus `alpha` times the confidence BCE against the detached overlap
+   `exp(-(k - 1) / gamma)`), plus `alpha` times the confidence BCE against the detached overlap (or, with
+   `confidence_target`, the acceptance the draft is served with: `objective.CONFIDENCE_TARGETS`)
    `1 - TV` with the same weights (denominator `sum(m) + 1e-8`).
 
 How it differs from the k3_dspark objective (`train.objective`): anchors there need a supervised
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub.errors import UsageError
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.modeling.speculators_dspark import rms_norm, rotary_embedding
+from dspark_hub.train.finetuning.objective import acceptance_target
 
 if TYPE_CHECKING:
     import torch
@@ -66,6 +68,8 @@ class Objective:
     gamma: float = 4.0
     alpha: float = 1.0
     max_anchors: int = 3072
+    #: What the confidence head learns (`objective.CONFIDENCE_TARGETS`; the library's is the overlap).
+    confidence_target: str = "overlap"
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.loss) - set(LIBRARY_TERMS))
@@ -412,7 +416,9 @@ def library_loss(logits: torch.Tensor, log_p: torch.Tensor, confidence: torch.Te
     accept_rate = overlap.detach()
     confidence_term = None
     if confidence is not None:
-        bce = F.binary_cross_entropy_with_logits(confidence, accept_rate.to(confidence.dtype), reduction="none")
+        learned = accept_rate if objective.confidence_target == "overlap" else \
+            acceptance_target(log_q.detach().exp(), log_p.exp(), objective.confidence_target)
+        bce = F.binary_cross_entropy_with_logits(confidence, learned.to(confidence.dtype), reduction="none")
         confidence_term = (bce * mask.to(bce.dtype) * decay).sum() / (mask.sum() + CONFIDENCE_EPS)
         total = total + objective.alpha * confidence_term
     return LossResult(total=total, terms=terms, confidence=confidence_term, accept_rate=accept_rate, mask=mask)

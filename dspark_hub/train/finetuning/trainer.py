@@ -163,7 +163,7 @@ class Trainer:
         if config.loss_chunk < 0:
             raise UsageError(f"{config.loss_chunk}; use rows per chunk, or 0 for no chunking", param="loss_chunk")
         step = DraftStep(self.model, config.block_size, terms=list(self.loss_weights), gamma=config.gamma,
-                         loss_chunk=config.loss_chunk)
+                         loss_chunk=config.loss_chunk, confidence_target=config.confidence_target)
         uses_confidence = bool(self.model.confidence_head is not None and config.alpha)
         self.module = wrap(step, self.model.layers, self.device, self.world, fsdp=config.fsdp,
                            find_unused_parameters=not uses_confidence)
