@@ -33,6 +33,8 @@ import os
 import platform
 from dataclasses import dataclass
 
+from dspark_hub.documents import Document
+
 #: glibc's `<malloc.h>` parameters.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 #: Blocks below this come from the heap and go back to it (mallopt takes an int: at most 2 GiB).
@@ -47,14 +49,11 @@ SWITCH = "DSPARK_ALLOCATOR"
 
 
 @dataclass(frozen=True)
-class AllocatorChoice:
+class AllocatorChoice(Document):
     """What `steady_allocator` set, and why not where it did not."""
 
     malloc: str          # "set", or why not: "environment", "system", "not glibc", "refused"
     onednn: str          # "set", "environment" or "system"
-
-    def to_dict(self) -> dict[str, str]:
-        return {"malloc": self.malloc, "onednn": self.onednn}
 
 
 def malloc_configured(environ: dict[str, str] | os._Environ[str]) -> bool:
