@@ -127,6 +127,17 @@ class RefusedOverwriteError(DsparkError, FileExistsError):
         self.detail = detail
 
 
+class ChangedMeanwhileError(DsparkError):
+    """Something the command checked changed before it was used: another process wrote, replaced or
+    removed it meanwhile (an output `force` was to replace, a file the publish gate judged).
+
+    Example: ``out/: changed since it was checked (another process wrote, replaced or removed it while
+    this ran); it was kept and this output not written; run again``
+    """
+
+    error_code = "CHANGED_MEANWHILE"
+
+
 class EngineError(DsparkError, RuntimeError):
     """A target engine failed or refused a request (its process died, or it rejected the target).
 

@@ -14,14 +14,17 @@ COMMANDS: dict[str, str] = {name: f"dspark-hub/{name}/1" for name in (
     "export-code", "checksums", "checksums-check", "package", "card", "card-lint", "publish", "error", "probe",
 )} | {
     # 2: vLLM's definitions and counts (`drafts` replaces `steps`; the last step counts in full), `engine`,
-    # `measured_by`, `lossless`.
-    "eval": "dspark-hub/eval/2",
+    # `measured_by`, `lossless`. 3 (one bump for this release): sampled acceptance's per-unit records; the
+    # optional `sweep`, `speedup`, `by_context` and `calibration` (docs/acceptance.md).
+    "eval": "dspark-hub/eval/3",
 }
 
 #: `checksums.json`, the digest manifest beside the weights.
 CHECKSUMS = "dspark-hub/checksums-manifest/1"
 #: `dspark_init.json`, how `init --target` sized a draft (taps, mask token and why, draft vocabulary).
 INIT_TARGET = "dspark-hub/init-target/1"
+#: `speculation_profile.json`'s own object (`dspark_hub`), beside Model-Optimizer's keys (`format.speculation_profile`).
+SPECULATION_PROFILE = "dspark-hub/speculation-profile/1"
 #: `manifest.json` (and shard metadata) of a rollouts folder.
 ROLLOUTS_DATA = "dspark-hub/rollouts-data/1"
 #: `__metadata__["schema"]` of a golden-vector fixture.

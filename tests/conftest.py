@@ -66,6 +66,9 @@ def _clean_env(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("DSPARK_DEBUG", raising=False)
+    # `finetune` sets its process's malloc and oneDNN caches (train/finetuning/allocator.py); run in-process by
+    # CliRunner it would set them for every later test. tests/test_allocator.py runs them in processes of their own.
+    monkeypatch.setenv("DSPARK_ALLOCATOR", "system")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -139,6 +142,7 @@ def hub(hub_server):
     yield hub_server
     hub_server.fail_lfs_uploads(0)
     hub_server.fail_commits(0)
+    hub_server.reset_faults()
 
 
 @pytest.fixture

@@ -20,9 +20,27 @@ Test hooks:
 - counters: `bytes_served(repo_id, path=None)`, `lfs_puts` (every LFS PUT: repo, oid, size,
   bytes received, ok), `lfs_uploaded_oids(repo_id)`, `requests` (method, path, status);
 - `honour_ranges = False`: resolve GETs answer 200 with the whole file (a server ignoring `Range`);
+- `before_route`: called with (method, path) once a request's body is read, before it is answered
+  (the client waits meanwhile): a test acts at a known point of a client's exchange;
 - faults: `fail_lfs_uploads(count, oids=None)` makes the next matching LFS PUTs fail after
   reading the body (400: not retried by the client, so it gives up at once, like an interrupted
   upload), `fail_commits(count)` refuses the next commits (500, not retried by create_commit).
+- a misbehaving Hub, `misbehave(kind, route, times=None, **params)`: for requests whose
+  `METHOD /path?query` matches the regex `route` (the next `times` ones, or all), the server is
+  `silent` (reads the request, never answers, holds the connection until `reset_faults()`),
+  `close`s the connection unanswered, answers after a `delay`, `trickle`s its body (`chunk` bytes
+  every `interval` s), sends an `endless` body, headers that never end (`interim`: `100 Continue`
+  again and again; `drip_headers`: a byte at a time), `answer`s what it is told (`status`, `headers`,
+  `body` as bytes or JSON, `content_type`), `edit`s its JSON answer (`edit(doc) -> doc`, extra
+  `headers`, where `{base}` and `{path}` stand for the server and the request's path), or
+  `redirect`s (`location`, a format string of `base` and `path`: the same path is a loop).
+  `Fault.arrived` is set when a request met it (so a test can act once the server holds one);
+- `seen`: every request with its `Authorization` header; `mirror(host)`: the same Hub on another host
+  (127.0.0.2 is loopback too), as a CDN or another origin, that asks for no token;
+- `xet_cas_url`: when set, the Xet token routes answer 200 with that CAS URL and a Xet access token
+  of their own (`XET_ACCESS_TOKEN`), as a Hub with Xet storage does;
+- `basic_credentials`: (user, password) an artifact proxy accepts in `Authorization: Basic` in place
+  of the token (`HF_ENDPOINT=http://user:password@host`).
 """
 
 from __future__ import annotations
@@ -38,6 +56,7 @@ import secrets
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -53,6 +72,7 @@ DEFAULT_GITATTRIBUTES = "".join(
               "*.tar", "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip", "*.zst", "*tfevents*")
 ).encode()
 REGULAR_LIMIT = 10 * 1024 * 1024
+XET_ACCESS_TOKEN = "xet_access_token_minted_by_the_hub"
 TREE_PAGE = 1000
 TREE_PAGE_EXPAND = 50
 SHA_RE = re.compile(r"^[0-9a-f]{5,40}$")
@@ -133,6 +153,19 @@ class LfsPut:
     ok: bool
 
 
+@dataclass
+class Fault:
+    """A misbehaviour for the requests whose `METHOD /path?query` matches `route` (see the module doc)."""
+
+    kind: str
+    route: str
+    times: int | None
+    params: dict[str, Any]
+    hits: int = 0
+    arrived: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+
 class HttpError(Exception):
     def __init__(self, status: int, message: str, *, code: str | None = None,
                  headers: dict[str, str] | None = None, body: Any = None) -> None:
@@ -161,6 +194,14 @@ class HubServer:
         self._counter = 0
         #: False makes resolve GETs ignore `Range` (answer 200 with the whole file), like a naive mirror.
         self.honour_ranges = True
+        self.faults: list[Fault] = []
+        self.mirrors: list[HubServer] = []
+        #: (method, path, Authorization header) of every request.
+        self.seen: list[tuple[str, str, str]] = []
+        self.open_door = False
+        self.xet_cas_url: str | None = None
+        self.basic_credentials: tuple[str, str] | None = None
+        self.before_route: Callable[[str, str], None] | None = None
         handler = type("BoundHubHandler", (_Handler,), {"hub": self})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
@@ -173,7 +214,7 @@ class HubServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.httpd.server_address[0]}:{self.port}"
 
     def start(self) -> HubServer:
         if self._thread is None:
@@ -182,6 +223,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self.reset_faults()
         if self._thread is not None:
             self.httpd.shutdown()
             self._thread.join(5)
@@ -211,6 +253,41 @@ class HubServer:
     def fail_commits(self, count: int = 1) -> None:
         with self.lock:
             self._fail_commits = count
+
+    def misbehave(self, kind: str, route: str = ".", times: int | None = None, **params: Any) -> Fault:
+        """Misbehave on the requests whose `METHOD /path?query` matches `route` (see the module doc)."""
+        fault = Fault(kind, route, times, params)
+        with self.lock:
+            self.faults.append(fault)
+        return fault
+
+    def reset_faults(self) -> None:
+        """Behave again: every held (silent) connection is let go, the mirrors stop."""
+        with self.lock:
+            faults, self.faults = self.faults, []
+            mirrors, self.mirrors = self.mirrors, []
+            self.xet_cas_url, self.basic_credentials = None, None
+        for fault in faults:
+            fault.released.set()
+        for mirror in mirrors:
+            mirror.stop()
+
+    def take_fault(self, method: str, path: str) -> Fault | None:
+        with self.lock:
+            for fault in self.faults:
+                if (fault.times is None or fault.hits < fault.times) and re.search(fault.route, f"{method} {path}"):
+                    fault.hits += 1
+                    fault.arrived.set()
+                    return fault
+        return None
+
+    def mirror(self, host: str = "127.0.0.2") -> HubServer:
+        """This Hub on another host: same state, no token asked, every request recorded in `seen`."""
+        other = HubServer(token=self.token, user=self.user, host=host)
+        other.repos, other.lock, other.secret = self.repos, self.lock, self.secret
+        other.open_door = True
+        self.mirrors.append(other)
+        return other.start()
 
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo:
         return self.repos[(repo_type, repo_id)]
@@ -289,9 +366,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.segments = [unquote(s) for s in split.path.split("/")[1:]]
         self.raw_segments = split.path.split("/")[1:]
         self.body = b"" if method in ("GET", "HEAD") and "Content-Length" not in self.headers else self._read_body()
+        with self.hub.lock:
+            self.hub.seen.append((method, self.path, self.headers.get("Authorization", "")))
+        self.fault = self.hub.take_fault(method, self.path)
         status = 500
         try:
-            status = self._route()
+            if self.hub.before_route is not None:
+                self.hub.before_route(method, self.path)
+            status = self._misbehave() if self.fault is not None else None
+            if status is None:
+                status = self._route()
         except HttpError as err:
             status = err.status
             headers = dict(err.headers)
@@ -310,18 +394,97 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None,
               content_type: str = "application/json") -> int:
+        fault = self.fault
+        headers = dict(headers or {})
+        if fault is not None and fault.kind == "edit":
+            if fault.params.get("edit") is not None and content_type == "application/json":
+                body = json.dumps(fault.params["edit"](json.loads(body))).encode()
+            headers.update({key: value.replace("{base}", self.base).replace("{path}", self.path)
+                            for key, value in fault.params.get("headers", {}).items()})
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
+        for key, value in headers.items():
             self.send_header(key, value)
         self.end_headers()
         if self.method != "HEAD":
             try:
-                self.wfile.write(body)
+                if fault is not None and fault.kind == "trickle":
+                    self._trickle(body, fault)
+                else:
+                    self.wfile.write(body)
             except (BrokenPipeError, ConnectionResetError):  # the client had enough bytes and hung up
                 self.close_connection = True
         return status
+
+    # --- misbehaving -----------------------------------------------------------------------------
+    def _misbehave(self) -> int | None:
+        """Act out `self.fault`; None when the request is then routed as usual."""
+        fault = self.fault
+        assert fault is not None
+        params = fault.params
+        if fault.kind == "silent":
+            fault.released.wait(params.get("seconds", 600))
+            self.close_connection = True
+            return 0
+        if fault.kind == "close":
+            self.close_connection = True
+            return 0
+        if fault.kind == "delay":
+            fault.released.wait(params["seconds"])
+            return None
+        if fault.kind == "answer":
+            body = params.get("body", b"")
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.fault = None
+            return self._send(params.get("status", 200), data, params.get("headers"),
+                              content_type=params.get("content_type", "application/json"))
+        if fault.kind == "redirect":
+            location = params.get("location", "{base}{path}").format(base=self.base, path=self.path)
+            self.fault = None
+            return self._send(params.get("status", 302), b"", {"Location": location})
+        if fault.kind == "endless":
+            return self._endless(fault)
+        if fault.kind in ("interim", "drip_headers"):
+            return self._never_done_headers(fault)
+        return None
+
+    def _never_done_headers(self, fault: Fault) -> int:
+        """Headers that never end: `100 Continue` again and again (`interim`), or one header byte at a time."""
+        step = b"HTTP/1.1 100 Continue\r\n\r\n" if fault.kind == "interim" else b"x"
+        if fault.kind == "drip_headers":
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        try:
+            while not fault.released.wait(fault.params.get("interval", 0.2)):
+                self.wfile.write(step)
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+        return 0
+
+    def _trickle(self, body: bytes, fault: Fault) -> None:
+        step = fault.params.get("chunk", 1)
+        for i in range(0, len(body), step):
+            self.wfile.write(body[i:i + step])
+            self.wfile.flush()
+            if fault.released.wait(fault.params.get("interval", 0.5)):
+                break
+
+    def _endless(self, fault: Fault) -> int:
+        """A 200 whose body never ends (JSON whitespace, chunked), until the client hangs up or faults reset."""
+        self.send_response(200)
+        self.send_header("Content-Type", fault.params.get("content_type", "application/json"))
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = b" " * 65536
+        try:
+            while not fault.released.is_set():
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+        return 200
 
     def _send_json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> int:
         return self._send(status, json.dumps(obj).encode(), headers)
@@ -340,6 +503,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _auth(self, *, required: bool) -> bool:
         """True when the request carries the valid token; 401 like the Hub for a wrong one."""
         header = self.headers.get("Authorization", "")
+        if self.hub.open_door:   # a CDN or another origin: signed URLs, no token asked
+            return True
+        if header.startswith("Basic ") and self.hub.basic_credentials is not None:
+            given = base64.b64decode(header.removeprefix("Basic ").strip()).decode("utf-8", "replace")
+            if not hmac.compare_digest(given, ":".join(self.hub.basic_credentials)):
+                raise HttpError(401, "Invalid credentials in Authorization header")
+            return True   # an artifact proxy holds its own Hub token
         if header:
             token = header.removeprefix("Bearer ").strip()
             if not hmac.compare_digest(token, self.hub.token):
@@ -514,11 +684,18 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send_json({"files": files})
 
     def _no_xet(self, kind: str, repo_type: str, repo_id: str, rev: str) -> int:
-        """An endpoint without Xet storage: the token route does not exist (404, no error code)."""
+        """An endpoint without Xet storage: the token route does not exist (404, no error code); with
+        `xet_cas_url` set, a Xet token for that CAS server, as a Hub with Xet storage answers."""
         self._repo(repo_type, repo_id, write=kind == "write")
         with self.hub.lock:
             self.hub.xet_token_requests.append((kind, repo_id, rev))
-        raise HttpError(404, "Not Found: this endpoint has no Xet storage")
+            cas = self.hub.xet_cas_url
+        if cas is None:
+            raise HttpError(404, "Not Found: this endpoint has no Xet storage")
+        expires = int(time.time()) + 3600
+        return self._send_json({"accessToken": XET_ACCESS_TOKEN, "exp": expires, "casUrl": cas},
+                               headers={"X-Xet-Cas-Url": cas, "X-Xet-Access-Token": XET_ACCESS_TOKEN,
+                                        "X-Xet-Token-Expiration": str(expires)})
 
     def _lfs_batch(self, repo_type: str, repo_id: str) -> int:
         repo = self._repo(repo_type, repo_id, write=True)

@@ -92,19 +92,36 @@ def test_refuses_the_current_folder_and_its_parents(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["a"]
 
 
-def test_failed_final_rename_keeps_the_old_output(tmp_path, monkeypatch):
-    from dspark_hub.format import writer
+@pytest.fixture(params=["renameat2", "no renameat2"])
+def rename_kind(request, monkeypatch):
+    """Both ways a writer's final rename runs: renameat2's no-replace and exchange, and the fallback without it
+    (a hard link or a plain rename to take a free name, moving the old output aside to replace it)."""
+    from dspark_hub.format import renames
+
+    if request.param == "no renameat2":
+        monkeypatch.setattr(renames, "_renameat2", lambda: None)
+    return request.param
+
+
+def test_failed_final_rename_keeps_the_old_output(tmp_path, monkeypatch, rename_kind):
+    from dspark_hub.format import renames, writer
 
     out = tmp_path / "c"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    real_rename = writer.os.rename
+    real_rename, real_exchange = writer.os.rename, renames.exchange
 
     def rename(src, dst):
         if str(src).startswith(str(tmp_path / ".c.tmp-")):
             raise OSError(18, "Invalid cross-device link")
         return real_rename(src, dst)
+
+    def exchange(a, b):
+        if str(a).startswith(str(tmp_path / ".c.tmp-")):
+            raise OSError(18, "Invalid cross-device link")
+        return real_exchange(a, b)
     monkeypatch.setattr(writer.os, "rename", rename)
+    monkeypatch.setattr(renames, "exchange", exchange)
     result = run("init", out, "--force")
     assert result.exit_code == 2 and "cross-device" in result.stderr
     assert (out / "keep.txt").read_text() == "mine"

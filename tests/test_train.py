@@ -231,7 +231,7 @@ def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
     harness = doc["harness"]
     assert (harness["mode"], harness["decoding"], harness["block_size"]) == ("simulated", "greedy", 7)
     assert harness["definition"] == doc["definition"] and "1 + sum(per_position)" in doc["definition"]
-    assert set(harness["target_identity"]["digests"]) == {"config.json", "model.safetensors"}
+    assert set(harness["teacher_identity"]["digests"]) == {"config.json", "model.safetensors"}
     assert harness["teacher"].startswith("teacher (sha256 config.json ") and "ratio" in harness["reference"]
     assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
 
@@ -595,10 +595,17 @@ def test_a_torchrun_resume_reads_the_state_on_rank_0_only_and_reproduces_the_run
     script.write_text(
         "import os, runpy, sys, torch\n"
         "load = torch.load\n"
+        "def source(file):\n"
+        "    if isinstance(file, (str, os.PathLike)):\n"
+        "        return str(file)\n"
+        "    try:   # a file the product opened; broadcast objects arrive as buffers (no descriptor)\n"
+        "        return os.readlink(f'/proc/self/fd/{file.fileno()}')\n"
+        "    except (OSError, ValueError, AttributeError):\n"
+        "        return None\n"
         "def logged(file, *args, **kwargs):\n"
-        "    if isinstance(file, (str, os.PathLike)):   # files; broadcast objects arrive as buffers\n"
+        "    if source(file) is not None:\n"
         "        with open(os.environ['LOAD_LOG'] + '.' + os.environ['RANK'], 'a') as log:\n"
-        "            log.write(str(file) + '\\n')\n"
+        "            log.write(source(file) + '\\n')\n"
         "    return load(file, *args, **kwargs)\n"
         "torch.load = logged\n"
         "sys.argv = ['dspark_hub', *sys.argv[1:]]\n"

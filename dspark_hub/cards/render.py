@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_hub.cards.facts import card_facts, facts_from_metadata, int_or_none, known_digests
+from dspark_hub.cards.facts import NOT_CHECKSUMMED, card_facts, facts_from_metadata, int_or_none, known_digests
 from dspark_hub.cards.front_matter import front_matter_problems, front_matter_yaml
 from dspark_hub.cards.results import Results, load_eval, load_probe, load_train_log, load_training_run
 from dspark_hub.cards.source import load_card_source
@@ -59,7 +59,9 @@ from dspark_hub.cards.templating import TEMPLATE, environment, render_strings, s
 from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError
 from dspark_hub.format.checkpoint import CheckpointView
-from dspark_hub.format.writer import atomic_file, check_writable
+from dspark_hub.format.provenance import TRAINING_ARGS_NAME
+from dspark_hub.format.writer import atomic_file, check_writable, refuse_own_inputs
+from dspark_hub.redaction import redact_tokens
 from dspark_hub.schemas import command
 
 
@@ -128,7 +130,7 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
     card = render_strings({k: v for k, v in meta.items() if k != "front_matter"}, source_environment(), context, "")
     text = environment().get_template(TEMPLATE).render(card=card, front_matter=front_matter,
                                              front_matter_yaml=front_matter_yaml(front_matter), **context)
-    return tidy_markdown(text)
+    return redact_tokens(tidy_markdown(text))   # a card is published: no token, no credentials in a URL
 
 
 def tidy_markdown(text: str) -> str:
@@ -150,6 +152,22 @@ def tidy_markdown(text: str) -> str:
     while out and not out[-1]:
         out.pop()
     return "\n".join(out) + "\n"
+
+
+def card_inputs(meta: str | os.PathLike[str], ckpt: str | os.PathLike[str] | None,
+                eval_json: str | os.PathLike[str] | None, train_log: str | os.PathLike[str] | None,
+                checksums_from: str | os.PathLike[str] | None) -> list[tuple[str, Path | None]]:
+    """Every local path `render_card` reads, by argument: the card source and the paths it names too."""
+    meta_path = Path(meta)
+    source = load_card_source(meta_path)
+    base, section = meta_path.parent, source["results"]
+    log = _resolve(base, train_log, section.get("train_log"))
+    config = (source.get("architecture") or {}).get("config")
+    return [("meta", meta_path), ("ckpt", Path(ckpt) if ckpt is not None else None),
+            ("eval_json", _resolve(base, eval_json, section.get("eval"))), ("train_log", log),
+            ("train_log", log.parent / TRAINING_ARGS_NAME if log else None),
+            ("checksums_from", Path(checksums_from) if checksums_from is not None else None),
+            ("meta", base / config if isinstance(config, str) else None)]
 
 
 @dataclass(frozen=True)
@@ -178,11 +196,13 @@ def write_card(meta: str | os.PathLike[str], ckpt: str | os.PathLike[str] | None
         UsageError: an input is missing or malformed, or the front matter is invalid.
     """
     out = Path(output)
-    check_writable(out, force=force)
+    refuse_own_inputs(out, card_inputs(meta, ckpt, eval_json, train_log, checksums_from), param="output",
+                      folder=False, keep=NOT_CHECKSUMMED)
+    checked = check_writable(out, force=force)
     text = render_card(meta, ckpt, eval_json, train_log, checksums_from=checksums_from, hash_files=hash_files,
                        progress=progress, probe_json=probe_json)
     data = text.encode("utf-8")
-    with atomic_file(out, force=force) as handle:
+    with atomic_file(out, force=force, checked=checked) as handle:
         handle.write(data)
     return CardResult(path=out, checkpoint=Path(ckpt) if ckpt is not None else None, bytes=len(data),
                       lines=text.count("\n"), sha256=hashlib.sha256(data).hexdigest())

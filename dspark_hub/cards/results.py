@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_hub._text import short_json
 from dspark_hub.cards.labels import AcceptanceLabel, acceptance_label
+from dspark_hub.cards.serving_tables import CalibrationTable, SweepTable, calibration_table, sweep_table
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
 from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise
@@ -78,7 +80,8 @@ ARG_LABELS: tuple[tuple[str, str], ...] = (
     ("eval_data", "Evaluation data"), ("steps", "Steps"), ("epochs", "Epochs"), ("batch_size", "Batch size"),
     ("lr", "Learning rate"), ("min_lr_ratio", "Final learning rate / peak"), ("warmup", "Warmup steps"),
     ("block_size", "Block size"), ("max_anchors", "Anchors per sequence"), ("loss", "Loss weights"),
-    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"), ("clip", "Gradient clipping"),
+    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"),
+    ("confidence_target", "Confidence head target"), ("clip", "Gradient clipping"),
     ("weight_decay", "Weight decay"), ("dtype", "Precision"), ("seed", "Seed"), ("on_policy", "On-policy"),
     ("rounds", "Rounds"), ("fsdp", "FSDP"),
 )
@@ -148,6 +151,8 @@ class Results:
     by_step_label: AcceptanceLabel | None = None
     by_dataset: AcceptanceTable | None = None
     long_context: AcceptanceTable | None = None
+    sweep: SweepTable | None = None
+    calibration: CalibrationTable | None = None
     training: TrainingRun | None = None
     probe: ProbeCheck | None = None
 
@@ -262,11 +267,17 @@ def _implied_harness(scope: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _rates(values: Any, where: str) -> tuple[float, ...]:
-    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                               for v in values):
-        raise UsageError(f"{where}: per_position must be a list of numbers; got {json.dumps(values)}")
+    if not isinstance(values, list) or not all(_is_number(v) for v in values):
+        raise UsageError(f"{where}: per_position must be a list of numbers; got {short_json(values, 80)}")
     scale = 100.0 if any(v > 1.0 for v in values) else 1.0   # percentages are accepted too
+    if any(not 0 <= v <= scale for v in values):
+        raise UsageError(f"{where}: per_position {short_json(values, 80)} holds a rate outside [0, 1] (or [0, 100] "
+                         "as percentages); a rate is a fraction of verification steps")
     return tuple(float(v) / scale for v in values)
 
 
@@ -275,7 +286,39 @@ def _row(key: tuple[str, ...], entry: Mapping[str, Any], where: str) -> Acceptan
     length = entry.get("acceptance_length")
     if length is None:
         length = 1.0 + sum(rates)      # the definition: 1 + the sum of the per-position rates
+    if not _is_number(length) or not 1 <= length <= 1 + len(rates):
+        raise UsageError(f"{where}: acceptance_length is {short_json(length, 60)}; it is a number from 1 to "
+                         f"{1 + len(rates)} (1 + the sum of the {len(rates)} per-position rates)")
     return AcceptanceRow(key=key, per_position=rates, acceptance_length=float(length))
+
+
+#: Harness keys that hold counts (`block size`: at least 1), as the eval file spells them.
+_COUNTS = {"block_size": 1, "num_speculative_tokens": 1, "spec_tokens": 1, "k": 1, "num_prompts": 0,
+           "prompts": 0, "tokens": 0, "num_tokens": 0, "drafts": 0, "num_drafts": 0}
+
+
+def check_counts(doc: Mapping[str, Any], where: str) -> None:
+    """Refuse a count an eval file states (prompts, tokens, drafts, k, accepted per position) that is no whole
+    number, or is negative: a card would print it as a fact.
+
+    Raises:
+        UsageError: naming the file and key.
+    """
+    for scope, prefix in ((doc, ""), (doc.get("harness"), "harness.")):
+        if not isinstance(scope, Mapping):
+            continue
+        for key, least in _COUNTS.items():
+            value = scope.get(key)
+            if value is None or (isinstance(value, str) and key == "prompts"):    # a prompts file's name
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise UsageError(f"{where}: {prefix}{key} is {short_json(value, 60)}; a count is a whole number "
+                                 f">= {least}")
+        accepted = scope.get("accepted_per_position")
+        if accepted is not None and (not isinstance(accepted, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in accepted)):
+            raise UsageError(f"{where}: {prefix}accepted_per_position is {short_json(accepted, 80)}; it counts "
+                             "drafts, whole numbers >= 0")
 
 
 def _entries(block: Any, name_keys: tuple[str, ...]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -313,12 +356,27 @@ def _long_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, s
     rows_in = block.get("rows") if isinstance(block, Mapping) else block
     rows = []
     for i, entry in enumerate(rows_in if isinstance(rows_in, list) else []):
+        if not isinstance(entry, Mapping):
+            raise UsageError(f"{where}:long_context.rows[{i}]: is {short_json(entry, 60)}, not an object")
         domain = _first(entry, ("subdomain", "sub_domain", "domain", "dataset"))
         context = _first(entry, ("context_length", "context", "context_tokens"))
+        if _is_number(context) and context < 0:
+            raise UsageError(f"{where}:long_context.rows[{i}]: context length is {context}; a length is >= 0")
         rows.append(_row((str(domain), _context(context)), entry, f"{where}:long_context.rows[{i}]"))
     title = block.get("benchmark") if isinstance(block, Mapping) else None
     return AcceptanceTable(key_headers=("Sub-domain", "Context"), rows=rows, harness=harness,
                            title=str(title) if title else None, label=label) if rows else None
+
+
+def _by_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]],
+                label: AcceptanceLabel | None) -> AcceptanceTable | None:
+    """`eval --by-context`'s rows as the card's long-context table (sub-domain: the dataset, or all prompts)."""
+    block = doc.get("by_context")
+    rows_in = block.get("rows") if isinstance(block, Mapping) else None
+    rows = [_row((str(entry.get("dataset")), str(entry.get("context"))), entry, f"{where}:by_context.rows[{i}]")
+            for i, entry in enumerate(rows_in if isinstance(rows_in, list) else []) if isinstance(entry, Mapping)]
+    return AcceptanceTable(key_headers=("Sub-domain", "Context"), rows=rows, harness=harness,
+                           title="acceptance by context length at the anchor", label=label) if rows else None
 
 
 def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | None = None) -> Results:
@@ -335,11 +393,17 @@ def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | Non
     doc = _read_json(p)
     if not isinstance(doc, Mapping):
         raise UsageError(f"{p}: is a JSON {type(doc).__name__}, not an object; pass 'dspark-hub eval --json' output")
+    check_counts(doc, p.name)
     harness = harness_pairs(doc, defaults)
     long_block = doc.get("long_context") if isinstance(doc.get("long_context"), Mapping) else None
+    if long_block is not None:
+        check_counts(long_block, f"{p.name}:long_context")
     long_harness = harness_pairs(long_block, doc, defaults)
-    return Results(by_dataset=_by_dataset(doc, p.name, harness, acceptance_label(doc, defaults)),
-                   long_context=_long_context(doc, p.name, long_harness, acceptance_label(long_block, doc, defaults)))
+    label = acceptance_label(doc, defaults)
+    return Results(by_dataset=_by_dataset(doc, p.name, harness, label),
+                   long_context=_long_context(doc, p.name, long_harness, acceptance_label(long_block, doc, defaults))
+                   or _by_context(doc, p.name, harness, label),
+                   sweep=sweep_table(doc, p.name, label), calibration=calibration_table(doc, p.name, label))
 
 
 PROBE_SCHEMA = "dspark-hub/probe/1"

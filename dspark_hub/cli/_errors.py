@@ -7,7 +7,9 @@ click parameters turn those names into flags (`--target`, `--force`), so a flag 
 its `click.option`. One formatter per error type; `format_error` picks the first that matches.
 
 Exit codes: 2 for usage and I/O errors (a `DsparkError` carries its own `exit_code`), 130 on
-interrupt. With `--json` the error also goes to stdout as
+interrupt (143 on SIGTERM). A Ctrl-C while the Hub is being talked to ends the process within
+`INTERRUPT_GRACE` seconds even where huggingface_hub's upload threads wait on a silent socket
+(`exit_soon_if_stuck`). With `--json` the error also goes to stdout as
 `{"schema": "dspark-hub/error/1", "ok": false, "error": {"code", "message", "hint"}}`.
 Unknown exceptions are bugs and keep their traceback; `--debug` or `DSPARK_DEBUG=1` shows the
 traceback of known ones too. Every line leaves through `_output`'s gate (no token, no control
@@ -19,6 +21,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +37,7 @@ from dspark_hub.cli._gate import terminal_text
 from dspark_hub.cli._output import json_text
 from dspark_hub.documents import Document
 from dspark_hub.errors import DsparkError, RefusedOverwriteError
+from dspark_hub.format.hub_http import scope_open
 
 #: `` `name` `` in a library message: an argument named by its Python name.
 _ARGUMENT = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
@@ -174,5 +180,47 @@ def boundary(ctx: click.Context, *, as_json: bool) -> Iterator[None]:
             _print_json(report)
         raise CliError(report) from None
     except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
+        _say_interrupted()
         ctx.exit(130)
+
+
+#: Seconds a Ctrl-C (or SIGTERM) leaves a Hub command to unwind before the process ends anyway.
+INTERRUPT_GRACE = 1.0
+_SAID = threading.Event()
+
+
+def _say_interrupted() -> None:
+    if not _SAID.is_set():
+        _SAID.set()
+        click.echo("interrupted", err=True)
+
+
+def exit_soon_if_stuck(code: int) -> None:
+    """While the Hub is being talked to, end the process with `code` in `INTERRUPT_GRACE` seconds if it has not
+    ended by then: huggingface_hub's upload threads block on their sockets (up to `DSPARK_HUB_TIMEOUT`), and the
+    interpreter waits for them at exit. Elsewhere, nothing: writers unwind as usual."""
+    if not scope_open():
+        return
+
+    def end() -> None:
+        if code == 130:
+            _say_interrupted()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(INTERRUPT_GRACE, end)
+    timer.daemon = True
+    timer.start()
+
+
+def on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM unwinds like Ctrl-C (writers clean up), exit 143, after `exit_soon_if_stuck(143)`."""
+    exit_soon_if_stuck(143)
+    sys.exit(143)
+
+
+def on_sigint(signum: int, frame: Any) -> None:
+    """SIGINT: Python's own KeyboardInterrupt, after `exit_soon_if_stuck(130)`."""
+    exit_soon_if_stuck(130)
+    signal.default_int_handler(signum, frame)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -74,6 +75,13 @@ def print_json(data: Any) -> None:
 def echo_line(line: str, *, err: bool = False) -> None:
     """A plain line (progress in a log) through the same gate as the consoles."""
     click.echo(terminal_text(line), err=err)
+
+
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                 line: str | None = None) -> None:
+    """Python's warnings through the same gate (`warnings.showwarning`): huggingface_hub warns with text a
+    server sent (the warnings of its metadata validation)."""
+    echo_line(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"), err=True)
 
 
 def emit(result: Result, *, as_json: bool, renderer: str) -> None:

@@ -43,7 +43,8 @@ def _flops(n: float) -> str:
 
 #: How `plan.memory_bytes` parts read.
 MEMORY_PARTS = {"attention": "attention", "activations": "activations", "loss": "loss chunks",
-                "states": "weights+grads+AdamW", "teacher_lm_head": "target lm_head"}
+                "states": "weights+grads+AdamW", "teacher_lm_head": "target lm_head",
+                "target_embedding": "target embedding"}
 
 
 def plan_lines(plan: dict[str, Any]) -> list[str]:
@@ -54,13 +55,29 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     split = ", ".join(f"{part} {100 * flops[part] / total:.0f}%" for part in sorted(flops, key=flops.get, reverse=True))
     parts = ", ".join(f"{MEMORY_PARTS.get(part, part)} {binary_size(memory[part])}"
                       for part in sorted(memory, key=memory.get, reverse=True))
+    if plan.get("layout") == "packed":
+        shape = [
+            f"finetune plan, from step 1's batch: {plural(plan['sequences'], 'sequence')} packed into one row of "
+            f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
+            f"  {plan['anchors']:,} anchors x block {plan['block_size']} = {plan['block_rows']:,} block rows, each "
+            f"attending over its sequence's rows before the anchor and its block (at most {plan['keys_per_row']:,} "
+            f"keys); {plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        ]
+    else:
+        shape = [
+            f"finetune plan{ranks}, from step 1's batch: {plural(plan['sequences'], 'sequence')} x "
+            f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
+            f"  {plan['sequences']} x {plan['anchors']:,} anchors x block {plan['block_size']} = "
+            f"{plan['block_rows']:,} block rows, each attending over {plan['keys_per_row']:,} keys "
+            f"({plan['positions']:,} positions + {plan['anchors'] * plan['block_size']:,} block rows); "
+            f"{plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        ]
     lines = [
-        f"finetune plan{ranks}, from step 1's batch: {plural(plan['sequences'], 'sequence')} x "
-        f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
-        f"  {plan['sequences']} x {plan['anchors']:,} anchors x block {plan['block_size']} = "
-        f"{plan['block_rows']:,} block rows, each attending over {plan['keys_per_row']:,} keys "
-        f"({plan['positions']:,} positions + {plan['anchors'] * plan['block_size']:,} block rows); "
-        f"{plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        *shape,
+        f"  the run: {plural(plan['steps'], 'step')} x {plural(plan['step_anchors'], 'anchor')}"
+        + (f" x {plan['world_size']} ranks" if plan["world_size"] > 1 else "")
+        + f" = ~{plan['run_anchors']:,} anchors, ~{plan['run_supervised_slots']:,} supervised block slots "
+        f"(step 1: {plan['supervised_slots']:,} of {plan['step_anchors'] * plan['block_size']:,} slots)",
         f"  compute ~{_flops(total)} a step: {split}",
         f"  memory ~{binary_size(plan['memory_total_bytes'])} (estimate, besides the runtime): {parts}",
     ]
@@ -80,7 +97,8 @@ def render_training(result: Any) -> None:
     """Human view of a `TrainResult`."""
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
     log = f"{result.path}/training_log.jsonl"
-    stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.tokens, 'token')}, "
+    stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.anchors, 'anchor')}, "
+                 f"{plural(result.supervised_slots, 'supervised block slot')}, {plural(result.tokens, 'token')}, "
                  f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} (log: {log})")
     if result.plan is not None:
         measured = "CUDA allocated" if result.device.startswith("cuda") else "process RSS"
@@ -136,8 +154,68 @@ def render_eval(result: Any) -> None:
     if data["plot"]:
         stdout.print(f"wrote {data['plot']}")
     stdout.print(f"definition: {data['definition']}")
+    render_serving(data)
 
 
+def _rate_cells(rates: list[float], width: int) -> list[Cell]:
+    return [f"{rates[i]:.3f}" if i < len(rates) else "" for i in range(width)]
+
+
+def render_serving(data: dict[str, Any]) -> None:
+    """`eval`'s serving answers, each when asked: the k sweep with the expected speedup, acceptance by context
+    length, the confidence head's calibration, the profile written."""
+    if data.get("sweep"):
+        _render_sweep(data["sweep"], data.get("speedup"))
+    elif data.get("speedup"):
+        _render_sweep({"by_k": {str(data["k"]): data}}, data["speedup"])
+    if data.get("by_context"):
+        section = data["by_context"]
+        width = section["k"]
+        print_table(f"acceptance by context length at the anchor (k {width})",
+                    [Column("data"), Column("context"), Column("drafts", label=True, justify="right"),
+                     Column("AL", label=True, justify="right"),
+                     *[Column(f"a{i}", label=True, justify="right") for i in range(1, width + 1)]],
+                    [[r["dataset"], r["context"], f"{r['drafts']:,}", f"{r['acceptance_length']:.4f}",
+                      *_rate_cells(r["per_position"], width)] for r in section["rows"]])
+    if data.get("calibration"):
+        section = data["calibration"]
+        print_table(f"confidence head: estimated prefix survival against acceptance (k {section['k']})",
+                    [Column("position", justify="right"), Column("drafts", label=True, justify="right"),
+                     Column("estimated", label=True, justify="right"), Column("observed", label=True, justify="right"),
+                     Column("ECE", label=True, justify="right")],
+                    [[str(r["position"]), f"{r['drafts']:,}", f"{r['estimated']:.3f}", f"{r['observed']:.3f}",
+                      f"{r['ece']:.3f}"] for r in section["positions"]])
+        verdict = "calibrated" if section["calibrated"] else "not calibrated"
+        stdout.print(f"expected calibration error {section['ece']:.3f} over all positions: {verdict} "
+                     f"(at most {section['calibrated_below']})")
+    if data.get("profile"):
+        stdout.print(f"wrote {data['profile']}")
+
+
+def _render_sweep(sweep: dict[str, Any], speedup: dict[str, Any] | None) -> None:
+    width = max(len(row["per_position"]) for row in sweep["by_k"].values())
+    gains = speedup["by_k"] if speedup else {}
+    columns = [Column("k", justify="right"), Column("AL", label=True, justify="right"),
+               Column("drafts", label=True, justify="right"),
+               *[Column(f"a{i}", label=True, justify="right") for i in range(1, width + 1)]]
+    if gains:
+        columns += [Column("draft cost", label=True, justify="right"), Column("verify cost", label=True,
+                                                                              justify="right"),
+                    Column("speedup", label=True, justify="right")]
+    rows: list[list[Cell]] = []
+    for k, row in sweep["by_k"].items():
+        cells: list[Cell] = [k, f"{row['acceptance_length']:.4f}", f"{row['drafts']:,}",
+                             *_rate_cells(row["per_position"], width)]
+        if k in gains:
+            best = "*" if int(k) == speedup["best_k"] else ""   # type: ignore[index]  # gains implies speedup
+            cells += [f"{gains[k]['draft_cost']:.3f}", f"{gains[k]['verify_cost']:.3f}",
+                      f"{gains[k]['expected_speedup']:.3f}{best}"]
+        elif gains:
+            cells += ["", "", ""]
+        rows.append(cells)
+    print_table("acceptance per k (simulated, the same rollouts)", columns, rows)
+    if speedup:
+        stdout.print(f"{speedup['label']}; best k {speedup['best_k']} (*)")
 
 
 def render_probe(result: Any) -> None:

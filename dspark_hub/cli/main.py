@@ -13,14 +13,16 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
+import warnings
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import click
 
 from dspark_hub import __version__
-from dspark_hub.cli._errors import print_traceback
+from dspark_hub.cli._errors import on_sigint, on_sigterm, print_traceback
 from dspark_hub.cli._framework import DsparkGroup
+from dspark_hub.cli._output import show_warning
 
 #: command name -> (module under `dspark_hub.cli`, the command's function, its short help). The short help is the
 #: first sentence of the command's docstring (`_framework.first_sentence`; tests/test_cli_lazy.py compares them).
@@ -124,9 +126,12 @@ def cli(debug: bool) -> None:
 
 
 def main() -> None:
-    """Console-script entry point: SIGTERM unwinds like Ctrl-C so writers clean up; a traceback (`--debug`, or a
-    bug) is printed through the output gate (no token), exit 1 as Python's own would."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    """Console-script entry point: SIGTERM unwinds like Ctrl-C so writers clean up (a Hub command ends within a
+    second either way: `exit_soon_if_stuck`); a traceback (`--debug`, or a bug) is printed through the output gate
+    (no token), exit 1 as Python's own would."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigint)
+    warnings.showwarning = show_warning
     try:
         cli(prog_name="dspark-hub")
     except Exception as error:

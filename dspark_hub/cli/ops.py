@@ -12,6 +12,7 @@ from dspark_hub.cli._output import emit, progress
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.registry import FORMATS
+from dspark_hub.format.writer import refuse_own_inputs
 from dspark_hub.ops.init import INIT_KINDS, init_checkpoint
 from dspark_hub.ops.target_draft import init_for_target
 from dspark_hub.train.data.rollouts import token_counts
@@ -144,7 +145,7 @@ def _tap_list(text: str) -> list[int]:
 def _init_for_target(dst: Path, target: str, *, fmt: str, taps: str | None, layers: int, block_size: int,
                      draft_vocab: int | None, vocab_from: str | None, init: str, seed: int,
                      mla_widths_from: str | None, force: bool, quiet: bool, as_json: bool) -> None:
-
+    refuse_own_inputs(dst, [("vocab_from", vocab_from)], param="dst", folder=True)   # the library sees counts only
     counts = token_counts(vocab_from, target, param="vocab_from") if vocab_from else None
     with progress(f"init --target {Path(target).name}", quiet=quiet or as_json) as bar:
         result = init_for_target(dst, target, fmt=fmt, layers=layers, block_size=block_size,

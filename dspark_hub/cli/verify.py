@@ -41,6 +41,8 @@ def runtime_choices() -> list[str]:
                    "(dspark-hub probe): a contradiction is an error, an undetermined convention a note.")
 @click.option("--probe-prompts", "probe_prompts", metavar="JSONL",
               help="The prompts --probe continues [default: dspark-hub probe's 24 built-in chat prompts].")
+@click.option("--eval", "eval_json", metavar="EVAL.json", help="'eval --k ... --json' output or a "
+              "speculation_profile.json: a served k beyond the trained block states what it measured.")
 @click.option("--against-hub", "against_hub", metavar="ORG/NAME[@REV]",
               help="Also compare every local file with the Hub's SHA-256 and sizes.")
 @endpoint_option
@@ -48,8 +50,7 @@ def runtime_choices() -> list[str]:
 @json_option
 def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None, runtime: tuple[str, ...],
            execute: bool, target: str | None, block_size: int | None, probe: bool, probe_prompts: str | None,
-           against_hub: str | None,
-           endpoint: str | None, quiet: bool, as_json: bool) -> None:
+           eval_json: str | None, against_hub: str | None, endpoint: str | None, quiet: bool, as_json: bool) -> None:
     """Check a checkpoint folder (or hf://ORG/NAME[@REV]) against its config, the runtime rules and the contract.
 
     A Hub path is verified from config.json, the index and the safetensors headers only
@@ -66,7 +67,8 @@ def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
     with progress("verify --deep" if deep else "verify", quiet=quiet or as_json or not reads_bytes) as bar:
         report = checks.verify(path, drop_in=drop_in, deep=deep, frozen_embed=frozen_embed,
                                runtime=list(runtime) or None, target=target, block_size=block_size,
-                               against_hub=against_hub, endpoint=endpoint, execute=execute, progress=bar)
+                               against_hub=against_hub, endpoint=endpoint, execute=execute, eval_json=eval_json,
+                               progress=bar)
     if probe:
         from dspark_hub.train.evaluation.probe import add_to_report  # torch: only a probe pays for it
 

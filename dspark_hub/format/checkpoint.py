@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
+from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, HubError, UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.folder import LISTING_CODES, FolderProblem, list_folder, open_regular
 from dspark_hub.format.jsonio import json_type, loads_strict
@@ -37,6 +37,7 @@ FOLDER_CODES: dict[str, str] = {
     "INDEX_TOTAL_SIZE": "metadata.total_size disagrees with the shards",
     "TENSOR_IN_TWO_FILES": "a tensor is stored twice",
     "GOLDEN_IN_WEIGHTS_FOLDER": "a golden-vector fixture beside the weights",
+    "FILE_TOO_LARGE": "config.json or the index is larger than any real one; it is not read",
     **LISTING_CODES,
 }
 
@@ -135,8 +136,12 @@ def _load_config(source: Source, view: CheckpointView) -> None:
         view.findings.append(error("CONFIG_MISSING", name, "no config.json in the checkpoint folder",
                                    "add the config.json the draft was trained with"))
         return
+    data = read_at_most(source, name, view.files[name], contract.MAX_CONFIG_BYTES)
+    if data is None:
+        view.findings.append(_too_large(name, view.files[name], contract.MAX_CONFIG_BYTES))
+        return
     try:
-        doc = loads_strict(source.read_bytes(name, 0, view.files[name]), path=name)
+        doc = loads_strict(data, path=name)
     except CheckpointFormatError as e:
         where = f"{name}:{e.tensor}" if e.tensor else name
         view.findings.append(error(CONFIG_JSON_CODES.get(e.code, e.code), where, e.detail,
@@ -156,16 +161,34 @@ def _read_header(source: Source, name: str, size: int, view: CheckpointView) -> 
     except CheckpointFormatError as e:
         view.findings.append(error(e.code, name if e.tensor is None else f"{name}:{e.tensor}", e.detail, e.hint))
         return
+    except HubError:
+        raise   # the Hub failed, not the file: the check cannot run (exit 2)
     except OSError as e:
         view.findings.append(error("FILE_UNREADABLE", name, f"cannot be read ({e})", "check permissions"))
         return
     view.headers[name] = header
 
 
+def read_at_most(source: Source, name: str, size: int, limit: int) -> bytes | None:
+    """The whole of a small file, or None when it holds more than `limit` bytes: never more than `limit + 1`
+    bytes are read, whatever size the listing gives (a Hub source checks the bytes against the listing)."""
+    data = source.read_bytes(name, 0, min(size, limit + 1))
+    return data if len(data) <= limit else None
+
+
+def _too_large(name: str, size: int, limit: int) -> Finding:
+    return error("FILE_TOO_LARGE", name, f"is listed at {size:,} bytes and holds more than {limit:,}, more than "
+                 "any real one; it is not read", "replace it with the file the model was saved with")
+
+
 def _load_index(source: Source, view: CheckpointView) -> ShardIndex | None:
     name = contract.INDEX_NAME
+    data = read_at_most(source, name, view.files[name], contract.MAX_JSON_BYTES)
+    if data is None:
+        view.findings.append(_too_large(name, view.files[name], contract.MAX_JSON_BYTES))
+        return None
     try:
-        return parse_index(source.read_bytes(name, 0, view.files[name]), path=name)
+        return parse_index(data, path=name)
     except CheckpointFormatError as e:      # parse_index raises INDEX_* codes only
         view.findings.append(error(e.code, name if e.tensor is None else f"{name}:{e.tensor}", e.detail,
                                    "regenerate the index (or merge the shards with 'dspark-hub convert')"))
@@ -226,6 +249,8 @@ def _set_aside_golden(source: Source, files: dict[str, int], candidates: list[st
 
             try:
                 header = read_header_with(read, file_size=files[name], path=name)
+            except HubError:
+                raise
             except (CheckpointFormatError, OSError):
                 header = None
             if header is not None and current((header.metadata or {}).get("schema")) == GOLDEN_FIXTURE:

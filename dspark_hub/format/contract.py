@@ -36,6 +36,11 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 TORCHSPEC_METADATA = {"torchspec_version": "0.1.0"}
+#: The most bytes of a `config.json` read (a real one is under 4 kB, the speculators one included), and of an
+#: index or a tokenizer's JSON (a 1T-parameter target's index is about 10 MB): a file said to be larger, by a
+#: folder or by a Hub listing, is read only that far and reported (`FILE_TOO_LARGE`).
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+MAX_JSON_BYTES = 64 * 1024 * 1024
 
 #: The published `config.json` of `Inferact/Kimi-K3-DSpark`, in published key order.
 REFERENCE_CONFIG: dict[str, Any] = {

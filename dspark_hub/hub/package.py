@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from dspark_hub import schemas
 from dspark_hub.documents import Document
@@ -36,7 +36,8 @@ from dspark_hub.format.digests import (
     matches_gitattributes,
 )
 from dspark_hub.format.remote import resolve_endpoint, validate_repo_id
-from dspark_hub.format.writer import atomic_dir, check_writable
+from dspark_hub.format.urls import public_url
+from dspark_hub.format.writer import Checked, atomic_dir, check_writable, refuse_own_inputs, write_file
 from dspark_hub.hub.checksums import manifest_text, sums_text
 
 #: `progress(stage, bytes_done, bytes_total)`; stage is "checksums" then "pieces".
@@ -121,25 +122,9 @@ def _check_revision(revision: str) -> str:
     return revision
 
 
-def _check_endpoint(endpoint: str) -> str:
-    """An `http(s)://host[:port][/path]` endpoint for the web seeds."""
-    parts = urlsplit(endpoint)
-    try:
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        port_ok = False
-    if (parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or parts.query or parts.fragment
-            or any(c.isspace() for c in endpoint)):
-        raise UsageError(f"{endpoint!r} is not an http(s)://host URL; pass e.g. https://huggingface.co",
-                         param="endpoint")
-    return endpoint
-
-
-def _check_out_dir(folder: Path, out_dir: Path, force: bool) -> None:
-    src, dst = folder.resolve(), out_dir.resolve()
-    if dst == src or src in dst.parents or dst in src.parents:
-        raise UsageError(f"{out_dir}: overlaps the checkpoint folder {folder}; write the package elsewhere")
-    check_writable(out_dir, force=force)
+def _check_out_dir(folder: Path, out_dir: Path, force: bool) -> Checked:
+    refuse_own_inputs(out_dir, [("folder", folder)], param="out_dir", folder=True)
+    return check_writable(out_dir, force=force)
 
 
 def _refuse_aliases(folder: Path, manifest: Manifest) -> None:
@@ -198,7 +183,8 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
         repo_id: `ORG/NAME` the checkpoint is (or will be) published to; names the web seeds.
         out_dir: the package folder (must not overlap `folder`).
         revision: the Hub revision the web seeds point at (a commit sha is best).
-        endpoint: the Hub endpoint of the web seeds (default: HF_ENDPOINT / huggingface.co).
+        endpoint: the Hub endpoint of the web seeds (default: HF_ENDPOINT / huggingface.co); credentials in its
+            URL (`https://user:password@host`) are left out of every file written.
         force: replace an existing `out_dir`.
         progress: `progress(stage, done, total)` while hashing files then torrent pieces.
         manifest: digests already computed for this folder (skips the checksum pass).
@@ -213,8 +199,8 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
     _check_revision(revision)
     if not folder.is_dir():
         raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass a checkpoint folder")
-    _check_out_dir(folder, out_dir, force)
-    endpoint = _check_endpoint(resolve_endpoint(endpoint))
+    checked = _check_out_dir(folder, out_dir, force)
+    endpoint = public_url(resolve_endpoint(endpoint))   # shared files never carry the endpoint's credentials
     if manifest is None:
         manifest = _hash(folder, progress)
     if not manifest.files or manifest.total_bytes == 0:
@@ -229,9 +215,9 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
         GITATTRIBUTES_NAME: gitattributes_text(manifest, lfs_patterns(folder)),
         f"{stem}.magnet": magnet + "\n",
     }
-    with atomic_dir(out_dir, force=force) as tmp:
+    with atomic_dir(out_dir, force=force, checked=checked) as tmp:
         for name, text in contents.items():
-            (tmp / name).write_text(text, encoding="utf-8")
+            write_file(tmp / name, text)
         torrent.write(tmp / f"{stem}.torrent")
     written = {name: out_dir / name for name in [*contents, f"{stem}.torrent"]}
     return PackageResult(input=folder, path=out_dir, files=written, repo_id=repo_id, revision=revision,

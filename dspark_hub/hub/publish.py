@@ -5,15 +5,19 @@ client uses it whenever `hf_xet` is installed and HF_HUB_DISABLE_XET is not set,
 server says changes that) or git LFS. `transfer="auto"` asks the endpoint for a Xet write token
 first and, where it has none (404: a self-hosted or test Hub), uploads through LFS instead.
 `release.publish_checkpoint` puts the preflight gate in front of this.
+
+What is uploaded is what was judged, or nothing (`_operations`, `_refuse_changes`): a file another
+process writes, replaces or removes after the gate read it refuses the publish before the commit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -21,9 +25,11 @@ from urllib.parse import quote
 
 from dspark_hub import __version__
 from dspark_hub.documents import Document
-from dspark_hub.errors import HubError, UsageError
+from dspark_hub.errors import ChangedMeanwhileError, HubError, UsageError
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest
+from dspark_hub.format.folder import FileStamp, changed_files, list_folder, read_regular, stamp_files
+from dspark_hub.format.hub_http import network_scope
 from dspark_hub.format.remote import (
     HubSource,
     hf_location,
@@ -32,6 +38,7 @@ from dspark_hub.format.remote import (
     resolve_endpoint,
     validate_repo_id,
 )
+from dspark_hub.format.urls import redact_url
 from dspark_hub.progress import Progress
 from dspark_hub.verify.against_hub import compare_files, local_digests
 
@@ -45,12 +52,13 @@ _LAST = (CONFIG_NAME, "README.md")
 Transfer = Literal["auto", "xet", "lfs"]
 TRANSFERS: tuple[Transfer, ...] = ("auto", "xet", "lfs")
 
+
 @dataclass(frozen=True)
 class PublishPlan(Document):
     """What `publish` sends, in upload order (LFS weights first, the card and config last)."""
 
-    KEYS = ("repo_id", "revision", "endpoint", "private", "tag", "commit_message", "transfer", "files=planned_files",
-            "file_count", "total_bytes", "lfs_bytes")
+    KEYS = ("repo_id", "revision", "endpoint=shown_endpoint", "private", "tag", "commit_message", "transfer",
+            "files=planned_files", "file_count", "total_bytes", "lfs_bytes")
 
     repo_id: str
     revision: str
@@ -75,6 +83,11 @@ class PublishPlan(Document):
     @property
     def file_count(self) -> int:
         return len(self.files)
+
+    @property
+    def shown_endpoint(self) -> str:
+        """The endpoint as the document shows it: its credentials, if any, redacted."""
+        return redact_url(self.endpoint)
 
     @property
     def planned_files(self) -> list[PlannedFile]:
@@ -178,7 +191,8 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
             transfer: Transfer = "auto", preflight: Callable[[], Sequence[str]] | None = None,
             extra_files: Mapping[str, Path | str] | None = None,
             progress: Progress | None = None, show_hub_progress: bool = False,
-            manifest: Manifest | None = None) -> PublishResult:
+            manifest: Manifest | None = None, stamps: Mapping[Path, FileStamp | None] | None = None
+            ) -> PublishResult:
     """Publish a checkpoint folder to a Hub repository, then check what landed there.
 
     Steps: hash every file; run `preflight` (any message refuses the publish before a byte is
@@ -207,12 +221,17 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
         progress: called with bytes hashed.
         show_hub_progress: let huggingface_hub draw its own upload bars (on stderr).
         manifest: the folder's digests from `local_digests`, when the caller already hashed it.
+        stamps: `stamp_files` of the folder's files from before anything judged them (the gate);
+            default: taken before hashing. A file that differs before the commit refuses the publish.
 
     Raises:
         HubError: no token, the Hub refused or could not be reached, or Xet was forced on an
             endpoint without it (never containing the token).
         UsageError: a bad repo id or `transfer`; `xet` asked of a client that cannot use it.
+        ChangedMeanwhileError: a file changed after it was judged (nothing was committed).
     """
+    if stamps is None:
+        stamps = stamp_files(Path(folder) / rel for rel in list_folder(folder).files)
     plan, manifest = plan_publish(folder, repo_id, revision=revision, private=private, tag=tag,
                                   commit_message=commit_message, endpoint=endpoint, extra_files=extra_files,
                                   transfer=transfer, progress=progress, manifest=manifest)
@@ -221,33 +240,37 @@ def publish(folder: Path | str, repo_id: str, *, private: bool | None = None, re
         return PublishResult(status="refused", plan=plan, refusals=refusals)
     if dry_run:
         return PublishResult(status="dry_run", plan=plan)
+    stamps = {**stamp_files(plan.sources.values()), **stamps}   # an extra file: stamped as it was hashed
     require_huggingface_hub()
     from huggingface_hub import HfApi  # 0.4 s to import (TID253): only a publish that sends loads it
     from huggingface_hub import utils as hf_utils
 
     where = hf_location(repo_id, plan.revision)
-    require_token(token, where)
+    with network_scope(plan.endpoint):   # finding the token may take a request (an OIDC exchange in CI)
+        require_token(token, where)
     client_xet = client_has_xet()
     if plan.transfer == "xet" and not client_xet:
         raise UsageError(f"{where}: Xet was asked for, but this huggingface_hub cannot use it ({_NO_CLIENT_XET}); "
                          "install hf-xet and unset HF_HUB_DISABLE_XET, or publish through LFS", param="transfer")
     api = HfApi(endpoint=plan.endpoint, token=token, library_name="dspark-hub", library_version=__version__)
-    quiet = hf_utils.disable_progress_bars() if not show_hub_progress else _nothing()
-    with quiet:
-        repo_url, info, status, choice = _commit(api, plan, manifest, private=private, token=token,
-                                                 client_xet=client_xet, commit_description=commit_description)
-    commit_oid = str(info.oid)
-    source = HubSource(repo_id, commit_oid, endpoint=plan.endpoint, token=token)
-    problems = compare_files(Path(folder), manifest.files, source.remote_files(),
-                             location=hf_location(repo_id, commit_oid[:12]))
-    return PublishResult(status=status, plan=plan, repo_url=repo_url, commit_oid=commit_oid,
-                         commit_url=str(info.commit_url), tag=tag, problems=problems, transfer=choice)
+    quiet = hf_utils.disable_progress_bars() if not show_hub_progress else nullcontext()
+    with network_scope(plan.endpoint):   # one budget of waiting for the whole publish
+        with quiet:
+            repo_url, info, status, choice = _commit(api, plan, manifest, private=private, token=token,
+                                                     client_xet=client_xet, commit_description=commit_description,
+                                                     stamps=stamps)
+        commit_oid = str(info.oid)
+        source = HubSource(repo_id, commit_oid, endpoint=plan.endpoint, token=token)
+        problems = compare_files(Path(folder), manifest.files, source.remote_files(),
+                                 location=hf_location(repo_id, commit_oid[:12]))
+    return PublishResult(status=status, plan=plan, repo_url=redact_url(repo_url), commit_oid=commit_oid,
+                         commit_url=redact_url(str(info.commit_url)), tag=tag, problems=problems, transfer=choice)
 
 
 def _commit(api: HfApi, plan: PublishPlan, manifest: Manifest, *, private: bool | None, token: str | bool | None,
-            client_xet: bool, commit_description: str | None
+            client_xet: bool, commit_description: str | None, stamps: Mapping[Path, FileStamp | None]
             ) -> tuple[str, CommitInfo, PublishStatus, TransferChoice]:
-    """Create the repository and branch, choose the transfer, make the one commit and tag it.
+    """Create the repository and branch, choose the transfer, upload, check nothing changed, commit, tag.
 
     Returns the repository URL, the commit, whether anything changed, and the transfer.
     """
@@ -267,8 +290,14 @@ def _commit(api: HfApi, plan: PublishPlan, manifest: Manifest, *, private: bool 
     with errors("ask the endpoint for Xet storage"):
         choice = choose_transfer(plan.transfer, client_xet,
                                  lambda: endpoint_offers_xet(plan.endpoint, repo_id, plan.revision, token))
+    operations = _operations(plan, manifest, xet=choice.name == "xet")
+    _refuse_changes(plan, manifest, operations, stamps)            # before a byte is sent, and again after
     with errors("upload the files"), _xet_errors(where, plan.endpoint), _through(choice), _no_op_quiet():
-        info = api.create_commit(repo_id, operations=_operations(plan, manifest),
+        try:
+            api.preupload_lfs_files(repo_id, additions=operations, revision=plan.revision)
+        finally:   # a file that changed under the upload is the reason it failed, if it did
+            _refuse_changes(plan, manifest, operations, stamps)
+        info = api.create_commit(repo_id, operations=operations,
                                  commit_message=plan.commit_message, commit_description=commit_description,
                                  revision=plan.revision)
     commit_oid = str(info.oid)
@@ -357,8 +386,8 @@ def _xet_errors(where: str, endpoint: str) -> Iterator[None]:
     except Exception as exc:
         text = str(exc)
         if "xet-write-token" in text and "404" in text:
-            raise HubError(f"{where}: the endpoint {endpoint} has no Xet storage (its Xet write-token route "
-                           "answered 404), and the upload went through Xet; publish through LFS instead: "
+            raise HubError(f"{where}: the endpoint {redact_url(endpoint)} has no Xet storage (its Xet write-token "
+                           "route answered 404), and the upload went through Xet; publish through LFS instead: "
                            "`transfer` lfs or auto, or set HF_HUB_DISABLE_XET=1") from exc
         raise
 
@@ -378,24 +407,55 @@ def _no_op_quiet() -> Iterator[None]:
         hub_log.removeFilter(keep)
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
+# --- the bytes judged, or nothing ------------------------------------------------------------------------
 
-
-def _operations(plan: PublishPlan, manifest: Manifest) -> list[CommitOperationAdd]:
+def _operations(plan: PublishPlan, manifest: Manifest, *, xet: bool) -> list[CommitOperationAdd]:
+    """One operation per planned file: a small (regular) file as its bytes, read once and checked against
+    the judged digest; an LFS file by path, with the judged SHA-256 for LFS (the server checks the bytes
+    against it; the client need not read the file again), without for Xet (hf_xet computes it from the
+    bytes it sends; `_refuse_changes` compares)."""
     from huggingface_hub import CommitOperationAdd  # deferred (TID253), as in publish
 
     digests = manifest.by_path()
     operations = []
     for planned in plan.files:
-        op = CommitOperationAdd(path_in_repo=planned.path, path_or_fileobj=str(plan.sources[planned.path]))
-        # Hand over the SHA-256 we already computed: the client would otherwise read every LFS file again.
         sha256 = digests[planned.path].sha256
         assert sha256 is not None, "a computed manifest knows every SHA-256"
-        op.upload_info.sha256 = bytes.fromhex(sha256)
+        if not planned.lfs:
+            operations.append(CommitOperationAdd(planned.path, _judged_bytes(plan, planned.path, sha256)))
+            continue
+        op = CommitOperationAdd(path_in_repo=planned.path, path_or_fileobj=str(plan.sources[planned.path]))
+        if not xet:
+            op.upload_info.sha256 = bytes.fromhex(sha256)
         operations.append(op)
     return operations
+
+
+def _judged_bytes(plan: PublishPlan, path: str, sha256: str) -> bytes:
+    data = read_regular(plan.sources[path])
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise _changed(plan, path)
+    return data
+
+
+def _refuse_changes(plan: PublishPlan, manifest: Manifest, operations: Sequence[CommitOperationAdd],
+                    stamps: Mapping[Path, FileStamp | None]) -> None:
+    """Refuse the commit when a file is not what the gate judged: bytes hf_xet sent under another SHA-256,
+    or a file written, replaced or removed since its stamp."""
+    digests = manifest.by_path()
+    for op in operations:
+        if op.upload_info.is_hashed and op.upload_info.sha256.hex() != digests[op.path_in_repo].sha256:
+            raise _changed(plan, op.path_in_repo)
+    by_source = {source: path for path, source in plan.sources.items()}
+    changed = changed_files({source: stamps.get(source) for source in by_source})
+    if changed:
+        raise _changed(plan, by_source[changed[0]])
+
+
+def _changed(plan: PublishPlan, path: str) -> ChangedMeanwhileError:
+    return ChangedMeanwhileError(f"{hf_location(plan.repo_id, plan.revision)}: {path}: changed after the publish "
+                                 "gate judged it (another process wrote, replaced or removed it); nothing was "
+                                 "committed; publish again once nothing else writes the folder")
 
 
 def _tag(api: HfApi, repo_id: str, tag: str, commit_oid: str,

@@ -5,7 +5,8 @@ when given), whose card fails `card lint` against the weights, or whose checksum
 (`SHA256SUMS`, `checksums.json`) no longer match its files, or whose `training_args.json` names
 inputs by local path (written before finetune recorded Hub ids and digests), is refused with every reason named,
 and the Hub sees no request at all. The folder is hashed once; the card lint, the sidecar check
-and the upload share that manifest. Stale sidecars are refused, not rewritten: they are the
+and the upload share that manifest, and the upload refuses a file that changed after the gate
+first read it (its stamp, taken before the gate). Stale sidecars are refused, not rewritten: they are the
 user's file, and a card may quote them.
 """
 
@@ -26,6 +27,7 @@ from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError
 from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.digests import Manifest, checkpoint_files, sha256_file
+from dspark_hub.format.folder import list_folder, stamp_files
 from dspark_hub.format.jsonio import load_json_file
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME, local_paths
 from dspark_hub.format.registry import FORMATS, titles
@@ -209,6 +211,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         gate.refusals.append(refusal)
         return Publication(input=str(folder), repo_id=repo_id, gate=gate)
     with (staged_with_code(folder) if with_remote_code else _as_is(folder)) as source:
+        stamps = stamp_files(source / rel for rel in list_folder(source).files)   # before the gate reads a byte
         gate, manifest = preflight(source, drop_in=drop_in, progress=progress, check=check)
         if with_remote_code and gate.lint is not None and any(f.code.startswith("CHECKSUM_") and
                                                               f.severity == "error" for f in gate.lint.findings):
@@ -219,7 +222,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         title, body = commit_text(gate.verify, name=repo_id.split("/")[-1], drop_in=drop_in)
         result = publish(source, repo_id, private=private, revision=revision, tag=tag, commit_message=title,
                          commit_description=body, endpoint=endpoint, token=token, dry_run=dry_run,
-                         transfer=transfer, progress=progress, manifest=manifest)
+                         transfer=transfer, progress=progress, manifest=manifest, stamps=stamps)
     return Publication(input=str(folder), repo_id=repo_id, gate=gate, result=result)
 
 

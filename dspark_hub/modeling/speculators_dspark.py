@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from dspark_hub.errors import UsageError
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.format.contract import CONFIG_NAME
+from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.tensorio import tensor_files
 
@@ -76,11 +77,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def read_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder (one file, or an index and its shards)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_file
 
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(set(tensor_files(folder).values())):
-        tensors.update(load_file(str(file)))
+        tensors.update(load_file(read_regular(file)))    # bytes read through open_regular: no native open
     return tensors
 
 
@@ -317,15 +318,17 @@ class SpeculatorsDSpark:
     # -- training view (checked against the library) and inference ------------------------------
 
     @torch.no_grad()
-    def teacher_forced(self, taps: torch.Tensor, input_ids: torch.Tensor, p: int
+    def teacher_forced(self, taps: torch.Tensor, input_ids: torch.Tensor, p: int, kv: list[LayerKV] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The library's training forward for one anchor: logits `[B, Vd]` and confidence logits `[B]`.
 
         The Markov predecessors are the data's tokens: `[x_p, x_{p+1}, ...]` with
         `sample_from_anchor`, else `[x_p, x_p, x_{p+1}, ...]` (speculators dspark/core.py:156-168).
+        `kv`: `context_kv` of the taps, when the caller already has it (many anchors of one sequence).
         """
         b = self.block_size
-        z = self.hidden(self._block(int(input_ids[p]), b), p, self.context_kv(self.context(taps)))
+        kv = self.context_kv(self.context(taps)) if kv is None else kv
+        z = self.hidden(self._block(int(input_ids[p]), b), p, kv)
         logits = self.base_logits(z)
         block = input_ids[p:p + b].tolist()
         prev = block if self.sample_from_anchor else [block[0], *block[:-1]]
@@ -342,23 +345,36 @@ class SpeculatorsDSpark:
 
     @torch.no_grad()
     def propose(self, kv: list[LayerKV], anchor: int, p: int, k: int) -> list[int]:
-        """k greedy drafts (target ids) for positions `p+1 .. p+k`, as vLLM's DSpark speculator samples.
+        """k greedy drafts (target ids) for positions `p+1 .. p+k`, as vLLM's DSpark speculator samples
+        (`propose_scored` without the confidence)."""
+        return self.propose_scored(kv, anchor, p, k)[0]
+
+    @torch.no_grad()
+    def propose_scored(self, kv: list[LayerKV], anchor: int, p: int, k: int) -> tuple[list[int], list[float] | None]:
+        """k greedy drafts (target ids) for positions `p+1 .. p+k`, and the confidence head's estimate per slot
+        (None without the head).
 
         The block has `k` rows with `sample_from_anchor` (every slot sampled, slot i predicting
         `x_{p+i+1}`) and `1 + k` rows without it (slots `1..k` sampled). The Markov head chains on
-        the draft's own tokens: `prev` = the anchor, then each drafted token.
+        the draft's own tokens: `prev` = the anchor, then each drafted token; slot i's confidence reads the
+        same `prev` (vLLM's compute_confidence at proposal time).
         """
         anchored = self.sample_from_anchor
         z = self.hidden(self._block(anchor, k if anchored else 1 + k), p, kv)
         z = z if anchored else z[1:]
         base = self.base_logits(z)
         drafts: list[int] = []
+        scores: list[float] = []
         prev, state = anchor, None
         for i in range(k):
-            logits = base[i]
-            if self.markov:
-                bias, _, state = self.markov_step(torch.tensor(prev), z[i], state)
-                logits = logits + bias
+            logits, e = base[i], None
+            if self.geometry.markov_rank > 0:
+                bias, e, next_state = self.markov_step(torch.tensor(prev), z[i], state)
+                if self.markov:
+                    logits, state = logits + bias, next_state
+            score = self.confidence_logit(z[i], e)
+            if score is not None:
+                scores.append(float(torch.sigmoid(score)))
             prev = self.to_target(int(logits.argmax()))
             drafts.append(prev)
-        return drafts
+        return drafts, (scores if len(scores) == k else None)

@@ -52,7 +52,7 @@ from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_check
 from dspark_hub.format.contract import TensorSpec
 from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS, by_cli_name, titles
 from dspark_hub.format.tensorio import BytesLike, TensorLocation, cast_bytes, iter_elements, view_location
-from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+from dspark_hub.format.writer import atomic_dir, check_writable, refuse_own_inputs, write_file, write_safetensors
 from dspark_hub.ops.crosswalk import crosswalk
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.verify.checks import verify
@@ -237,14 +237,6 @@ _REPAIRABLE_TITLES = titles(f for f in FORMATS.values() if f.repairable)
 _TRAINABLE_TITLES = titles(f for f in FORMATS.values() if f.trainable)
 
 
-def _check_paths(src: Path, dst: Path) -> None:
-    s, d = src.resolve(), dst.resolve()
-    if d == s or s in d.parents:
-        raise UsageError(f"{dst}: is inside SRC {src}; write the converted checkpoint to another folder")
-    if d in s.parents:
-        raise UsageError(f"{dst}: contains SRC {src}; replacing it would delete the source, choose another folder")
-
-
 def _open_source(src: Path, *, to: str | None = None, from_: str | None = None) -> CheckpointView:
     """Open SRC and refuse, before anything is written, what convert cannot turn into a k3_dspark checkpoint.
 
@@ -337,20 +329,20 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: 
     """
 
     src_p, dst_p = Path(src), Path(dst)
-    _check_paths(src_p, dst_p)
-    check_writable(dst_p, force=force)
+    refuse_own_inputs(dst_p, [("src", src_p)], param="dst", folder=True)
+    checked = check_writable(dst_p, force=force)
     view = _open_source(src_p, to=to, from_=from_)
     plans, changes = plan_tensors(view)
     config, config_changes = repair_config(view.config or {}, {p.spec.dtype for p in plans})
     report = ConvertReport(src=os.fspath(src), dst=os.fspath(dst), tensors=len(plans),
                            changes=changes + _layout_changes(view, plans) + config_changes)
     announce_total(progress, sum(p.spec.nbytes for p in plans))
-    with atomic_dir(dst_p, force=force) as tmp:
-        (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(config))
+    with atomic_dir(dst_p, force=force, checked=checked) as tmp:
+        write_file(tmp / contract.CONFIG_NAME, contract.config_bytes(config))
         report.weights_bytes = write_safetensors(tmp / contract.WEIGHTS_NAME, [p.spec for p in plans],
                                                  tensor_chunks(plans), metadata=contract.TORCHSPEC_METADATA,
                                                  progress=progress)
-    checked = verify(dst_p)
-    report.verify_ok = checked.ok
-    report.verify_errors = [(f.code, f.where) for f in checked.errors]
+    written = verify(dst_p)
+    report.verify_ok = written.ok
+    report.verify_errors = [(f.code, f.where) for f in written.errors]
     return report

@@ -30,7 +30,14 @@ from dspark_hub.format.tensorio import (
     iter_range,
     locate_tensor,
 )
-from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+from dspark_hub.format.writer import (
+    Checked,
+    atomic_dir,
+    check_writable,
+    refuse_own_inputs,
+    write_file,
+    write_safetensors,
+)
 from dspark_hub.progress import Progress, announce_total
 
 INIT_STD = 0.02
@@ -153,7 +160,8 @@ def _with_embedding(chunks: Callable[[TensorSpec], Iterator[BytesLike]],
 def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", config: Mapping[str, Any] | None = None,
                     init: str = "random", seed: int = 0, force: bool = False,
                     embed_from: str | os.PathLike[str] | None = None,
-                    progress: Progress | None = None, extra_files: Mapping[str, bytes] | None = None) -> InitResult:
+                    progress: Progress | None = None, extra_files: Mapping[str, bytes] | None = None,
+                    checked: Checked | None = None) -> InitResult:
     """Write a conforming checkpoint: `config.json` plus one `model.safetensors`.
 
     Args:
@@ -167,6 +175,7 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
             embedding becomes `embed_tokens.weight`, bit for bit (F32/F16 rounded to nearest even).
         progress: called with the number of tensor bytes written (see `dspark_hub.progress`).
         extra_files: name -> bytes written beside the weights (e.g. `init --target`'s provenance).
+        checked: what the caller's `check_writable(dst)` found, when it checked before this call.
 
     Returns:
         An `InitResult` (`result.path` is the output folder; `result.embedding` says where the
@@ -178,7 +187,8 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
             target's embedding does not fit the draft (checked before anything is written).
         CheckpointNotFoundError: `embed_from` does not exist.
     """
-    check_writable(Path(dst), force=force)
+    refuse_own_inputs(dst, [("embed_from", embed_from)], param="dst", folder=True)
+    checked = checked or check_writable(Path(dst), force=force)
     cfg = dict(config) if config is not None else contract.profile_config(profile)
     roster = contract.roster(cfg)
     specs = list(roster.values())
@@ -192,10 +202,10 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
                                     cast=None if source.info.dtype == spec.dtype
                                     else cast_text(source.info.dtype, spec.dtype))
     announce_total(progress, sum(s.nbytes for s in specs))
-    with atomic_dir(dst, force=force) as tmp:
-        (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(cfg))
+    with atomic_dir(dst, force=force, checked=checked) as tmp:
+        write_file(tmp / contract.CONFIG_NAME, contract.config_bytes(cfg))
         for name, data in (extra_files or {}).items():
-            (tmp / name).write_bytes(data)
+            write_file(tmp / name, data)
         write_safetensors(tmp / contract.WEIGHTS_NAME, specs, chunks, metadata=contract.TORCHSPEC_METADATA,
                           progress=progress)
     out = Path(dst)

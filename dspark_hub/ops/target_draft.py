@@ -29,12 +29,12 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, UsageError
-from dspark_hub.format import contract, speculators
+from dspark_hub.format import contract, speculators, writer
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.registry import FORMATS, K3, SPECULATORS, DraftFormat, by_cli_name
 from dspark_hub.format.taps import residual_index, text_config
 from dspark_hub.format.tensorio import locate_tensor
-from dspark_hub.format.writer import atomic_dir, check_writable, write_safetensors
+from dspark_hub.format.writer import Checked, atomic_dir, check_writable, refuse_own_inputs, write_safetensors
 from dspark_hub.ops.init import INIT_KINDS, INIT_STD, init_checkpoint
 
 #: The reference target's layer count and the recipes' taps on it (our convention: layer outputs, 0-based).
@@ -383,7 +383,8 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
         raise UsageError(f"{fmt!r} is not one of {names}", param="format") from None
     if layers < 1 or block_size < 1:
         raise UsageError("a draft needs at least one layer and a block of at least one token", param="layers")
-    check_writable(Path(dst), force=force)
+    refuse_own_inputs(dst, [("target", target)], param="dst", folder=True)
+    checked = check_writable(Path(dst), force=force)
     facts = read_target(target)
     chosen = sorted(set(taps)) if taps else tap_layers(facts.num_layers, draft_format)
     if any(not 0 <= t < facts.num_layers for t in chosen):
@@ -405,25 +406,25 @@ def init_for_target(dst: str | Path, target: str | Path, *, fmt: str = "k3_dspar
     common = {"target": str(target), "layers": layers, "taps": chosen, "block_size": block_size, "mask": mask}
     if draft_format.target_embedding is not None:     # it saves the target's embedding: k3_dspark
         return _write_k3(dst, facts, {**common, "mla_widths_from": mla_widths_from}, seed=seed, init=init,
-                         force=force, progress=progress)
+                         force=force, progress=progress, checked=checked)
     return _write_speculators(dst, facts, common, draft_vocab=draft_vocab or facts.vocab_size,
-                              counts=token_counts or {}, seed=seed, init=init, force=force)
+                              counts=token_counts or {}, seed=seed, init=init, force=force, checked=checked)
 
 
 def _write_k3(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, seed: int, init: str, force: bool,
-              progress: Any) -> TargetInitResult:
+              progress: Any, checked: Checked) -> TargetInitResult:
     cfg = k3_config(facts, layers=common["layers"], taps=common["taps"], mask_token_id=common["mask"].id,
                     mla_widths_from=common["mla_widths_from"])
     embedding = f"embed_tokens.weight copied from {Path(common['target']).name}"
     draft = TargetInitResult(path=Path(dst), format=K3.cli_name, draft_vocab_size=facts.vocab_size,
                              vocab_coverage=None, weights_bytes=0, embedding=embedding, **common)
     result = init_checkpoint(dst, config=cfg, init=init, seed=seed, force=force, embed_from=facts.path,
-                             progress=progress,
+                             progress=progress, checked=checked,
                              extra_files={PROVENANCE_NAME: _provenance_bytes(draft)})
     if result.embedding.cast:
         embedding += f" ({result.embedding.cast})"
     written = TargetInitResult(**{**draft.__dict__, "weights_bytes": result.weights_bytes, "embedding": embedding})
-    (Path(dst) / PROVENANCE_NAME).write_bytes(_provenance_bytes(written))
+    writer.write_file(Path(dst) / PROVENANCE_NAME, _provenance_bytes(written))
     return written
 
 
@@ -432,7 +433,8 @@ _SPECULATORS_DTYPES = {"F32": "float32", "BF16": "bfloat16"}
 
 
 def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, draft_vocab: int,
-                       counts: Mapping[int, int], seed: int, init: str, force: bool) -> TargetInitResult:
+                       counts: Mapping[int, int], seed: int, init: str, force: bool,
+                       checked: Checked) -> TargetInitResult:
     tied = facts.config.get("tie_word_embeddings", False) is True
     head = locate_tensor(facts.path, contract.TARGET_EMBED_NAMES if tied else ("lm_head.weight",))
     dtype = head.info.dtype if head.info.dtype in _SPECULATORS_DTYPES else contract.CONTRACT_DTYPE
@@ -449,13 +451,13 @@ def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, An
     result = TargetInitResult(path=Path(dst), format=SPECULATORS.cli_name, draft_vocab_size=draft_vocab,
                               vocab_coverage=vocab.covered if vocab else None, weights_bytes=0,
                               embedding=embedding, **common)
-    with atomic_dir(dst, force=force) as tmp:
-        (tmp / contract.CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    with atomic_dir(dst, force=force, checked=checked) as tmp:
+        writer.write_file(tmp / contract.CONFIG_NAME, json.dumps(cfg, indent=2) + "\n")
         size = write_safetensors(tmp / contract.WEIGHTS_NAME, list(specs.values()),
                                  lambda spec: [tensors[spec.name].contiguous().view(-1).view(_uint8()).numpy().data],
                                  metadata={"format": "pt"})
         result = TargetInitResult(**{**result.__dict__, "weights_bytes": size})
-        (tmp / PROVENANCE_NAME).write_bytes(_provenance_bytes(result))
+        writer.write_file(tmp / PROVENANCE_NAME, _provenance_bytes(result))
     return result
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from dspark_hub.documents import Document
 from dspark_hub.format.digests import FileDigest, FileProblem, Manifest, compute_manifest, git_blob_sha1
 from dspark_hub.format.folder import folder_files, read_regular
+from dspark_hub.format.hub_http import network_scope
 from dspark_hub.format.remote import HOUSEKEEPING_FILES, HubSource, hf_location
 from dspark_hub.progress import Progress
 
@@ -106,7 +107,8 @@ def compare_with_hub(folder: Path | str, repo_id: str, revision: str | None = No
     folder = Path(folder)
     local = manifest if manifest is not None else local_digests(folder, progress=progress)
     source = HubSource(repo_id, revision, endpoint=endpoint, token=token)
-    remote = source.remote_files()
+    with network_scope(source.endpoint):   # one budget of waiting for the revision and its listing
+        remote = source.remote_files()
     location = hf_location(repo_id, revision or "main")
     problems = compare_files(folder, local.files, remote, location=location)
     return HubComparison(location=location, commit=source.commit, files_compared=len(local.files),

@@ -56,6 +56,8 @@ FINDING_CODES: dict[str, str] = {
     "RUNTIME_CONFIG_REFUSED": "the runtime refuses the config at parse time, before reading any tensor",
     "RUNTIME_LOADS": "the runtime loads every tensor it needs",
     "RUNTIME_RULES_DIFFER": "the runtime's loader, executed, did otherwise than dspark-hub's rules on some rows",
+    "SERVED_K_BEYOND_BLOCK": "the serving commands draft more tokens a step than the block the draft was trained "
+                             "for (with an eval given, what that measured)",
     # --target (pairing, rules)
     "PAIRING_NOT_A_TARGET": "the target's config names no hidden size, layer count or vocabulary to pair with",
     "PAIRING_HIDDEN_SIZE": "hidden size differs from the target's",

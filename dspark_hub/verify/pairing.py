@@ -45,6 +45,7 @@ TARGET may be a local folder or ``hf://org/name[@rev]`` (through `format.remote.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -54,9 +55,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dspark_hub.documents import Document
-from dspark_hub.errors import CheckpointFormatError, UsageError, about
+from dspark_hub.errors import CheckpointFormatError, HubError, UsageError, about
 from dspark_hub.format import contract
-from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint
+from dspark_hub.format.checkpoint import CheckpointView, Source, open_checkpoint, read_at_most
 from dspark_hub.format.jsonio import is_int, loads_strict
 from dspark_hub.format.registry import DEFAULT_FORMAT, PairingKeys
 from dspark_hub.format.remote import source_for
@@ -96,7 +97,7 @@ def source_pieces(source: Source, name: str, start: int, end: int, *, progress: 
     while pos < end:
         piece = source.read_bytes(name, pos, min(chunk_bytes, end - pos))
         if not piece:
-            raise OSError(f"{name}: ends {end - pos:,} bytes before offset {end:,}; the file is truncated")
+            raise OSError(errno.EIO, f"ends {end - pos:,} bytes before offset {end:,}; the file is truncated", name)
         pos += len(piece)
         if progress:
             progress(len(piece))
@@ -141,7 +142,10 @@ def _read_json(view: CheckpointView, name: str) -> object:
     if name not in view.files:
         return None
     try:
-        return loads_strict(view.source.read_bytes(name, 0, view.files[name]), path=name)
+        data = read_at_most(view.source, name, view.files[name], contract.MAX_JSON_BYTES)
+        return loads_strict(data, path=name) if data is not None else None
+    except HubError:
+        raise   # the Hub failed, not the file
     except (CheckpointFormatError, OSError):
         return None
 

@@ -1,8 +1,11 @@
 """How a draft of each format drafts in the simulation (`acceptance`), and the prompt-lookup baseline.
 
-`drafter_for(draft, target)` picks the drafter by the draft's format (`PROPOSERS`, keyed by
+`sweep_drafter_for(draft, target)` picks the drafter by the draft's format (`PROPOSERS`, keyed by
 `DraftFormat.name`: the modeling classes sit above `format/`, so the table lives here) and returns
-what `acceptance.measure_batched` takes: rollouts -> `propose_many`. A k3_dspark draft drafts the
+(rollouts, ks) -> `propose_many` per k: each rollout's draft context is encoded once and drafted from at every
+k (`eval --k`, `serving.measure_lanes`); `drafter_for(draft, target)` is its one k, what
+`acceptance.measure_batched` takes: rollouts -> `propose_many`. A draft's proposals are `Drafts`: the tokens,
+and the confidence head's estimate per slot when the draft has one. A k3_dspark draft drafts the
 requests of a round together (`draft_batch_proposer`), a speculators DSpark one request at a time
 (its pruned vocabulary makes a request cheap), the baseline copies earlier tokens (`ngram_proposer`).
 `measure_draft` and `measure_ngram` are the two counts `finetune` logs on held-out data.
@@ -11,7 +14,7 @@ requests of a round together (`draft_batch_proposer`), a speculators DSpark one 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import UsageError
@@ -30,6 +33,21 @@ if TYPE_CHECKING:
 
 #: rollouts -> propose_many: what `acceptance.measure_batched` drafts with.
 Drafter = Callable[[list["Rollout"]], ProposeMany]
+#: (rollouts, ks) -> {k: propose_many}: the context of each rollout encoded once for every k.
+SweepDrafter = Callable[[list["Rollout"], Sequence[int]], dict[int, ProposeMany]]
+
+
+class Drafts(list[int]):
+    """A request's drafted tokens (a list), with the confidence head's estimate for each slot (the probability
+    that slot's draft is accepted once the ones before it were), or None for a draft without the head."""
+
+    confidence: list[float] | None = None
+
+    @classmethod
+    def of(cls, tokens: Iterable[int], confidence: Iterable[float] | None) -> Drafts:
+        drafts = cls(tokens)
+        drafts.confidence = None if confidence is None else [float(c) for c in confidence]
+        return drafts
 
 
 def one_at_a_time(make_proposer: Callable[[Rollout], Callable[[int], list[int]]]
@@ -59,8 +77,14 @@ def draft_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollout: 
 
 def draft_batch_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
                          block_size: int) -> ProposeMany:
-    """`propose_many` for a k3_dspark draft over `rollouts`: one block forward per request, then one
-    vocabulary projection and one Markov chain for all of them.
+    """`propose_many` for a k3_dspark draft over `rollouts` at one k (`draft_batch_proposers`)."""
+    return draft_batch_proposers(model, lm_head_weight, rollouts, [block_size])[block_size]
+
+
+def draft_batch_proposers(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
+                          ks: Sequence[int]) -> dict[int, ProposeMany]:
+    """`propose_many` per k for a k3_dspark draft over `rollouts`: the context latents once, then per request one
+    block forward of k rows, and one vocabulary projection and one Markov chain for all requests of a call.
 
     The projection and the chain read the whole vocabulary's weights for a few rows each, so they are
     bound by memory: on 40 SmolLM2 requests at once they cost 5 ms a request against 56 ms one at a
@@ -73,29 +97,43 @@ def draft_batch_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rol
         latents = [model.encode_context(r.aux_hidden_states[None].to(device=device, dtype=dtype)) for r in rollouts]
     ids = [r.input_ids.to(device) for r in rollouts]
 
-    def propose_many(requests: list[tuple[int, int]]) -> list[list[int]]:
-        anchors = torch.stack([ids[i][p] for i, p in requests])
-        blocks = model.draft_block(anchors, block_size)
-        rows = []
-        for n, (i, p) in enumerate(requests):        # contexts differ in length: one forward each
-            context = tuple(latent[:, :p] for latent in latents[i])
-            rows.append(model(input_ids=blocks[n:n + 1], context_latents=context).last_hidden_state)
-        proposal = model.decode_block(torch.cat(rows), anchors, lm_head_weight)
-        assert proposal.tokens is not None   # decode_block always sets the tokens
-        tokens: list[list[int]] = proposal.tokens.tolist()
-        return tokens
+    def at(block_size: int) -> ProposeMany:
+        def propose_many(requests: list[tuple[int, int]]) -> list[list[int]]:
+            anchors = torch.stack([ids[i][p] for i, p in requests])
+            blocks = model.draft_block(anchors, block_size)
+            rows = []
+            for n, (i, p) in enumerate(requests):        # contexts differ in length: one forward each
+                context = tuple(latent[:, :p] for latent in latents[i])
+                rows.append(model(input_ids=blocks[n:n + 1], context_latents=context).last_hidden_state)
+            proposal = model.decode_block(torch.cat(rows), anchors, lm_head_weight)
+            assert proposal.tokens is not None   # decode_block always sets the tokens
+            scores = proposal.confidence.tolist() if proposal.confidence is not None else None
+            return [Drafts.of(tokens, None if scores is None else scores[n])
+                    for n, tokens in enumerate(proposal.tokens.tolist())]
 
-    return propose_many
+        return propose_many
+
+    return {k: at(k) for k in ks}
 
 
 def speculators_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], list[int]]:
     """`propose(p)` for a speculators DSpark (`modeling.speculators_dspark.SpeculatorsDSpark`)."""
+    return speculators_proposers(draft, rollout, [k])[k]
+
+
+def speculators_proposers(draft: SpeculatorsDSpark, rollout: Rollout,
+                          ks: Sequence[int]) -> dict[int, Callable[[int], list[int]]]:
+    """`propose(p)` per k for a speculators DSpark: the rollout's context keys and values once, for every k."""
     import torch  # heavy: only a measurement of a draft pays for it
 
     with torch.no_grad():
         kv = draft.context_kv(draft.context(rollout.aux_hidden_states))
     ids = rollout.input_ids.tolist()
-    return lambda p: draft.propose(kv, ids[p], p, k)
+
+    def at(k: int) -> Callable[[int], list[int]]:
+        return lambda p: Drafts.of(*draft.propose_scored(kv, ids[p], p, k))
+
+    return {k: at(k) for k in ks}
 
 
 def ngram_proposer(rollout: Rollout, block_size: int, max_ngram: int = 3,
@@ -149,7 +187,17 @@ def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -
 
 
 def drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True) -> Drafter:
-    """rollouts -> propose_many (`acceptance.measure_batched`) for the draft's format.
+    """rollouts -> propose_many (`acceptance.measure_batched`) for the draft's format, at the draft's k.
+
+    Raises:
+        UsageError: `markov` False for a format whose Markov head is not optional.
+    """
+    sweep = sweep_drafter_for(draft, target, markov=markov)
+    return lambda rollouts: sweep(rollouts, [draft.k])[draft.k]
+
+
+def sweep_drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True) -> SweepDrafter:
+    """(rollouts, ks) -> {k: propose_many} for the draft's format: each rollout's context encoded once.
 
     Raises:
         UsageError: `markov` False for a format whose Markov head is not optional.
@@ -172,22 +220,31 @@ def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
     return model
 
 
-def _speculators_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+def _speculators_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
     import torch  # heavy: only a measurement pays for it
 
     # modeling imports torch and transformers: only a measurement of a speculators draft pays for them
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
 
     model = SpeculatorsDSpark.from_folder(draft.path, target.embedding(), lm_head, dtype=torch.float32, markov=markov)
+
     # its pruned vocabulary makes a request cheap (10 ms on SmolLM2): drafted one at a time
-    return one_at_a_time(lambda r: speculators_proposer(model, r, draft.k))
+    def make(rollouts: list[Rollout], ks: Sequence[int]) -> dict[int, ProposeMany]:
+        proposers = [speculators_proposers(model, r, ks) for r in rollouts]
+
+        def at(k: int) -> ProposeMany:
+            return lambda requests: [proposers[i][k](p) for i, p in requests]
+
+        return {k: at(k) for k in ks}
+
+    return make
 
 
-def _k3_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+def _k3_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
     k3 = _load_draft(draft.path)
-    return lambda rollouts: draft_batch_proposer(k3, lm_head, rollouts, draft.k)
+    return lambda rollouts, ks: draft_batch_proposers(k3, lm_head, rollouts, ks)
 
 
 #: How a draft of each format drafts (the modeling classes sit above format/, so the table lives here).
-PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], Drafter]] = {
+PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], SweepDrafter]] = {
     K3.name: _k3_drafter, SPECULATORS.name: _speculators_drafter}

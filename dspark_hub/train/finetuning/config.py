@@ -9,18 +9,34 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from dspark_hub._compat import renamed_keywords
+from dspark_hub.errors import UsageError
 from dspark_hub.format.provenance import TRAINING_ARGS_PATHS, public_args
+from dspark_hub.format.writer import refuse_own_inputs
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.target.dtypes import canonical_dtype
 from dspark_hub.train.target.engines import DEFAULT_ENGINE, EngineOptions
 
 #: What `finetune` trains in: fp32 master weights, the forward in fp32 or under bf16 autocast.
 TRAIN_DTYPES = ("float32", "bfloat16")
+
+
+def check_betas(betas: Iterable[float]) -> tuple[float, float]:
+    """AdamW's two moment decays, each in [0, 1).
+
+    Raises:
+        UsageError: not two numbers in [0, 1).
+    """
+    values = tuple(betas)
+    if len(values) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                   for b in values):
+        raise UsageError(f"{values}; give two numbers in [0, 1), e.g. 0.9,0.95", param="betas")
+    return float(values[0]), float(values[1])
 
 
 @dataclass
@@ -42,8 +58,10 @@ class TrainConfig:
     loss: dict[str, float] = field(default_factory=lambda: {"ce": 0.1, "tv": 0.9})
     gamma: float = 4.0
     alpha: float = 1.0
+    confidence_target: str = "overlap"   # what the confidence head learns (`objective.CONFIDENCE_TARGETS`)
     clip: float = 1.0
     weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)   # AdamW's moment decays
     dtype: str = "float32"
     seed: int = 0
     save_every: int = 0
@@ -67,6 +85,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.dtype = canonical_dtype(self.dtype, TRAIN_DTYPES)
+        if self.confidence_target not in objective.CONFIDENCE_TARGETS:
+            raise UsageError(f"confidence target {self.confidence_target!r}; use one of "
+                             f"{', '.join(objective.CONFIDENCE_TARGETS)}", param="confidence_target")
+        self.betas = check_betas(self.betas)
 
     def __getattr__(self, name: str) -> Any:
         """`config.teacher`, the 0.2 name of `target`, with a DeprecationWarning (until 0.4)."""
@@ -92,6 +114,24 @@ class TrainConfig:
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir) if self.state_dir else Path(f"{self.out}.state")
+
+    def refuse_own_inputs(self, target: str | None = None) -> None:
+        """Refuse an `out` or state folder that is, holds or sits inside an input (`target`: the one the
+        data names, when not given), or a state folder inside `out` (replacing `out` would delete it).
+
+        Raises:
+            UsageError: naming the two arguments, with or without `force`.
+        """
+        inputs = [("base", self.base), ("data", self.data), ("target", self.target or target),
+                  ("prompts", self.prompts), ("eval_data", self.eval_data),
+                  ("engine_python", self.engine_options.python)]
+        refuse_own_inputs(self.out, inputs, param="out", folder=True)
+        if self.uses_state_dir:
+            refuse_own_inputs(self.state_path, inputs, param="state_dir", folder=True)
+            out, states = Path(self.out).resolve(), self.state_path.resolve()
+            if states == out or states.is_relative_to(out):
+                raise UsageError(f"{self.state_path}: is (inside) `out` ({self.out}), which the run replaces at "
+                                 "its end; keep the states in another folder", param="state_dir")
 
     @property
     def uses_state_dir(self) -> bool:

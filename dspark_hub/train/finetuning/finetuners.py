@@ -71,5 +71,6 @@ def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResu
     Raises:
         UsageError: the base is of a draft family no trainer takes; and whatever that trainer raises.
     """
+    config.refuse_own_inputs()
     run = finetuner_for(config.base) or _k3_dspark
     return run(config, progress)

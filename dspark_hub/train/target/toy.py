@@ -36,7 +36,7 @@ from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
 from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.jsonio import load_json_object
-from dspark_hub.format.writer import atomic_dir, check_writable
+from dspark_hub.format.writer import atomic_dir, check_writable, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train.target.target import moved
 
@@ -192,7 +192,8 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
     from transformers import LlamaConfig, LlamaForCausalLM
 
     dst = Path(dst)
-    check_writable(dst, force=force)
+    refuse_own_inputs(dst, [("draft", draft)], param="dst", folder=True)
+    checked = check_writable(dst, force=force)
     if draft is not None:
         config_path = Path(draft) / CONFIG_NAME
         if not config_path.is_file():
@@ -213,7 +214,7 @@ def init_teacher(dst: str | os.PathLike[str], *, profile: str | None = "tiny",
     tokenizer = build_tokenizer(shapes["vocab_size"], draft_config)
     with torch.no_grad():     # only bytes win the argmax: text, full-length continuations
         model.get_output_embeddings().weight[sorted(special_tokens(shapes["vocab_size"], draft_config))] = 0
-    with atomic_dir(dst, force=force) as tmp:
+    with atomic_dir(dst, force=force, checked=checked) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         for file in tmp.iterdir():          # safetensors writes 0600; give every file a new file's mode
