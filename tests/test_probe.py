@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from dspark_hub.train.evaluation import probe as probe_module
+from dspark_hub.train.evaluation import probe_gate
 from dspark_hub.train.evaluation.expected import Paired, Reading, expected_accepted, paired
 from dspark_hub.train.evaluation.probe import Candidate, Convention, decide
 
@@ -294,11 +295,11 @@ def test_an_untrained_draft_gets_cannot_tell_even_where_readings_differ(specdec_
 @pytest.mark.slow
 def test_the_gate_turns_a_contradiction_into_an_error_with_its_fix(specdec_probes):
     """`verify --probe`'s findings: an error per contradicted convention, with the key to set; notes otherwise."""
-    flipped = probe_module.findings(specdec_probes["slot layout flipped"])
+    flipped = probe_gate.findings(specdec_probes["slot layout flipped"])
     assert [(f.code, f.hint) for f in flipped if f.severity == "error"] == [
         ("PROBE_SLOT_LAYOUT", "set sample_from_anchor to true")]
-    assert {f.severity for f in probe_module.findings(specdec_probes["trained"])} == {"info"}
-    assert {f.code for f in probe_module.findings(specdec_probes["untrained"])} == {probe_module.UNDETERMINED}
+    assert {f.severity for f in probe_gate.findings(specdec_probes["trained"])} == {"info"}
+    assert {f.code for f in probe_gate.findings(specdec_probes["untrained"])} == {probe_module.UNDETERMINED}
 
 
 def _probe_args(*extra: str) -> list[str]:

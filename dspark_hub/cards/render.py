@@ -53,7 +53,8 @@ from typing import Any
 
 from dspark_hub.cards.facts import NOT_CHECKSUMMED, card_facts, facts_from_metadata, int_or_none, known_digests
 from dspark_hub.cards.front_matter import front_matter_problems, front_matter_yaml
-from dspark_hub.cards.results import Results, load_eval, load_probe, load_train_log, load_training_run
+from dspark_hub.cards.probe_table import load_probe
+from dspark_hub.cards.results import Results, load_eval, load_train_log, load_training_run
 from dspark_hub.cards.source import load_card_source
 from dspark_hub.cards.templating import TEMPLATE, environment, render_strings, source_environment
 from dspark_hub.documents import Document

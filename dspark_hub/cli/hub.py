@@ -88,7 +88,7 @@ def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
         raise click.UsageError("--probe-prompts goes with --probe TARGET")
     check = None
     if probe_target is not None:
-        from dspark_hub.train.evaluation.probe import add_to_report  # torch: only a probing gate pays for it
+        from dspark_hub.train.evaluation.probe_gate import add_to_report  # torch: only a probing gate pays for it
 
         def check(folder: Path, report: Any) -> None:
             add_to_report(report, folder, target=probe_target, prompts=probe_prompts)

@@ -70,7 +70,7 @@ def verify(path: str, drop_in: str | None, deep: bool, frozen_embed: str | None,
                                against_hub=against_hub, endpoint=endpoint, execute=execute, eval_json=eval_json,
                                progress=bar)
     if probe:
-        from dspark_hub.train.evaluation.probe import add_to_report  # torch: only a probe pays for it
+        from dspark_hub.train.evaluation.probe_gate import add_to_report  # torch: only a probe pays for it
 
         with progress("verify --probe", unit="items", quiet=quiet or as_json) as bar:
             add_to_report(report, path, target=target, block_size=block_size, prompts=probe_prompts, progress=bar)

@@ -35,7 +35,6 @@ row short) and 4.6% (the Markov head).
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -50,7 +49,6 @@ from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.taps import text_config
 from dspark_hub.format.tensorio import tensor_files
 from dspark_hub.progress import Progress, announce_stage
-from dspark_hub.report import Finding, Report, error, info
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.evaluation.expected import GreedyPath, Paired, Reading, Scorer, expected_accepted, paired
 from dspark_hub.train.evaluation.greedy_paths import greedy_paths
@@ -497,69 +495,3 @@ def _per_position(slots: list[torch.Tensor]) -> list[float]:
     import torch
 
     return [round(float(v), 6) for v in torch.cumprod(torch.cat(slots), dim=-1).mean(0)]
-
-
-# ----------------------------------------------------------------------------- the gate
-
-
-def findings(result: ProbeResult) -> list[Finding]:
-    """`verify --probe`: a contradiction is an error with its convention's code and the fix; a convention the
-    probe cannot tell is a note; a confirmed one is a note with its numbers."""
-    out = []
-    where = f"{result.draft}/{CONFIG_NAME}"
-    for c in result.conventions:
-        if c.verdict == "other":
-            out.append(error(CODES[c.key], where, f"probe: {c.title}: the weights follow {c.follows}, the config "
-                                                  f"declares {c.declared} ({c.reason})", c.fix))
-        elif c.verdict == "cannot tell":
-            out.append(info(UNDETERMINED, where, f"probe: {c.title}: cannot tell ({c.reason})"))
-        else:
-            out.append(info(CONFIRMED, where, f"probe: {c.title}: {c.declared}, as declared ({c.reason})"))
-    return out
-
-
-def add_to_report(report: Report, draft: str | os.PathLike[str], *, target: str | os.PathLike[str] | None,
-                  block_size: int | None = None, prompts: str | os.PathLike[str] | None = None,
-                  progress: Progress | None = None) -> ProbeResult:
-    """`verify --probe` (and a publish gate that asks for it): probe the draft (on `prompts`, default
-    `DEFAULT_PROMPTS`), add its findings and its numbers (`sections["probe"]`) to the verify report.
-
-    Raises:
-        UsageError: no target, or a draft or target that is not a local folder (the probe reads the weights and
-            runs the target).
-    """
-    if target is None:
-        raise UsageError("the probe runs the draft on the target's greedy paths: pass --target", param="probe")
-    for path, what in ((draft, "draft"), (target, "target")):
-        if str(path).startswith("hf://") or not Path(path).is_dir():
-            raise UsageError(f"{path}: the probe needs the {what} as a local folder (it reads every weight and runs "
-                             "the target); download it first", param="probe")
-    result = probe(draft, target=target, block_size=block_size, prompts=prompts, progress=progress)
-    report.findings.extend(findings(result))
-    report.sections["probe"] = result.to_dict()
-    return result
-
-
-def summary_line(result: ProbeResult) -> str:
-    """One line for a card or a log: what was checked by behaviour, and on what."""
-    counts = {kind: sum(c.verdict == kind for c in result.conventions) for kind in ("as declared", "other",
-                                                                                   "cannot tell")}
-    return (f"{counts['as declared']} as declared, {counts['other']} contradicted, {counts['cannot tell']} "
-            f"undetermined, on {result.anchors} anchors of {result.paths} greedy paths")
-
-
-def verdict_table(result: ProbeResult) -> list[tuple[str, str, str, str]]:
-    """(convention, declared, verdict, paired statistic of the named or closest candidate) rows."""
-    rows = []
-    for c in result.conventions:
-        shown = c.follows if c.verdict == "other" else ("as declared" if c.verdict == "as declared"
-                                                        else "cannot tell")
-        compared = [s for s in c.scores if s.paired is not None]
-        stat = ""
-        if compared:
-            top = max(compared, key=lambda s: s.paired.z if s.paired is not None else -math.inf)
-            assert top.paired is not None
-            stat = f"{top.value}: {top.paired.mean:+.5f} ± {top.paired.standard_error:.5f}"
-        rows.append((c.title, c.declared, str(shown), stat))
-    return rows
-
