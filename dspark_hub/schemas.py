@@ -11,7 +11,7 @@ from __future__ import annotations
 #: `--json` output of each command.
 COMMANDS: dict[str, str] = {name: f"dspark-hub/{name}/1" for name in (
     "verify", "diff", "convert", "init", "init-teacher", "rollouts", "finetune", "golden-write", "golden-check",
-    "export-code", "checksums", "checksums-check", "package", "card", "card-lint", "publish", "error",
+    "export-code", "checksums", "checksums-check", "package", "card", "card-lint", "publish", "error", "probe",
 )} | {
     # 2: vLLM's definitions and counts (`drafts` replaces `steps`; the last step counts in full), `engine`,
     # `measured_by`, `lossless`. 3 (one bump for this release): sampled acceptance's per-unit records; the

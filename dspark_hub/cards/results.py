@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +15,13 @@ from typing import Any
 
 from dspark_hub._text import short_json
 from dspark_hub.cards.labels import AcceptanceLabel, acceptance_label
+from dspark_hub.cards.probe_table import ProbeCheck
 from dspark_hub.cards.serving_tables import CalibrationTable, SweepTable, calibration_table, sweep_table
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
+from dspark_hub.cards.values import as_text, first, public_text, read_json
+from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise
-from dspark_hub.format.provenance import TRAINING_ARGS_NAME, describe, is_hub_id
+from dspark_hub.format.provenance import TRAINING_ARGS_NAME, describe
 
 #: Harness keys in render order: (label, accepted aliases).
 HARNESS_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -132,43 +133,12 @@ class Results:
     sweep: SweepTable | None = None
     calibration: CalibrationTable | None = None
     training: TrainingRun | None = None
+    probe: ProbeCheck | None = None
 
     @property
     def best_step(self) -> int | None:
         scored = [r for r in self.by_step if r.acceptance_length is not None]
         return max(scored, key=lambda r: (r.acceptance_length, r.step)).step if scored else None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return load_json_file(path)
-    except CheckpointNotFoundError:
-        raise UsageError(f"{path}: no such file; pass an existing evaluation JSON") from None
-    except CheckpointFormatError as e:
-        raise UsageError(f"{path}: {e.detail}; pass the output of 'dspark-hub eval --json'") from None
-
-
-def _first(mapping: Mapping[str, Any], names: tuple[str, ...]) -> Any:
-    for name in names:
-        if mapping.get(name) is not None:
-            return mapping[name]
-    return None
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, Mapping):
-        repo = value.get("repo") or value.get("repo_id") or value.get("name")
-        rev = value.get("revision") or value.get("sha256") or value.get("digest")
-        if repo:
-            return f"{repo}@{rev}" if rev else str(repo)
-        return ", ".join(f"{k} {_text(v)}" for k, v in value.items())
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, list):
-        return ", ".join(_text(v) for v in value)
-    return str(value)
 
 
 def harness_pairs(*sources: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -181,52 +151,11 @@ def harness_pairs(*sources: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     for source in reversed([s for s in sources if s]):
         for scope in (source, source.get("harness") if isinstance(source.get("harness"), Mapping) else {}):
             for label, names in HARNESS_FIELDS:
-                value = _first(scope, names)
+                value = first(scope, names)
                 if value is not None:
                     merged[label] = value
             merged.update(_implied_harness(scope))
     return [(label, public_text(label, merged[label])) for label, _ in HARNESS_FIELDS if label in merged]
-
-
-#: Harness labels whose values may be local paths.
-_PATH_LABELS = {"teacher": "a local folder", "reference": "a local draft"}
-#: `teacher_identity.label` of a folder without a Hub id: `name (sha256 config.json 1a2b..., ...)`.
-_DIGEST_LABEL = re.compile(r"^.*?\((sha256 .+)\)$")
-#: `eval`'s reference: `path (acceptance length 1.2345; ratio 1.0123)`.
-_REFERENCE = re.compile(r"^(?P<what>.*?) \((?P<how>acceptance length .*)\)$")
-
-
-def public_text(label: str, value: Any) -> str:
-    """A harness value as a card may show it: a teacher or reference path becomes its Hub id or digests."""
-    if label not in _PATH_LABELS:
-        return _text(value)
-    if isinstance(value, Mapping):       # a TeacherIdentity: repo@revision, else its file digests
-        repo = value.get("repo")
-        if repo:
-            return f"{repo}@{value['revision']}" if value.get("revision") else str(repo)
-        named = describe({"sha256": value.get("digests")}) if isinstance(value.get("digests"), Mapping) else None
-        return named or _PATH_LABELS[label]
-    text = str(value)
-    reference = _REFERENCE.match(text) if label == "reference" else None
-    if reference:
-        return f"{_public_name(label, reference['what'])} ({reference['how']})"
-    return _public_name(label, text)
-
-
-def _public_name(label: str, text: str) -> str:
-    """Digests or a Hub id, else what the value stands for (`a local draft`).
-
-    `eval` records its reference as `describe(identify(...))`: digests, or `org/name@revision` for
-    a Hub snapshot. A bare `org/name` there is an older file's path (`toy/base` reads as both).
-    A teacher written by hand in `card.yaml` may be a bare Hub id, unless it names a local folder.
-    """
-    if text.startswith("sha256 "):
-        return text
-    trusted = "@" in text if label == "reference" else not Path(text).exists()
-    if is_hub_id(text) and trusted:
-        return text
-    digests = _DIGEST_LABEL.match(text)
-    return digests.group(1) if digests else _PATH_LABELS[label]
 
 
 def _implied_harness(scope: Mapping[str, Any]) -> dict[str, Any]:
@@ -303,7 +232,7 @@ def _entries(block: Any, name_keys: tuple[str, ...]) -> list[tuple[str, Mapping[
     if isinstance(block, Mapping):
         return [(str(k), v) for k, v in block.items() if isinstance(v, Mapping)]
     if isinstance(block, list):
-        return [(str(_first(e, name_keys)), e) for e in block if isinstance(e, Mapping)]
+        return [(str(first(e, name_keys)), e) for e in block if isinstance(e, Mapping)]
     return []
 
 
@@ -335,8 +264,8 @@ def _long_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, s
     for i, entry in enumerate(rows_in if isinstance(rows_in, list) else []):
         if not isinstance(entry, Mapping):
             raise UsageError(f"{where}:long_context.rows[{i}]: is {short_json(entry, 60)}, not an object")
-        domain = _first(entry, ("subdomain", "sub_domain", "domain", "dataset"))
-        context = _first(entry, ("context_length", "context", "context_tokens"))
+        domain = first(entry, ("subdomain", "sub_domain", "domain", "dataset"))
+        context = first(entry, ("context_length", "context", "context_tokens"))
         if _is_number(context) and context < 0:
             raise UsageError(f"{where}:long_context.rows[{i}]: context length is {context}; a length is >= 0")
         rows.append(_row((str(domain), _context(context)), entry, f"{where}:long_context.rows[{i}]"))
@@ -367,7 +296,7 @@ def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | Non
         UsageError: the file is missing, not JSON, or a rate list is not numbers.
     """
     p = Path(path)
-    doc = _read_json(p)
+    doc = read_json(p)
     if not isinstance(doc, Mapping):
         raise UsageError(f"{p}: is a JSON {type(doc).__name__}, not an object; pass 'dspark-hub eval --json' output")
     check_counts(doc, p.name)
@@ -389,8 +318,8 @@ def _number(value: Any) -> float | None:
 
 def _step_row(line: Mapping[str, Any]) -> StepRow | None:
     evaluation = line.get("eval") if isinstance(line.get("eval"), Mapping) else {}
-    length = _number(_first(evaluation, ("acceptance_length",))) if evaluation else None
-    loss = _number(_first(evaluation, ("loss", "eval_loss"))) if evaluation else None
+    length = _number(first(evaluation, ("acceptance_length",))) if evaluation else None
+    loss = _number(first(evaluation, ("loss", "eval_loss"))) if evaluation else None
     length = length if length is not None else _number(line.get("eval_acceptance_length"))
     loss = loss if loss is not None else _number(line.get("eval_loss"))
     step = line.get("step")
@@ -488,7 +417,7 @@ def _training_setup(path: Path) -> list[tuple[str, str]]:
         if value is None or value is False or (key == "rounds" and not args.get("on_policy")):
             continue          # unset, a switch left off, or rounds without on-policy training
         text = describe(value) if key in _INPUT_ARGS else (json.dumps(value) if isinstance(value, dict)
-                                                           else _text(value))
+                                                           else as_text(value))
         if text is not None:
             rows.append((label, text))
     return rows

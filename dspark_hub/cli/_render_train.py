@@ -218,6 +218,38 @@ def _render_sweep(sweep: dict[str, Any], speedup: dict[str, Any] | None) -> None
         stdout.print(f"{speedup['label']}; best k {speedup['best_k']} (*)")
 
 
+def render_probe(result: Any) -> None:
+    """One row per convention: declared value, verdict, the value the weights follow, the paired statistic; then the
+    untrained level, per-position acceptance and each contradiction's fix."""
+    data = result.to_dict()
+    columns = [Column("convention"), Column("declared"), Column("verdict", label=True), Column("weights follow"),
+               Column("paired difference (expected accepted / anchor)", justify="right")]
+    rows: list[list[Cell]] = []
+    for convention in data["conventions"]:
+        compared = [c for c in convention["candidates"] if c["z"] is not None or c["difference"] is not None]
+        named = next((c for c in compared if c["value"] == convention["follows"]), None)
+        shown = named or (max(compared, key=lambda c: c["z"] if c["z"] is not None else -1e9) if compared else None)
+        stat = "" if shown is None else (f"{shown['value'].split(':')[0]}: {shown['difference']:+.5f} "
+                                         f"± {shown['standard_error']:.5f}")
+        rows.append([convention["title"], convention["declared"], convention["verdict"],
+                     convention["follows"] or "-", stat])
+    print_table(f"probe of {data['draft']} ({data['format']}, k {data['k']})", columns, rows)
+    level = data["untrained"]
+    stdout.print(f"untrained level {level['level']:.5f} expected accepted per anchor; best reading "
+                 f"{level['best_expected_accepted']:.5f} ({level['best']}, z {level['z'] or 0:+.1f}): "
+                 + ("above it" if level["above"] else "AT the untrained level, so every convention is 'cannot tell'"))
+    stdout.print("acceptance by position (draft / untrained): "
+                 + " ".join(f"{a:.4f}/{b:.4f}" for a, b in zip(data["per_position"]["draft"],
+                                                               data["per_position"]["untrained"], strict=True)))
+    stdout.print(f"{plural(data['anchors'], 'anchor')} of {plural(data['paths'], 'greedy path')} ({data['data']}); "
+                 f"named at {data['decision']['z']:g} standard errors; {data['seconds']:.0f} s")
+    for convention in data["conventions"]:
+        if convention["verdict"] == "other":
+            stdout.print(f"fix {convention['key']}: {convention['fix']}")
+        elif convention["verdict"] == "cannot tell":
+            stdout.print(f"cannot tell {convention['key']}: {convention['reason']}")
+
+
 def render_threads(choice: Any) -> None:
     """The CPU threads a training command uses, and why (stderr)."""
     stderr.print(f"threads: {choice.threads} ({choice.reason}; --threads N to choose)")

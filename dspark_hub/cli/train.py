@@ -19,6 +19,7 @@ from dspark_hub.train.data.hidden_state_files import parse_layer_ids
 from dspark_hub.train.data.rollouts import make_rollouts
 from dspark_hub.train.evaluation.by_context import parse_edges
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
+from dspark_hub.train.evaluation.probe import probe as probe_conventions
 from dspark_hub.train.evaluation.serving import MEASURE, ServingOptions
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.finetuning.allocator import steady_allocator
@@ -406,6 +407,39 @@ def eval_command(draft: str, target: str | None, prompts: str | None, data: str 
                           serving=serving if serving.asked else None, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
     emit(result, as_json=as_json, renderer="render_eval")
+
+
+@command(name="probe")
+@click.argument("draft", metavar="DRAFT")
+@target_option(help="The target folder (default with --data: the rollouts' target).")
+@click.option("--prompts", metavar="JSONL", help="Prompts the target continues greedily [default: 24 built-in chat "
+                                                 "prompts of six kinds].")
+@click.option("--data", metavar="DIR", help="A rollouts folder instead: its sequences as they are.")
+@click.option("--block-size", "block_size", type=POSITIVE, metavar="K",
+              help="The served k (default: the speculators speculative_tokens; 7 for k3_dspark).")
+@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE,
+              default=keyword_default(probe_conventions, "max_new_tokens"), show_default=True,
+              help="Anchors per prompt.")
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(probe_conventions, "batch_size"),
+              show_default=True, help="Prompts the target continues together.")
+@threads_option
+@quiet_option
+@json_option
+def probe_command(draft: str, target: str | None, prompts: str | None, data: str | None, block_size: int | None,
+                  max_new_tokens: int, batch_size: int, threads: int | None, quiet: bool, as_json: bool) -> None:
+    """Name the conventions a draft's weights follow (taps, slot layout, d2t, ...) from their behaviour on the
+    target's greedy paths.
+
+    Each convention is "as declared", the value the weights follow instead, or "cannot tell"; exit 1 when the weights
+    contradict the config (docs/probe.md).
+    """
+    quiet_transformers(quiet or as_json)
+    choice = use_threads(threads)
+    with progress("probe", unit="items", quiet=quiet or as_json) as bar:
+        result = probe_conventions(draft, target=target, prompts=prompts, data=data, block_size=block_size,
+                                   max_new_tokens=max_new_tokens, batch_size=batch_size, progress=bar)
+    say_threads(choice, show=not (quiet or as_json))
+    emit(result, as_json=as_json, renderer="render_probe")
 
 
 def _floats(text: str | None, param: click.Parameter) -> list[float] | None:

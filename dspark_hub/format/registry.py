@@ -120,6 +120,7 @@ class DraftFormat:
     markov_optional: bool = False      # it can draft with its Markov head switched off
     anchor_layout_key: str | None = None  # a config key eval needs written (its trainer and vLLM defaults differ)
     vllm_model_class: str | None = None   # the vLLM 0.32.0 class that loads it (None: vLLM has no loader)
+    rope_pairing: str | None = None    # the RoPE channel pairing its contract fixes, which a port may get wrong
     #: Drafted tokens a step at the block the config says it trained with (None: not a config key)
     trained_k: Callable[[Mapping[str, Any]], int | None] = lambda config: None
 
@@ -175,7 +176,7 @@ K3 = DraftFormat(
                        "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight"),
     counterpart=speculators.k3_counterpart,
     sorted_data=True, target_embedding=_K3_EMBEDDING, trainable=True, repairable=True, remote_code=True,
-    records_target_config=True, vllm_model_class="K3DSparkForCausalLM",
+    records_target_config=True, vllm_model_class="K3DSparkForCausalLM", rope_pairing="interleaved",
 )
 
 

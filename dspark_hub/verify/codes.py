@@ -74,6 +74,16 @@ FINDING_CODES: dict[str, str] = {
     "HUB_FILE_MISMATCH": "a file differs from the Hub's",
     "HUB_FILE_MISSING": "a file is only on the Hub",
     "HUB_FILE_EXTRA": "a file is only local",
+    # --probe (train.evaluation.probe): the weights' behaviour on the target's greedy paths
+    "PROBE_TAPS": "the weights follow other taps than the config's (one layer earlier or later)",
+    "PROBE_SLOT_LAYOUT": "the weights follow the other slot layout (speculators sample_from_anchor)",
+    "PROBE_FINAL_NORM": "the weights were trained on the final layer's tap after the target's final norm",
+    "PROBE_D2T": "the pruned vocabulary's d2t holds absolute target ids, not offsets",
+    "PROBE_MARKOV": "the Markov head carries nothing the draft relies on (inert, or not the head it was trained with)",
+    "PROBE_BLOCK": "the weights were trained for another number of drafted tokens than the one served",
+    "PROBE_ROPE": "the RoPE rows of the weights are in the half-split order, not the contract's interleaved one",
+    "PROBE_UNDETERMINED": "the probe cannot tell which value of a convention the weights follow",
+    "PROBE_CONFIRMED": "the weights follow the declared value of a convention",
     # --deep, --frozen-embed (deep)
     "TENSOR_NAN": "a tensor holds NaN values",
     "TENSOR_INF": "a tensor holds infinite values",
