@@ -171,13 +171,19 @@ def synthetic_rollouts(config: Mapping[str, Any], scale: Scale, head: Any) -> li
     return rollouts
 
 
-def write_data(folder: Path, rollouts: list[Any], teacher: Path) -> None:
-    """A rollouts folder as `dspark-hub rollouts` writes it (one shard, a manifest)."""
+def write_data(folder: Path, rollouts: list[Any], teacher: Path, config: Mapping[str, Any]) -> None:
+    """A rollouts folder as `dspark-hub rollouts` writes it (one shard, a manifest with every setting the readers
+    check: the draft's taps, widths and vocabulary; no prompts file, so its digest is the empty file's)."""
+    import hashlib
+
     from dspark_hub.train.data.rollouts import SCHEMA, shard_name, write_manifest, write_shard
 
     folder.mkdir(parents=True)
     write_shard(folder / shard_name(0), rollouts)
-    write_manifest(folder, {"schema": SCHEMA, "settings": {"teacher": str(teacher), "mode": "synthetic"},
+    settings = {"teacher": str(teacher), "mode": "synthetic", "prompts_sha256": hashlib.sha256(b"").hexdigest(),
+                "max_new_tokens": 0, **{key: config[key] for key in ("target_layer_ids", "target_hidden_size",
+                                                                    "target_num_hidden_layers", "vocab_size")}}
+    write_manifest(folder, {"schema": SCHEMA, "settings": settings, "teacher": {"label": f"{teacher.name} (synthetic)"},
                             "shards": [{"file": shard_name(0), "sequences": [r.entry() for r in rollouts]}]})
 
 
@@ -220,7 +226,7 @@ def build_world(workdir: Path, scale: Scale) -> dict[str, Any]:
           f"({time.perf_counter() - started:.1f} s)", flush=True)
     init_checkpoint(paths["base"], profile=scale.profile, seed=SEED, embed_from=paths["teacher"])
     print(f"world: draft `init --profile {scale.profile}` ({time.perf_counter() - started:.1f} s)", flush=True)
-    write_data(paths["data"], synthetic_rollouts(config, scale, head), paths["teacher"])
+    write_data(paths["data"], synthetic_rollouts(config, scale, head), paths["teacher"], config)
     from safetensors import safe_open
 
     with safe_open(str(paths["base"] / contract.WEIGHTS_NAME), framework="pt") as handle:

@@ -218,89 +218,32 @@ def target_layers(target: Path) -> int:
 def expected_accepted(draft: Path, data: Path, target: Path) -> Any:
     """Per held-out anchor, the expected number of accepted drafts if each slot were sampled from the draft.
 
-    Teacher-forced on the rollouts' greedy path, as the draft is served (the format's block layout, its
-    Markov head chained on the true tokens, its vocabulary map): with `q_i` the probability the draft
-    gives the path's token `i + 1` after the anchor, the value is `sum_i prod_{j <= i} q_j`. It uses
-    every anchor of every held-out sequence and the draft's probabilities, not only its argmax, so
-    two drafts measured on the same anchors differ by far less noise than their greedy acceptance.
+    The product's measure (`dspark_hub.train.evaluation.expected`, which `dspark-hub probe` decides by), on the
+    taps the rollouts folder stores: teacher-forced on the rollouts' greedy path, as the draft is served (the
+    format's block layout, its Markov head chained on the true tokens, its vocabulary map): with `q_i` the
+    probability the draft gives the path's token `i + 1` after the anchor, the value is `sum_i prod_{j <= i} q_j`.
+    It uses every anchor of every held-out sequence and the draft's probabilities, not only its argmax, so two
+    drafts measured on the same anchors differ by far less noise than their greedy acceptance.
 
     Returns:
         A float64 tensor, one value per anchor (sequence by sequence, anchor by anchor).
     """
     import torch
 
-    from dspark_hub.train.data.rollouts import RolloutData
+    from dspark_hub.train.evaluation.expected import Scorer
+    from dspark_hub.train.evaluation.expected import expected_accepted as per_anchor
+    from dspark_hub.train.evaluation.greedy_paths import stored_paths
     from dspark_hub.train.target.target import Target
 
-    under_test = read_draft(draft)
-    lm_head = Target.open(target).lm_head().float()
-    slot_probabilities = (_k3_slot_probabilities if under_test.format.anchor_layout_key is None
-                          else _speculators_slot_probabilities)(under_test, target, lm_head)
-    values = []
-    with torch.no_grad():
-        for rollout in RolloutData(data):
-            q = slot_probabilities(rollout)                    # [anchors, k]
-            values.append(torch.cumprod(q.double(), dim=-1).sum(-1))
-    return torch.cat(values)
-
-
-def _anchors(rollout: Any, k: int) -> range:
-    """Anchors whose k path tokens the rollout holds: the continuation's first token onwards."""
-    return range(rollout.prompt_length, len(rollout.input_ids) - k)
-
-
-def _k3_slot_probabilities(under_test: Any, target: Path, lm_head: Any) -> Callable[[Any], Any]:
-    import torch
-
-    from dspark_hub.modeling import load_checkpoint
-
-    model = load_checkpoint(under_test.path, dtype=torch.float32).model
-    model.train(False)
-    k = under_test.k
-
-    def slot_probabilities(rollout: Any) -> Any:
-        anchors = torch.tensor(list(_anchors(rollout, k)))[None]
-        out = model.teacher_forced(rollout.aux_hidden_states[None].float(), rollout.input_ids[None], anchors,
-                                   block_size=k, lm_head_weight=lm_head)
-        probs = out.logits.float().softmax(-1)
-        return probs.gather(-1, out.labels.clamp(min=0)[..., None])[0, ..., 0]
-    return slot_probabilities
-
-
-def _speculators_slot_probabilities(under_test: Any, target: Path, lm_head: Any) -> Callable[[Any], Any]:
-    import torch
-
-    from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
-    from dspark_hub.train.target.target import Target
-
-    embedding = Target.open(target).embedding()
-    model = SpeculatorsDSpark.from_folder(under_test.path, embedding, lm_head, dtype=torch.float32)
-    k, vocab = under_test.k, lm_head.shape[0]
-    draft_ids = torch.arange(model.lm_head.shape[0])
-    target_of = draft_ids if model.d2t is None else draft_ids + model.d2t     # the draft id -> target id map
-
-    def slot_probabilities(rollout: Any) -> Any:
-        ids = rollout.input_ids.tolist()
-        kv = model.context_kv(model.context(rollout.aux_hidden_states))
-        rows = []
-        for p in _anchors(rollout, k):
-            z = model.hidden(model._block(ids[p], k if model.sample_from_anchor else 1 + k), p, kv)
-            z = z if model.sample_from_anchor else z[1:]
-            base, state, q = model.base_logits(z), None, []
-            for i in range(k):
-                logits = base[i]
-                if model.markov:
-                    bias, _, state = model.markov_step(torch.tensor(ids[p + i]), z[i], state)
-                    logits = logits + bias
-                in_target = torch.zeros(vocab).index_add_(0, target_of, logits.softmax(-1))
-                q.append(in_target[ids[p + i + 1]])
-            rows.append(torch.stack(q))
-        return torch.stack(rows)
-    return slot_probabilities
+    scorer = Scorer.open(read_draft(draft), Target.open(target))
+    declared = scorer.declared()
+    slots = scorer.slot_values(stored_paths(data), [declared])[declared]
+    return torch.cat([per_anchor(q) for q in slots])
 
 
 def paired_z(good: Any, bad: Any) -> float:
-    """How many standard errors the mean per-anchor difference `good - bad` lies above zero (paired)."""
-    diff = (good - bad).double()
-    error = float(diff.std()) / len(diff) ** 0.5
-    return float(diff.mean()) / error if error > 0 else (float("inf") if float(diff.mean()) > 0 else 0.0)
+    """How many standard errors the mean per-anchor difference `good - bad` lies above zero (paired, each anchor a
+    unit: `expected.paired` with runs of one)."""
+    from dspark_hub.train.evaluation.expected import paired
+
+    return paired([bad], [good], run=1).z

@@ -30,7 +30,7 @@ Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 SCHEMA = schemas.command("verify")
 #: Section names a report may carry; each is always present in JSON (null when not run).
-SECTIONS = ("roster", "deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub")
+SECTIONS = ("roster", "deep", "frozen_embed", "runtimes", "family", "pairing", "against_hub", "probe")
 
 
 # The documents of results declared in the areas above (`documents.Of`: by path, so nothing is imported).
@@ -44,6 +44,7 @@ CitedDocument = Annotated[JSON, Of("dspark_hub.verify.runtimes.verdicts.Cited")]
 RowDocument = Annotated[JSON, Of("dspark_hub.verify.runtimes.verdicts.Row")]
 FileProblemDocument = Annotated[JSON, Of("dspark_hub.format.digests.FileProblem")]
 HubComparisonDocument = Annotated[JSON, Of("dspark_hub.verify.against_hub.HubComparison")]
+ProbeDocument = Annotated[JSON, Of("dspark_hub.train.evaluation.probe.ProbeResult")]
 
 
 # ----------------------------------------------------------------------------- the sections' shapes
@@ -248,6 +249,7 @@ class Sections(TypedDict, total=False):
     runtimes: dict[str, RuntimeEntry]
     pairing: PairingSection
     against_hub: HubComparisonDocument
+    probe: ProbeDocument
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,13 @@ from __future__ import annotations
 COMMANDS: dict[str, str] = {name: f"dspark-hub/{name}/1" for name in (
     "verify", "diff", "convert", "init", "init-teacher", "rollouts", "finetune", "golden-write", "golden-check",
     "export-code", "checksums", "checksums-check", "package", "card", "card-lint", "publish", "error", "compare",
+    "probe",
 )} | {
     # 2: vLLM's definitions and counts (`drafts` replaces `steps`; the last step counts in full), `engine`,
-    # `measured_by`, `lossless`. 3: the decoding (`sampling`: greedy or a temperature, truncation, drafting
-    # method, samples, seed), `units` (one record per prompt and sample), `intervals` and `expected`; a number's
-    # meaning now depends on `sampling` (a /2 file is greedy), hence the new id. /2 files are still read.
+    # `measured_by`, `lossless`. 3 (one bump for this release): the decoding (`sampling`: greedy or a temperature,
+    # truncation, drafting method, samples, seed), `units` (one record per prompt and sample), `intervals` and
+    # `expected` (a number's meaning now depends on `sampling`; a /2 file is greedy), and the optional serving keys
+    # `sweep`, `speedup`, `by_context` and `calibration` (docs/acceptance.md). /2 files are still read.
     "eval": "dspark-hub/eval/3",
 }
 #: Eval documents of earlier versions that readers still take (all greedy; no units).
@@ -26,6 +28,8 @@ EVAL_READ = ("dspark-hub/eval/1", "dspark-hub/eval/2", "dspark-hub/eval/3")
 CHECKSUMS = "dspark-hub/checksums-manifest/1"
 #: `dspark_init.json`, how `init --target` sized a draft (taps, mask token and why, draft vocabulary).
 INIT_TARGET = "dspark-hub/init-target/1"
+#: `speculation_profile.json`'s own object (`dspark_hub`), beside Model-Optimizer's keys (`format.speculation_profile`).
+SPECULATION_PROFILE = "dspark-hub/speculation-profile/1"
 #: `manifest.json` (and shard metadata) of a rollouts folder.
 ROLLOUTS_DATA = "dspark-hub/rollouts-data/1"
 #: `__metadata__["schema"]` of a golden-vector fixture.

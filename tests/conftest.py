@@ -66,6 +66,9 @@ def _clean_env(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("DSPARK_DEBUG", raising=False)
+    # `finetune` sets its process's malloc and oneDNN caches (train/finetuning/allocator.py); run in-process by
+    # CliRunner it would set them for every later test. tests/test_allocator.py runs them in processes of their own.
+    monkeypatch.setenv("DSPARK_ALLOCATOR", "system")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -60,3 +60,29 @@ def test_bench_eval_lockstep_refuses_fewer_than_five_rounds(tmp_path):
     run = subprocess.run([sys.executable, str(BENCH / "bench_eval_lockstep.py"), str(tmp_path), str(tmp_path),
                           "--runs", "4"], capture_output=True, text=True)
     assert run.returncode == 2 and "--runs: at least 5" in run.stderr
+
+
+def test_bench_long_finetune_refuses_fewer_than_five_rounds_before_building_anything(tmp_path):
+    run = subprocess.run([sys.executable, str(BENCH / "bench_long_finetune.py"), str(tmp_path / "work"),
+                          "--runs", "4"], capture_output=True, text=True)
+    assert run.returncode == 2 and "at least 5" in run.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_bench_long_finetune_runs_the_recipes_finetune_before_and_after(monkeypatch, tmp_path):
+    """Both ways run the recipe's own command; "before" only switches the allocator settings off."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_long_finetune as bench
+
+    args = bench.parse_args([str(tmp_path), "--spec-steps", "300", "--k3-steps", "100"])
+    spec, k3 = (bench.finetune_command(args, fmt, tmp_path / "out") for fmt in ("spec", "k3"))
+    for command, steps in ((spec, "300"), (k3, "100")):
+        assert command[command.index("--steps") + 1] == steps and command[command.index("--out") + 1] == str(
+            tmp_path / "out")
+        for flag, value in (("--batch-size", "8"), ("--loss", '{"kl": 1}'), ("--gamma", "2.0"), ("--dtype", "bfloat16"),
+                            ("--lr", "0.003")):
+            assert command[command.index(flag) + 1] == value, flag
+    # --anchors is per sequence: 16 for each k3_dspark sequence; 16 over the speculators draft's packed row of 8
+    assert (k3[k3.index("--anchors") + 1], spec[spec.index("--anchors") + 1]) == ("16", "2")
+    assert "--loss-chunk" in k3 and "--loss-chunk" not in spec
+    assert bench.WAYS == {"before": {"DSPARK_ALLOCATOR": "system"}, "after": {}}

@@ -61,7 +61,7 @@ def test_no_local_path_from_an_older_log_or_eval_reaches_the_card(tiny, tmp_path
     evaluation.write_text(json.dumps({
         "acceptance_length": 1.5, "per_position": [0.3, 0.2],
         "harness": {"mode": "teacher-forced", "teacher": "teacher (sha256 config.json 1a2b3c4d5e6f)",
-                    "target_identity": {"path": "teacher", "repo": None, "revision": None,
+                    "teacher_identity": {"path": "teacher", "repo": None, "revision": None,
                                          "digests": {"config.json": "1a2b3c4d5e6f" + "0" * 52},
                                          "label": "teacher (sha256 config.json 1a2b3c4d5e6f)"},
                     "data": "/home/me/heldout",

@@ -86,6 +86,25 @@ def test_a_given_option_overrides_its_default(finetune_config, flag, value, fiel
     assert getattr(built, field) == expected != getattr(TrainConfig(base="b", out="o"), field)
 
 
+def test_betas_reach_the_config_as_two_numbers(finetune_config):
+    assert finetune_config("--betas", "0.8,0.999").betas == (0.8, 0.999)
+    assert finetune_config().betas == (0.9, 0.95) == TrainConfig(base="b", out="o").betas
+
+
+@pytest.mark.parametrize("bad", ["0.9", "0.9,0.95,0.99", "0.9,1", "-0.1,0.9", "a,b", "0.9;0.95", ""])
+def test_betas_that_are_not_two_numbers_in_0_1_are_refused_naming_the_flag(bad):
+    result = run("finetune", "--base", "b", "--out", "o", "--betas", bad)
+    line = assert_one_line_error(result, "--betas", "[0, 1)", one_line=False)
+    assert "0.9,0.95" in line
+
+
+@pytest.mark.parametrize("bad", [(0.9,), (0.9, 1.0), (1.5, 0.9), (0.9, -0.5), ("0.9", 0.95), (True, 0.9)])
+def test_the_library_refuses_the_same_betas(bad):
+    with pytest.raises(UsageError, match=r"two numbers in \[0, 1\)") as caught:
+        TrainConfig(base="b", out="o", betas=bad)
+    assert caught.value.param == "betas"
+
+
 @pytest.mark.parametrize("spelling, canonical", [("fp32", "float32"), ("float32", "float32"),
                                                  ("bf16", "bfloat16"), ("bfloat16", "bfloat16")])
 def test_finetune_takes_either_dtype_spelling(finetune_config, spelling, canonical):

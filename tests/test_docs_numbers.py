@@ -155,13 +155,22 @@ def test_the_contract_table_is_the_contracts():
 
 def test_the_documented_plan_is_what_finetune_prints_for_that_batch():
     """docs/training.md's plan: step 1 of the tiny profile, 8 sequences x 538 positions, --anchors 512
-    (511 fit: a 512-token continuation has 511 anchors whose next token is supervised)."""
+    (511 fit: a 512-token continuation has 511 anchors whose next token is supervised), --steps 2000. Of each
+    sequence's 511 blocks of 7, the last 6 run past its end: 505 x 7 + 6 + 5 + ... + 1 = 3,556 supervised slots."""
+    import torch
+
     from dspark_hub.cli._render import plan_lines
+    from dspark_hub.train.finetuning import objective
     from dspark_hub.train.finetuning.plan import step_plan
 
+    loss_mask = torch.arange(538)[None].expand(8, -1) >= 26                 # 26 prompt positions, 512 continued
+    anchors = torch.arange(26, 537)[None].expand(8, -1)
+    slots = objective.supervised_slots(loss_mask, anchors, torch.ones_like(anchors, dtype=torch.bool), 7)
+    assert slots == 8 * (505 * 7 + 21)
     plan = step_plan(contract.TINY_CONFIG, sequences=8, positions=538, tokens=8 * 538, supervised_tokens=8 * 512,
                      anchors=511, valid_anchors=8 * 511, block_size=7, vocabulary=512, target_hidden_size=64,
-                     trained_parameters=103_985, frozen_parameters=32_768, loss_chunk=409)
+                     trained_parameters=103_985, frozen_parameters=32_768, loss_chunk=409, supervised_slots=slots,
+                     steps=2000)
     ((_, shown),) = fenced_blocks(section(read("docs/training.md"), "The plan"), "console")
     assert plan_lines(plan.to_dict()) == shown.splitlines()
 

@@ -115,16 +115,17 @@ def test_a_hidden_size_or_layout_other_than_the_drafts_is_refused_in_one_line(pa
 
 
 def test_a_rollouts_folder_takes_layer_ids_only_when_they_name_its_own_taps(tmp_path):
-    from dspark_hub.train.data.rollouts import SCHEMA, RolloutData
+    from dspark_hub.train.data.rollouts import RolloutData
+
+    from .data_factory import rollouts_manifest
 
     (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "manifest.json").write_text(json.dumps({"schema": SCHEMA, "shards": [], "settings": {
-        "target_layer_ids": [1, 3], "target_num_hidden_layers": 6}}))
-    for ids in ([2, 4], [2, 4, 6], [4, 2]):   # the recipe's ids, with or without the last layer
+    (tmp_path / "r" / "manifest.json").write_text(json.dumps(rollouts_manifest(CONFIG)))
+    for ids in ([2, 4, 5], [2, 4, 5, 6], [5, 4, 2]):   # the recipe's ids, with or without the last layer
         assert isinstance(open_training_data(tmp_path / "r", draft_config=CONFIG, target=None, layer_ids=ids),
                           RolloutData)
-    with pytest.raises(UsageError, match=r"records its own taps, target_layer_ids \[1, 3\] = vLLM/speculators ids "
-                                         r"\[2, 4\]; the layer ids \[2\] name others") as caught:
+    with pytest.raises(UsageError, match=r"records its own taps, target_layer_ids \[1, 3, 4\] = vLLM/speculators "
+                                         r"ids \[2, 4, 5\]; the layer ids \[2\] name others") as caught:
         open_training_data(tmp_path / "r", draft_config=CONFIG, target=None, layer_ids=[2])
     assert caught.value.param == "data_layer_ids"
 

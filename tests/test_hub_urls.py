@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from dspark_hub.cli.main import cli
-from dspark_hub.format.urls import public_url, redact_credentials
+from dspark_hub.format.urls import public_url
+from dspark_hub.redaction import redact_credentials
 
 from .cli_errors import assert_one_line_error
 from .test_publish import carded  # noqa: F401  (the fixture: a tiny checkpoint whose card passes the gate)

@@ -271,3 +271,24 @@ def test_chunked_loss_never_makes_a_tensor_wider_than_a_chunk_of_vocabulary_rows
         objective.chunked_loss_sums(None, (hidden,), None, labels, positions, batch, lm_head, terms=["ce"],
                                     gamma=4.0, chunk_rows=0)
     assert refused.value.param == "loss_chunk"   # the CLI shows it as --loss-chunk
+
+
+@pytest.mark.parametrize("mask, anchors, valid, expected", [
+    ([0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [[1, 3]], [[True, True]], 3 + 3),     # whole blocks of 3
+    ([0, 1, 1, 1, 0, 1, 1, 1, 1, 1], [[1, 5]], [[True, True]], 2 + 3),     # a hole voids the rest of its block
+    ([0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [[7, 8]], [[True, True]], 2 + 1),     # the sequence ends inside the blocks
+    ([0, 1, 1, 1, 1, 1, 1, 1, 1, 1], [[1, 3]], [[True, False]], 3),        # a padding anchor counts nothing
+    ([0, 1, 1, 1, 1, 1, 0, 0, 0, 0], [[4, 0]], [[True, False]], 1),        # padding after the sequence: no label
+])
+def test_supervised_slots_count_the_slots_the_loss_keeps(mask, anchors, valid, expected):
+    """`supervised_slots` (the plan's count, from the batch alone) equals `slot_weights`' mask over the labels the
+    model's packed inputs give (`anchor_block_inputs`), on every kind of slot that drops out."""
+    from dspark_hub.modeling.modeling_k3_dspark import anchor_block_inputs
+
+    loss_mask = torch.tensor([mask], dtype=torch.bool)
+    anchor_ids, anchor_valid = torch.tensor(anchors), torch.tensor(valid)
+    input_ids = torch.arange(10)[None]
+    doc_ids = torch.where(torch.tensor([[bool(m) or i < 6 for i, m in enumerate(mask)]]), 0, -1)
+    packed = anchor_block_inputs(input_ids, anchor_ids, 3, 99, doc_ids=doc_ids, anchor_valid=anchor_valid)
+    slot_mask, _ = objective.slot_weights(packed["labels"], packed["target_positions"], loss_mask, gamma=4.0)
+    assert objective.supervised_slots(loss_mask, anchor_ids, anchor_valid, 3) == int(slot_mask.sum()) == expected

@@ -17,6 +17,8 @@ from dspark_hub.cli.main import cli
 from dspark_hub.format import contract
 from dspark_hub.train.finetuning.plan import step_plan
 
+from .progress_recorder import RecordedProgress
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
@@ -96,40 +98,79 @@ def test_the_plan_says_attention_dominates_at_512_anchors_of_the_tiny_profile():
     assert doc["dominant"] == "attention" and doc["memory_total_bytes"] == sum(doc["memory_bytes"].values())
 
 
-def test_the_plan_reaches_the_progress_callback_before_step_1_and_the_result(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    """A tiny-profile base, its random target and 8 rollouts of 12 new tokens."""
+    root = tmp_path_factory.mktemp("tiny-data")
+    assert run("init", root / "base").exit_code == 0
+    assert run("init-teacher", root / "teacher", "--draft", root / "base").exit_code == 0
+    (root / "p.jsonl").write_text("".join(json.dumps({"text": f"prompt {i:02d}"}) + "\n" for i in range(8)))
+    made = run("rollouts", "--target", root / "teacher", "--prompts", root / "p.jsonl", "--draft-config",
+               root / "base" / "config.json", "--out", root / "data", "--max-new-tokens", 12, "--ignore-eos")
+    assert made.exit_code == 0, made.output
+    return root
+
+
+def test_the_plan_reaches_the_progress_callback_before_step_1_and_the_result(tiny_data, tmp_path):
     from dspark_hub.train import TrainConfig, finetune
 
-    assert run("init", tmp_path / "base").exit_code == 0
-    assert run("init-teacher", tmp_path / "teacher", "--draft", tmp_path / "base").exit_code == 0
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"text": f"prompt {i:02d}"}) + "\n" for i in range(8)))
-    made = run("rollouts", "--teacher", tmp_path / "teacher", "--prompts", tmp_path / "p.jsonl", "--draft-config",
-               tmp_path / "base" / "config.json", "--out", tmp_path / "data", "--max-new-tokens", 12, "--ignore-eos")
-    assert made.exit_code == 0, made.output
-    seen: list[tuple[str, object]] = []
-
-    class Bar:
-        def __call__(self, n):
-            seen.append(("step", n))
-
-        def set_total(self, total):
-            seen.append(("total", total))
-
-        def plan(self, plan):
-            seen.append(("plan", plan))
-
-    config = TrainConfig(base=str(tmp_path / "base"), out=str(tmp_path / "out"), data=str(tmp_path / "data"),
+    world = tiny_data
+    bar = RecordedProgress()
+    config = TrainConfig(base=str(world / "base"), out=str(tmp_path / "out"), data=str(world / "data"),
                          steps=2, batch_size=4, max_anchors=4)
-    result = finetune(config, progress=Bar())
-    assert [kind for kind, _ in seen] == ["total", "plan", "step", "step"]
-    plan = seen[1][1]
+    result = finetune(config, progress=bar)
+    assert bar.kinds == ["total", "plan", "step", "step"]
+    plan = bar.seen[1][1]
     assert result.plan is plan and (plan.sequences, plan.anchors, plan.block_size) == (4, 4, 7)
     assert result.to_dict()["plan"]["block_rows"] == 4 * 4 * 7
-    shown = run("finetune", "--base", tmp_path / "base", "--data", tmp_path / "data", "--out", tmp_path / "cli",
+    shown = run("finetune", "--base", world / "base", "--data", world / "data", "--out", tmp_path / "cli",
                 "--steps", 1, "--batch-size", 4, "--anchors", 4)
     assert shown.exit_code == 0, shown.output
     assert shown.stderr.index("finetune plan") < shown.stderr.index("memory ~")
     assert "4 x 4 anchors x block 7 = 112 block rows" in shown.stderr
     assert "measured peak" in shown.stdout
-    quiet = run("finetune", "--base", tmp_path / "base", "--data", tmp_path / "data", "--out", tmp_path / "q",
+    quiet = run("finetune", "--base", world / "base", "--data", world / "data", "--out", tmp_path / "q",
                 "--steps", 1, "--batch-size", 4, "--anchors", 4, "--quiet")
     assert quiet.exit_code == 0 and "finetune plan" not in quiet.stderr
+
+
+def _log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+
+
+def test_the_plan_and_the_result_count_the_runs_anchors_and_supervised_block_slots(tiny_data, tmp_path):
+    """Step 1's plan counts what step 1's loss counts; the result sums every step's log."""
+    from dspark_hub.train import TrainConfig, finetune
+
+    result = finetune(TrainConfig(base=str(tiny_data / "base"), out=str(tmp_path / "out"), data=str(tiny_data / "data"),
+                                  steps=3, batch_size=4, max_anchors=4))
+    log = _log(tmp_path / "out")
+    plan = result.plan
+    assert plan is not None and plan.layout == "padded" and plan.steps == 3
+    assert (plan.step_anchors, plan.supervised_slots) == (log[0]["anchors"], log[0]["slots"])
+    assert plan.step_anchors == 4 * 4 and 0 < plan.supervised_slots < 16 * 7     # 12 new tokens: blocks run out
+    assert (plan.run_anchors, plan.run_supervised_slots) == (3 * 16, 3 * plan.supervised_slots)
+    assert result.anchors == sum(e["anchors"] for e in log) == 48
+    assert result.supervised_slots == sum(e["slots"] for e in log) < 48 * 7
+    assert result.to_dict()["anchors"] == 48 and result.to_dict()["supervised_slots"] == result.supervised_slots
+
+
+def test_finetune_json_shows_the_plan_and_progress_on_stderr_and_one_document_on_stdout(tiny_data, tmp_path,
+                                                                                       monkeypatch):
+    import dspark_hub.cli._output
+
+    monkeypatch.setattr(dspark_hub.cli._output, "INTERVAL", 0.0)          # a line every step
+    args = ["finetune", "--base", tiny_data / "base", "--data", tiny_data / "data", "--steps", 2, "--batch-size", 4,
+            "--anchors", 4, "--json"]
+    shown = run(*args, "--out", tmp_path / "shown")
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.stdout)                                         # stdout: the one document, nothing else
+    assert doc["plan"]["step_anchors"] == 16 and doc["anchors"] == 32 and doc["supervised_slots"] > 0
+    for words in ("finetune plan", "  the run: 2 steps x 16 anchors = ~32 anchors", "threads: ",
+                  "finetune: 1 of 2 steps", "finetune: 2 of 2 steps"):
+        assert words in shown.stderr, (words, shown.stderr)
+    quiet = run(*args, "--quiet", "--out", tmp_path / "quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    assert json.loads(quiet.stdout)["anchors"] == 32
+    human = run(*args[:-1], "--out", tmp_path / "human")
+    assert f"2 steps, 32 anchors, {doc['supervised_slots']:,} supervised block slots" in human.stdout

@@ -27,6 +27,7 @@ from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.finetuning.config import TrainConfig
 
 from .cli_errors import assert_one_line_error
+from .progress_recorder import RecordedProgress
 from .spec_fixtures import VERIFIER, add, copy_fixture, drop, edit_config, edit_tensors, fixture, reshape, set_key
 
 SAMPLE = Path(__file__).parent / "fixtures" / "speculators_sample"
@@ -180,6 +181,59 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(data, tmp_path):
                    state_dir=str(tmp_path / "states"))
     assert again.final_loss == pytest.approx(whole.final_loss, rel=1e-6)
     assert _raw(tmp_path / "again") == _raw(tmp_path / "whole")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dspark", "dspark-bonus-anchor"])
+def test_the_plan_comes_before_step_1_and_the_result_counts_anchors_and_supervised_slots(data, name, tmp_path):
+    """The packed row's plan counts what step 1's loss counts; without `sample_from_anchor` slot 0 is the anchor
+    itself and never counts."""
+    bar = RecordedProgress()
+    config = TrainConfig(base=str(fixture(name)), out=str(tmp_path / "out"), data=str(data["rollouts"]),
+                         target=TARGET, steps=3, batch_size=4, max_anchors=1, loss={"kl_div": 1.0})
+    result = finetune(config, progress=bar)                 # --anchors is per sequence: 4 over the packed row
+    assert bar.kinds == ["total", "plan", "step", "step", "step"]
+    plan, log = bar.seen[1][1], _log(tmp_path / "out")
+    assert result.plan is plan and plan.layout == "packed" and plan.steps == 3 and plan.sequences == 4
+    assert (plan.step_anchors, plan.supervised_slots) == (log[0]["anchors"], log[0]["slots"]) and plan.anchors == 4
+    assert result.anchors == sum(e["anchors"] for e in log) == 12
+    assert result.supervised_slots == sum(e["slots"] for e in log)
+    slots_per_block = plan.block_size - (name == "dspark-bonus-anchor")
+    assert 0 < result.supervised_slots <= 12 * slots_per_block
+    assert plan.memory_bytes > 0 and plan.dominant in plan.flops and plan.keys_per_row > plan.block_size
+
+
+@pytest.mark.slow
+def test_finetune_json_shows_a_speculators_plan_and_progress_on_stderr(data, tmp_path, monkeypatch):
+    import dspark_hub.cli._output
+
+    monkeypatch.setattr(dspark_hub.cli._output, "INTERVAL", 0.0)
+    args = ["finetune", "--base", fixture("dspark"), "--data", data["rollouts"], "--steps", "2", "--batch-size", "4",
+            "--anchors", "1", "--loss", '{"kl_div":1}', "--json"]
+    shown = run(*args, "--out", tmp_path / "shown")
+    assert shown.exit_code == 0, shown.output + shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["plan"]["layout"] == "packed" and doc["anchors"] == 8 and doc["supervised_slots"] > 0
+    block = doc["plan"]["block_size"]
+    for words in ("finetune plan, from step 1's batch: 4 sequences packed into one row of",
+                  f"  4 anchors x block {block} = {4 * block} block rows",
+                  "  the run: 2 steps x 4 anchors = ~8 anchors",
+                  "finetune: 2 of 2 steps"):
+        assert words in shown.stderr, (words, shown.stderr)
+    quiet = run(*args, "--quiet", "--out", tmp_path / "quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == "" and json.loads(quiet.stdout)["plan"] == doc["plan"]
+
+
+@pytest.mark.slow
+def test_the_optimizer_takes_the_betas(data, tmp_path):
+    from dspark_hub.train.finetuning.finetune_speculators import SpeculatorsFinetune
+
+    def betas(**options):
+        config = TrainConfig(base=str(fixture("dspark")), out=str(tmp_path / "out"), data=str(data["rollouts"]),
+                             target=TARGET, steps=1, **options)
+        return SpeculatorsFinetune(config).optimizer.param_groups[0]["betas"]
+
+    assert betas() == (0.9, 0.95) and betas(betas=(0.8, 0.99)) == (0.8, 0.99)
 
 
 # ---------------------------------------------------------------- refusals, before anything is written

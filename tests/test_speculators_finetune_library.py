@@ -42,11 +42,11 @@ def test_our_finetune_loop_follows_the_librarys_model_step_by_step(name, tmp_pat
     _files(tmp_path / "data")
     config = TrainConfig(base=str(fixture(name)), out=str(tmp_path / "out"), data=str(tmp_path / "data"),
                          target=str(VERIFIER), steps=12, lr=3e-3, warmup=2, batch_size=3, max_anchors=12,
-                         loss={"kl_div": 1.0}, weight_decay=0.01)
+                         loss={"kl_div": 1.0}, weight_decay=0.01, betas=(0.85, 0.99))   # not the default betas
     ours = SpeculatorsFinetune(config)
     library = _library(name, _config(name, window=None), monkeypatch)
     params = [p for p in library.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: objective.cosine_lr(
         s, total=config.steps, warmup=config.warmup, min_ratio=config.min_lr_ratio))
     for step in range(config.steps):
@@ -55,7 +55,7 @@ def test_our_finetune_loop_follows_the_librarys_model_step_by_step(name, tmp_pat
         row.taps = row.taps.float()
         row.last_hidden = torch.cat([load_file(str(ours.data.files[i][1].path))["hidden_states"][:, -1]
                                      for i in indices])                     # before the norm: the library norms
-        anchors = ours.anchors(row)
+        anchors = ours.anchors(row, len(indices))
         theirs, _ = _library_step(library, row, anchors, ours.objective, monkeypatch)
         optimizer.zero_grad()
         theirs.backward()

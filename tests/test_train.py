@@ -231,7 +231,7 @@ def test_eval_reports_the_baseline_per_dataset_and_its_harness(world, tuned):
     harness = doc["harness"]
     assert (harness["mode"], harness["decoding"], harness["block_size"]) == ("simulated", "greedy", 7)
     assert harness["definition"] == doc["definition"] and "1 + sum(per_position)" in doc["definition"]
-    assert set(harness["target_identity"]["digests"]) == {"config.json", "model.safetensors"}
+    assert set(harness["teacher_identity"]["digests"]) == {"config.json", "model.safetensors"}
     assert harness["teacher"].startswith("teacher (sha256 config.json ") and "ratio" in harness["reference"]
     assert harness["prompts_sha256"] == sha256_file(world["root"] / "heldout.jsonl")
 
@@ -651,3 +651,89 @@ def test_dist_timeout_reaches_the_process_group(monkeypatch, device, backend):
     (kwargs,) = joined
     assert kwargs["backend"] == backend and kwargs["timeout"] == timedelta(minutes=90)
     assert kwargs.get("device_id") == (torch.device(device) if backend == "nccl" else None)
+
+
+# ----------------------------------------------------------------------------- the behaviour probe on the toy world
+
+
+@pytest.fixture(scope="module")
+def probed(world, tuned, tmp_path_factory):
+    """`dspark-hub probe`'s matrix on the toy world (docs/probe.md): the tuned draft, each mistake made to it as a
+    user would (bench/_probe_matrix.py) and the untrained base, judged on one set of the teacher's greedy paths."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from _probe_matrix import mutants
+
+    from dspark_hub.train.evaluation.greedy_paths import greedy_paths
+    from dspark_hub.train.evaluation.probe import judge, plan_probe
+    from dspark_hub.train.target.target import Target
+
+    target = Target.open(world["teacher"])
+    rows = mutants(tuned["out"], world["base"], tmp_path_factory.mktemp("probe"), 6)
+    plans = {row.name: plan_probe(row.draft, target, block_size=row.block_size) for row in rows}
+    paths = greedy_paths(target, set().union(*(p.layers for p in plans.values())),
+                         prompts=world["root"] / "heldout.jsonl",
+                         max_new_tokens=48 + max(p.longest for p in plans.values()))
+    return {row.name: (row, judge(plans[row.name], paths)) for row in rows}
+
+
+#: What the probe must name on the toy world (every other convention of a row: "as declared" or "cannot tell").
+TOY_NAMED = {"trained": {"taps": "as declared", "markov": "as declared", "rope": "as declared"},
+             "taps shifted +1": {"taps": "one layer earlier"},
+             "Markov output zeroed": {"markov": "without"},
+             "RoPE rows half-split": {"rope": "half-split"}}
+
+
+@pytest.mark.slow
+def test_the_probe_names_the_toy_drafts_conventions(probed):
+    sys.path.insert(0, str(REPO / "bench"))
+    from _probe_matrix import CONVENTIONS, matches, verdict_of
+
+    assert set(probed) == {"trained", "taps shifted +1", "Markov output zeroed", "RoPE rows half-split",
+                           "served k = 9", "untrained base"}
+    for name, (row, result) in probed.items():
+        said = {key: verdict_of(result, key) for key in CONVENTIONS}
+        assert all(matches(row.truth, result, key) for key in CONVENTIONS), (name, said)   # never a wrong value
+        for key, value in TOY_NAMED.get(name, {}).items():
+            assert said[key] == value, (name, said)
+    base = probed["untrained base"][1]
+    assert not base.untrained.trained and {c.verdict for c in base.conventions} == {"cannot tell"}
+
+
+@pytest.mark.slow
+def test_a_probe_that_trusts_the_config_fails_the_toy_matrix(probed):
+    """The twin: answering "as declared" everywhere gets every mutant wrong."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from _probe_matrix import matches
+
+    class Trusting:
+        def __init__(self, result):
+            self.conventions = [type(c)(**{**c.__dict__, "verdict": "as declared", "follows": c.declared})
+                                for c in result.conventions]
+
+    wrong = {name for name, (row, result) in probed.items()
+             if not all(matches(row.truth, Trusting(result), key) for key in row.truth or {"taps": ""})}
+    assert wrong == {"taps shifted +1", "Markov output zeroed", "RoPE rows half-split", "served k = 9",
+                     "untrained base"}
+
+
+@pytest.mark.slow
+def test_a_probe_that_names_the_highest_raw_value_fails_the_toy_matrix(probed):
+    """The other twin: naming whichever reading has the highest mean, without the paired statistic and the untrained
+    level, keeps an inert Markov head (its readings tie exactly: no mean is higher) and names values on the untrained
+    base, whose readings differ only as random functions do."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from _probe_matrix import CONVENTIONS, matches
+
+    class Greedy:
+        def __init__(self, result):
+            self.conventions = []
+            for c in result.conventions:
+                best = max(c.scores, key=lambda s: s.expected_accepted)
+                named = best.value == c.declared
+                self.conventions.append(type(c)(**{**c.__dict__, "verdict": "as declared" if named else "other",
+                                                   "follows": best.value}))
+
+    wrong = {name for name, (row, result) in probed.items()
+             if not all(matches(row.truth, Greedy(result), key) for key in CONVENTIONS)}
+    assert {"Markov output zeroed", "untrained base"} <= wrong, wrong
+    assert all(matches(row.truth, result, key) for row, result in probed.values() for key in CONVENTIONS)

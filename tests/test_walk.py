@@ -25,7 +25,7 @@ def test_evals_walk_returns_to_a_train_module_at_most_four_times(walk):
     assert walk.returns(in_train) <= 4, " -> ".join(in_train)
     # the three steps are on the walk: open the inputs, choose the drafter, count
     assert {("dspark_hub.train.evaluation.inputs", "open_inputs"), ("dspark_hub.train.evaluation.drafters",
-            "drafter_for"), ("dspark_hub.train.evaluation.acceptance", "measure_batched")} <= set(stops)
+            "sweep_drafter_for"), ("dspark_hub.train.evaluation.serving", "measure_serving")} <= set(stops)
 
 
 def write_package(root: Path, modules: dict[str, str]) -> None:

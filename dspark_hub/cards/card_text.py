@@ -1,5 +1,9 @@
 """A rendered card read back: front matter, body lines outside code fences, tables, and the numbers its text
 states about the weights (`statements`). `lint` checks what this reads.
+
+It also holds the one encoding of a name (a file, a tensor, a dataset) in a card, both ways: `code_span`
+writes it as inline code that stays on its line and in its table cell whatever it holds (a newline, `|`,
+backticks, HTML, a leading `#`), `code_text` reads it back, and `line_text` writes it as plain text on one line.
 """
 
 from __future__ import annotations
@@ -38,6 +42,62 @@ class Card:
 
     def where(self, line: int) -> str:
         return f"{self.name}:{line}"
+
+
+#: What may not appear raw in a name on one line of a card: the backslash (the escape itself), C0 (newline,
+#: carriage return, tab, escape, ...), DEL, C1 (NEL), the Unicode line and paragraph separators, bidi overrides.
+_NOT_IN_A_LINE = re.compile("[\\\\\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPE = re.compile(r"\\(\\|n|r|t|x[0-9a-f]{2}|u[0-9a-f]{4})")
+#: Plain text from a file: what would open a code span, HTML or an autolink, an inline link (`](`) or a table
+#: cell is backslash-escaped (emphasis is left alone: it cannot change the card's structure).
+_MARKUP = re.compile(r"[`<>|]|(?<=\])\(")
+
+
+def one_line(text: str) -> str:
+    """`text` with every line break and control character written out (`\\n`, `\\x1b`, `\\u2028`; `\\\\` for a
+    backslash), so it cannot end its line, open a heading or a table row, or move a terminal's cursor."""
+    def escape(match: re.Match[str]) -> str:
+        char = match[0]
+        return _NAMED_ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+    return _NOT_IN_A_LINE.sub(escape, text)
+
+
+def undo_one_line(text: str) -> str:
+    """The text `one_line` wrote out."""
+    named = {v[1:]: k for k, v in _NAMED_ESCAPES.items()}
+    return _ESCAPE.sub(lambda m: named.get(m[1]) or chr(int(m[1][1:], 16)), text)
+
+
+def code_span(name: object, *, cell: bool = False) -> str:
+    """`name` as inline code on one line: a fence longer than any run of backticks it holds, a space inside the
+    fence where it begins or ends with a backtick or a space, `|` escaped in a table `cell`."""
+    body = one_line(str(name))
+    if cell:
+        body = body.replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall("`+", body)), default=0) + 1)
+    pad = " " if body[:1] in ("`", " ") or body[-1:] in ("`", " ") else ""
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
+def code_text(cell: str) -> str:
+    """The name a `code_span` cell holds (a cell `_cells` split, `\\|` already `|`); a cell that is no code
+    span is read as `plain` text."""
+    m = re.fullmatch(r"(`+)(.*?)\1", cell.strip())
+    if not m:
+        return plain(cell)
+    body = m.group(2)
+    if len(body) >= 2 and body[0] == " " and body[-1] == " " and body.strip():
+        body = body[1:-1]
+    return undo_one_line(body)
+
+
+def line_text(value: object, *, cell: bool = False) -> str:
+    """Text from a file (a dataset name, an engine's name) as plain markdown on one line: `one_line`, and
+    a backslash before what would open a code span, HTML or a link (`|` too in a table `cell`)."""
+    text = _MARKUP.sub(lambda m: "\\" + m[0], one_line(str(value)))
+    return text if cell else text.replace("\\|", "|")
 
 
 def _cells(line: str) -> list[str]:

@@ -270,7 +270,8 @@ def _golden_fixtures(view: CheckpointView) -> list[dict[str, Any]]:
         except CheckpointFormatError:
             continue
         out.append({"file": name, "size": size, "block_size": meta.get("block_size"),
-                    "cases": {case: spec.get("context_start") for case, spec in cases.items()}})
+                    "cases": {case: spec.get("context_start") if isinstance(spec, dict) else None
+                              for case, spec in cases.items()}})
     return out
 
 

@@ -46,6 +46,8 @@ class AcceptanceLabel:
     #: A sampled number's decoding (`temperature 1, top-p 0.9, greedy drafting, 2 samples x 40 prompts, AL 95%
     #: interval +-0.018`); None: greedy.
     decoding: str | None = None
+    #: A table of several k (`eval --k`): the smallest and the largest, `k=1-7` (then `k` is None).
+    k_range: tuple[int, int] | None = None
     #: Parts a label read from a card leaves out altogether (neither stated nor "not stated").
     missing: tuple[str, ...] = field(default=(), compare=False)
 
@@ -69,7 +71,9 @@ class AcceptanceLabel:
                 what = f"{what} {self.version}"
         else:
             what = self.what or "definition not stated"
-        parts = [what, f"k={self.k}" if self.k is not None else "k not stated", self.dtype or "dtype not stated",
+        k = f"k={self.k}" if self.k is not None else f"k={self.k_range[0]}-{self.k_range[1]}" if self.k_range \
+            else "k not stated"
+        parts = [what, k, self.dtype or "dtype not stated",
                  f"prompts {self.prompts}" if self.prompts else "prompts not published"]
         if self.decoding:
             parts.append(self.decoding)
@@ -87,13 +91,15 @@ def parse_label(line: str) -> AcceptanceLabel | None:
         return None
     kind, inside = m.group(1), m.group(2)
     version = re.search(r"\bvLLM (\d+(?:\.\d+)+)", inside)
-    k = re.search(r"\bk=(\d+)", inside)
+    k = re.search(r"\bk=(\d+)(?:-(\d+))?", inside)
     dtype = next((d for d in _DTYPES if re.search(rf"\b{d}\b", inside)), None)
     prompts = re.search(r"\bprompts ([0-9a-f]{8,64})\b", inside)
     what = _what_part(inside)
     temperature = _TEMPERATURE.search(inside)
+    k_range = (int(k.group(1)), int(k.group(2))) if k and k.group(2) else None
     return AcceptanceLabel(kind=kind, what=what, version=version.group(1) if version else None,
-                           k=int(k.group(1)) if k else None, dtype=dtype, prompts=prompts.group(1) if prompts else None,
+                           k=int(k.group(1)) if k and not k_range else None, dtype=dtype,
+                           prompts=prompts.group(1) if prompts else None, k_range=k_range,
                            decoding=inside[temperature.start():] if temperature else None,
                            missing=_missing_parts(kind, what, inside, has_version=version is not None))
 

@@ -18,6 +18,7 @@ Checks, each finding naming the line (`where` = "README.md:LINE"):
   version) and k, a simulated one its definition ("not stated" counts as stating); its k equals
   the table's `Pos` columns, and with `eval_json` the label agrees with that file (measured or
   simulated, vLLM version, k, dtype, prompts fingerprint), whether or not the table has `Pos` columns;
+  a table of several k (`eval --k`: a `k` column) is labelled `k=LOW-HIGH`, and every row's k lies in it;
 - with a checkpoint: parameter counts (total, trained, frozen), tensor counts, decoder-layer
   count, tensor shapes in any table with a `Shape` column (brace patterns such as
   `layers.{0..4}.x` and `w{1,2}` are expanded), target layer ids, block size (when the weights'
@@ -43,6 +44,7 @@ from dspark_hub.cards.card_text import (
     Statement,
     Table,
     cell_int,
+    code_text,
     expand_names,
     parse_card,
     plain,
@@ -246,6 +248,7 @@ def _label_findings(card: Card, table: Table, expected: AcceptanceLabel | None) 
                       "add the label line under the table ('dspark-hub card' writes it from the eval file)")]
     where = card.where(after[0])
     out = _incomplete_label_findings(label, where)
+    out += _k_range_findings(card, table, label, where)
     positions = _position_columns(table)
     if positions and label.k is not None and label.k != positions:
         out.append(error("ACCEPTANCE_LABEL_MISMATCH", where, f"the label says k={label.k} but the table has "
@@ -255,6 +258,18 @@ def _label_findings(card: Card, table: Table, expected: AcceptanceLabel | None) 
                       f"label the table '{expected.text}' or lint it against its own eval file")
                 for d in _label_differences(label, expected)]
     return out
+
+
+def _k_range_findings(card: Card, table: Table, label: AcceptanceLabel, where: str) -> list[Finding]:
+    """A table of several k (`k=1-7` in its label): every row's `k` lies in that range."""
+    column = table.column(r"^k$")
+    if label.k_range is None or column is None:
+        return []
+    low, high = label.k_range
+    return [error("ACCEPTANCE_LABEL_MISMATCH", card.where(line), f"the row's k {plain(cells[column])} is outside the "
+                  f"label's k={low}-{high} ({where})", "label the table with the k it was measured at")
+            for line, cells in table.rows if column < len(cells)
+            and not (plain(cells[column]).isdigit() and low <= int(plain(cells[column])) <= high)]
 
 
 def _incomplete_label_findings(label: AcceptanceLabel, where: str) -> list[Finding]:
@@ -361,12 +376,12 @@ def _shape_findings(card: Card, table: Table, shapes: Mapping[str, tuple[int, ..
         return []
     out = []
     for line, cells in table.rows:
-        named = re.fullmatch(r"`([^`]+)`", cells[0].strip()) if cells else None
+        named = code_text(cells[0]) if cells and cells[0].strip().startswith("`") else None
         shape_text = plain(cells[shape_col]) if shape_col < len(cells) else ""
         if not named or not _SHAPE.match(shape_text):
             continue
         stated = tuple(int(x) for x in shape_text.split(" x "))
-        for name in expand_names(named.group(1)):
+        for name in expand_names(named):
             actual = shapes.get(name)
             if actual is None:
                 out.append(error("TENSOR_NOT_IN_CHECKPOINT", card.where(line), f"the card lists {name} but the "
@@ -386,7 +401,7 @@ def _checksum_findings(card: Card, table: Table, view: CheckpointView | None,
     size_col = table.column(r"^size")
     out = []
     for line, cells in table.rows:
-        name = plain(cells[file_col]) if file_col < len(cells) else ""
+        name = code_text(cells[file_col]) if file_col < len(cells) else ""
         digest = plain(cells[sha_col]).lower() if sha_col < len(cells) else ""
         where = card.where(line)
         if digest not in ("", "—", "-") and not _SHA256.match(digest):

@@ -53,6 +53,7 @@ from typing import Any
 
 from dspark_hub.cards.facts import NOT_CHECKSUMMED, card_facts, facts_from_metadata, int_or_none, known_digests
 from dspark_hub.cards.front_matter import front_matter_problems, front_matter_yaml
+from dspark_hub.cards.probe_table import load_probe
 from dspark_hub.cards.results import Results, load_eval, load_train_log, load_training_run
 from dspark_hub.cards.source import load_card_source
 from dspark_hub.cards.templating import TEMPLATE, environment, render_strings, source_environment
@@ -72,8 +73,9 @@ def _resolve(base: Path, given: str | os.PathLike[str] | None, declared: Any) ->
 
 
 def collect_results(meta: Mapping[str, Any], base: Path, eval_json: str | os.PathLike[str] | None,
-                    train_log: str | os.PathLike[str] | None) -> Results:
-    """Results tables from the eval JSON and training log (arguments win over the card source's paths)."""
+                    train_log: str | os.PathLike[str] | None, probe_json: str | os.PathLike[str] | None = None
+                    ) -> Results:
+    """Results tables from the eval JSON, training log and probe (arguments win over the card source's paths)."""
     section = meta["results"]
     defaults = section.get("harness") or {}
     eval_path = _resolve(base, eval_json, section.get("eval"))
@@ -82,13 +84,17 @@ def collect_results(meta: Mapping[str, Any], base: Path, eval_json: str | os.Pat
     if log_path:
         results.by_step, results.by_step_harness, results.by_step_label = load_train_log(log_path, defaults=defaults)
         results.training = load_training_run(log_path)
+    probe_path = _resolve(base, probe_json, section.get("probe"))
+    if probe_path:
+        results.probe = load_probe(probe_path)
     return results
 
 
 def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[str] | CheckpointView | None = None,
                 eval_json: str | os.PathLike[str] | None = None, train_log: str | os.PathLike[str] | None = None, *,
                 checksums_from: str | os.PathLike[str] | None = None, hash_files: bool = True,
-                progress: Callable[[int], None] | None = None) -> str:
+                progress: Callable[[int], None] | None = None, probe_json: str | os.PathLike[str] | None = None
+                ) -> str:
     """Render a model card (README.md text). Deterministic: same inputs, same bytes.
 
     Args:
@@ -99,6 +105,8 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
         checksums_from: a manifest of known digests, used instead of hashing those files.
         hash_files: hash checkpoint files the manifest does not cover.
         progress: called with bytes hashed.
+        probe_json: `dspark-hub probe --json` output (default: `results.probe`): the conventions checked by
+            behaviour.
 
     Raises:
         UsageError: an input is missing or malformed, or the front matter is invalid.
@@ -117,7 +125,7 @@ def render_card(meta_yaml_path: str | os.PathLike[str], ckpt: str | os.PathLike[
                            hash_files=hash_files, progress=progress)
     else:
         facts = facts_from_metadata(meta, base)
-    results = collect_results(meta, base, eval_json, train_log)
+    results = collect_results(meta, base, eval_json, train_log, probe_json)
     context = {"facts": facts, "config": facts.config, "results": results}
     front_matter = meta["front_matter"]
     card = render_strings({k: v for k, v in meta.items() if k != "front_matter"}, source_environment(), context, "")
@@ -180,7 +188,8 @@ class CardResult(Document):
 def write_card(meta: str | os.PathLike[str], ckpt: str | os.PathLike[str] | None, output: str | os.PathLike[str], *,
                eval_json: str | os.PathLike[str] | None = None, train_log: str | os.PathLike[str] | None = None,
                checksums_from: str | os.PathLike[str] | None = None, hash_files: bool = True, force: bool = False,
-               progress: Callable[[int], None] | None = None) -> CardResult:
+               progress: Callable[[int], None] | None = None, probe_json: str | os.PathLike[str] | None = None
+               ) -> CardResult:
     """Render a model card (see `render_card`) and write it to `output` atomically.
 
     Raises:
@@ -192,7 +201,7 @@ def write_card(meta: str | os.PathLike[str], ckpt: str | os.PathLike[str] | None
                       folder=False, keep=NOT_CHECKSUMMED)
     checked = check_writable(out, force=force)
     text = render_card(meta, ckpt, eval_json, train_log, checksums_from=checksums_from, hash_files=hash_files,
-                       progress=progress)
+                       progress=progress, probe_json=probe_json)
     data = text.encode("utf-8")
     with atomic_file(out, force=force, checked=checked) as handle:
         handle.write(data)

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_hub._text import short_json
 from dspark_hub.cards.labels import AcceptanceLabel, acceptance_label
-from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError
+from dspark_hub.cards.probe_table import ProbeCheck
+from dspark_hub.cards.serving_tables import CalibrationTable, SweepTable, calibration_table, sweep_table
+from dspark_hub.cards.values import as_text, first, public_text, read_json
+from dspark_hub.errors import CheckpointFormatError, UsageError
 from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_file, loads_strict, object_or_raise
-from dspark_hub.format.provenance import TRAINING_ARGS_NAME, describe, is_hub_id
+from dspark_hub.format.provenance import TRAINING_ARGS_NAME, describe
 
 #: Harness keys in render order: (label, accepted aliases).
 HARNESS_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -78,7 +81,8 @@ ARG_LABELS: tuple[tuple[str, str], ...] = (
     ("eval_data", "Evaluation data"), ("steps", "Steps"), ("epochs", "Epochs"), ("batch_size", "Batch size"),
     ("lr", "Learning rate"), ("min_lr_ratio", "Final learning rate / peak"), ("warmup", "Warmup steps"),
     ("block_size", "Block size"), ("max_anchors", "Anchors per sequence"), ("loss", "Loss weights"),
-    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"), ("clip", "Gradient clipping"),
+    ("gamma", "Position decay gamma"), ("alpha", "Confidence loss weight"),
+    ("confidence_target", "Confidence head target"), ("clip", "Gradient clipping"),
     ("weight_decay", "Weight decay"), ("dtype", "Precision"), ("seed", "Seed"), ("on_policy", "On-policy"),
     ("rounds", "Rounds"), ("fsdp", "FSDP"),
 )
@@ -126,44 +130,15 @@ class Results:
     by_step_label: AcceptanceLabel | None = None
     by_dataset: AcceptanceTable | None = None
     long_context: AcceptanceTable | None = None
+    sweep: SweepTable | None = None
+    calibration: CalibrationTable | None = None
     training: TrainingRun | None = None
+    probe: ProbeCheck | None = None
 
     @property
     def best_step(self) -> int | None:
         scored = [r for r in self.by_step if r.acceptance_length is not None]
         return max(scored, key=lambda r: (r.acceptance_length, r.step)).step if scored else None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return load_json_file(path)
-    except CheckpointNotFoundError:
-        raise UsageError(f"{path}: no such file; pass an existing evaluation JSON") from None
-    except CheckpointFormatError as e:
-        raise UsageError(f"{path}: {e.detail}; pass the output of 'dspark-hub eval --json'") from None
-
-
-def _first(mapping: Mapping[str, Any], names: tuple[str, ...]) -> Any:
-    for name in names:
-        if mapping.get(name) is not None:
-            return mapping[name]
-    return None
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, Mapping):
-        repo = value.get("repo") or value.get("repo_id") or value.get("name")
-        rev = value.get("revision") or value.get("sha256") or value.get("digest")
-        if repo:
-            return f"{repo}@{rev}" if rev else str(repo)
-        return ", ".join(f"{k} {_text(v)}" for k, v in value.items())
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, list):
-        return ", ".join(_text(v) for v in value)
-    return str(value)
 
 
 def harness_pairs(*sources: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -176,52 +151,11 @@ def harness_pairs(*sources: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     for source in reversed([s for s in sources if s]):
         for scope in (source, source.get("harness") if isinstance(source.get("harness"), Mapping) else {}):
             for label, names in HARNESS_FIELDS:
-                value = _first(scope, names)
+                value = first(scope, names)
                 if value is not None:
                     merged[label] = value
             merged.update(_implied_harness(scope))
     return [(label, public_text(label, merged[label])) for label, _ in HARNESS_FIELDS if label in merged]
-
-
-#: Harness labels whose values may be local paths.
-_PATH_LABELS = {"teacher": "a local folder", "reference": "a local draft"}
-#: `teacher_identity.label` of a folder without a Hub id: `name (sha256 config.json 1a2b..., ...)`.
-_DIGEST_LABEL = re.compile(r"^.*?\((sha256 .+)\)$")
-#: `eval`'s reference: `path (acceptance length 1.2345; ratio 1.0123)`.
-_REFERENCE = re.compile(r"^(?P<what>.*?) \((?P<how>acceptance length .*)\)$")
-
-
-def public_text(label: str, value: Any) -> str:
-    """A harness value as a card may show it: a teacher or reference path becomes its Hub id or digests."""
-    if label not in _PATH_LABELS:
-        return _text(value)
-    if isinstance(value, Mapping):       # a TeacherIdentity: repo@revision, else its file digests
-        repo = value.get("repo")
-        if repo:
-            return f"{repo}@{value['revision']}" if value.get("revision") else str(repo)
-        named = describe({"sha256": value.get("digests")}) if isinstance(value.get("digests"), Mapping) else None
-        return named or _PATH_LABELS[label]
-    text = str(value)
-    reference = _REFERENCE.match(text) if label == "reference" else None
-    if reference:
-        return f"{_public_name(label, reference['what'])} ({reference['how']})"
-    return _public_name(label, text)
-
-
-def _public_name(label: str, text: str) -> str:
-    """Digests or a Hub id, else what the value stands for (`a local draft`).
-
-    `eval` records its reference as `describe(identify(...))`: digests, or `org/name@revision` for
-    a Hub snapshot. A bare `org/name` there is an older file's path (`toy/base` reads as both).
-    A teacher written by hand in `card.yaml` may be a bare Hub id, unless it names a local folder.
-    """
-    if text.startswith("sha256 "):
-        return text
-    trusted = "@" in text if label == "reference" else not Path(text).exists()
-    if is_hub_id(text) and trusted:
-        return text
-    digests = _DIGEST_LABEL.match(text)
-    return digests.group(1) if digests else _PATH_LABELS[label]
 
 
 def _implied_harness(scope: Mapping[str, Any]) -> dict[str, Any]:
@@ -239,11 +173,17 @@ def _implied_harness(scope: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _rates(values: Any, where: str) -> tuple[float, ...]:
-    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                               for v in values):
-        raise UsageError(f"{where}: per_position must be a list of numbers; got {json.dumps(values)}")
+    if not isinstance(values, list) or not all(_is_number(v) for v in values):
+        raise UsageError(f"{where}: per_position must be a list of numbers; got {short_json(values, 80)}")
     scale = 100.0 if any(v > 1.0 for v in values) else 1.0   # percentages are accepted too
+    if any(not 0 <= v <= scale for v in values):
+        raise UsageError(f"{where}: per_position {short_json(values, 80)} holds a rate outside [0, 1] (or [0, 100] "
+                         "as percentages); a rate is a fraction of verification steps")
     return tuple(float(v) / scale for v in values)
 
 
@@ -252,7 +192,39 @@ def _row(key: tuple[str, ...], entry: Mapping[str, Any], where: str) -> Acceptan
     length = entry.get("acceptance_length")
     if length is None:
         length = 1.0 + sum(rates)      # the definition: 1 + the sum of the per-position rates
+    if not _is_number(length) or not 1 <= length <= 1 + len(rates):
+        raise UsageError(f"{where}: acceptance_length is {short_json(length, 60)}; it is a number from 1 to "
+                         f"{1 + len(rates)} (1 + the sum of the {len(rates)} per-position rates)")
     return AcceptanceRow(key=key, per_position=rates, acceptance_length=float(length))
+
+
+#: Harness keys that hold counts (`block size`: at least 1), as the eval file spells them.
+_COUNTS = {"block_size": 1, "num_speculative_tokens": 1, "spec_tokens": 1, "k": 1, "num_prompts": 0,
+           "prompts": 0, "tokens": 0, "num_tokens": 0, "drafts": 0, "num_drafts": 0}
+
+
+def check_counts(doc: Mapping[str, Any], where: str) -> None:
+    """Refuse a count an eval file states (prompts, tokens, drafts, k, accepted per position) that is no whole
+    number, or is negative: a card would print it as a fact.
+
+    Raises:
+        UsageError: naming the file and key.
+    """
+    for scope, prefix in ((doc, ""), (doc.get("harness"), "harness.")):
+        if not isinstance(scope, Mapping):
+            continue
+        for key, least in _COUNTS.items():
+            value = scope.get(key)
+            if value is None or (isinstance(value, str) and key == "prompts"):    # a prompts file's name
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise UsageError(f"{where}: {prefix}{key} is {short_json(value, 60)}; a count is a whole number "
+                                 f">= {least}")
+        accepted = scope.get("accepted_per_position")
+        if accepted is not None and (not isinstance(accepted, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in accepted)):
+            raise UsageError(f"{where}: {prefix}accepted_per_position is {short_json(accepted, 80)}; it counts "
+                             "drafts, whole numbers >= 0")
 
 
 def _entries(block: Any, name_keys: tuple[str, ...]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -260,7 +232,7 @@ def _entries(block: Any, name_keys: tuple[str, ...]) -> list[tuple[str, Mapping[
     if isinstance(block, Mapping):
         return [(str(k), v) for k, v in block.items() if isinstance(v, Mapping)]
     if isinstance(block, list):
-        return [(str(_first(e, name_keys)), e) for e in block if isinstance(e, Mapping)]
+        return [(str(first(e, name_keys)), e) for e in block if isinstance(e, Mapping)]
     return []
 
 
@@ -290,12 +262,27 @@ def _long_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, s
     rows_in = block.get("rows") if isinstance(block, Mapping) else block
     rows = []
     for i, entry in enumerate(rows_in if isinstance(rows_in, list) else []):
-        domain = _first(entry, ("subdomain", "sub_domain", "domain", "dataset"))
-        context = _first(entry, ("context_length", "context", "context_tokens"))
+        if not isinstance(entry, Mapping):
+            raise UsageError(f"{where}:long_context.rows[{i}]: is {short_json(entry, 60)}, not an object")
+        domain = first(entry, ("subdomain", "sub_domain", "domain", "dataset"))
+        context = first(entry, ("context_length", "context", "context_tokens"))
+        if _is_number(context) and context < 0:
+            raise UsageError(f"{where}:long_context.rows[{i}]: context length is {context}; a length is >= 0")
         rows.append(_row((str(domain), _context(context)), entry, f"{where}:long_context.rows[{i}]"))
     title = block.get("benchmark") if isinstance(block, Mapping) else None
     return AcceptanceTable(key_headers=("Sub-domain", "Context"), rows=rows, harness=harness,
                            title=str(title) if title else None, label=label) if rows else None
+
+
+def _by_context(doc: Mapping[str, Any], where: str, harness: list[tuple[str, str]],
+                label: AcceptanceLabel | None) -> AcceptanceTable | None:
+    """`eval --by-context`'s rows as the card's long-context table (sub-domain: the dataset, or all prompts)."""
+    block = doc.get("by_context")
+    rows_in = block.get("rows") if isinstance(block, Mapping) else None
+    rows = [_row((str(entry.get("dataset")), str(entry.get("context"))), entry, f"{where}:by_context.rows[{i}]")
+            for i, entry in enumerate(rows_in if isinstance(rows_in, list) else []) if isinstance(entry, Mapping)]
+    return AcceptanceTable(key_headers=("Sub-domain", "Context"), rows=rows, harness=harness,
+                           title="acceptance by context length at the anchor", label=label) if rows else None
 
 
 def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | None = None) -> Results:
@@ -309,14 +296,20 @@ def load_eval(path: str | os.PathLike[str], *, defaults: Mapping[str, Any] | Non
         UsageError: the file is missing, not JSON, or a rate list is not numbers.
     """
     p = Path(path)
-    doc = _read_json(p)
+    doc = read_json(p)
     if not isinstance(doc, Mapping):
         raise UsageError(f"{p}: is a JSON {type(doc).__name__}, not an object; pass 'dspark-hub eval --json' output")
+    check_counts(doc, p.name)
     harness = harness_pairs(doc, defaults)
     long_block = doc.get("long_context") if isinstance(doc.get("long_context"), Mapping) else None
+    if long_block is not None:
+        check_counts(long_block, f"{p.name}:long_context")
     long_harness = harness_pairs(long_block, doc, defaults)
-    return Results(by_dataset=_by_dataset(doc, p.name, harness, acceptance_label(doc, defaults)),
-                   long_context=_long_context(doc, p.name, long_harness, acceptance_label(long_block, doc, defaults)))
+    label = acceptance_label(doc, defaults)
+    return Results(by_dataset=_by_dataset(doc, p.name, harness, label),
+                   long_context=_long_context(doc, p.name, long_harness, acceptance_label(long_block, doc, defaults))
+                   or _by_context(doc, p.name, harness, label),
+                   sweep=sweep_table(doc, p.name, label), calibration=calibration_table(doc, p.name, label))
 
 
 def _number(value: Any) -> float | None:
@@ -325,8 +318,8 @@ def _number(value: Any) -> float | None:
 
 def _step_row(line: Mapping[str, Any]) -> StepRow | None:
     evaluation = line.get("eval") if isinstance(line.get("eval"), Mapping) else {}
-    length = _number(_first(evaluation, ("acceptance_length",))) if evaluation else None
-    loss = _number(_first(evaluation, ("loss", "eval_loss"))) if evaluation else None
+    length = _number(first(evaluation, ("acceptance_length",))) if evaluation else None
+    loss = _number(first(evaluation, ("loss", "eval_loss"))) if evaluation else None
     length = length if length is not None else _number(line.get("eval_acceptance_length"))
     loss = loss if loss is not None else _number(line.get("eval_loss"))
     step = line.get("step")
@@ -424,7 +417,7 @@ def _training_setup(path: Path) -> list[tuple[str, str]]:
         if value is None or value is False or (key == "rounds" and not args.get("on_policy")):
             continue          # unset, a switch left off, or rounds without on-policy training
         text = describe(value) if key in _INPUT_ARGS else (json.dumps(value) if isinstance(value, dict)
-                                                           else _text(value))
+                                                           else as_text(value))
         if text is not None:
             rows.append((label, text))
     return rows

@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from dspark_hub.cards.card_text import code_span, line_text
 from dspark_hub.cards.facts import Component, FileChecksum
 from dspark_hub.errors import UsageError
 from dspark_hub.format import contract
@@ -31,8 +33,18 @@ def _num(value: Any) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
+#: Line breaks a table cell of card-source text may not hold (the row would end there).
+_BREAKS = re.compile("\r\n|[\n\r\x0b\x0c\x85\u2028\u2029]")
+
+
 def _cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    """Card-source text in a table cell: line breaks become spaces, `|` is escaped."""
+    return _BREAKS.sub(" ", str(value)).replace("|", "\\|")
+
+
+def _thousands(value: Any) -> str:
+    """`1,234`; a value from a file that is no integer is shown as text (`line_text`), never a crash."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else line_text(value)
 
 
 class NotReaderText(ValueError):
@@ -89,13 +101,15 @@ def environment() -> Any:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
                              finalize=reader_text)
     env.filters.update(
-        thousands=lambda n: f"{n:,}",
+        thousands=_thousands,
         shape=lambda s: " x ".join(map(str, s)) if s else "—",
         num=_num,
         pct=lambda x, d=1: f"{100 * x:.{d}f}%",
         fixed=lambda x, d=2: f"{x:.{d}f}",
         cell=_cell,
-        harness=lambda pairs: " · ".join(f"{label}: {value}" for label, value in pairs),
+        code=lambda value, cell=False: code_span(value, cell=cell),
+        text=lambda value, cell=False: line_text(value, cell=cell),
+        harness=lambda pairs: " · ".join(f"{label}: {line_text(value)}" for label, value in pairs),
     )
     return env
 

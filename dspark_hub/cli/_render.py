@@ -32,6 +32,7 @@ RENDERERS: dict[str, str] = {
     "render_init_teacher": "_render_train",
     "render_package": "_render_release",
     "render_plan": "_render_train",
+    "render_probe": "_render_train",
     "render_publication": "_render_release",
     "render_rollouts": "_render_train",
     "render_threads": "_render_train",

@@ -17,6 +17,17 @@ if TYPE_CHECKING:
     from dspark_hub.ops.init import InitResult
 
 CHANGES_PER_KIND = 4   # convert's human view; --json lists every change
+LINES_PER_KIND = 20    # diff's human view: lines of one kind (only in B, reshaped, ...); --json lists all
+
+
+def _print_capped(lines: list[Text], kind: str) -> None:
+    """At most `LINES_PER_KIND` of `lines`, then one line counting the rest (a header naming 120,000 extra
+    tensors prints 21 lines, not 120,000)."""
+    for line in lines[:LINES_PER_KIND]:
+        stdout.print(line)
+    if len(lines) > LINES_PER_KIND:
+        stdout.print(Text(f"... and {len(lines) - LINES_PER_KIND:,} more {kind} (--json lists every one)",
+                          style="dim"))
 
 
 def _short(value: Any) -> str:
@@ -30,24 +41,29 @@ def render_diff(result: DiffReport) -> None:
     rows += [[Text(f"+ {key}", style="green"), "", _short(value)] for key, value in result.config_added.items()]
     rows += [[Text(f"~ {key}", style="yellow"), _short(a), _short(b)] for key, (a, b) in result.config_changed.items()]
     if rows:
-        print_table(CONFIG_NAME, (Column("key"), Column("A", prose=True), Column("B", prose=True)), rows)
-    for name, (to, shape, dtype, _) in result.renamed.items():
-        stdout.print(Text.assemble((f"> {name} -> {to}", "cyan"), f" {list(shape)} {dtype} (renamed; the same bytes)"))
-    for name, (shape, dtype) in result.tensors_removed.items():
-        stdout.print(Text.assemble((f"- {name}", "red"), f" {list(shape)} {dtype} (only in A)"))
-    for name, (shape, dtype) in result.tensors_added.items():
-        stdout.print(Text.assemble((f"+ {name}", "green"), f" {list(shape)} {dtype} (only in B)"))
-    for name, (shape_a, shape_b) in result.shape_changed.items():
-        stdout.print(Text.assemble((f"~ {name}", "yellow"), f" shape {list(shape_a)} -> {list(shape_b)}"))
-    for name, (dtype_a, dtype_b) in result.dtype_changed.items():
-        stdout.print(Text.assemble((f"~ {name}", "yellow"), f" dtype {dtype_a} -> {dtype_b}"))
+        more = len(rows) - LINES_PER_KIND
+        print_table(CONFIG_NAME + (f" (the first {LINES_PER_KIND} of {len(rows):,} keys that differ; --json lists "
+                                   "every one)" if more > 0 else ""),
+                    (Column("key"), Column("A", prose=True), Column("B", prose=True)), rows[:LINES_PER_KIND])
+    _print_capped([Text.assemble((f"> {name} -> {to}", "cyan"), f" {list(shape)} {dtype} (renamed; the same bytes)")
+                   for name, (to, shape, dtype, _) in result.renamed.items()], "renamed")
+    _print_capped([Text.assemble((f"- {name}", "red"), f" {list(shape)} {dtype} (only in A)")
+                   for name, (shape, dtype) in result.tensors_removed.items()], "only in A")
+    _print_capped([Text.assemble((f"+ {name}", "green"), f" {list(shape)} {dtype} (only in B)")
+                   for name, (shape, dtype) in result.tensors_added.items()], "only in B")
+    _print_capped([Text.assemble((f"~ {name}", "yellow"), f" shape {list(shape_a)} -> {list(shape_b)}")
+                   for name, (shape_a, shape_b) in result.shape_changed.items()], "reshaped")
+    _print_capped([Text.assemble((f"~ {name}", "yellow"), f" dtype {dtype_a} -> {dtype_b}")
+                   for name, (dtype_a, dtype_b) in result.dtype_changed.items()], "with another dtype")
     if result.changed:
-        print_table("changed tensors (relative L2 ||b-a||/||a||)",
-                    (Column("tensor"), Column("rel L2", justify="right")),
-                    [[name, _relative_change(t)]
-                     for name, t in sorted(result.changed.items(), key=lambda kv: -(kv[1].rel_l2 or float("inf")))])
-    for side, problem in result.problems:
-        stdout.print(Text(f"{side.upper()}: {problem.where}: {problem.message}", style="red"))
+        changed = sorted(result.changed.items(), key=lambda kv: -(kv[1].rel_l2 or float("inf")))
+        more = len(changed) - LINES_PER_KIND
+        print_table("changed tensors (relative L2 ||b-a||/||a||" + (
+            f"; the {LINES_PER_KIND} that moved most of {len(changed):,}, --json lists every one)" if more > 0
+            else ")"), (Column("tensor"), Column("rel L2", justify="right")),
+            [[name, _relative_change(t)] for name, t in changed[:LINES_PER_KIND]])
+    _print_capped([Text(f"{side.upper()}: {problem.where}: {problem.message}", style="red")
+                   for side, problem in result.problems], "problems")
     if not result.same_layout:
         sides = [f"{side.upper()}: {', '.join(layout['files'])} {json.dumps(layout['metadata'])}"
                  for side, layout in (("a", result.layout_a), ("b", result.layout_b))]

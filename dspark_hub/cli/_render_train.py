@@ -43,7 +43,8 @@ def _flops(n: float) -> str:
 
 #: How `plan.memory_bytes` parts read.
 MEMORY_PARTS = {"attention": "attention", "activations": "activations", "loss": "loss chunks",
-                "states": "weights+grads+AdamW", "teacher_lm_head": "target lm_head"}
+                "states": "weights+grads+AdamW", "teacher_lm_head": "target lm_head",
+                "target_embedding": "target embedding"}
 
 
 def plan_lines(plan: dict[str, Any]) -> list[str]:
@@ -54,13 +55,29 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     split = ", ".join(f"{part} {100 * flops[part] / total:.0f}%" for part in sorted(flops, key=flops.get, reverse=True))
     parts = ", ".join(f"{MEMORY_PARTS.get(part, part)} {binary_size(memory[part])}"
                       for part in sorted(memory, key=memory.get, reverse=True))
+    if plan.get("layout") == "packed":
+        shape = [
+            f"finetune plan, from step 1's batch: {plural(plan['sequences'], 'sequence')} packed into one row of "
+            f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
+            f"  {plan['anchors']:,} anchors x block {plan['block_size']} = {plan['block_rows']:,} block rows, each "
+            f"attending over its sequence's rows before the anchor and its block (at most {plan['keys_per_row']:,} "
+            f"keys); {plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        ]
+    else:
+        shape = [
+            f"finetune plan{ranks}, from step 1's batch: {plural(plan['sequences'], 'sequence')} x "
+            f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
+            f"  {plan['sequences']} x {plan['anchors']:,} anchors x block {plan['block_size']} = "
+            f"{plan['block_rows']:,} block rows, each attending over {plan['keys_per_row']:,} keys "
+            f"({plan['positions']:,} positions + {plan['anchors'] * plan['block_size']:,} block rows); "
+            f"{plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        ]
     lines = [
-        f"finetune plan{ranks}, from step 1's batch: {plural(plan['sequences'], 'sequence')} x "
-        f"{plan['positions']:,} positions ({plan['supervised_tokens']:,} supervised tokens) a step",
-        f"  {plan['sequences']} x {plan['anchors']:,} anchors x block {plan['block_size']} = "
-        f"{plan['block_rows']:,} block rows, each attending over {plan['keys_per_row']:,} keys "
-        f"({plan['positions']:,} positions + {plan['anchors'] * plan['block_size']:,} block rows); "
-        f"{plan['vocabulary_rows']:,} rows x {plan['vocabulary']:,} vocabulary for the loss",
+        *shape,
+        f"  the run: {plural(plan['steps'], 'step')} x {plural(plan['step_anchors'], 'anchor')}"
+        + (f" x {plan['world_size']} ranks" if plan["world_size"] > 1 else "")
+        + f" = ~{plan['run_anchors']:,} anchors, ~{plan['run_supervised_slots']:,} supervised block slots "
+        f"(step 1: {plan['supervised_slots']:,} of {plan['step_anchors'] * plan['block_size']:,} slots)",
         f"  compute ~{_flops(total)} a step: {split}",
         f"  memory ~{binary_size(plan['memory_total_bytes'])} (estimate, besides the runtime): {parts}",
     ]
@@ -80,7 +97,8 @@ def render_training(result: Any) -> None:
     """Human view of a `TrainResult`."""
     loss = "-" if result.final_loss is None else f"{result.final_loss:.4f}"
     log = f"{result.path}/training_log.jsonl"
-    stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.tokens, 'token')}, "
+    stdout.print(f"wrote {result.path}: {plural(result.steps, 'step')}, {plural(result.anchors, 'anchor')}, "
+                 f"{plural(result.supervised_slots, 'supervised block slot')}, {plural(result.tokens, 'token')}, "
                  f"{result.tokens_per_second:,.0f} tokens/s on {result.device}, final loss {loss} (log: {log})")
     if result.plan is not None:
         measured = "CUDA allocated" if result.device.startswith("cuda") else "process RSS"
@@ -145,6 +163,7 @@ def render_eval(result: Any) -> None:
     if data["plot"]:
         stdout.print(f"wrote {data['plot']}")
     stdout.print(f"definition: {data['definition']}")
+    render_serving(data)
 
 
 def interval_lines(data: dict[str, Any]) -> list[str]:
@@ -199,6 +218,99 @@ def render_compare(result: Any) -> None:
                      data["worse"] else f"not worse by more than {data['fail_if_worse']} with 95% confidence "
                      f"(the interval reaches {high:+.4f})")
     stdout.print(f"interval: {data['method']}")
+
+
+def _rate_cells(rates: list[float], width: int) -> list[Cell]:
+    return [f"{rates[i]:.3f}" if i < len(rates) else "" for i in range(width)]
+
+
+def render_serving(data: dict[str, Any]) -> None:
+    """`eval`'s serving answers, each when asked: the k sweep with the expected speedup, acceptance by context
+    length, the confidence head's calibration, the profile written."""
+    if data.get("sweep"):
+        _render_sweep(data["sweep"], data.get("speedup"))
+    elif data.get("speedup"):
+        _render_sweep({"by_k": {str(data["k"]): data}}, data["speedup"])
+    if data.get("by_context"):
+        section = data["by_context"]
+        width = section["k"]
+        print_table(f"acceptance by context length at the anchor (k {width})",
+                    [Column("data"), Column("context"), Column("drafts", label=True, justify="right"),
+                     Column("AL", label=True, justify="right"),
+                     *[Column(f"a{i}", label=True, justify="right") for i in range(1, width + 1)]],
+                    [[r["dataset"], r["context"], f"{r['drafts']:,}", f"{r['acceptance_length']:.4f}",
+                      *_rate_cells(r["per_position"], width)] for r in section["rows"]])
+    if data.get("calibration"):
+        section = data["calibration"]
+        print_table(f"confidence head: estimated prefix survival against acceptance (k {section['k']})",
+                    [Column("position", justify="right"), Column("drafts", label=True, justify="right"),
+                     Column("estimated", label=True, justify="right"), Column("observed", label=True, justify="right"),
+                     Column("ECE", label=True, justify="right")],
+                    [[str(r["position"]), f"{r['drafts']:,}", f"{r['estimated']:.3f}", f"{r['observed']:.3f}",
+                      f"{r['ece']:.3f}"] for r in section["positions"]])
+        verdict = "calibrated" if section["calibrated"] else "not calibrated"
+        stdout.print(f"expected calibration error {section['ece']:.3f} over all positions: {verdict} "
+                     f"(at most {section['calibrated_below']})")
+    if data.get("profile"):
+        stdout.print(f"wrote {data['profile']}")
+
+
+def _render_sweep(sweep: dict[str, Any], speedup: dict[str, Any] | None) -> None:
+    width = max(len(row["per_position"]) for row in sweep["by_k"].values())
+    gains = speedup["by_k"] if speedup else {}
+    columns = [Column("k", justify="right"), Column("AL", label=True, justify="right"),
+               Column("drafts", label=True, justify="right"),
+               *[Column(f"a{i}", label=True, justify="right") for i in range(1, width + 1)]]
+    if gains:
+        columns += [Column("draft cost", label=True, justify="right"), Column("verify cost", label=True,
+                                                                              justify="right"),
+                    Column("speedup", label=True, justify="right")]
+    rows: list[list[Cell]] = []
+    for k, row in sweep["by_k"].items():
+        cells: list[Cell] = [k, f"{row['acceptance_length']:.4f}", f"{row['drafts']:,}",
+                             *_rate_cells(row["per_position"], width)]
+        if k in gains:
+            best = "*" if int(k) == speedup["best_k"] else ""   # type: ignore[index]  # gains implies speedup
+            cells += [f"{gains[k]['draft_cost']:.3f}", f"{gains[k]['verify_cost']:.3f}",
+                      f"{gains[k]['expected_speedup']:.3f}{best}"]
+        elif gains:
+            cells += ["", "", ""]
+        rows.append(cells)
+    print_table("acceptance per k (simulated, the same rollouts)", columns, rows)
+    if speedup:
+        stdout.print(f"{speedup['label']}; best k {speedup['best_k']} (*)")
+
+
+def render_probe(result: Any) -> None:
+    """One row per convention: declared value, verdict, the value the weights follow, the paired statistic; then the
+    untrained level, per-position acceptance and each contradiction's fix."""
+    data = result.to_dict()
+    columns = [Column("convention"), Column("declared"), Column("verdict", label=True), Column("weights follow"),
+               Column("paired difference (expected accepted / anchor)", justify="right")]
+    rows: list[list[Cell]] = []
+    for convention in data["conventions"]:
+        compared = [c for c in convention["candidates"] if c["z"] is not None or c["difference"] is not None]
+        named = next((c for c in compared if c["value"] == convention["follows"]), None)
+        shown = named or (max(compared, key=lambda c: c["z"] if c["z"] is not None else -1e9) if compared else None)
+        stat = "" if shown is None else (f"{shown['value'].split(':')[0]}: {shown['difference']:+.5f} "
+                                         f"± {shown['standard_error']:.5f}")
+        rows.append([convention["title"], convention["declared"], convention["verdict"],
+                     convention["follows"] or "-", stat])
+    print_table(f"probe of {data['draft']} ({data['format']}, k {data['k']})", columns, rows)
+    level = data["untrained"]
+    stdout.print(f"untrained level {level['level']:.5f} expected accepted per anchor; best reading "
+                 f"{level['best_expected_accepted']:.5f} ({level['best']}, z {level['z'] or 0:+.1f}): "
+                 + ("above it" if level["above"] else "AT the untrained level, so every convention is 'cannot tell'"))
+    stdout.print("acceptance by position (draft / untrained): "
+                 + " ".join(f"{a:.4f}/{b:.4f}" for a, b in zip(data["per_position"]["draft"],
+                                                               data["per_position"]["untrained"], strict=True)))
+    stdout.print(f"{plural(data['anchors'], 'anchor')} of {plural(data['paths'], 'greedy path')} ({data['data']}); "
+                 f"named at {data['decision']['z']:g} standard errors; {data['seconds']:.0f} s")
+    for convention in data["conventions"]:
+        if convention["verdict"] == "other":
+            stdout.print(f"fix {convention['key']}: {convention['fix']}")
+        elif convention["verdict"] == "cannot tell":
+            stdout.print(f"cannot tell {convention['key']}: {convention['reason']}")
 
 
 def render_threads(choice: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from dspark_hub._text import plural
@@ -26,11 +27,69 @@ def verdict_line(ok: bool, errors: int, where: str) -> Text:
     return Text.assemble(head, f"  {where}")
 
 
+#: Human output lists at most this many rows of one finding code (or runtime verdict); `--json` lists all.
+ROWS_PER_KIND = 200
+
+
+def grouped(items: Iterable[tuple[tuple[str, ...], str]]) -> tuple[list[tuple[tuple[str, ...], str]], dict[str, int]]:
+    """Rows of (key, name) items, in order; a kind (`key[0]`: a code, a verdict) of more than `ROWS_PER_KIND`
+    items is grouped and capped so human output stays small however many there are.
+
+    In such a kind, items whose keys are equal (120,000 tensors the roster does not name: one code, message and
+    hint) are one row, named by the first and how many more, and at most `ROWS_PER_KIND` rows are shown. Returns
+    the rows (key, name text) and, per kind, how many items no row shows.
+    """
+    items = list(items)
+    sizes: dict[str, int] = {}
+    for key, _ in items:
+        sizes[key[0]] = sizes.get(key[0], 0) + 1
+    groups: dict[tuple[str, ...], list[str]] = {}
+    rows: list[tuple[tuple[str, ...], str]] = []
+    for key, name in items:
+        if sizes[key[0]] <= ROWS_PER_KIND:
+            rows.append((key, name))          # a kind this small is listed whole
+        else:
+            groups.setdefault(key, []).append(name)
+    shown: dict[str, int] = {}
+    hidden: dict[str, int] = {}
+    for key, names in groups.items():
+        if shown.get(key[0], 0) >= ROWS_PER_KIND:
+            hidden[key[0]] = hidden.get(key[0], 0) + len(names)
+            continue
+        shown[key[0]] = shown.get(key[0], 0) + 1
+        rows.append((key, names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1:,} more like it"))
+    return rows, hidden
+
+
+#: Human output quotes at most this many characters of one finding's message (a runtime finding names every
+#: tensor it drops: 120,000 names); `--json` has the whole message.
+MESSAGE_CHARS = 2_000
+
+
+def _clipped(message: str) -> str:
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return f"{message[:MESSAGE_CHARS]}... ({len(message) - MESSAGE_CHARS:,} more characters; --json has them all)"
+
+
+def finding_rows(findings: list[Finding]) -> list[list[str | Text]]:
+    """Table rows of findings, grouped and capped (`grouped`), long messages clipped; `--json` keeps every
+    finding whole."""
+    rows, hidden = grouped(((f.code, f.severity, f.message, f.hint or ""), f.where) for f in findings)
+    out: list[list[str | Text]] = [[Text(severity, style=SEVERITY_STYLE[severity]), code, where, _clipped(message),
+                                    hint] for (code, severity, message, hint), where in rows]
+    severity = {f.code: f.severity for f in findings}
+    out += [[Text(severity[code], style=SEVERITY_STYLE[severity[code]]), code, f"{count:,} more",
+             f"{plural(count, 'more finding')} of this code not shown", "--json lists every finding"]
+            for code, count in hidden.items()]
+    return out
+
+
 def render_findings(findings: list[Finding], title: str) -> None:
-    """Findings (severity, code, where, message, hint) on stdout; nothing when there are none."""
+    """Findings (severity, code, where, message, hint) on stdout, grouped and capped (`finding_rows`); nothing
+    when there are none."""
     if findings:
-        print_table(title, FINDING_COLUMNS, [[Text(f.severity, style=SEVERITY_STYLE[f.severity]), f.code, f.where,
-                                             f.message, f.hint or ""] for f in findings])
+        print_table(title, FINDING_COLUMNS, finding_rows(findings))
 
 
 def render_verify(report: Report) -> None:
@@ -98,8 +157,13 @@ def _render_sections(report: Report) -> None:
             rows = [(v["tensor"], v["verdict"], v["detail"]) for v in data["verdicts"]]
             rows += [(u["parameter"] + " (unfilled)", u["verdict"], u["detail"]) for u in data["unfilled"]]
             loaded = sum(1 for _, verdict, _ in rows if verdict == "loaded")
+            groups, hidden = grouped(((verdict, detail), tensor) for tensor, verdict, detail in rows
+                                     if verdict != "loaded")        # --json: every tensor
             shown: list[list[str | Text]] = [[tensor, Text(verdict, style=VERDICT_STYLE[verdict]), detail]
-                                             for tensor, verdict, detail in rows if verdict != "loaded"]  # --json: all
+                                             for (verdict, detail), tensor in groups]
+            shown += [[f"{count:,} more", Text(verdict, style=VERDICT_STYLE[verdict]),
+                       f"{plural(count, 'more tensor')} with this verdict not shown; --json lists every tensor"]
+                      for verdict, count in hidden.items()]
             if shown:
                 print_table(f"{data['title']}: per-tensor verdicts{how}",
                             (Column("tensor"), Column("verdict"), Column("detail", prose=True)), shown)

@@ -52,6 +52,12 @@ class TerminalConsole(Console):
     Control segments (rich's own cursor moves for a progress bar) pass as they are.
     """
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # rich fixes COLUMNS and LINES when a console is made; these are made once a process, and a process
+        # (CliRunner in the tests, a library caller) may draw for several widths in turn: read them at each use.
+        self._width = self._height = None
+
     def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(terminal_text(text), **kwargs)
 

@@ -21,6 +21,8 @@ def card() -> None:
 @click.option("--eval", "eval_json", type=click.Path(path_type=Path),
               help="Evaluation JSON ('dspark-hub eval --json').")
 @click.option("--train-log", type=click.Path(path_type=Path), help="Training log (JSON lines).")
+@click.option("--probe", "probe_json", type=click.Path(path_type=Path), metavar="PROBE.json",
+              help="Record the conventions checked by behaviour ('dspark-hub probe --json'), with its numbers.")
 @click.option("--checksums-from", type=click.Path(path_type=Path),
               help="Manifest of known SHA-256 digests (JSON or sha256sum output), used instead of hashing.")
 @click.option("--no-hash", is_flag=True,
@@ -30,14 +32,15 @@ def card() -> None:
 @quiet_option
 @json_option
 def card_render(ckpt: Path | None, meta: Path, eval_json: Path | None, train_log: Path | None,
-                checksums_from: Path | None, no_hash: bool, output: Path, force: bool, quiet: bool,
-                as_json: bool) -> None:
+                probe_json: Path | None, checksums_from: Path | None, no_hash: bool, output: Path, force: bool,
+                quiet: bool, as_json: bool) -> None:
     """Render a model card for CKPT (omit CKPT when the weights are not at hand) to OUTPUT."""
     from dspark_hub.cards.render import write_card  # loads when the command runs (--help stays light)
 
     with progress("hashing", quiet=quiet or as_json) as bar:
         result = write_card(meta, ckpt, output, eval_json=eval_json, train_log=train_log,
-                            checksums_from=checksums_from, hash_files=not no_hash, force=force, progress=bar)
+                            checksums_from=checksums_from, hash_files=not no_hash, force=force, progress=bar,
+                            probe_json=probe_json)
     emit(result, as_json=as_json, renderer="render_written_card")
 
 

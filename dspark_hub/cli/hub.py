@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -62,6 +62,11 @@ def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: st
 @click.option("--tag", metavar="TAG", help="Tag the new commit.")
 @click.option("--with-remote-code", is_flag=True, help="Also upload the modeling code and an auto_map.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (every file, size, LFS or regular); send nothing.")
+@click.option("--probe", "probe_target", metavar="TARGET",
+              help="Require the behaviour probe against this local target in the gate (dspark-hub probe): a "
+                   "convention the weights contradict refuses the upload.")
+@click.option("--probe-prompts", "probe_prompts", metavar="JSONL",
+              help="The prompts --probe continues [default: dspark-hub probe's 24 built-in chat prompts].")
 @click.option("--transfer", type=click.Choice(["auto", "xet", "lfs"]), default="auto", show_default=True,
               help="How large files travel: auto = Xet where hf_xet is installed and the endpoint offers it, "
                    "else LFS.")
@@ -69,8 +74,8 @@ def package(ckpt: Path, repo_id: str, revision: str, out_dir: Path, endpoint: st
 @quiet_option
 @json_option
 def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None, revision: str | None,
-            tag: str | None, with_remote_code: bool, dry_run: bool, transfer: Transfer, endpoint: str | None,
-            quiet: bool, as_json: bool) -> None:
+            tag: str | None, with_remote_code: bool, dry_run: bool, probe_target: str | None,
+            probe_prompts: str | None, transfer: Transfer, endpoint: str | None, quiet: bool, as_json: bool) -> None:
     """Gate (verify + card lint), upload CKPT to ORG/NAME, then compare the Hub's files with the local ones.
 
     The token comes from huggingface_hub's usual sources (HF_TOKEN, 'hf auth login') and is never printed.
@@ -79,10 +84,19 @@ def publish(ckpt: Path, repo_id: str, drop_in: str | None, private: bool | None,
         publish_checkpoint,  # loads when the command runs (--help stays light)
     )
 
+    if probe_prompts is not None and probe_target is None:
+        raise click.UsageError("--probe-prompts goes with --probe TARGET")
+    check = None
+    if probe_target is not None:
+        from dspark_hub.train.evaluation.probe_gate import add_to_report  # torch: only a probing gate pays for it
+
+        def check(folder: Path, report: Any) -> None:
+            add_to_report(report, folder, target=probe_target, prompts=probe_prompts)
+
     with progress("sha256", quiet=quiet or as_json) as bar:
         outcome = publish_checkpoint(ckpt, repo_id, drop_in=drop_in, private=private, revision=revision, tag=tag,
                                      with_remote_code=with_remote_code, endpoint=endpoint, dry_run=dry_run,
-                                     transfer=transfer, progress=bar)
+                                     transfer=transfer, progress=bar, check=check)
     emit(outcome, as_json=as_json, renderer="render_publication")
 
 

@@ -17,12 +17,16 @@ from dspark_hub.errors import CheckpointFormatError, DsparkError
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.data.hidden_state_files import parse_layer_ids
 from dspark_hub.train.data.rollouts import make_rollouts
+from dspark_hub.train.evaluation.by_context import parse_edges
 from dspark_hub.train.evaluation.compare import compare
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
+from dspark_hub.train.evaluation.probe import probe as probe_conventions
 from dspark_hub.train.evaluation.sampled_acceptance import DRAFT_SAMPLE_METHODS
 from dspark_hub.train.evaluation.sampled_eval import DEFAULT_SAMPLES, eval_sampling
+from dspark_hub.train.evaluation.serving import MEASURE, ServingOptions
 from dspark_hub.train.finetuning import objective
-from dspark_hub.train.finetuning.config import TRAIN_DTYPES, TrainConfig, default
+from dspark_hub.train.finetuning.allocator import steady_allocator
+from dspark_hub.train.finetuning.config import TRAIN_DTYPES, TrainConfig, check_betas, default
 from dspark_hub.train.finetuning.threads import apply_threads, choose_threads
 from dspark_hub.train.target.dtypes import DTYPE_ALIASES, canonical_dtype, dtype_spellings
 from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, engine_names, option_param
@@ -81,6 +85,15 @@ class Dtype(click.ParamType):  # type: ignore[type-arg]  # click 8.1 ParamType i
 def _canonical_engine_dtype(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     """`--engine-dtype` in either spelling; `auto` and names the engine checks itself pass through."""
     return None if value is None else DTYPE_ALIASES.get(value, value)
+
+
+def _betas(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[float, float]:
+    """`--betas 0.9,0.95` -> (0.9, 0.95), refused in click's words when it is not two numbers in [0, 1)."""
+    try:
+        return check_betas(float(part) for part in value.split(","))
+    except (ValueError, DsparkError) as error:
+        message = error.message if isinstance(error, DsparkError) else f"{value!r}: not numbers"
+        raise click.BadParameter(f"{message}; give B1,B2 in [0, 1), e.g. 0.9,0.95") from None
 
 
 def _engine_args(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
@@ -229,8 +242,14 @@ def rollouts(target: str, prompts: str, draft_config: str, out: str, max_new_tok
               help="(anchor, position) rows per loss chunk; bounds loss memory in the vocabulary (0 = no chunking).")
 @click.option("--gamma", type=float, default=default("gamma"), show_default=True, help="Slot weight exp(-k/gamma).")
 @click.option("--alpha", type=float, default=default("alpha"), show_default=True, help="Confidence-head BCE weight.")
+@click.option("--confidence-target", "confidence_target", type=click.Choice(list(objective.CONFIDENCE_TARGETS)),
+              default=default("confidence_target"), show_default=True,
+              help="What the confidence head learns: overlap (sampled drafts at temperature 1, speculators'), greedy "
+                   "(temperature 0) or greedy_drafts (greedy drafts at temperature 1, vLLM's default).")
 @click.option("--clip", type=float, default=default("clip"), show_default=True, help="Gradient-norm clip (0 = off).")
 @click.option("--weight-decay", "weight_decay", type=float, default=default("weight_decay"), show_default=True)
+@click.option("--betas", default=",".join(str(b) for b in default("betas")), show_default=True, metavar="B1,B2",
+              callback=_betas, help="AdamW's moment decays.")
 @click.option("--dtype", type=Dtype(TRAIN_DTYPES), default=default("dtype"), show_default=True,
               help="bfloat16 = bf16 autocast over fp32 master weights.")
 @click.option("--seed", type=int, default=default("seed"), show_default=True)
@@ -268,12 +287,14 @@ def finetune_command(loss: str, data_layer_ids: str | None, threads: int | None,
 
     quiet_transformers(quiet or as_json)
     choice = use_threads(threads)
+    steady_allocator()
     engine, engine_options = pop_engine_options(options)
     config = TrainConfig(**options, loss=objective.parse_loss(loss, terms=None), engine=engine,
                          engine_options=engine_options,
                          data_layer_ids=parse_layer_ids(data_layer_ids))
-    with progress("finetune", unit="steps", quiet=quiet or as_json) as bar, engine_option_flags():
-        result = finetune(config, progress=_Planned(bar, show=not (quiet or as_json), threads=choice))
+    # A run takes minutes to hours: its plan and progress go to stderr even with --json (stdout stays one document).
+    with progress("finetune", unit="steps", quiet=quiet) as bar, engine_option_flags():
+        result = finetune(config, progress=_Planned(bar, show=not quiet, threads=choice))
     if int(os.environ.get("RANK", "0")) == 0:   # under torchrun, rank 0 speaks for the run
         emit(result, as_json=as_json, renderer="render_training")
 
@@ -364,13 +385,30 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
               default="greedy", show_default=True,
               help="vLLM's draft_sample_method: greedy drafts the argmax at any temperature (vLLM's default); "
                    "probabilistic samples drafts from softmax(logits / T).")
+@click.option("--k", "ks", metavar="KS", help="Also measure these k in the same run (1,2,4 or 1-7 or block: 1 to the "
+              "draft's k), sharing the target's rollouts and the draft's context; each k as --block-size k counts.")
+@click.option("--by-context", "by_context", is_flag=True,
+              help="Acceptance per bucket of context length at the anchor (powers of two from 64).")
+@click.option("--context-edges", "context_edges", metavar="LENGTHS", callback=lambda _c, _p, v: parse_edges(v)
+              if v else None, help="The buckets' edges, e.g. 1024,4096,16384 (implies --by-context).")
+@click.option("--costs", type=click.Choice([MEASURE]), help="Time a draft step and a verify pass against a target "
+              "decode step here, for the expected speedup per k.")
+@click.option("--draft-cost", "draft_cost", metavar="X[,X...]", callback=lambda _c, p, v: _floats(v, p),
+              help="A draft step's cost in target decode steps on your hardware (one, or one per k).")
+@click.option("--verify-cost", "verify_cost", metavar="X[,X...]", callback=lambda _c, p, v: _floats(v, p),
+              help="Verifying k + 1 tokens, in target decode steps on your hardware (one, or one per k).")
+@click.option("--profile", is_flag=True, help="Write speculation_profile.json beside the draft (Model-Optimizer's "
+              "keys plus ours).")
+@force_option
 @threads_option
 @quiet_option
 @json_option
 def eval_command(draft: str, target: str | None, prompts: str | None, data: str | None, reference: str | None,
                  engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
                  ignore_eos: bool, batch_size: int, plot: Path | None, temperature: float, top_p: float, top_k: int,
-                 samples: int | None, seed: int, draft_sample_method: str, threads: int | None, quiet: bool,
+                 samples: int | None, seed: int, draft_sample_method: str, ks: str | None, by_context: bool,
+                 context_edges: list[int] | None, costs: str | None, draft_cost: list[float] | None,
+                 verify_cost: list[float] | None, profile: bool, force: bool, threads: int | None, quiet: bool,
                  as_json: bool) -> None:
     """Acceptance of a draft with vLLM's definitions: simulated, or measured by vLLM serving it.
 
@@ -383,11 +421,13 @@ def eval_command(draft: str, target: str | None, prompts: str | None, data: str 
     sampling = eval_sampling(temperature, top_k=top_k, top_p=top_p, draft_sample_method=draft_sample_method,
                              samples=samples, seed=seed)
     choice = use_threads(threads)
+    serving = ServingOptions(ks=ks, by_context=by_context, context_edges=context_edges, costs=costs,
+                             draft_cost=draft_cost, verify_cost=verify_cost, profile=profile, force=force)
     with progress("eval", unit="prompts", quiet=quiet or as_json) as bar:
         result = evaluate(draft, target=target, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
-                          sampling=sampling, progress=bar)
+                          sampling=sampling, serving=serving if serving.asked else None, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
     emit(result, as_json=as_json, renderer="render_eval")
 
@@ -408,3 +448,46 @@ def compare_command(a: str, b: str, fail_if_worse: float | None, as_json: bool) 
     with --fail-if-worse when B is worse by more than DELTA with 95% confidence; 2 when the two cannot be paired.
     """
     emit(compare(a, b, fail_if_worse=fail_if_worse), as_json=as_json, renderer="render_compare")
+
+
+@command(name="probe")
+@click.argument("draft", metavar="DRAFT")
+@target_option(help="The target folder (default with --data: the rollouts' target).")
+@click.option("--prompts", metavar="JSONL", help="Prompts the target continues greedily [default: 24 built-in chat "
+                                                 "prompts of six kinds].")
+@click.option("--data", metavar="DIR", help="A rollouts folder instead: its sequences as they are.")
+@click.option("--block-size", "block_size", type=POSITIVE, metavar="K",
+              help="The served k (default: the speculators speculative_tokens; 7 for k3_dspark).")
+@click.option("--max-new-tokens", "max_new_tokens", type=POSITIVE,
+              default=keyword_default(probe_conventions, "max_new_tokens"), show_default=True,
+              help="Anchors per prompt.")
+@click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(probe_conventions, "batch_size"),
+              show_default=True, help="Prompts the target continues together.")
+@threads_option
+@quiet_option
+@json_option
+def probe_command(draft: str, target: str | None, prompts: str | None, data: str | None, block_size: int | None,
+                  max_new_tokens: int, batch_size: int, threads: int | None, quiet: bool, as_json: bool) -> None:
+    """Name the conventions a draft's weights follow (taps, slot layout, d2t, ...) from their behaviour on the
+    target's greedy paths.
+
+    Each convention is "as declared", the value the weights follow instead, or "cannot tell"; exit 1 when the weights
+    contradict the config (docs/probe.md).
+    """
+    quiet_transformers(quiet or as_json)
+    choice = use_threads(threads)
+    with progress("probe", unit="items", quiet=quiet or as_json) as bar:
+        result = probe_conventions(draft, target=target, prompts=prompts, data=data, block_size=block_size,
+                                   max_new_tokens=max_new_tokens, batch_size=batch_size, progress=bar)
+    say_threads(choice, show=not (quiet or as_json))
+    emit(result, as_json=as_json, renderer="render_probe")
+
+
+def _floats(text: str | None, param: click.Parameter) -> list[float] | None:
+    """`0.1` or `1.0,1.02,1.05` as numbers (a click callback)."""
+    if not text:
+        return None
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a list of numbers, e.g. 0.08 or 1.0,1.05", param=param) from None

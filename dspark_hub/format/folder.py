@@ -51,6 +51,8 @@ LISTING_CODES: dict[str, str] = {
                   "each other (never followed)",
     "DIR_LINK": "a directory symlink inside the folder (never followed; its target's files are listed there)",
     "BAD_FILE_NAME": "a file name that is not UTF-8 text",
+    "DATA_PATH_OUTSIDE": "a data folder's manifest names a file by an absolute path or through `..` (never read)",
+    "DATA_FILE_MISSING": "a data folder's manifest names a file the folder does not hold as a regular file",
 }
 _UNREADABLE = "FILE_UNREADABLE"
 _FIX = {
@@ -59,6 +61,8 @@ _FIX = {
     "LINK_CYCLE": "remove the link",
     "DIR_LINK": "remove the link, or replace it with a copy of the folder",
     "BAD_FILE_NAME": "rename it with a UTF-8 name",
+    "DATA_PATH_OUTSIDE": "name files inside the folder, relative to it",
+    "DATA_FILE_MISSING": "write the folder again",
     _UNREADABLE: "fix or remove it (a dangling symlink, or a file without read permission)",
 }
 
@@ -267,6 +271,44 @@ def folder_files(root: str | os.PathLike[str]) -> list[str]:
     return list(listing.files)
 
 
+def data_folder(root: str | os.PathLike[str]) -> FolderListing:
+    """The listing of a data folder (rollouts, hidden-state files), refused when it holds any entry a model folder
+    may not: a data folder is read under the same rules (no link out, no FIFO, socket or device, UTF-8 names).
+
+    Raises:
+        CheckpointNotFoundError: `root` is not a directory.
+        CheckpointFormatError: a `LISTING_CODES` code (or `FILE_UNREADABLE`) for the first entry left out.
+    """
+    listing = list_folder(root)
+    listing.refuse_problems()
+    return listing
+
+
+def _leaves_folder(name: str) -> bool:
+    return name.startswith(("/", "\\")) or "\\" in name or ".." in name.split("/") or (len(name) > 1 and name[1] == ":")
+
+
+def listed_file(listing: FolderListing, name: object, *, named_in: str, key: str) -> Path:
+    """The path of the file `name` that a data folder's manifest (`named_in`, at `key`) names, only when it is
+    exactly a relative path of a regular file the listing holds: never absolute, never `..`, never through a
+    link out of the folder.
+
+    Raises:
+        CheckpointFormatError: `DATA_PATH_OUTSIDE` (absolute, or through `..`), `DATA_FILE_MISSING` (no such
+            regular file in the folder, or not a plain relative name).
+    """
+    if not isinstance(name, str) or not name:
+        raise CheckpointFormatError("DATA_FILE_MISSING", f"{key} is {name!r}, not a file name", path=named_in,
+                                    hint=_FIX["DATA_FILE_MISSING"])
+    if _leaves_folder(name):
+        raise CheckpointFormatError("DATA_PATH_OUTSIDE", f"{key} names {name!r}, a path outside {listing.root}; "
+                                    "it is not read", path=named_in, hint=_FIX["DATA_PATH_OUTSIDE"])
+    if name not in listing.files:
+        raise CheckpointFormatError("DATA_FILE_MISSING", f"{key} names {name!r}, which is not a regular file of "
+                                    f"{listing.root}", path=named_in, hint=_FIX["DATA_FILE_MISSING"])
+    return listing.root / name
+
+
 # ---------------------------------------------------------------- has a file changed since?
 
 #: What changes with a file's content, read without reading it: device, inode, size, and the modification
@@ -303,6 +345,19 @@ def _not_regular(path: str | os.PathLike[str], mode: int, display: str | None) -
                                  path=where, hint=_FIX["SPECIAL_FILE"])
 
 
+def check_regular(path: str | os.PathLike[str], *, display: str | None = None) -> None:
+    """Refuse a path that is not a regular file (symlinks to one are fine), without opening it.
+
+    Raises:
+        FileNotFoundError, PermissionError (OSError): it cannot be looked at.
+        CheckpointFormatError: `SPECIAL_FILE`, a FIFO, socket or device.
+        CheckpointNotFoundError: it is a directory.
+    """
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode, display)
+
+
 def open_regular(path: str | os.PathLike[str], *, display: str | None = None) -> io.FileIO:
     """Open a file for binary reading, only if it is a regular file (symlinks to one are fine).
 
@@ -314,9 +369,7 @@ def open_regular(path: str | os.PathLike[str], *, display: str | None = None) ->
         CheckpointFormatError: `SPECIAL_FILE`, it is not a regular file.
         CheckpointNotFoundError: it is a directory.
     """
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise _not_regular(path, mode, display)
+    check_regular(path, display=display)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:

@@ -103,7 +103,7 @@ def network_scope(endpoint: str, bounds: NetworkBounds | None = None,
                   secrets: Callable[[], Iterable[str]] | None = None) -> Iterator[NetworkBounds]:
     """Apply the rules to every Hub request in this process until the block ends; the token may go to `endpoint`.
 
-    `secrets`: what the token is (`secrets.hub_tokens`), asked once the scope is open (finding it may take a
+    `secrets`: what the token is (`redaction.hub_tokens`), asked once the scope is open (finding it may take a
     request: an OIDC exchange in CI, an OAuth refresh, bounded then). Scopes nest: the outermost one's bounds
     and waiting budget hold for the inner ones, whose endpoints and secrets count too. Yields the bounds in force.
 

@@ -120,6 +120,9 @@ class DraftFormat:
     markov_optional: bool = False      # it can draft with its Markov head switched off
     anchor_layout_key: str | None = None  # a config key eval needs written (its trainer and vLLM defaults differ)
     vllm_model_class: str | None = None   # the vLLM 0.32.0 class that loads it (None: vLLM has no loader)
+    rope_pairing: str | None = None    # the RoPE channel pairing its contract fixes, which a port may get wrong
+    #: Drafted tokens a step at the block the config says it trained with (None: not a config key)
+    trained_k: Callable[[Mapping[str, Any]], int | None] = lambda config: None
 
     def try_roster(self, config: Mapping[str, Any]) -> dict[str, TensorSpec] | None:
         try:
@@ -173,7 +176,7 @@ K3 = DraftFormat(
                        "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight"),
     counterpart=speculators.k3_counterpart,
     sorted_data=True, target_embedding=_K3_EMBEDDING, trainable=True, repairable=True, remote_code=True,
-    records_target_config=True, vllm_model_class="K3DSparkForCausalLM",
+    records_target_config=True, vllm_model_class="K3DSparkForCausalLM", rope_pairing="interleaved",
 )
 
 
@@ -247,6 +250,7 @@ SPECULATORS = DraftFormat(
     counterpart=speculators.speculators_counterpart,
     tap_note="speculators aux ids: id k is the residual stream after k teacher layers, the output of layer k - 1",
     markov_optional=True, anchor_layout_key="sample_from_anchor", vllm_model_class="Qwen3DSparkForCausalLM",
+    trained_k=lambda config: speculators.written_speculative_tokens(config) if "block_size" in config else None,
 )
 
 #: Every draft format, by family name. CLI choices derive from it (`cli_name`).

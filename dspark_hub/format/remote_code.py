@@ -20,7 +20,7 @@ from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, Re
 from dspark_hub.format import contract, speculators
 from dspark_hub.format.checkpoint import CONFIG_JSON_CODES
 from dspark_hub.format.jsonio import json_type, load_json_object
-from dspark_hub.format.writer import atomic_path
+from dspark_hub.format.writer import atomic_path, write_file
 
 #: What `export_code` adds to `config.json`.
 AUTO_MAP: dict[str, str] = {
@@ -144,5 +144,5 @@ def export_code(folder: str | os.PathLike[str], *, force: bool = False) -> Expor
     for target, data in pending.items():
         if target.name in written:
             with atomic_path(target, force=True) as tmp:
-                tmp.write_bytes(data)
+                write_file(tmp, data)
     return ExportResult(path=str(path), written=written, unchanged=unchanged)

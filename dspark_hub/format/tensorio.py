@@ -7,6 +7,7 @@ the file. numpy is imported lazily: `hash_range` and `locate_tensor` are stdlib 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -58,7 +59,8 @@ def iter_range(path: str | os.PathLike[str], start: int, end: int, *, chunk_byte
         while left > 0:
             n = f.readinto(view[:min(len(buf), left)])
             if not n:
-                raise OSError(f"{path}: ends {left:,} bytes before offset {end:,}; the file is truncated")
+                raise OSError(errno.EIO, f"ends {left:,} bytes before offset {end:,}; the file is truncated",
+                              os.fspath(path))
             left -= n
             yield view[:n]
 

@@ -15,8 +15,10 @@ writer of the same output removes every such sibling whose process is gone (`swe
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import resource
 import secrets
 import shutil
 import stat
@@ -34,6 +36,58 @@ from dspark_hub.format.contract import TensorSpec
 from dspark_hub.format.reader import read_header
 from dspark_hub.format.tensorio import BytesLike, iter_range, tensor_files
 from dspark_hub.progress import Progress
+
+#: What native writers say when a write fails: safetensors (`I/O error: ... (os error 27)`), torch's zip writer
+#: (`file write failed`, `unexpected pos 704 vs 598` when a write came up short).
+_NATIVE_WRITE_FAILED = re.compile(r"os error (\d+)|file write failed|unexpected pos \d+ vs \d+")
+
+
+def _why_short(path: Path) -> int:
+    """The errno a write to `path` that came up short most likely met: a full disk, the process's file-size
+    limit (RLIMIT_FSIZE), else a plain I/O error."""
+    try:
+        free = os.statvfs(path.parent if path.parent.exists() else ".").f_bavail
+    except OSError:
+        free = None
+    if free == 0:
+        return errno.ENOSPC
+    return errno.EFBIG if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY else errno.EIO
+
+
+def named_io_error(error: BaseException, path: str | os.PathLike[str]) -> OSError | None:
+    """The `OSError` naming `path` that `error`, raised while writing `path`, stands for; None when it is not
+    an I/O failure or already names its file. Python's own writes raise `OSError` without a file name (a full
+    disk: `[Errno 28]`; the file-size limit, RLIMIT_FSIZE, SIGXFSZ being ignored: `[Errno 27] File too
+    large`); safetensors and torch raise their own types, read here by their message."""
+    if isinstance(error, DsparkError) or (isinstance(error, OSError) and error.filename is not None):
+        return None
+    if isinstance(error, OSError):
+        code = error.errno or errno.EIO
+    else:
+        m = _NATIVE_WRITE_FAILED.search(str(error)) if isinstance(error, Exception) else None
+        if m is None:
+            return None
+        code = int(m.group(1)) if m.group(1) else _why_short(Path(path))
+    return OSError(code, os.strerror(code), os.fspath(path))
+
+
+@contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Run a write of `path`: an I/O failure inside it (Python's or a native writer's) is raised as an
+    `OSError` naming `path`, so the one-line error says which file (`named_io_error`)."""
+    try:
+        yield
+    except Exception as e:
+        named = named_io_error(e, path)
+        if named is None:
+            raise
+        raise named from None
+
+
+def write_file(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Write `data` (text as UTF-8) to `path`; a write that fails names `path` (`writing`)."""
+    with writing(path), open(path, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def _umask() -> int:
@@ -223,9 +277,12 @@ def atomic_dir(dst: str | os.PathLike[str], *, force: bool = False, checked: Che
     tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(dst), dir=dst.parent))
     os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes 0700; the result should look like any new folder
     try:
-        yield tmp
-    except BaseException:
+        with writing(dst):
+            yield tmp
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and isinstance(e.filename, str) and e.filename.startswith(str(tmp)):
+            raise OSError(e.errno, e.strerror, str(dst) + e.filename[len(str(tmp)):]) from None  # the file it builds
         raise
     _install(tmp, found)
 
@@ -324,10 +381,13 @@ def atomic_path(dst: str | os.PathLike[str], *, force: bool = False, checked: Ch
     mode = 0o666 & ~_umask()
     os.chmod(name, mode)
     try:
-        yield Path(name)
+        with writing(dst):
+            yield Path(name)
         os.chmod(name, mode)
-    except BaseException:
+    except BaseException as e:
         Path(name).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename == name:
+            raise OSError(e.errno, e.strerror, str(dst)) from None     # the output, not its temporary name
         raise
     _install(Path(name), found)
 
@@ -353,7 +413,7 @@ def write_safetensors(path: str | os.PathLike[str], specs: Iterable[TensorSpec],
         raise UsageError("'__metadata__' is reserved in safetensors and cannot name a tensor")
     header = contract.header_bytes(ordered, metadata)
     written = 0
-    with open(path, "wb") as f:
+    with writing(path), open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)))
         f.write(header)
         for spec in ordered:
@@ -393,7 +453,7 @@ def write_weights_like(base: str | os.PathLike[str], folder: str | os.PathLike[s
             raise UsageError(f"{name}: {memoryview(data).nbytes:,} bytes, {src} stores {known[name].nbytes:,} "
                              f"({known[name].dtype} {list(known[name].shape)})")
     for file, header in headers.items():
-        with open(dst / file.name, "wb") as out:
+        with writing(dst / file.name), open(dst / file.name, "wb") as out:
             for piece in iter_range(file, 0, header.data_start):
                 out.write(piece)
             for name in header.tensors:          # data order (ascending offsets)
@@ -404,5 +464,6 @@ def write_weights_like(base: str | os.PathLike[str], folder: str | os.PathLike[s
                         out.write(piece)
     for name in (contract.CONFIG_NAME, contract.INDEX_NAME):
         if (src / name).is_file():
-            shutil.copyfile(src / name, dst / name)
+            with writing(dst / name):
+                shutil.copyfile(src / name, dst / name)
     return [file.name for file in files]

@@ -37,7 +37,7 @@ from dspark_hub.format.digests import (
 )
 from dspark_hub.format.remote import resolve_endpoint, validate_repo_id
 from dspark_hub.format.urls import public_url
-from dspark_hub.format.writer import Checked, atomic_dir, check_writable, refuse_own_inputs
+from dspark_hub.format.writer import Checked, atomic_dir, check_writable, refuse_own_inputs, write_file
 from dspark_hub.hub.checksums import manifest_text, sums_text
 
 #: `progress(stage, bytes_done, bytes_total)`; stage is "checksums" then "pieces".
@@ -217,7 +217,7 @@ def package(folder: Path | str, repo_id: str, *, out_dir: Path | str, revision: 
     }
     with atomic_dir(out_dir, force=force, checked=checked) as tmp:
         for name, text in contents.items():
-            (tmp / name).write_text(text, encoding="utf-8")
+            write_file(tmp / name, text)
         torrent.write(tmp / f"{stem}.torrent")
     written = {name: out_dir / name for name in [*contents, f"{stem}.torrent"]}
     return PackageResult(input=folder, path=out_dir, files=written, repo_id=repo_id, revision=revision,

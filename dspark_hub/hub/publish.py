@@ -81,13 +81,13 @@ class PublishPlan(Document):
         return sum(f.size or 0 for f in self.files if f.lfs)
 
     @property
-    def shown_endpoint(self) -> str:
-        """The endpoint as a document may show it: credentials in its URL read `<credentials>`."""
-        return redact_url(self.endpoint)
-
-    @property
     def file_count(self) -> int:
         return len(self.files)
+
+    @property
+    def shown_endpoint(self) -> str:
+        """The endpoint as the document shows it: its credentials, if any, redacted."""
+        return redact_url(self.endpoint)
 
     @property
     def planned_files(self) -> list[PlannedFile]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,9 +58,16 @@ class Gate(Document):
         return not self.refusals
 
 
+#: A further check of the gate that adds to the verify report in place (`verify --probe`'s, from the CLI).
+ReportCheck = Callable[[Path, Report], object]
+
+
 def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
-              progress: Progress | None = None) -> tuple[Gate, Manifest | None]:
+              progress: Progress | None = None, check: ReportCheck | None = None) -> tuple[Gate, Manifest | None]:
     """Verify the checkpoint and lint its card against it; collect every reason to refuse.
+
+    `check` adds its findings to the verify report before the refusals are read (`publish --probe`: the
+    behaviour probe, which lives above this layer).
 
     Verify reads headers only and runs first: a failing checkpoint is refused before any byte
     is hashed. Otherwise the folder is hashed once (returned as the manifest `hub.publish`
@@ -68,6 +75,8 @@ def preflight(folder: str | os.PathLike[str], *, drop_in: str | None = None,
     """
     folder = Path(folder)
     report = verify(folder, drop_in=drop_in)
+    if check is not None:
+        check(folder, report)
     refusals = [f"verify: {f.where}: {f.message}" for f in report.sorted_findings() if f.severity == "error"]
     card = folder / CARD_NAME
     if refusals:
@@ -176,8 +185,8 @@ class Publication(Document):
 def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in: str | None = None,
                        private: bool | None = None, revision: str | None = None, tag: str | None = None,
                        with_remote_code: bool = False, endpoint: str | None = None, token: str | None = None,
-                       dry_run: bool = False, transfer: Transfer = "auto", progress: Progress | None = None
-                       ) -> Publication:
+                       dry_run: bool = False, transfer: Transfer = "auto", progress: Progress | None = None,
+                       check: ReportCheck | None = None) -> Publication:
     """Gate, then publish a checkpoint folder to `repo_id` and compare what landed with the local files.
 
     Args:
@@ -186,6 +195,7 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
         drop_in: demand drop-in identity with this reference in the gate (`kimi-k3` or a folder).
         private, revision, tag, endpoint, token, dry_run, transfer, progress: see `hub.publish`.
         with_remote_code: also upload the modeling code and an `auto_map` (the folder is not changed).
+        check: a further gate check on the folder it judges (`preflight`).
 
     Raises:
         UsageError: `repo_id` is not `ORG/NAME` (checked first, dry run or not).
@@ -197,12 +207,12 @@ def publish_checkpoint(folder: str | os.PathLike[str], repo_id: str, *, drop_in:
     if not folder.is_dir():
         raise CheckpointNotFoundError(f"{folder}: not a directory", hint="pass the checkpoint folder to publish")
     if with_remote_code and (refusal := _remote_code_refusal(folder)):
-        gate, _ = preflight(folder, drop_in=drop_in, progress=progress)
+        gate, _ = preflight(folder, drop_in=drop_in, progress=progress, check=check)
         gate.refusals.append(refusal)
         return Publication(input=str(folder), repo_id=repo_id, gate=gate)
     with (staged_with_code(folder) if with_remote_code else _as_is(folder)) as source:
         stamps = stamp_files(source / rel for rel in list_folder(source).files)   # before the gate reads a byte
-        gate, manifest = preflight(source, drop_in=drop_in, progress=progress)
+        gate, manifest = preflight(source, drop_in=drop_in, progress=progress, check=check)
         if with_remote_code and gate.lint is not None and any(f.code.startswith("CHECKSUM_") and
                                                               f.severity == "error" for f in gate.lint.findings):
             gate.refusals.append("`with_remote_code` adds auto_map to config.json, so the card's checksums no "

@@ -18,6 +18,7 @@ import torch
 from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError
 from dspark_hub.format import contract
+from dspark_hub.format.folder import folder_files
 
 # export_code lives in the format core, torch-free, so `dspark-hub export-code` never imports torch.
 from dspark_hub.format.remote_code import (
@@ -30,7 +31,7 @@ from dspark_hub.format.remote_code import (
 )
 from dspark_hub.format.remote_code import checkpoint_folder as _folder
 from dspark_hub.format.remote_code import read_config as _read_config
-from dspark_hub.format.writer import atomic_path
+from dspark_hub.format.writer import atomic_path, write_file
 
 from .configuration_k3_dspark import ordered_config
 from .modeling_k3_dspark import K3DSparkModel
@@ -102,6 +103,7 @@ def load_checkpoint(folder: str | os.PathLike[str], *, strict: bool = True,
             (`STATE_DICT_MISMATCH`); or `NOT_K3_DSPARK`: config.json names another model type or draft format.
     """
     path = _folder(folder)
+    folder_files(path)     # the folder rules before transformers opens any file natively (a FIFO would block it)
     raw_config = _read_config(path)
     require_k3_dspark(raw_config, path)
     # With output_loading_info, from_pretrained returns (model, info); its annotation names the model only.
@@ -150,7 +152,7 @@ def checkpoint_config(model: K3DSparkModel, *, dtype: torch.dtype,
 
 def _write_bytes_atomic(path: Path, data: bytes) -> None:
     with atomic_path(path, force=True) as tmp:
-        tmp.write_bytes(data)
+        write_file(tmp, data)
 
 
 _INHERIT: Any = object()

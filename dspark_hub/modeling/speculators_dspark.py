@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from dspark_hub.errors import UsageError
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.format.contract import CONFIG_NAME
+from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import load_json_object
 from dspark_hub.format.tensorio import tensor_files
 
@@ -76,11 +77,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def read_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder (one file, or an index and its shards)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_file
 
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(set(tensor_files(folder).values())):
-        tensors.update(load_file(str(file)))
+        tensors.update(load_file(read_regular(file)))    # bytes read through open_regular: no native open
     return tensors
 
 
@@ -222,24 +223,80 @@ class SpeculatorsDSpark:
                                  pre + "mlp.down_proj")
         return rms_norm(h, self.w["norm.weight"], self.eps)
 
+    def hidden_many(self, block_ids: torch.Tensor, anchors: torch.Tensor, kv: list[LayerKV]) -> torch.Tensor:
+        """`hidden` for A blocks at once: `[A, n]` block ids at anchors `[A]` -> final-normed `z` `[A, n, H]`.
+
+        Block `j` sees the context rows before its anchor (and inside the window on sliding layers) and its own
+        rows, never another block's: each row equals `hidden(block_ids[j], anchors[j], kv)`.
+        """
+        n = block_ids.shape[1]
+        positions = anchors[:, None] + torch.arange(n)
+        h = self.embed[block_ids]
+        for i in range(self.geometry.layers):
+            pre = f"layers.{i}."
+            h = h + self._attention_many(i, rms_norm(h, self.w[pre + "input_layernorm.weight"], self.eps),
+                                         positions, kv[i], anchors)
+            u = rms_norm(h, self.w[pre + "post_attention_layernorm.weight"], self.eps)
+            h = h + self._linear(F.silu(self._linear(u, pre + "mlp.gate_proj")) * self._linear(u, pre + "mlp.up_proj"),
+                                 pre + "mlp.down_proj")
+        return rms_norm(h, self.w["norm.weight"], self.eps)
+
+    def _attention_many(self, i: int, u: torch.Tensor, positions: torch.Tensor, kv: LayerKV,
+                        anchors: torch.Tensor) -> torch.Tensor:
+        g = self.geometry
+        pre = f"layers.{i}.self_attn."
+        count, n = positions.shape
+        cos, sin = self.rope(positions.reshape(-1))
+        cos, sin = cos.view(count, n, 1, -1), sin.view(count, n, 1, -1)
+        q = rms_norm(self._linear(u, pre + "q_proj").view(count, n, g.heads, g.head_dim),
+                     self.w[pre + "q_norm.weight"], self.eps)
+        q = q * cos + _rotate_half(q) * sin
+        k = rms_norm(self._linear(u, pre + "k_proj").view(count, n, g.kv_heads, g.head_dim),
+                     self.w[pre + "k_norm.weight"], self.eps)
+        k = k * cos + _rotate_half(k) * sin
+        v = self._linear(u, pre + "v_proj").view(count, n, g.kv_heads, g.head_dim)
+        repeat = g.heads // g.kv_heads
+        context_keys = kv.keys.repeat_interleave(repeat, dim=1)             # [T, h, d]
+        context_values = kv.values.repeat_interleave(repeat, dim=1)
+        k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+        scale = math.sqrt(g.head_dim)
+        context = torch.einsum("anhd,thd->ahnt", q, context_keys) / scale
+        own = torch.einsum("anhd,amhd->ahnm", q, k) / scale
+        rows = torch.arange(context_keys.shape[0])
+        visible = rows[None] < anchors[:, None]                            # [A, T]
+        sliding = self.layer_types[i] == "sliding_attention"
+        if sliding and self.window:
+            visible &= rows[None] >= (anchors[:, None] - int(self.window))
+        context = context.masked_fill(~visible[:, None, None, :], float("-inf"))
+        if sliding and not self.non_causal_sliding:
+            own = own.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        weights = torch.softmax(torch.cat([context, own], dim=-1).float(), dim=-1).to(self.dtype)
+        split = context_keys.shape[0]
+        attended = (torch.einsum("ahnt,thd->anhd", weights[..., :split], context_values)
+                    + torch.einsum("ahnm,amhd->anhd", weights[..., split:], v))
+        return self._linear(attended.reshape(count, n, g.heads * g.head_dim), pre + "o_proj")
+
     def base_logits(self, z: torch.Tensor) -> torch.Tensor:
         """`lm_head(z)` in the draft vocabulary, float32."""
         return F.linear(z, self.lm_head).float()
 
     def markov_step(self, prev: torch.Tensor, z: torch.Tensor, state: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One slot of the Markov head: (bias `[Vd]`, embedding `e` `[r]`, the rnn state after it)."""
+        """One slot of the Markov head: (bias `[Vd]`, embedding `e` `[r]`, the rnn state after it).
+
+        Batched too: `prev` `[A]` and `z` `[A, H]` give a bias `[A, Vd]` (one slot of A blocks).
+        """
         e = self.w["markov_head.markov_w1.weight"][prev]
         w2 = self.w["markov_head.markov_w2.weight"]
         kind = self.geometry.markov_head_type
         if kind == "vanilla":
             return F.linear(e, w2).float(), e, state
         if kind == "gated":
-            gate = torch.sigmoid(self._linear(torch.cat([z, e]), "markov_head.gate_proj"))
+            gate = torch.sigmoid(self._linear(torch.cat([z, e], dim=-1), "markov_head.gate_proj"))
             return F.linear(gate * e, w2).float(), e, state
         r = e.shape[-1]
-        state = e.new_zeros(r) if state is None else state
-        g, c, o = self._linear(torch.cat([state, e, z]), "markov_head.joint_proj").split(r)
+        state = e.new_zeros(e.shape) if state is None else state
+        g, c, o = self._linear(torch.cat([state, e, z], dim=-1), "markov_head.joint_proj").split(r, dim=-1)
         gate = torch.sigmoid(g)
         state = gate * state + (1 - gate) * torch.tanh(c)
         return F.linear(torch.tanh(o), w2).float(), e, state
@@ -261,15 +318,17 @@ class SpeculatorsDSpark:
     # -- training view (checked against the library) and inference ------------------------------
 
     @torch.no_grad()
-    def teacher_forced(self, taps: torch.Tensor, input_ids: torch.Tensor, p: int
+    def teacher_forced(self, taps: torch.Tensor, input_ids: torch.Tensor, p: int, kv: list[LayerKV] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The library's training forward for one anchor: logits `[B, Vd]` and confidence logits `[B]`.
 
         The Markov predecessors are the data's tokens: `[x_p, x_{p+1}, ...]` with
         `sample_from_anchor`, else `[x_p, x_p, x_{p+1}, ...]` (speculators dspark/core.py:156-168).
+        `kv`: `context_kv` of the taps, when the caller already has it (many anchors of one sequence).
         """
         b = self.block_size
-        z = self.hidden(self._block(int(input_ids[p]), b), p, self.context_kv(self.context(taps)))
+        kv = self.context_kv(self.context(taps)) if kv is None else kv
+        z = self.hidden(self._block(int(input_ids[p]), b), p, kv)
         logits = self.base_logits(z)
         block = input_ids[p:p + b].tolist()
         prev = block if self.sample_from_anchor else [block[0], *block[:-1]]
@@ -309,27 +368,41 @@ class SpeculatorsDSpark:
 
     @torch.no_grad()
     def propose(self, kv: list[LayerKV], anchor: int, p: int, k: int, margins: list[float] | None = None) -> list[int]:
-        """k greedy drafts (target ids) for positions `p+1 .. p+k`, as vLLM's DSpark speculator samples.
+        """k greedy drafts (target ids) for positions `p+1 .. p+k`, as vLLM's DSpark speculator samples
+        (`propose_scored` without the confidence)."""
+        return self.propose_scored(kv, anchor, p, k, margins)[0]
+
+    @torch.no_grad()
+    def propose_scored(self, kv: list[LayerKV], anchor: int, p: int, k: int, margins: list[float] | None = None
+                       ) -> tuple[list[int], list[float] | None]:
+        """k greedy drafts (target ids) for positions `p+1 .. p+k`, and the confidence head's estimate per slot
+        (None without the head).
 
         The block has `k` rows with `sample_from_anchor` (every slot sampled, slot i predicting
         `x_{p+i+1}`) and `1 + k` rows without it (slots `1..k` sampled). The Markov head chains on
-        the draft's own tokens: `prev` = the anchor, then each drafted token. `margins`, when given, gets
-        each slot's lead of its top logit over the second (how near a tie the argmax was).
+        the draft's own tokens: `prev` = the anchor, then each drafted token; slot i's confidence reads the
+        same `prev` (vLLM's compute_confidence at proposal time). `margins`, when given, gets each slot's lead
+        of its top logit over the second (how near a tie the argmax was).
         """
         anchored = self.sample_from_anchor
         z = self.hidden(self._block(anchor, k if anchored else 1 + k), p, kv)
         z = z if anchored else z[1:]
         base = self.base_logits(z)
         drafts: list[int] = []
+        scores: list[float] = []
         prev, state = anchor, None
         for i in range(k):
-            logits = base[i]
-            if self.markov:
-                bias, _, state = self.markov_step(torch.tensor(prev), z[i], state)
-                logits = logits + bias
+            logits, e = base[i], None
+            if self.geometry.markov_rank > 0:
+                bias, e, next_state = self.markov_step(torch.tensor(prev), z[i], state)
+                if self.markov:
+                    logits, state = logits + bias, next_state
+            score = self.confidence_logit(z[i], e)
+            if score is not None:
+                scores.append(float(torch.sigmoid(score)))
             if margins is not None:
                 top = torch.topk(logits, 2).values
                 margins.append(float(top[0] - top[1]))
             prev = self.to_target(int(logits.argmax()))
             drafts.append(prev)
-        return drafts
+        return drafts, (scores if len(scores) == k else None)

@@ -52,7 +52,7 @@ from dspark_hub.format.checkpoint import CheckpointView, LocalSource, open_check
 from dspark_hub.format.contract import TensorSpec
 from dspark_hub.format.registry import DEFAULT_FORMAT, FORMATS, by_cli_name, titles
 from dspark_hub.format.tensorio import BytesLike, TensorLocation, cast_bytes, iter_elements, view_location
-from dspark_hub.format.writer import atomic_dir, check_writable, refuse_own_inputs, write_safetensors
+from dspark_hub.format.writer import atomic_dir, check_writable, refuse_own_inputs, write_file, write_safetensors
 from dspark_hub.ops.crosswalk import crosswalk
 from dspark_hub.progress import Progress, announce_total
 from dspark_hub.verify.checks import verify
@@ -338,7 +338,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, force: 
                            changes=changes + _layout_changes(view, plans) + config_changes)
     announce_total(progress, sum(p.spec.nbytes for p in plans))
     with atomic_dir(dst_p, force=force, checked=checked) as tmp:
-        (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(config))
+        write_file(tmp / contract.CONFIG_NAME, contract.config_bytes(config))
         report.weights_bytes = write_safetensors(tmp / contract.WEIGHTS_NAME, [p.spec for p in plans],
                                                  tensor_chunks(plans), metadata=contract.TORCHSPEC_METADATA,
                                                  progress=progress)

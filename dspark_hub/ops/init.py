@@ -30,7 +30,14 @@ from dspark_hub.format.tensorio import (
     iter_range,
     locate_tensor,
 )
-from dspark_hub.format.writer import Checked, atomic_dir, check_writable, refuse_own_inputs, write_safetensors
+from dspark_hub.format.writer import (
+    Checked,
+    atomic_dir,
+    check_writable,
+    refuse_own_inputs,
+    write_file,
+    write_safetensors,
+)
 from dspark_hub.progress import Progress, announce_total
 
 INIT_STD = 0.02
@@ -196,9 +203,9 @@ def init_checkpoint(dst: str | os.PathLike[str], *, profile: str = "tiny", confi
                                     else cast_text(source.info.dtype, spec.dtype))
     announce_total(progress, sum(s.nbytes for s in specs))
     with atomic_dir(dst, force=force, checked=checked) as tmp:
-        (tmp / contract.CONFIG_NAME).write_bytes(contract.config_bytes(cfg))
+        write_file(tmp / contract.CONFIG_NAME, contract.config_bytes(cfg))
         for name, data in (extra_files or {}).items():
-            (tmp / name).write_bytes(data)
+            write_file(tmp / name, data)
         write_safetensors(tmp / contract.WEIGHTS_NAME, specs, chunks, metadata=contract.TORCHSPEC_METADATA,
                           progress=progress)
     out = Path(dst)

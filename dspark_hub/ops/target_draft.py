@@ -29,7 +29,7 @@ from typing import Any
 from dspark_hub import schemas
 from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, UsageError
-from dspark_hub.format import contract, speculators
+from dspark_hub.format import contract, speculators, writer
 from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.format.registry import FORMATS, K3, SPECULATORS, DraftFormat, by_cli_name
 from dspark_hub.format.taps import residual_index, text_config
@@ -424,7 +424,7 @@ def _write_k3(dst: str | Path, facts: TargetFacts, common: dict[str, Any], *, se
     if result.embedding.cast:
         embedding += f" ({result.embedding.cast})"
     written = TargetInitResult(**{**draft.__dict__, "weights_bytes": result.weights_bytes, "embedding": embedding})
-    (Path(dst) / PROVENANCE_NAME).write_bytes(_provenance_bytes(written))
+    writer.write_file(Path(dst) / PROVENANCE_NAME, _provenance_bytes(written))
     return written
 
 
@@ -452,12 +452,12 @@ def _write_speculators(dst: str | Path, facts: TargetFacts, common: dict[str, An
                               vocab_coverage=vocab.covered if vocab else None, weights_bytes=0,
                               embedding=embedding, **common)
     with atomic_dir(dst, force=force, checked=checked) as tmp:
-        (tmp / contract.CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+        writer.write_file(tmp / contract.CONFIG_NAME, json.dumps(cfg, indent=2) + "\n")
         size = write_safetensors(tmp / contract.WEIGHTS_NAME, list(specs.values()),
                                  lambda spec: [tensors[spec.name].contiguous().view(-1).view(_uint8()).numpy().data],
                                  metadata={"format": "pt"})
         result = TargetInitResult(**{**result.__dict__, "weights_bytes": size})
-        (tmp / PROVENANCE_NAME).write_bytes(_provenance_bytes(result))
+        writer.write_file(tmp / PROVENANCE_NAME, _provenance_bytes(result))
     return result
 
 

@@ -282,7 +282,7 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
            frozen_embed: str | os.PathLike[str] | None = None, runtime: str | list[str] | None = None,
            target: str | os.PathLike[str] | Source | None = None, block_size: int | None = None,
            against_hub: str | None = None, endpoint: str | None = None, execute: bool = False,
-           progress: Callable[[int], None] | None = None) -> Report:
+           eval_json: str | os.PathLike[str] | None = None, progress: Callable[[int], None] | None = None) -> Report:
     """Verify a checkpoint folder (or `hf://` repo) at header level, and optionally its bytes.
 
     Args:
@@ -300,6 +300,9 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         execute: run vLLM's own draft loader on the folder (CPU, a child process of this Python;
             `verify.runtimes.execute_vllm`) and report what it did for `vllm` instead of the rules' verdicts;
             implies `runtime="vllm"` when no runtime is given. Needs vLLM importable here.
+        eval_json: an `eval --k ... --json` document or a speculation_profile.json: a served k beyond the
+            trained block (`SERVED_K_BEYOND_BLOCK`, checked with `runtime`, `block_size` or this) states what the
+            document measured of it.
         progress: called with bytes read by the deep and frozen-embed passes.
 
     Returns:
@@ -318,6 +321,10 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
         True
     """
     ref = resolve_reference(drop_in) if isinstance(drop_in, str) else drop_in
+    measured = None
+    if eval_json is not None:      # read before any long pass: a wrong file fails first
+        from dspark_hub.verify.served_k import read_measurement  # optional: loads with its flag
+        measured = read_measurement(eval_json)
     source = source_for(path, endpoint=endpoint)
     if against_hub is not None and not isinstance(source, LocalSource):
         raise UsageError("compares a local folder with the Hub; pass a local folder", param="against_hub")
@@ -331,6 +338,10 @@ def verify(path: str | os.PathLike[str] | Source, *, drop_in: str | None = None,
     if runtime is not None:
         from dspark_hub.verify.runtimes.report import extend_report  # optional: loads with its flag
         extend_report(report, view, runtime, block_size=block_size, execute=execute)
+    if runtime is not None or block_size is not None or eval_json is not None:
+        from dspark_hub.verify.served_k import served_k_findings  # optional: loads with its flag
+        report.findings += served_k_findings(view, block_size, measured,
+                                             os.path.basename(eval_json) if eval_json is not None else "the eval")
     if target is not None:
         from dspark_hub.verify import pairing  # optional: loads with its flag
         pairing.extend_report(report, view, target, progress=progress, endpoint=endpoint)

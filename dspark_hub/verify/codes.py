@@ -56,6 +56,8 @@ FINDING_CODES: dict[str, str] = {
     "RUNTIME_CONFIG_REFUSED": "the runtime refuses the config at parse time, before reading any tensor",
     "RUNTIME_LOADS": "the runtime loads every tensor it needs",
     "RUNTIME_RULES_DIFFER": "the runtime's loader, executed, did otherwise than dspark-hub's rules on some rows",
+    "SERVED_K_BEYOND_BLOCK": "the serving commands draft more tokens a step than the block the draft was trained "
+                             "for (with an eval given, what that measured)",
     # --target (pairing, rules)
     "PAIRING_NOT_A_TARGET": "the target's config names no hidden size, layer count or vocabulary to pair with",
     "PAIRING_HIDDEN_SIZE": "hidden size differs from the target's",
@@ -72,6 +74,16 @@ FINDING_CODES: dict[str, str] = {
     "HUB_FILE_MISMATCH": "a file differs from the Hub's",
     "HUB_FILE_MISSING": "a file is only on the Hub",
     "HUB_FILE_EXTRA": "a file is only local",
+    # --probe (train.evaluation.probe): the weights' behaviour on the target's greedy paths
+    "PROBE_TAPS": "the weights follow other taps than the config's (one layer earlier or later)",
+    "PROBE_SLOT_LAYOUT": "the weights follow the other slot layout (speculators sample_from_anchor)",
+    "PROBE_FINAL_NORM": "the weights were trained on the final layer's tap after the target's final norm",
+    "PROBE_D2T": "the pruned vocabulary's d2t holds absolute target ids, not offsets",
+    "PROBE_MARKOV": "the Markov head carries nothing the draft relies on (inert, or not the head it was trained with)",
+    "PROBE_BLOCK": "the weights were trained for another number of drafted tokens than the one served",
+    "PROBE_ROPE": "the RoPE rows of the weights are in the half-split order, not the contract's interleaved one",
+    "PROBE_UNDETERMINED": "the probe cannot tell which value of a convention the weights follow",
+    "PROBE_CONFIRMED": "the weights follow the declared value of a convention",
     # --deep, --frozen-embed (deep)
     "TENSOR_NAN": "a tensor holds NaN values",
     "TENSOR_INF": "a tensor holds infinite values",

@@ -40,6 +40,7 @@ the reference; a bf16 serving kernel needs looser ones (`check_golden(..., atol=
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,18 +51,18 @@ from dspark_hub import __version__, schemas
 from dspark_hub._text import plural
 from dspark_hub.documents import Document
 from dspark_hub.errors import (
-    CheckpointFormatError,
     CheckpointNotFoundError,
     ContractError,
     UsageError,
 )
 from dspark_hub.format import contract
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.folder import open_regular
-from dspark_hub.format.jsonio import load_json_object, loads_strict
-from dspark_hub.format.tensorio import weight_files
+from dspark_hub.format.jsonio import load_json_object
+from dspark_hub.format.reader import read_header
+from dspark_hub.format.tensorio import iter_range, weight_files
 from dspark_hub.format.writer import atomic_path, check_writable, refuse_own_inputs
 from dspark_hub.verify.checks import verify
+from dspark_hub.verify.golden_fixture import FLOAT_OUTPUTS, MAX_BLOCK_SIZE, load_checked, read_fixture
 
 if TYPE_CHECKING:
     import torch
@@ -74,10 +75,13 @@ DEFAULT_SEED = 0
 BATCH = 2
 CONTEXT_ROWS = 6
 DEFAULT_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
-FLOAT_OUTPUTS = ("last_hidden_state", "markov_bias", "confidence", "greedy_logits")
 INT_OUTPUTS = ("greedy_tokens",)
 INPUTS = ("context_states", "position_ids", "anchor_ids", "drafted_tokens")
 LM_HEAD_NAME = "lm_head.weight"
+#: lm_head dtypes a fixture takes (safetensors name -> torch name).
+_HEAD_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+#: Config keys the lm_head's shape comes from: a fixture written for other values is not recomputed.
+_HEAD_KEYS = ("hidden_size", "draft_vocab_size")
 
 
 class Comparison(TypedDict):
@@ -189,20 +193,25 @@ def standin_lm_head(config: Mapping[str, Any], seed: int) -> torch.Tensor:
 
 
 def _load_lm_head(path: str | os.PathLike[str], config: Mapping[str, Any]) -> torch.Tensor:
-    """The lm_head weight in `path`, which must be [draft_vocab_size, hidden_size] of `config`."""
-    from safetensors.torch import load_file
+    """The lm_head weight in `path`, which must be [draft_vocab_size, hidden_size] of `config`; its shape is
+    checked in the header before its bytes are read (through `open_regular`: a FIFO is refused unopened)."""
+    import torch
 
-    tensors = load_file(str(path))
-    if len(tensors) != 1 and LM_HEAD_NAME not in tensors:
-        raise UsageError(f"{path}: holds {plural(len(tensors), 'tensor')} and no {LM_HEAD_NAME}; pass a file with the "
-                         "target's lm_head weight")
-    name = LM_HEAD_NAME if LM_HEAD_NAME in tensors else next(iter(tensors))
-    head = tensors[name]
+    header = read_header(path)
+    if len(header.tensors) != 1 and LM_HEAD_NAME not in header.tensors:
+        raise UsageError(f"{path}: holds {plural(len(header.tensors), 'tensor')} and no {LM_HEAD_NAME}; pass a file "
+                         "with the target's lm_head weight")
+    name = LM_HEAD_NAME if LM_HEAD_NAME in header.tensors else next(iter(header.tensors))
+    info = header.tensors[name]
     want = [int(config["draft_vocab_size"]), int(config["hidden_size"])]
-    if list(head.shape) != want:
-        raise UsageError(f"{path}: {name} is {list(head.shape)}; this draft scores with a {want} lm_head "
-                         "(draft_vocab_size, hidden_size)", hint="pass the lm_head of the target it was trained on")
-    return head.float()
+    if list(info.shape) != want or info.dtype not in _HEAD_DTYPES:
+        raise UsageError(f"{path}: {name} is {list(info.shape)} {info.dtype}; this draft scores with a {want} "
+                         "float lm_head (draft_vocab_size, hidden_size)", hint="pass the lm_head of the target it "
+                         "was trained on")
+    data = bytearray()
+    for piece in iter_range(path, *header.absolute_range(name)):
+        data += piece
+    return torch.frombuffer(data, dtype=getattr(torch, _HEAD_DTYPES[info.dtype])).reshape(want).float()
 
 
 def _outputs(model: K3DSparkModel, inputs: Mapping[str, torch.Tensor], lm_head: torch.Tensor,
@@ -288,6 +297,9 @@ def write_golden(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     from safetensors.torch import save_file
 
     folder, target = Path(checkpoint), Path(out)
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise UsageError(f"{block_size}: a fixture holds one block of 1..{MAX_BLOCK_SIZE} slots (the reference serves "
+                         "7)", param="block_size")
     if target.suffix == ".safetensors" and target.resolve().parent == folder.resolve():
         raise UsageError(f"{target}: a golden fixture beside the weights would be loaded as weights by runtimes "
                          f"that read every top-level *.safetensors; write it to "
@@ -339,38 +351,6 @@ def _compare(name: str, got: torch.Tensor, want: torch.Tensor, tol: Mapping[str,
             "rtol": tol["rtol"]}
 
 
-_JSON_METADATA = ("config", "weights_sha256", "lm_head", "tolerances", "cases")
-
-
-def _read_fixture(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(metadata with its JSON fields decoded, tensors) of a golden fixture.
-
-    Raises:
-        UsageError: not a safetensors file, not a golden fixture, or its metadata is incomplete.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    rewrite = "pass a fixture written by 'dspark-hub golden CKPT -o FILE'"
-    open_regular(path).close()    # the safetensors library would block on a FIFO
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            meta: dict[str, Any] = dict(handle.metadata() or {})
-            stored = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
-    except SafetensorError as e:
-        raise UsageError(f"{path}: not a safetensors file ({str(e).splitlines()[0]}); {rewrite}") from None
-    if schemas.current(meta.get("schema")) != SCHEMA:
-        raise UsageError(f"{path}: not a dspark-hub golden fixture (schema {meta.get('schema')!r:.60}); {rewrite}")
-    for key in (*_JSON_METADATA, "config_sha256", "block_size"):
-        try:
-            meta[key] = loads_strict(meta[key], path=f"{path}:{key}") if key in _JSON_METADATA else meta[key]
-        except (KeyError, CheckpointFormatError):
-            raise UsageError(f"{path}: metadata {key!r} is missing or not JSON; {rewrite}") from None
-    for key in ("config", "lm_head", "tolerances"):
-        if not isinstance(meta[key], dict):
-            raise UsageError(f"{path}: metadata {key!r} is not a JSON object; {rewrite}")
-    return meta, stored
-
-
 def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[str], *,
                  lm_head: str | os.PathLike[str] | None = None, atol: float | None = None,
                  rtol: float | None = None) -> GoldenCheck:
@@ -387,7 +367,10 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
             `checks.verify` finds an error in the checkpoint.
     """
     folder, path = Path(checkpoint), Path(golden)
-    meta, stored = _read_fixture(path)
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{value}: a tolerance is a finite number >= 0", param=name)
+    meta, header = read_fixture(path)
     config = _verified_config(folder)
     result = GoldenCheck(fixture=str(path), input=str(folder))
     written_for = meta["config"]
@@ -395,10 +378,12 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
     if sha256_file(folder / contract.CONFIG_NAME) != meta["config_sha256"]:
         keys = f"; keys that differ: {', '.join(differing)}" if differing else ""
         result.problems.append(f"config.json differs from the one the fixture was written for (config_sha256{keys})")
-    if not _same_roster(written_for, config):
+    if not _same_roster(written_for, config) or any(written_for.get(k) != config.get(k) for k in _HEAD_KEYS):
         result.problems.append("the checkpoint's tensor shapes differ from the fixture's, so nothing was "
                                "recomputed; check the fixture against the checkpoint it was written for")
         return result
+    confidence = any(name.startswith("confidence_head.") for name in contract.roster(config))
+    stored = load_checked(path, header, meta, config, confidence)
     digests = _weight_digests(folder)
     if digests != meta["weights_sha256"]:
         result.problems.append("weight files differ from the ones the fixture was written for (weights_sha256)")
@@ -409,12 +394,12 @@ def check_golden(checkpoint: str | os.PathLike[str], golden: str | os.PathLike[s
                              "it as `lm_head`")
         if sha256_file(Path(lm_head)) != head_info["sha256"]:
             result.problems.append("the lm_head file differs from the one the fixture was written with")
-        head = _load_lm_head(lm_head, written_for)
+        head = _load_lm_head(lm_head, config)
     else:
-        head = standin_lm_head(written_for, int(head_info["seed"]))
+        head = standin_lm_head(config, int(head_info["seed"]))
     tolerances = meta["tolerances"]
     model = _load_model(folder)
-    block_size = int(meta["block_size"])
+    block_size = meta["block_size"]
     for case in meta["cases"]:
         inputs = {name: stored[f"{case}.{name}"] for name in INPUTS}
         for name, got in _outputs(model, inputs, head, block_size).items():

@@ -45,6 +45,7 @@ TARGET may be a local folder or ``hf://org/name[@rev]`` (through `format.remote.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -96,7 +97,7 @@ def source_pieces(source: Source, name: str, start: int, end: int, *, progress: 
     while pos < end:
         piece = source.read_bytes(name, pos, min(chunk_bytes, end - pos))
         if not piece:
-            raise OSError(f"{name}: ends {end - pos:,} bytes before offset {end:,}; the file is truncated")
+            raise OSError(errno.EIO, f"ends {end - pos:,} bytes before offset {end:,}; the file is truncated", name)
         pos += len(piece)
         if progress:
             progress(len(piece))

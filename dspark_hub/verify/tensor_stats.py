@@ -3,7 +3,9 @@
 Per L2-sized slice the scan makes two integer reductions (largest positive and negative magnitude:
 NaN, inf and all-zero follow from them), widens BF16 to F32 in place, and takes the sum and the sum
 of squares with BLAS. Non-finite values, which the reductions reveal, take a slower path that counts
-them. `verify.file_scan` feeds a `FileScanner` the windows of a file in order.
+them. FP8 tensors are counted in their own encodings (`FP8`: E4M3FN has NaN and no Inf, E5M2 both,
+E8M0 only NaN) and decoded through a 256-entry table. `verify.file_scan` feeds a `FileScanner` the
+windows of a file in order.
 """
 
 from __future__ import annotations
@@ -19,6 +21,51 @@ from dspark_hub.format.tensorio import FLOAT_BITS, decode_float
 
 #: Elements per numpy call in the stats thread: small enough that the slice and its temporaries stay in L2.
 SLICE_ELEMENTS = 1 << 17
+
+
+@dataclass(frozen=True)
+class Fp8Encoding:
+    """How one FP8 format encodes its values (each has its own NaN and Inf patterns, unlike IEEE halves).
+
+    `magnitude`: the bits below the sign (all 8 for the unsigned E8M0); a magnitude at or above `special`
+    is NaN, except `inf` (None: the format has no infinity). `values`: the 256 patterns decoded to float32.
+    """
+
+    magnitude: int
+    special: int
+    inf: int | None
+    values: np.ndarray
+
+    @property
+    def signed(self) -> bool:
+        return self.magnitude == 0x7F
+
+
+def _fp8_values(exponent_bits: int, bias: int, decode_special: dict[int, float]) -> np.ndarray:
+    mantissa_bits = 7 - exponent_bits
+    out = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        magnitude = b & 0x7F
+        exponent, mantissa = magnitude >> mantissa_bits, magnitude & ((1 << mantissa_bits) - 1)
+        if magnitude in decode_special:
+            out[b] = sign * decode_special[magnitude]
+        elif exponent == 0:
+            out[b] = sign * mantissa / (1 << mantissa_bits) * 2.0 ** (1 - bias)
+        else:
+            out[b] = sign * (1 + mantissa / (1 << mantissa_bits)) * 2.0 ** (exponent - bias)
+    return out
+
+
+#: FP8 dtypes by their own encodings: E4M3FN (NaN S.1111.111, no Inf; max 448), E5M2 (IEEE-like: Inf
+#: S.11111.00, NaN above it) and the unsigned scale format E8M0 (2^(e-127); 0xFF is NaN, no zero, no Inf).
+FP8: dict[str, Fp8Encoding] = {
+    "F8_E4M3": Fp8Encoding(0x7F, 0x7F, None, _fp8_values(4, 7, {0x7F: float("nan")})),
+    "F8_E5M2": Fp8Encoding(0x7F, 0x7C, 0x7C, _fp8_values(
+        5, 15, {0x7C: float("inf"), 0x7D: float("nan"), 0x7E: float("nan"), 0x7F: float("nan")})),
+    "F8_E8M0": Fp8Encoding(0xFF, 0xFF, None, np.array(
+        [2.0 ** (e - 127) for e in range(255)] + [float("nan")], dtype=np.float32)),
+}
 #: Row length of the matrix-vector product that sums a slice.
 ROW = 512
 
@@ -96,10 +143,12 @@ class TensorStats(Document):
 
     @property
     def is_float(self) -> bool:
-        return self.dtype in FLOAT_BITS
+        return self.dtype in FLOAT_BITS or self.dtype in FP8
 
     @property
     def all_zero(self) -> bool:
+        if self.dtype == "F8_E8M0":
+            return False              # no pattern of E8M0 is zero (0x00 is 2^-127)
         if self.is_float:
             return self.nan == 0 and self.inf == 0 and self.max_bits == 0
         return not self.any_nonzero
@@ -125,6 +174,8 @@ class TensorStats(Document):
     def max_abs(self) -> float | None:
         if not self.is_float or self.finite == 0:
             return None
+        if self.dtype in FP8:
+            return float(FP8[self.dtype].values[self.max_bits])
         bits_dtype = FLOAT_BITS[self.dtype][0]
         return float(decode_float(np.array([self.max_bits], dtype=bits_dtype).tobytes(), self.dtype)[0])
 
@@ -158,6 +209,9 @@ class _Accumulator:
         if not s.is_float:
             s.any_nonzero = s.any_nonzero or bool(np.frombuffer(data, dtype=np.uint8).any())
             return
+        if s.dtype in FP8:
+            self._feed_fp8(np.frombuffer(data, dtype=np.uint8), FP8[s.dtype])
+            return
         code, _, inf_bits = FLOAT_BITS[s.dtype]
         bits = np.frombuffer(data, dtype=code)
         for i in range(0, bits.size, SLICE_ELEMENTS):   # every pass over a slice reads it from L2
@@ -170,6 +224,29 @@ class _Accumulator:
             s.finite += piece.size
             if top:               # a slice of zeros adds nothing
                 self._add(self.scratch.floats(piece, s.dtype))
+
+    def _feed_fp8(self, bits: np.ndarray, encoding: Fp8Encoding) -> None:
+        """FP8 slices: two reductions find the largest magnitude (as for the wider floats); a slice holding a
+        special pattern counts NaN and Inf in the format's own encoding; values come from its 256-entry table."""
+        s, values = self.stats, self.scratch.f32
+        for i in range(0, bits.size, SLICE_ELEMENTS):
+            piece = bits[i:i + SLICE_ELEMENTS]
+            top = max_magnitude(piece) if encoding.signed else int(piece.max())
+            if top >= encoding.special:
+                magnitude = piece & encoding.magnitude if encoding.signed else piece
+                inf = int(np.count_nonzero(magnitude == encoding.inf)) if encoding.inf is not None else 0
+                special = magnitude >= encoding.special
+                s.inf += inf
+                s.nan += int(np.count_nonzero(special)) - inf
+                piece = piece[~special]
+                if not piece.size:
+                    continue
+                top = int((piece & encoding.magnitude).max())
+            s.max_bits = max(s.max_bits, top)
+            s.finite += piece.size
+            if top or not encoding.signed:      # every E8M0 pattern is a non-zero value
+                np.take(encoding.values, piece, out=values[:piece.size])
+                self._add(values[:piece.size])
 
     def _add(self, values: np.ndarray) -> None:
         # BLAS is several times faster than ufunc reductions here. The sum is a matrix-vector product

@@ -1,6 +1,6 @@
 """What a draft config says about the target's states it reads, in the keys rollouts and data readers use.
 
-Rollouts and the hidden-state readers (`train.rollouts`, `train.hidden_state_files`) speak in a
+Rollouts and the hidden-state readers (`train.data.rollouts`, `train.data.hidden_state_files`) speak in a
 k3_dspark config's keys: `target_layer_ids` (OUR tap convention), `target_hidden_size`,
 `target_num_hidden_layers`, `vocab_size`. A k3_dspark config has them; another registered
 format's config is read through its `DraftFormat.pairing_keys`, whose taps come from

@@ -35,13 +35,16 @@ from typing import Any, Literal
 
 from dspark_hub._compat import renamed_keywords
 from dspark_hub.errors import CheckpointFormatError, MissingDependencyError, UsageError
+from dspark_hub.format.folder import FolderListing, data_folder, listed_file, open_regular
 from dspark_hub.format.jsonio import loads_strict, read_json_input
-from dspark_hub.format.reader import read_header
+from dspark_hub.format.reader import SafetensorsHeader, read_header
 from dspark_hub.format.taps import layer_id_from_residual, residual_index
+from dspark_hub.train.data.checks import INT64_MAX, check_token_ids
 from dspark_hub.train.data.draft_taps import check_target_matches
 from dspark_hub.train.data.rollouts import MANIFEST, RolloutData
 from dspark_hub.train.target.generate import Rollout
 from dspark_hub.train.target.target import FinalNorm, Target
+from dspark_hub.train.target.tensors import read_tensors
 
 # torch, safetensors and pyarrow (speculators' Arrow files) are imported inside the readers: the
 # CLI imports this module (`parse_layer_ids`) for `--help`.
@@ -83,6 +86,7 @@ class _File:
     layers: int
     hidden: int
     fp8: bool
+    header: SafetensorsHeader
 
 
 def _check_file(path: Path) -> _File:
@@ -102,9 +106,14 @@ def _check_file(path: Path) -> _File:
     if hs.shape[0] != ids.shape[0]:
         raise UsageError(f"{path}: hidden_states has {hs.shape[0]} rows and token_ids {ids.shape[0]}")
     fp8 = hs.dtype == "F8_E4M3"
-    if fp8 and "hidden_states_scales" not in tensors:
+    scales = tensors.get("hidden_states_scales")
+    if fp8 and scales is None:
         raise UsageError(f"{path}: FP8 hidden_states without hidden_states_scales")
-    return _File(path, hs.shape[0], hs.shape[1], hs.shape[2], fp8)
+    if fp8 and scales is not None and (scales.dtype not in FLOAT_DTYPES - {"F8_E4M3"} or len(scales.shape) != 3
+                                       or scales.shape[0] != hs.shape[0] or scales.shape[1:] != (1, 1)):
+        raise UsageError(f"{path}: hidden_states_scales is {scales.dtype} {list(scales.shape)}; expected a float "
+                         f"[{hs.shape[0]}, 1, 1], one scale per token")
+    return _File(path, hs.shape[0], hs.shape[1], hs.shape[2], fp8, header)
 
 
 def resolve_columns(layers: int, draft_taps: list[int], num_hidden_layers: int, layer_ids: list[int] | None,
@@ -165,26 +174,78 @@ def check_rollout_layer_ids(data: RolloutData, layer_ids: list[int]) -> None:
                          "out for a rollouts folder)", param="data_layer_ids")
 
 
-def _arrow_rows(folder: Path) -> list[dict[str, Any]]:
-    """`input_ids` and `loss_mask` of every row of a `datasets.save_to_disk` folder, in row order."""
+def _arrow_files(listing: FolderListing) -> list[Path]:
+    """The Arrow files of a `datasets.save_to_disk` folder (`listing`'s root): those `state.json` names, confined
+    to the folder, else its `data-*.arrow` files."""
+    state_path = listing.root / "state.json"
+    named = read_json_input(state_path).get("_data_files", [])
+    if not isinstance(named, list) or not all(isinstance(e, dict) for e in named):
+        raise UsageError(f"{state_path}: _data_files is not a list of objects; speculators data lists its Arrow "
+                         "files there")
+    if named:
+        return [listed_file(listing, e.get("filename"), named_in=str(state_path), key=f"_data_files[{i}].filename")
+                for i, e in enumerate(named)]
+    return [listing.root / n for n in listing.files if "/" not in n and Path(n).match("data-*.arrow")]
+
+
+def _arrow_rows(listing: FolderListing) -> list[dict[str, Any]]:
+    """`input_ids` and `loss_mask` of every row of a `datasets.save_to_disk` folder (`listing`'s root), in row
+    order."""
     try:
+        import pyarrow as pa
         import pyarrow.ipc as ipc
     except ImportError:
-        raise MissingDependencyError(f"reading speculators data ({folder}) needs pyarrow; {ARROW_HINT}") from None
-    state = read_json_input(folder / "state.json")
-    files = [entry.get("filename") for entry in state.get("_data_files", [])] or sorted(
-        p.name for p in folder.glob("data-*.arrow"))
+        raise MissingDependencyError(f"reading speculators data ({listing.root}) needs pyarrow; {ARROW_HINT}") from None
+
     rows: list[dict[str, Any]] = []
-    for name in files:
-        with ipc.open_stream(str(folder / name)) as reader:
-            table = reader.read_all()
+    for path in _arrow_files(listing):
+        try:
+            with open_regular(path) as handle, ipc.open_stream(handle) as reader:   # pyarrow never opens the path
+                table = reader.read_all()
+        except pa.ArrowException as e:
+            raise UsageError(f"{path}: not an Arrow stream ({str(e).splitlines()[0] if str(e) else e}); pass "
+                             "speculators prepare-data output") from None
         missing = {"input_ids", "loss_mask"} - set(table.column_names)
         if missing:
-            raise UsageError(f"{folder / name}: no {', '.join(sorted(missing))} column; speculators data rows "
+            raise UsageError(f"{path}: no {', '.join(sorted(missing))} column; speculators data rows "
                              "carry input_ids and loss_mask")
         columns = table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()
-        rows += [{"input_ids": ids, "loss_mask": mask} for ids, mask in zip(*columns, strict=True)]
+        for ids, mask in zip(*columns, strict=True):
+            _check_row(ids, mask, f"{path}: row {len(rows)}")
+            rows.append({"input_ids": ids, "loss_mask": mask})
     return rows
+
+
+def _check_row(ids: Any, mask: Any, where: str) -> None:
+    def ints(values: Any, top: int) -> bool:
+        return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= top
+                                                for v in values)
+
+    if not ints(ids, INT64_MAX) or not ints(mask, 1) or len(ids) != len(mask):
+        raise UsageError(f"{where}: input_ids and loss_mask are not two lists of the same length of token ids "
+                         "and 0/1; pass speculators prepare-data output")
+
+
+def _files_and_rows(folder: Path, *, speculators: bool) -> tuple[list[dict[str, Any]] | None, list[tuple[int, Path]],
+                                                                 int]:
+    """(speculators rows or None, (row, file) of each hidden-state file, how many rows have no file); the files
+    are those the data folder's listing holds (`format.folder.data_folder`: no link out, no special file)."""
+    if not speculators:
+        listing = data_folder(folder)
+        files = [folder / name for name in listing.files if "/" not in name and name.endswith(".safetensors")]
+        if not files:
+            raise UsageError(f"{folder}: holds no regular *.safetensors file; pass a folder of hidden-state files")
+        return None, list(enumerate(files)), 0
+    data_dir = folder if _is_arrow_dataset(folder) else folder.parent
+    files_dir = folder if folder.name == "hidden_states" and not _is_arrow_dataset(folder) else folder / "hidden_states"
+    listing = data_folder(data_dir)
+    rows = _arrow_rows(listing)
+    prefix = files_dir.relative_to(data_dir).as_posix()
+    candidates = [(i, f"{prefix}/hs_{i}.safetensors") for i in range(len(rows))]
+    present = [(i, data_dir / name) for i, name in candidates if name in listing.files]
+    if not present:
+        raise UsageError(f"{files_dir}: no hs_<row>.safetensors for any of the {len(rows)} rows of {data_dir}")
+    return rows, present, len(candidates) - len(present)
 
 
 class HiddenStateData:
@@ -206,21 +267,8 @@ class HiddenStateData:
         self.final_norm = final_norm or target.final_norm()
         hidden = int(draft_config["target_hidden_size"])
         num_layers = int(draft_config["target_num_hidden_layers"])
-        self.rows: list[dict[str, Any]] | None = None
-        if self.format == "speculators":
-            data_dir = folder if _is_arrow_dataset(folder) else folder.parent
-            files_dir = folder if folder.name == "hidden_states" and not _is_arrow_dataset(folder) \
-                else folder / "hidden_states"
-            self.rows = _arrow_rows(data_dir)
-            candidates = [(i, files_dir / f"hs_{i}.safetensors") for i in range(len(self.rows))]
-            present = [(i, p) for i, p in candidates if p.is_file()]
-            self.missing = len(candidates) - len(present)
-            if not present:
-                raise UsageError(f"{files_dir}: no hs_<row>.safetensors for any of the {len(self.rows)} rows of "
-                                 f"{data_dir}")
-        else:
-            present = list(enumerate(sorted(folder.glob("*.safetensors"))))
-            self.missing = 0
+        self.rows, present, self.missing = _files_and_rows(folder, speculators=self.format == "speculators")
+        self.vocab_size = draft_config.get("vocab_size")
         self.files: list[tuple[int, _File]] = []
         for row, file_path in present:
             facts = _check_file(file_path)
@@ -240,14 +288,16 @@ class HiddenStateData:
 
     def __getitem__(self, i: int) -> Rollout:
         import torch
-        from safetensors import safe_open
 
         row, facts = self.files[i]
-        with safe_open(str(facts.path), framework="pt") as handle:
-            hidden = handle.get_tensor("hidden_states")
-            tokens = handle.get_tensor("token_ids").long()
-            if facts.fp8:
-                hidden = hidden.to(torch.bfloat16) * handle.get_tensor("hidden_states_scales").to(torch.bfloat16)
+        names = ["hidden_states", "token_ids", *(["hidden_states_scales"] if facts.fp8 else [])]
+        hidden, tokens, *scales = read_tensors(facts.path, facts.header, names)
+        tokens = tokens.long()
+        if isinstance(self.vocab_size, int):
+            check_token_ids(tokens, self.vocab_size, f"{facts.path}: token_ids",
+                            fix="extract the states with the target the draft pairs with")
+        if facts.fp8:
+            hidden = hidden.to(torch.bfloat16) * scales[0].to(torch.bfloat16)
         if self.rows is not None:
             record = self.rows[row]
             if record["input_ids"] != tokens.tolist():
@@ -287,6 +337,11 @@ def open_training_data(path: str | os.PathLike[str], *, draft_config: dict[str, 
         data = RolloutData(path, param=param)
         if layer_ids is not None:
             check_rollout_layer_ids(data, layer_ids)
+        for key in ("target_layer_ids", "target_hidden_size", "vocab_size"):
+            if key in draft_config and data.settings[key] != draft_config[key]:
+                raise UsageError(f"{path}: recorded {key} {data.settings[key]}, the draft reads "
+                                 f"{draft_config[key]}; record the rollouts with this draft's config.json",
+                                 param=param)
         return data
     if target is None:
         raise UsageError(f"{path}: hidden-state files need the target folder (its final norm and lm_head)")

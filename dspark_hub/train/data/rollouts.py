@@ -1,6 +1,6 @@
 """Target rollouts: greedy continuations plus the hidden states a DSpark draft trains on.
 
-`dspark-hub rollouts --teacher T --prompts P.jsonl --draft-config CKPT/config.json --out DATA`
+`dspark-hub rollouts --target T --prompts P.jsonl --draft-config CKPT/config.json --out DATA`
 
 Prompts (JSONL, one object per line) carry exactly one of:
   - `messages`: a chat, rendered with the target tokenizer's chat template (generation prompt added);
@@ -46,13 +46,26 @@ from typing import Any
 
 from dspark_hub import schemas
 from dspark_hub._compat import renamed_keywords
+from dspark_hub._text import short_json, shortened
 from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, RefusedOverwriteError, UsageError
+from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
+from dspark_hub.format.folder import check_regular, data_folder
 from dspark_hub.format.jsonio import load_json_object, loads_strict, object_or_raise, read_json_input
 from dspark_hub.format.taps import TAP_CONVENTION
 from dspark_hub.format.writer import atomic_file, atomic_path, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_total
+from dspark_hub.train.data.checks import (
+    FIELD_DTYPES,
+    check_mask,
+    check_prompt_ids,
+    check_rollouts_manifest,
+    check_token_ids,
+    prompt_kind,
+    prompt_lines,
+    shard_headers,
+)
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.target.engines import DEFAULT_ENGINE, MODES, EngineOptions, Mode, TargetEngine, open_engine
 from dspark_hub.train.target.generate import (  # noqa: F401 (re-exported: the names callers know rollouts by)
@@ -63,6 +76,7 @@ from dspark_hub.train.target.generate import (  # noqa: F401 (re-exported: the n
     prefill_rollouts,
 )
 from dspark_hub.train.target.target import Target
+from dspark_hub.train.target.tensors import read_tensors
 
 # safetensors (and torch through it) is imported inside the shard readers and writers: the CLI
 # imports this module for `--help`.
@@ -106,57 +120,75 @@ def require_file(path: str | os.PathLike[str], what: str, *, param: str | None =
         UsageError: `path` is not a file (`param`: the caller's argument it came from).
     """
     if not Path(path).is_file():
+        if Path(path).exists() and not Path(path).is_dir():
+            check_regular(path)      # a FIFO, socket or device: named as what it is, never opened
         raise UsageError(f"{path}: {'is a folder' if Path(path).is_dir() else 'not found'}; pass {what}", param=param)
 
 
 @renamed_keywords(teacher="target")
 def read_prompts(path: str | os.PathLike[str], target: str | os.PathLike[str] | Target | None = None, *,
-                 param: str | None = None) -> list[Prompt]:
+                 param: str | None = None, budget: int = 0) -> list[Prompt]:
     """Parse a prompts JSONL file into token ids (the tokenizer is loaded only if a line needs it).
 
-    `param` names the caller's argument `path` came from, in the errors (e.g. `prompts`).
+    `param` names the caller's argument `path` came from, in the errors (e.g. `prompts`). With `target`,
+    every prompt's ids must be in its vocabulary and, with `budget` tokens to generate after it, fit its
+    context (`data.checks.check_prompt_ids`).
 
     Raises:
-        UsageError: `path` is no file, or a line is not a prompt (one line naming the file and line).
+        UsageError: `path` is no file or not UTF-8, or a line is not a prompt (one line naming the file and line).
     """
     tokenizer = None
     prompts: list[Prompt] = []
     require_file(path, "a prompts JSONL file (one messages, text or input_ids object per line)", param=param)
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    limits = _target_limits(target)
+    for number, line in prompt_lines(path):
+        where = f"{path}:{number}"
         try:
-            record = object_or_raise(loads_strict(line, path=f"{path}:{number}"), path=f"{path}:{number}")
+            record = object_or_raise(loads_strict(line, path=where), path=where)
         except CheckpointFormatError as exc:
             raise UsageError(f"{exc.message}; one JSON object per line") from None
-        kinds = [key for key in ("messages", "text", "input_ids") if key in record]
-        if len(kinds) != 1:
-            raise UsageError(f"{path}:{number}: needs exactly one of messages, text, input_ids (has {kinds or 'none'})")
-        if kinds[0] != "input_ids" and tokenizer is None:
+        kind = prompt_kind(record, where)
+        if kind != "input_ids" and tokenizer is None:
             if target is None:
-                raise UsageError(f"{path}:{number}: {kinds[0]} needs the target's tokenizer; pass `target`")
+                raise UsageError(f"{where}: {kind} needs the target's tokenizer; pass `target`")
             tokenizer = Target.open(target, param="target").tokenizer(required=True)
-        ids = _encode(record, kinds[0], tokenizer)
-        if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-            raise UsageError(f"{path}:{number}: the prompt encodes to no tokens or to non-integer ids")
+        ids = _encode(record, kind, tokenizer, where)
+        check_prompt_ids(ids, where, vocab_size=limits[0], context=limits[1], budget=budget)
         mask = record.get("loss_mask")
-        if mask is not None and (kinds[0] != "input_ids" or not isinstance(mask, list) or len(mask) != len(ids)
+        if mask is not None and (kind != "input_ids" or not isinstance(mask, list) or len(mask) != len(ids)
                                  or not all(m in (0, 1) and not isinstance(m, bool) for m in mask)):
-            raise UsageError(f"{path}:{number}: loss_mask must be a list of 0/1, one per input_ids token")
+            raise UsageError(f"{where}: loss_mask must be a list of 0/1, one per input_ids token")
         prompts.append(Prompt(index=len(prompts), input_ids=ids, dataset=record.get("dataset"), loss_mask=mask))
     return prompts
 
 
-def _encode(record: dict[str, Any], kind: str, tokenizer: Any) -> list[int]:
+def _target_limits(target: str | os.PathLike[str] | Target | None) -> tuple[int | None, int | None]:
+    """(vocabulary size, context length) of the target's config, where it states them (a tokenizer-only folder
+    states neither)."""
+    if target is None or not (isinstance(target, Target) or (Path(target) / CONFIG_NAME).exists()):
+        return None, None
+    config = Target.open(target, param="target").text
+
+    def positive(key: str) -> int | None:
+        value = config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    return positive("vocab_size"), positive("max_position_embeddings")
+
+
+def _encode(record: dict[str, Any], kind: str, tokenizer: Any, where: str) -> list[int]:
     if kind == "input_ids":
         return list(record["input_ids"])
-    if kind == "text":
-        return list(tokenizer(record["text"], add_special_tokens=True)["input_ids"])
-    if not getattr(tokenizer, "chat_template", None):
+    if kind == "messages" and not getattr(tokenizer, "chat_template", None):
         raise UsageError("target tokenizer: no chat_template for 'messages' prompts; use text or input_ids")
-    return list(tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=True,
-                                              return_dict=False))
+    try:
+        if kind == "text":
+            return list(tokenizer(record["text"], add_special_tokens=True)["input_ids"])
+        return list(tokenizer.apply_chat_template(record["messages"], add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+    except Exception as e:   # the tokenizer's own code and chat template (jinja2) raise what they like
+        raise UsageError(f"{where}: the target's tokenizer cannot encode the {kind} ({type(e).__name__}: "
+                         f"{shortened(str(e).splitlines()[0] if str(e) else '', 120)})") from None
 
 
 # ----------------------------------------------------------------------------- on disk
@@ -194,7 +226,12 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 
 
 class RolloutData:
-    """Read access to a rollouts folder: `len(data)`, `data[i] -> Rollout` (memory-mapped reads)."""
+    """Read access to a rollouts folder: `len(data)`, `data[i] -> Rollout`.
+
+    The folder follows a model folder's rules (`format.folder.data_folder`), the manifest is checked key by
+    key and every shard's header against it (`data.checks`) before anything is read; tensor bytes are read
+    through `format.folder.open_regular`, never by a native library opening a path.
+    """
 
     def __init__(self, folder: str | os.PathLike[str], *, param: str | None = None) -> None:
         self.folder = Path(folder)
@@ -202,32 +239,34 @@ class RolloutData:
         if not path.is_file():
             raise UsageError(f"{self.folder}: no {MANIFEST}; pass a folder written by 'dspark-hub rollouts'",
                              param=param)
+        listing = data_folder(self.folder)
         self.manifest = _read_manifest(path)
         if schemas.current(self.manifest.get("schema")) != SCHEMA:
-            raise UsageError(f"{path}: schema is {self.manifest.get('schema')!r}, expected {SCHEMA!r}")
-        self.entries = [(shard["file"], seq) for shard in self.manifest["shards"] for seq in shard["sequences"]]
+            raise UsageError(f"{path}: schema is {short_json(self.manifest.get('schema'), 60)}, expected {SCHEMA!r}")
+        self.entries = check_rollouts_manifest(self.manifest, str(path))
+        self.settings = self.manifest["settings"]
+        self.shards = shard_headers(listing, self.entries, self.settings, str(path))
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def __getitem__(self, i: int) -> Rollout:
-        from safetensors import safe_open
-
         file, seq = self.entries[i]
+        shard, header = self.shards[file]
         key = str(seq["prompt_index"])
-        with safe_open(str(self.folder / file), framework="pt") as handle:
-            get = handle.get_tensor
-            return Rollout(seq["prompt_index"], seq.get("dataset"), get(f"{key}.input_ids"), seq["prompt_length"],
-                           get(f"{key}.aux_hidden_states"), get(f"{key}.final_hidden_states"),
-                           tuple(seq.get("greedy_agreement", (0, 0))), get(f"{key}.loss_mask"))
+        ids, mask, aux, final = read_tensors(shard, header, [f"{key}.{field}" for field in FIELD_DTYPES])
+        check_token_ids(ids, self.settings["vocab_size"], f"{shard}: {key}.input_ids")
+        check_mask(mask, f"{shard}: {key}.loss_mask")
+        return Rollout(seq["prompt_index"], seq.get("dataset"), ids, seq["prompt_length"], aux, final,
+                       tuple(seq.get("greedy_agreement", (0, 0))), mask)
 
     def __iter__(self) -> Iterator[Rollout]:
         return (self[i] for i in range(len(self)))
 
     @property
     def target_path(self) -> str | None:
-        target = self.manifest.get("settings", {}).get("teacher")
-        return target if isinstance(target, str) else None
+        target = self.settings["teacher"]
+        return target if isinstance(target, str) and target else None
 
 
 @renamed_keywords(teacher="target")
@@ -287,6 +326,7 @@ def _open_manifest(out: Path, settings: dict[str, Any], force: bool) -> dict[str
         if before != value:
             raise RefusedOverwriteError(str(out), f"cannot resume: setting {key} was {before!r} and is now "
                                         f"{value!r}; write to another folder")
+    check_rollouts_manifest(manifest, str(path))
     return manifest
 
 
@@ -334,7 +374,7 @@ def make_rollouts(target: str | os.PathLike[str] | Target, prompts: str | os.Pat
     draft = tap_view(draft, target.config, target=target.path,
                      where="the draft's config" if isinstance(draft_config, dict) else str(draft_config))
     # The inputs are checked before the engine starts (a vLLM start takes seconds to minutes).
-    all_prompts = read_prompts(prompts, target, param="prompts")
+    all_prompts = read_prompts(prompts, target, param="prompts", budget=max_new_tokens if mode == "generate" else 0)
     if mode == "generate":
         masked = next((p for p in all_prompts if p.loss_mask is not None), None)
         if masked is not None:

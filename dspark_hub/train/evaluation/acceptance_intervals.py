@@ -28,7 +28,8 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from dspark_hub.documents import Document
 
 #: `[prompt][sample]` one number per unit (drafts, or accepted tokens at a position, or their sum).
 Units = Sequence[Sequence[float]]
@@ -38,7 +39,7 @@ METHOD = ("linearized ratio of totals (delta method), {over} as the unit, Studen
 
 
 @dataclass(frozen=True)
-class Interval:
+class Interval(Document):
     estimate: float
     low: float
     high: float
@@ -52,19 +53,11 @@ class Interval:
     def shifted(self, by: float) -> Interval:
         return Interval(self.estimate + by, self.low + by, self.high + by, self.level, self.method)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"estimate": self.estimate, "low": self.low, "high": self.high, "level": self.level,
-                "method": self.method}
-
 
 @dataclass(frozen=True)
-class AcceptanceIntervals:
+class AcceptanceIntervals(Document):
     acceptance_length: Interval
     per_position: list[Interval]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"acceptance_length": self.acceptance_length.to_dict(),
-                "per_position": [i.to_dict() for i in self.per_position]}
 
 
 def _regularized_beta(a: float, b: float, x: float) -> float:

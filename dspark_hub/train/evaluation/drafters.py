@@ -1,8 +1,11 @@
 """How a draft of each format drafts in the simulation (`acceptance`), and the prompt-lookup baseline.
 
-`drafter_for(draft, target)` picks the drafter by the draft's format (`PROPOSERS`, keyed by
+`sweep_drafter_for(draft, target)` picks the drafter by the draft's format (`PROPOSERS`, keyed by
 `DraftFormat.name`: the modeling classes sit above `format/`, so the table lives here) and returns
-what `acceptance.measure_batched` takes: rollouts -> `propose_many`. A k3_dspark draft drafts the
+(rollouts, ks) -> `propose_many` per k: each rollout's draft context is encoded once and drafted from at every
+k (`eval --k`, `serving.measure_lanes`); `drafter_for(draft, target)` is its one k, what
+`acceptance.measure_batched` takes: rollouts -> `propose_many`. A draft's proposals are `Drafts`: the tokens,
+and the confidence head's estimate per slot when the draft has one. A k3_dspark draft drafts the
 requests of a round together (`draft_batch_proposer`), a speculators DSpark one request at a time
 (its pruned vocabulary makes a request cheap), the baseline copies earlier tokens (`ngram_proposer`).
 `measure_draft` and `measure_ngram` are the two counts `finetune` logs on held-out data.
@@ -15,7 +18,7 @@ Markov head chained on the path's tokens, which `sampled_eval` verifies.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import UsageError
@@ -34,6 +37,21 @@ if TYPE_CHECKING:
 
 #: rollouts -> propose_many: what `acceptance.measure_batched` drafts with.
 Drafter = Callable[[list["Rollout"]], ProposeMany]
+#: (rollouts, ks) -> {k: propose_many}: the context of each rollout encoded once for every k.
+SweepDrafter = Callable[[list["Rollout"], Sequence[int]], dict[int, ProposeMany]]
+
+
+class Drafts(list[int]):
+    """A request's drafted tokens (a list), with the confidence head's estimate for each slot (the probability
+    that slot's draft is accepted once the ones before it were), or None for a draft without the head."""
+
+    confidence: list[float] | None = None
+
+    @classmethod
+    def of(cls, tokens: Iterable[int], confidence: Iterable[float] | None) -> Drafts:
+        drafts = cls(tokens)
+        drafts.confidence = None if confidence is None else [float(c) for c in confidence]
+        return drafts
 
 
 def one_at_a_time(make_proposer: Callable[[Rollout], Callable[[int], Any]]) -> Callable[[list[Rollout]], ProposeMany]:
@@ -62,8 +80,14 @@ def draft_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollout: 
 
 def draft_batch_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
                          block_size: int) -> ProposeMany:
-    """`propose_many` for a k3_dspark draft over `rollouts`: one block forward per request, then one
-    vocabulary projection and one Markov chain for all of them.
+    """`propose_many` for a k3_dspark draft over `rollouts` at one k (`draft_batch_proposers`)."""
+    return draft_batch_proposers(model, lm_head_weight, rollouts, [block_size])[block_size]
+
+
+def draft_batch_proposers(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
+                          ks: Sequence[int]) -> dict[int, ProposeMany]:
+    """`propose_many` per k for a k3_dspark draft over `rollouts`: the context latents once, then per request one
+    block forward of k rows, and one vocabulary projection and one Markov chain for all requests of a call.
 
     The projection and the chain read the whole vocabulary's weights for a few rows each, so they are
     bound by memory: on 40 SmolLM2 requests at once they cost 5 ms a request against 56 ms one at a
@@ -76,29 +100,43 @@ def draft_batch_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rol
         latents = [model.encode_context(r.aux_hidden_states[None].to(device=device, dtype=dtype)) for r in rollouts]
     ids = [r.input_ids.to(device) for r in rollouts]
 
-    def propose_many(requests: list[tuple[int, int]]) -> list[list[int]]:
-        anchors = torch.stack([ids[i][p] for i, p in requests])
-        blocks = model.draft_block(anchors, block_size)
-        rows = []
-        for n, (i, p) in enumerate(requests):        # contexts differ in length: one forward each
-            context = tuple(latent[:, :p] for latent in latents[i])
-            rows.append(model(input_ids=blocks[n:n + 1], context_latents=context).last_hidden_state)
-        proposal = model.decode_block(torch.cat(rows), anchors, lm_head_weight)
-        assert proposal.tokens is not None   # decode_block always sets the tokens
-        tokens: list[list[int]] = proposal.tokens.tolist()
-        return tokens
+    def at(block_size: int) -> ProposeMany:
+        def propose_many(requests: list[tuple[int, int]]) -> list[list[int]]:
+            anchors = torch.stack([ids[i][p] for i, p in requests])
+            blocks = model.draft_block(anchors, block_size)
+            rows = []
+            for n, (i, p) in enumerate(requests):        # contexts differ in length: one forward each
+                context = tuple(latent[:, :p] for latent in latents[i])
+                rows.append(model(input_ids=blocks[n:n + 1], context_latents=context).last_hidden_state)
+            proposal = model.decode_block(torch.cat(rows), anchors, lm_head_weight)
+            assert proposal.tokens is not None   # decode_block always sets the tokens
+            scores = proposal.confidence.tolist() if proposal.confidence is not None else None
+            return [Drafts.of(tokens, None if scores is None else scores[n])
+                    for n, tokens in enumerate(proposal.tokens.tolist())]
 
-    return propose_many
+        return propose_many
+
+    return {k: at(k) for k in ks}
 
 
 def speculators_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], list[int]]:
     """`propose(p)` for a speculators DSpark (`modeling.speculators_dspark.SpeculatorsDSpark`)."""
+    return speculators_proposers(draft, rollout, [k])[k]
+
+
+def speculators_proposers(draft: SpeculatorsDSpark, rollout: Rollout,
+                          ks: Sequence[int]) -> dict[int, Callable[[int], list[int]]]:
+    """`propose(p)` per k for a speculators DSpark: the rollout's context keys and values once, for every k."""
     import torch  # heavy: only a measurement of a draft pays for it
 
     with torch.no_grad():
         kv = draft.context_kv(draft.context(rollout.aux_hidden_states))
     ids = rollout.input_ids.tolist()
-    return lambda p: draft.propose(kv, ids[p], p, k)
+
+    def at(k: int) -> Callable[[int], list[int]]:
+        return lambda p: Drafts.of(*draft.propose_scored(kv, ids[p], p, k))
+
+    return {k: at(k) for k in ks}
 
 
 def ngram_proposer(rollout: Rollout, block_size: int, max_ngram: int = 3,
@@ -153,18 +191,35 @@ def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -
 
 def drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True, lm_head: torch.Tensor | None = None,
                 rows: bool = False) -> Drafter:
-    """rollouts -> propose_many (`acceptance.measure_batched`) for the draft's format: greedy drafts, or with
-    `rows` the draft's logits along each path (probabilistic drafting). `lm_head`: the target's, float32
-    (read from the target when not given).
+    """rollouts -> propose_many (`acceptance.measure_batched`) for the draft's format, at the draft's k: greedy
+    drafts, or with `rows` the draft's logits along each path (probabilistic drafting). `lm_head`: the target's,
+    float32 (read from the target when not given).
 
     Raises:
         UsageError: `markov` False for a format whose Markov head is not optional.
     """
+    if rows:
+        return ROW_PROPOSERS[draft.format.name](draft, target, _lm_head(draft, target, markov, lm_head), markov)
+    sweep = sweep_drafter_for(draft, target, markov=markov, lm_head=lm_head)
+    return lambda rollouts: sweep(rollouts, [draft.k])[draft.k]
+
+
+def sweep_drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True,
+                      lm_head: torch.Tensor | None = None) -> SweepDrafter:
+    """(rollouts, ks) -> {k: propose_many} for the draft's format: each rollout's context encoded once.
+
+    Raises:
+        UsageError: `markov` False for a format whose Markov head is not optional.
+    """
+    return PROPOSERS[draft.format.name](draft, target, _lm_head(draft, target, markov, lm_head), markov)
+
+
+def _lm_head(draft: DraftUnderTest, target: Target, markov: bool, lm_head: torch.Tensor | None) -> torch.Tensor:
+    """The target's lm_head in float32, once `markov` is checked against the draft's format."""
     if not markov and not draft.format.markov_optional:
         raise UsageError(f"a {draft.format.title} draft always drafts with its Markov head; `markov` False is for "
                          "drafts whose head is optional")
-    lm_head = target.lm_head().float() if lm_head is None else lm_head
-    return PROPOSERS[draft.format.name](draft, target, lm_head, markov, rows)
+    return target.lm_head().float() if lm_head is None else lm_head
 
 
 def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
@@ -178,18 +233,39 @@ def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
     return model
 
 
-def _speculators_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool,
-                         rows: bool) -> Drafter:
+def _load_speculators(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool
+                      ) -> SpeculatorsDSpark:
     import torch  # heavy: only a measurement pays for it
 
     # modeling imports torch and transformers: only a measurement of a speculators draft pays for them
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
 
-    model = SpeculatorsDSpark.from_folder(draft.path, target.embedding(), lm_head, dtype=torch.float32, markov=markov)
+    return SpeculatorsDSpark.from_folder(draft.path, target.embedding(), lm_head, dtype=torch.float32, markov=markov)
+
+
+def _speculators_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
+    model = _load_speculators(draft, target, lm_head, markov)
+
     # its pruned vocabulary makes a request cheap (10 ms on SmolLM2): drafted one at a time
-    make: Callable[[SpeculatorsDSpark, Rollout, int], Callable[[int], Any]] = (
-        speculators_row_proposer if rows else speculators_proposer)
-    return one_at_a_time(lambda r: make(model, r, draft.k))
+    def make(rollouts: list[Rollout], ks: Sequence[int]) -> dict[int, ProposeMany]:
+        proposers = [speculators_proposers(model, r, ks) for r in rollouts]
+
+        def at(k: int) -> ProposeMany:
+            return lambda requests: [proposers[i][k](p) for i, p in requests]
+
+        return {k: at(k) for k in ks}
+
+    return make
+
+
+def _k3_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
+    k3 = _load_draft(draft.path)
+    return lambda rollouts, ks: draft_batch_proposers(k3, lm_head, rollouts, ks)
+
+
+def _speculators_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+    model = _load_speculators(draft, target, lm_head, markov)
+    return one_at_a_time(lambda r: speculators_row_proposer(model, r, draft.k))
 
 
 def speculators_row_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], torch.Tensor]:
@@ -208,10 +284,9 @@ def path_chain(ids: list[int], p: int, k: int) -> list[int]:
     return chain + [chain[-1]] * (k - len(chain))
 
 
-def _k3_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool, rows: bool) -> Drafter:
+def _k3_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
     k3 = _load_draft(draft.path)
-    make = draft_row_proposer if rows else draft_batch_proposer
-    return lambda rollouts: make(k3, lm_head, rollouts, draft.k)
+    return lambda rollouts: draft_row_proposer(k3, lm_head, rollouts, draft.k)
 
 
 def draft_row_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
@@ -238,6 +313,9 @@ def draft_row_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollo
     return propose_many
 
 
-#: How a draft of each format drafts (the modeling classes sit above format/, so the table lives here).
-PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool, bool], Drafter]] = {
+#: How a draft of each format drafts (the modeling classes sit above format/, so the tables live here): greedy
+#: drafts for every k of a sweep, and the draft's logits along a path (probabilistic drafting).
+PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], SweepDrafter]] = {
     K3.name: _k3_drafter, SPECULATORS.name: _speculators_drafter}
+ROW_PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], Drafter]] = {
+    K3.name: _k3_row_drafter, SPECULATORS.name: _speculators_row_drafter}

@@ -12,20 +12,24 @@ reference 7 for k3_dspark, or `block_size` when given. A prompt-lookup drafter r
 the same counts from vLLM's metrics, plus `measured_by` and `lossless`.
 
 `evaluate` is three steps: open the inputs (`inputs.open_inputs`: the draft, the target, the
-rollouts), choose the drafter for the draft's format (`drafters.drafter_for`), count
-(`acceptance.measure_batched`); with the vllm engine, vLLM serving the draft is the drafter and
-its metrics are the count (`vllm_eval.measure_served`).
+rollouts), choose the drafters (`drafters.sweep_drafter_for` for the draft's format, the reference's and
+the prompt-lookup baseline), count (`serving.measure_serving`: every drafter, and the draft at the eval's k
+and every k of a sweep, in one lockstep pass; acceptance by context length and the confidence head's
+calibration from the same steps; the expected speedup when costs are given); with the vllm engine, vLLM
+serving the draft is the drafter and its metrics are the count (`vllm_eval.measure_served`).
 
 With a temperature (`sampling`, `sampled_eval.eval_sampling`) the paths are the target's own samples,
-`samples` a prompt, and the count is vLLM's rejection sampling seen from each path (`sampled_eval`); the
-document then carries 95% intervals over prompts and samples and the expected acceptance beside the
-counts (`EvalResult.intervals`, `expected`). Every document carries its decoding (`sampling`) and its
-units, one record per (prompt, sample), which `compare` pairs (docs/acceptance.md).
+`samples` a prompt, and the count is vLLM's rejection sampling seen from each path (`sampled_eval`,
+through `acceptance.measure_batched`; the serving answers are greedy only); the document then carries 95%
+intervals over prompts and samples and the expected acceptance beside the counts (`EvalResult.intervals`,
+`expected`). Every document carries its decoding (`sampling`) and its units, one record per (prompt,
+sample), which `compare` pairs (docs/acceptance.md).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,7 +39,8 @@ from dspark_hub._compat import renamed_keywords
 from dspark_hub.documents import Document
 from dspark_hub.errors import MissingDependencyError, UsageError
 from dspark_hub.format.provenance import describe, identify
-from dspark_hub.format.writer import atomic_path, refuse_own_inputs
+from dspark_hub.format.speculation_profile import PROFILE_NAME
+from dspark_hub.format.writer import atomic_path, check_writable, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train.evaluation import vllm_eval
 from dspark_hub.train.evaluation.acceptance import (
@@ -44,10 +49,11 @@ from dspark_hub.train.evaluation.acceptance import (
     SIMULATION,
     AcceptanceStats,
     Measurement,
-    exact_verify,
     measure_batched,
 )
-from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for
+from dspark_hub.train.evaluation.by_context import ByContext
+from dspark_hub.train.evaluation.calibration import Calibration
+from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for, sweep_drafter_for
 from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
 from dspark_hub.train.evaluation.sampled_eval import (
     GREEDY,
@@ -57,6 +63,8 @@ from dspark_hub.train.evaluation.sampled_eval import (
     count_prompts,
     sampled_verify,
 )
+from dspark_hub.train.evaluation.serving import ServingOptions, Sweep, measure_serving
+from dspark_hub.train.evaluation.speedup import Speedup
 from dspark_hub.train.evaluation.units import expected_summary, unit_intervals, unit_records
 from dspark_hub.train.target.dtypes import canonical_dtype
 
@@ -77,7 +85,8 @@ class EvalResult(Document):
     SCHEMA = schemas.command("eval")
     KEYS = ("ok", "engine", "**overall", "definition", "by_dataset=datasets", "baseline=baseline_overall",
             "harness=shown_harness", "reference=reference_overall", "plot", "measured_by", "lossless",
-            "sampling", "intervals", "expected", "units=records")
+            "sampling", "intervals", "expected", "units=records", "sweep", "speedup", "by_context", "calibration",
+            "profile")
 
     draft: Measurement
     baseline: Measurement | None
@@ -92,6 +101,14 @@ class EvalResult(Document):
     #: How it decoded (greedy, or sampled as vLLM samples), and the (prompt, sample) of each of `draft.units`.
     sampling: EvalSampling = GREEDY
     units: list[Unit] = field(default_factory=list)
+    #: `--k`: every k measured (the eval's own included); `--draft-cost`/`--costs measure`: the expected speedup
+    sweep: Sweep | None = None
+    speedup: Speedup | None = None
+    #: `--by-context`: acceptance per context-length bucket; a confidence head's calibration (simulated only)
+    by_context: ByContext | None = None
+    calibration: Calibration | None = None
+    #: `--profile`: the speculation_profile.json written beside the draft
+    profile: str | None = None
 
     definition: ClassVar[str] = DEFINITION
 
@@ -171,6 +188,7 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
              max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
              ignore_eos: bool = False, engine: str = "simulated", vllm_python: str | os.PathLike[str] | None = None,
              dtype: str = "float32", markov: bool = True, sampling: EvalSampling = GREEDY,
+             serving: ServingOptions | None = None,
              progress: Progress | None = None) -> EvalResult:
     """Acceptance of a draft with vLLM's definitions: simulated (next to a prompt-lookup drafter) or measured by vLLM.
 
@@ -194,11 +212,14 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         markov: False drafts without the Markov head (a control; speculators drafts only).
         sampling: the decoding (`sampled_eval.eval_sampling`): greedy (the default, the counts of today), or
             a temperature, truncation, drafting method, samples a prompt and seed.
+        serving: the k sweep, acceptance by context length, the costs of the expected speedup and the
+            profile (`serving.ServingOptions`; simulated only).
         progress: called per simulated prompt / generated prompt / engine run.
 
     Raises:
         UsageError: not exactly one of `prompts` and `data`, no target, an engine that cannot do
             what was asked, or a draft eval cannot measure.
+        RefusedOverwriteError: a profile beside the draft already, without `serving.force` (before any work).
         MissingDependencyError: `plot` without matplotlib, or `vllm` without vLLM (before any work).
         EngineError: the vLLM engine failed (its log is kept and named).
     """
@@ -211,12 +232,24 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         refuse_own_inputs(plot, [("draft", draft), ("target", target), ("prompts", prompts), ("data", data),
                                  ("reference", reference), ("vllm_python", vllm_python)], param="plot", folder=False)
         require_matplotlib()   # fail before the long run, not after it
+    serving = serving or ServingOptions()
+    serving.check()
+    if serving.asked and engine != "simulated":
+        raise UsageError("the k sweep, context buckets, costs and profile are simulated; drop them for the vllm "
+                         "engine, or run the simulated engine", param="engine")
+    if serving.asked and not sampling.greedy:
+        raise UsageError("the k sweep, context buckets, costs and profile are greedy; drop them for a sampled eval "
+                         "(--temperature), or measure them in a greedy run", param="serving")
+    if serving.profile:
+        check_profile_writable(draft, [("target", target), ("prompts", prompts), ("data", data),
+                                       ("reference", reference)], force=serving.force)
     inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
                          block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                         ignore_eos=ignore_eos, vllm_python=vllm_python, sampling=sampling, progress=progress)
+                         ignore_eos=ignore_eos, vllm_python=vllm_python, sampling=sampling,
+                         longest_k=serving.lookahead(), progress=progress)
     if engine == "simulated":
         outcome = _simulated(inputs, max_new_tokens=max_new_tokens if data is None else None, ignore_eos=ignore_eos,
-                             markov=markov, progress=progress)
+                             markov=markov, serving=serving, progress=progress)
     else:
         served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, dtype=dtype,
                                           progress=progress)
@@ -228,41 +261,66 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
 
 
 def _simulated(inputs: EvalInputs, *, max_new_tokens: int | None, ignore_eos: bool, markov: bool,
-               progress: Progress | None) -> EvalResult:
+               serving: ServingOptions, progress: Progress | None) -> EvalResult:
     """Choose the drafters (the draft's, the reference's, the prompt-lookup baseline), then count each on the
-    rollouts. `max_new_tokens` None: a rollouts folder's sequences are measured to their end (no tokens past it).
+    rollouts: the draft at its k and every k of the sweep in one pass (`serving.measure_serving`).
+    `max_new_tokens` None: a rollouts folder's sequences are measured to their end (no tokens past it).
     """
     import torch  # heavy: only a simulated measurement pays for it
 
     draft, rollouts, k, sampling = inputs.draft, inputs.rollouts, inputs.draft.k, inputs.sampling
     assert rollouts is not None    # the simulation's inputs always hold rollouts
-    lm_head = inputs.target.lm_head().float()
-    rows = sampling.draft_sample_method == "probabilistic"
-    drafter = drafter_for(draft, inputs.target, markov=markov, lm_head=lm_head, rows=rows)
-    reference = (None if inputs.reference is None
-                 else drafter_for(inputs.reference, inputs.target, lm_head=lm_head, rows=rows))
-    baseline = baseline_drafter(k)
-    verify = exact_verify if sampling.greedy else sampled_verify(inputs.path_targets, inputs.units, lm_head,
-                                                                 sampling)
+    if sampling.greedy:
+        drafter = sweep_drafter_for(draft, inputs.target, markov=markov)
+        others = {"baseline": baseline_drafter(k)}
+        if inputs.reference is not None:
+            others["reference"] = drafter_for(inputs.reference, inputs.target)
+    else:
+        lm_head = inputs.target.lm_head().float()
+        rows = sampling.draft_sample_method == "probabilistic"
+        drafters = {"draft": drafter_for(draft, inputs.target, markov=markov, lm_head=lm_head, rows=rows),
+                    "baseline": baseline_drafter(k)}
+        if inputs.reference is not None:
+            drafters["reference"] = drafter_for(inputs.reference, inputs.target, lm_head=lm_head, rows=rows)
+        verify = sampled_verify(inputs.path_targets, inputs.units, lm_head, sampling)
     bounds: dict[str, Any] = {} if max_new_tokens is None else {"max_tokens": max_new_tokens,
                                                                   "stop_ids": inputs.stop_ids}
     announce_stage(progress, "eval: draft", len(rollouts))
     with torch.no_grad():
-        result = measure_batched(rollouts, drafter, k, progress, verify=verify, **bounds)
-        ref = None if reference is None else measure_batched(rollouts, reference, k, verify=verify, **bounds)
-        prompt_lookup = measure_batched(rollouts, baseline, k, verify=verify, **bounds)
-    if not sampling.greedy:
-        for measured in (result, ref, prompt_lookup):
-            if measured is not None:
-                count_prompts(measured, inputs.units)
+        if sampling.greedy:
+            measured = measure_serving(inputs, drafter, serving, others=others, bounds=bounds, progress=progress)
+        else:
+            counts = {name: measure_batched(rollouts, made, k, progress if name == "draft" else None, verify=verify,
+                                            **bounds) for name, made in drafters.items()}
     decoding = ({"decoding": "greedy", "temperature": 0.0, "simulation": SIMULATION} if sampling.greedy else
                 {"decoding": "sampled", "temperature": sampling.temperature, "simulation": SAMPLED_SIMULATION,
                  "sampling": sampling.describe()})
     harness = {"definition": DEFINITION, "mode": "simulated", **decoding, "block_size": k, "dtype": "float32",
                "format": draft.format.name, "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
     ref_path = inputs.reference.path if inputs.reference else None
-    return EvalResult(result, prompt_lookup, harness, ref, ref_path, identify(ref_path) if ref_path else None,
-                      sampling=sampling, units=inputs.units)
+    identity = identify(ref_path) if ref_path else None
+    if not sampling.greedy:
+        for measurement in counts.values():
+            count_prompts(measurement, inputs.units)
+        return EvalResult(counts["draft"], counts["baseline"], harness, counts.get("reference"), ref_path, identity,
+                          sampling=sampling, units=inputs.units)
+    return EvalResult(measured.sweep.by_k[k].measurement, measured.others["baseline"], harness,
+                      measured.others.get("reference"), ref_path, identity, sampling=sampling, units=inputs.units,
+                      sweep=measured.sweep if serving.ks else None, speedup=measured.speedup,
+                      by_context=measured.by_context, calibration=measured.calibration, profile=measured.profile)
+
+
+def check_profile_writable(draft: str | os.PathLike[str], inputs: Sequence[tuple[str, Any]], *, force: bool) -> None:
+    """Before the long run: `speculation_profile.json` may be written beside the draft (the one file of the draft's
+    folder eval writes: `serving.write_profile`) and is not there already, unless `force`.
+
+    Raises:
+        UsageError: the path is (a link to) one of the inputs.
+        RefusedOverwriteError: a profile is there and `force` is off.
+    """
+    path = Path(draft) / PROFILE_NAME
+    refuse_own_inputs(path, [("draft", draft), *inputs], param="profile", folder=False, keep=(PROFILE_NAME,))
+    check_writable(path, force=force)
 
 
 def require_matplotlib() -> Any:

@@ -113,12 +113,14 @@ def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str]
                 data: str | None, reference: str | None = None, block_size: int | None = None,
                 engine: str = "simulated", max_new_tokens: int = 256, batch_size: int = 8, ignore_eos: bool = False,
                 vllm_python: str | os.PathLike[str] | None = None, sampling: EvalSampling = GREEDY,
+                longest_k: int | None = None,
                 progress: Progress | None = None) -> EvalInputs:
     """The draft, the target and the data of one eval, every input checked before any model loads.
 
     For the simulation the rollouts are made from `prompts` (the target in the `transformers` engine,
-    float32 states, `max_new_tokens + k` tokens ignoring EOS) or read from `data`; the vllm engine gets
-    the prompts and its interpreter (`vllm_python`, else this one: checked before the target is read).
+    float32 states, `max_new_tokens + k` tokens ignoring EOS, k the largest of the draft's and `longest_k`:
+    a k sweep's last steps overshoot too) or read from `data`; the vllm engine gets the prompts and its
+    interpreter (`vllm_python`, else this one: checked before the target is read).
 
     Raises:
         MissingDependencyError: the vllm engine and no interpreter that can import vLLM.
@@ -149,13 +151,15 @@ def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str]
     if served:
         inputs.python = python
         return inputs
-    _continue(inputs, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress)
+    _continue(inputs, max_new_tokens=max_new_tokens, longest_k=longest_k, batch_size=batch_size, progress=progress)
     return inputs
 
 
-def _continue(inputs: EvalInputs, *, max_new_tokens: int, batch_size: int, progress: Progress | None) -> None:
-    """The target's float32 continuations of every unit, `max_new_tokens + k` tokens ignoring EOS: greedy, one
-    a prompt, or `samples` sampled paths a prompt (`batch_size` prompts a `generate` call either way)."""
+def _continue(inputs: EvalInputs, *, max_new_tokens: int, longest_k: int | None, batch_size: int,
+              progress: Progress | None) -> None:
+    """The target's float32 continuations of every unit, `max_new_tokens + k` tokens ignoring EOS (k the largest of the
+    draft's and `longest_k`): greedy, one a prompt, or `samples` sampled paths a prompt (`batch_size` prompts a
+    `generate` call either way)."""
     runner = open_engine("transformers", inputs.target, inputs.draft.taps, EngineOptions(dtype="float32"))
     rows, draws = inputs.prompts, None
     if not inputs.sampling.greedy:
@@ -165,7 +169,8 @@ def _continue(inputs: EvalInputs, *, max_new_tokens: int, batch_size: int, progr
         batch_size *= inputs.sampling.samples
     announce_stage(progress, "eval: target continuations", len(rows))
     try:
-        made = list(runner.rollouts(rows, mode="generate", max_new_tokens=max_new_tokens + inputs.draft.k,
+        lookahead = max(inputs.draft.k, longest_k or 0)
+        made = list(runner.rollouts(rows, mode="generate", max_new_tokens=max_new_tokens + lookahead,
                                     ignore_eos=True, batch_size=batch_size, progress=progress,
                                     states_dtype="float32", draw=draws))
     finally:
@@ -221,7 +226,7 @@ def _paired(draft: DraftUnderTest, target: Target, prompts: str, *, reference: D
     """The inputs once the target pairs with the draft (hidden size, vocabulary, taps in range) and the prompts
     are read (before any model loads), with the harness facts about the target (its identity, computed once)."""
     tap_view(draft.config, target.config, where=f"{draft.path}/{CONFIG_NAME}", target=target.path, param="draft")
-    items = read_prompts(prompts, target, param="prompts")
+    items = read_prompts(prompts, target, param="prompts", budget=(max_new_tokens or 0) + draft.k)   # fits its context
     identity = target.identity.to_dict()
     budget = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
     facts = {"prompts_sha256": sha256_file(prompts), **budget, "chat_template_sha256": target.chat_template_sha256,

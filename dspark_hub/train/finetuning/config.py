@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,19 @@ from dspark_hub.train.target.engines import DEFAULT_ENGINE, EngineOptions
 
 #: What `finetune` trains in: fp32 master weights, the forward in fp32 or under bf16 autocast.
 TRAIN_DTYPES = ("float32", "bfloat16")
+
+
+def check_betas(betas: Iterable[float]) -> tuple[float, float]:
+    """AdamW's two moment decays, each in [0, 1).
+
+    Raises:
+        UsageError: not two numbers in [0, 1).
+    """
+    values = tuple(betas)
+    if len(values) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                   for b in values):
+        raise UsageError(f"{values}; give two numbers in [0, 1), e.g. 0.9,0.95", param="betas")
+    return float(values[0]), float(values[1])
 
 
 @dataclass
@@ -44,8 +58,10 @@ class TrainConfig:
     loss: dict[str, float] = field(default_factory=lambda: {"ce": 0.1, "tv": 0.9})
     gamma: float = 4.0
     alpha: float = 1.0
+    confidence_target: str = "overlap"   # what the confidence head learns (`objective.CONFIDENCE_TARGETS`)
     clip: float = 1.0
     weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)   # AdamW's moment decays
     dtype: str = "float32"
     seed: int = 0
     save_every: int = 0
@@ -69,6 +85,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.dtype = canonical_dtype(self.dtype, TRAIN_DTYPES)
+        if self.confidence_target not in objective.CONFIDENCE_TARGETS:
+            raise UsageError(f"confidence target {self.confidence_target!r}; use one of "
+                             f"{', '.join(objective.CONFIDENCE_TARGETS)}", param="confidence_target")
+        self.betas = check_betas(self.betas)
 
     def __getattr__(self, name: str) -> Any:
         """`config.teacher`, the 0.2 name of `target`, with a DeprecationWarning (until 0.4)."""

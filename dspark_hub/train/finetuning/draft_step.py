@@ -46,13 +46,14 @@ class DraftStep(nn.Module):
     """
 
     def __init__(self, model: K3DSparkModel, block_size: int, *, terms: list[str], gamma: float,
-                 loss_chunk: int) -> None:
+                 loss_chunk: int, confidence_target: str = "overlap") -> None:
         super().__init__()
         self.model = model
         self.block_size = block_size
         self.terms = terms
         self.gamma = gamma
         self.loss_chunk = loss_chunk
+        self.confidence_target = confidence_target
 
     def forward(self, context_states: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
                 anchor_valid: torch.Tensor, doc_ids: torch.Tensor, final_hidden: torch.Tensor,
@@ -68,12 +69,13 @@ class DraftStep(nn.Module):
             draft_logits, inputs = chunkable_draft_logits(self.model, lm_head_weight, hidden, prev_ids)
             sums = objective.chunked_loss_sums(draft_logits, inputs, out.confidence_logits, labels, positions,
                                                targets, lm_head_weight, terms=self.terms, gamma=self.gamma,
-                                               chunk_rows=self.loss_chunk)
+                                               chunk_rows=self.loss_chunk, confidence_target=self.confidence_target)
         else:
             assert out.logits is not None   # teacher_forced was given the lm_head
             with torch.autocast(context_states.device.type, enabled=False):
                 sums = objective.loss_sums(out.logits.float(), out.confidence_logits, labels, positions, targets,
-                                           lm_head_weight, terms=self.terms, gamma=self.gamma)
+                                           lm_head_weight, terms=self.terms, gamma=self.gamma,
+                                           confidence_target=self.confidence_target)
         return sums.terms, sums.weight, sums.stats
 
 

@@ -47,8 +47,8 @@ from dspark_hub.format import contract
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.format.jsonio import read_json_input
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
-from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_weights_like
-from dspark_hub.progress import Progress, announce_total
+from dspark_hub.format.writer import atomic_dir, atomic_file, check_writable, write_file, write_weights_like
+from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.data.hidden_state_files import HiddenStateData, detect_format, open_training_data
 from dspark_hub.train.data.rollouts import RolloutData
@@ -63,6 +63,7 @@ from dspark_hub.train.finetuning.objective_speculators import (
     SpeculatorsDSparkTrainer,
     library_anchors,
 )
+from dspark_hub.train.finetuning.plan import TrainPlan, packed_step_plan
 from dspark_hub.train.finetuning.trainer import TrainResult
 from dspark_hub.train.finetuning.training_log import TrainingLog
 from dspark_hub.train.target.generate import Rollout
@@ -78,7 +79,7 @@ def library_objective(config: TrainConfig) -> Objective:
     loss = {LOSS_ALIASES.get(name, name): float(weight) for name, weight in config.loss.items()}
     if config.max_anchors <= 0:
         raise UsageError(f"{config.max_anchors}; give the anchors per sequence (> 0)", param="max_anchors")
-    return Objective(loss=loss, gamma=config.gamma, alpha=config.alpha,
+    return Objective(loss=loss, gamma=config.gamma, alpha=config.alpha, confidence_target=config.confidence_target,
                      max_anchors=anchors_per_row(config.max_anchors, config.batch_size))
 
 
@@ -220,13 +221,14 @@ class SpeculatorsFinetune:
         self.model = SpeculatorsDSparkTrainer(
             self.base_config, {n: t.float() if t.is_floating_point() else t for n, t in tensors.items()},
             *read_target(self.target))
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=(0.9, 0.95),
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, betas=config.betas,
                                            weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: objective.cosine_lr(
             s, total=self.total_steps, warmup=config.warmup, min_ratio=config.min_lr_ratio))
         self.state_dir = config.state_path if (config.save_every or config.resume or config.state_dir) else None
-        self.step = self.tokens = self.peak_memory = 0
+        self.step = self.tokens = self.peak_memory = self.trained_anchors = self.trained_slots = 0
         self.last_loss: float | None = None
+        self.plan: TrainPlan | None = None
         self.log = TrainingLog(self.state_dir, rank=0)
 
     def _total_steps(self) -> int:
@@ -255,6 +257,9 @@ class SpeculatorsFinetune:
         if anchors.numel() == 0:
             raise UsageError(f"{self.data.folder}: step {self.step + 1}'s sequences have no supervised position "
                              f"before their last {self.block_size} tokens; give longer sequences", param="data")
+        if self.plan is None:
+            self.plan = self.plan_for(row, anchors, sequences=len(indices))
+            announce_plan(self.progress, self.plan)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             result = self.model.loss(row, anchors, self.objective)
         self.optimizer.zero_grad(set_to_none=True)
@@ -264,11 +269,13 @@ class SpeculatorsFinetune:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
-        tokens = int(row.loss_mask.sum())
+        tokens, slots = int(row.loss_mask.sum()), int(result.mask.sum())
         seconds = time.perf_counter() - started
         peak = peak_memory_bytes(torch.device("cpu"))
         self.peak_memory = max(self.peak_memory, peak)
         self.tokens += tokens
+        self.trained_anchors += int(anchors.numel())
+        self.trained_slots += slots
         self.last_loss = float(result.total.detach())
         mask = result.mask
         overlap = float((result.accept_rate * mask).sum() / mask.sum().clamp_min(1.0))
@@ -276,8 +283,23 @@ class SpeculatorsFinetune:
         if result.confidence is not None:
             terms["confidence"] = float(result.confidence.detach())
         return {"step": self.step + 1, "loss": self.last_loss, **terms, "lr": float(lr), "grad_norm": float(grad_norm),
-                "overlap": overlap, "anchors": int(anchors.numel()), "tokens": tokens, "step_seconds": seconds,
+                "overlap": overlap, "anchors": int(anchors.numel()), "slots": slots, "tokens": tokens,
+                "step_seconds": seconds,
                 "tokens_per_second": tokens / seconds if seconds else 0.0, "peak_memory_bytes": peak, "device": "cpu"}
+
+    def plan_for(self, row: PackedRow, anchors: torch.Tensor, *, sequences: int) -> TrainPlan:
+        """What a step on `row` with `anchors` costs and needs (`plan.packed_step_plan`), before step 1."""
+        model = self.model
+        keys = model.block_keys(row, anchors)
+        _, target_rows = model.slot_rows(anchors, row.input_ids.shape[0])
+        trained = sum(t.numel() for t in model.parameters())
+        frozen = sum(t.numel() for t in model.weights.values()) - trained
+        return packed_step_plan(model.geometry, sequences=sequences, positions=int(row.input_ids.shape[0]),
+                                supervised_tokens=int(row.loss_mask.sum()), anchors=int(anchors.numel()),
+                                block_size=self.block_size, attention_keys=sum(keys) * self.block_size,
+                                widest_keys=max(keys), target_rows=int(torch.unique(target_rows).numel()),
+                                trained_parameters=trained, frozen_parameters=frozen, bf16=self.config.bf16,
+                                supervised_slots=int(model.slot_mask(row, anchors).sum()), steps=self.total_steps)
 
     # -- states ----------------------------------------------------------------------------------
 
@@ -287,7 +309,8 @@ class SpeculatorsFinetune:
         path = self.state_dir / f"step-{self.step:06d}.pt"
         state = {"model": {n: t.detach() for n, t in self.model.named_trainable().items()},
                  "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "step": self.step, "tokens": self.tokens, "rng": torch.get_rng_state(),
+                 "step": self.step, "tokens": self.tokens, "anchors": self.trained_anchors,
+                 "slots": self.trained_slots, "rng": torch.get_rng_state(),
                  "config": self.config.to_dict()}
         with atomic_file(path, force=True) as handle:
             torch.save(state, handle)
@@ -309,6 +332,8 @@ class SpeculatorsFinetune:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.tokens = state["step"], state["tokens"]
+        # states written before the counts were kept say nothing of them: the result counts from the resume
+        self.trained_anchors, self.trained_slots = state.get("anchors", 0), state.get("slots", 0)
         torch.set_rng_state(state["rng"])
         self.log.truncate(self.step)
         return True
@@ -336,7 +361,8 @@ class SpeculatorsFinetune:
         states = tuple(p.name for p in state_files(self.state_dir)) if self.state_dir is not None else ()
         return TrainResult(self.config.out, self.step, self.tokens, time.perf_counter() - started, self.last_loss,
                            None if self.state_dir is None else str(self.state_dir), 1, None, "cpu",
-                           self.peak_memory, (), None, states, warnings=tuple(self.warnings))
+                           self.peak_memory, (), self.plan, states, warnings=tuple(self.warnings),
+                           anchors=self.trained_anchors, supervised_slots=self.trained_slots)
 
     def trained_bytes(self) -> dict[str, bytes]:
         """Each trained tensor cast back to B's dtype, as the bytes B stores it in."""
@@ -352,7 +378,7 @@ class SpeculatorsFinetune:
             write_weights_like(self.config.base, tmp, self.trained_bytes())
             self.log.copy_into(tmp)
             trained = replace(self.config, block_size=self.block_size)      # the block size B trains with
-            (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(trained.public_dict(), indent=2) + "\n")
+            write_file(tmp / TRAINING_ARGS_NAME, json.dumps(trained.public_dict(), indent=2) + "\n")
 
 
 def finetune_speculators(config: TrainConfig, progress: Progress | None = None) -> TrainResult:

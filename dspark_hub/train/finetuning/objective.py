@@ -16,8 +16,10 @@ Terms (p = target softmax at temperature 1, q = draft softmax with the Markov bi
   - `ce`: cross-entropy of q against the data token (= argmax p on greedy target data);
   - `kl`: KL(p || q);
   - `tv`: total variation 1 - sum_v min(p_v, q_v);
-  - confidence: BCE-with-logits of the confidence head against the detached overlap
-    `1 - TV(p, q)` (the per-slot acceptance probability of speculative sampling), weight `alpha`.
+  - confidence: BCE-with-logits of the confidence head against a detached per-slot acceptance, weight
+    `alpha`: by default the overlap `1 - TV(p, q)` (the acceptance probability of speculative sampling with
+    drafts sampled from q, speculators' target), or the acceptance the draft is served with
+    (`CONFIDENCE_TARGETS`, `confidence_target`).
 
 `loss_sums` takes the full `[B, A, K, V]` draft logits; `chunked_loss_sums` computes the same sums
 and gradients from the draft's hidden rows a chunk of (anchor, position) rows at a time, so memory
@@ -44,6 +46,15 @@ if TYPE_CHECKING:
     from dspark_hub.train.target.generate import Rollout
 
 LOSS_TERMS = ("ce", "kl", "tv")
+#: What the confidence head is trained to estimate at a slot, given the slots before it accepted (`finetune
+#: --confidence-target`; p the target's softmax at temperature 1, q the draft's):
+CONFIDENCE_TARGETS = {
+    "overlap": "1 - TV(p, q) = sum min(p, q): the acceptance of speculative sampling at temperature 1 with drafts "
+               "sampled from q (speculators' and the DSpark paper's target)",
+    "greedy": "argmax q == argmax p: the acceptance at temperature 0, greedy verification",
+    "greedy_drafts": "p(argmax q): the acceptance at temperature 1 of a greedy draft (vLLM's default "
+                     "draft_sample_method)",
+}
 DraftLogits = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 #: Default rows per loss chunk: one float32 `[rows, V]` tensor at the K3 vocabulary is ~256 MiB.
 DEFAULT_LOSS_CHUNK = (256 << 20) // (4 * contract.REFERENCE_CONFIG["draft_vocab_size"])
@@ -181,6 +192,21 @@ def slot_weights(labels: torch.Tensor, target_positions: torch.Tensor, loss_mask
     return slot_mask, slot_mask * decay_weights(block, gamma).to(labels.device)
 
 
+def supervised_slots(loss_mask: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor,
+                     block_size: int) -> int:
+    """The block slots of a batch whose label counts in the loss (`slot_weights`' contiguous prefix), counted
+    from the batch alone: per valid anchor `a`, slots `k = 0, 1, ...` while `x[a + k + 1]` is a supervised token
+    of the sequence. What `finetune` plans before step 1; the step's own count is `LossSums.stats["slots"]`."""
+    import torch
+
+    rows, length = loss_mask.shape
+    label_positions = anchors.long()[..., None] + torch.arange(1, block_size + 1, device=anchors.device)
+    inside = label_positions < length
+    supervised = loss_mask.bool().gather(1, label_positions.clamp(max=length - 1).reshape(rows, -1))
+    kept = torch.cumprod((supervised.reshape_as(label_positions) & inside).int(), dim=-1)
+    return int((kept * anchor_valid.bool()[..., None]).sum())
+
+
 def _target_distribution(final_hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
     import torch
     import torch.nn.functional as F
@@ -189,15 +215,39 @@ def _target_distribution(final_hidden: torch.Tensor, lm_head_weight: torch.Tenso
         return F.linear(final_hidden.to(lm_head_weight.dtype), lm_head_weight).float().softmax(-1)
 
 
-def _slot_losses(logits: torch.Tensor, target: torch.Tensor, labels: torch.Tensor,
-                 terms: Sequence[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Per-slot `{term: loss}`, the detached overlap `1 - TV` and argmax hits, all shaped like `labels`."""
+def acceptance_target(q: torch.Tensor, p: torch.Tensor, name: str) -> torch.Tensor:
+    """The per-slot acceptance `CONFIDENCE_TARGETS[name]` of draft distributions `q` under target ones `p`
+    (`[..., V]` each), detached: what the confidence head learns to estimate.
+
+    Raises:
+        UsageError: an unknown name.
+    """
+    import torch
+
+    with torch.no_grad():
+        if name == "overlap":
+            return torch.minimum(q, p).sum(-1).clamp(0.0, 1.0)
+        guess = q.argmax(-1, keepdim=True)
+        if name == "greedy":
+            return (guess == p.argmax(-1, keepdim=True)).float()[..., 0]
+        if name == "greedy_drafts":
+            return p.gather(-1, guess)[..., 0]
+    raise UsageError(f"confidence target {name!r}; use one of {', '.join(CONFIDENCE_TARGETS)}",
+                     param="confidence_target")
+
+
+def _slot_losses(logits: torch.Tensor, target: torch.Tensor, labels: torch.Tensor, terms: Sequence[str],
+                 confidence_target: str = "overlap"
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-slot `{term: loss}`, the detached overlap `1 - TV`, argmax hits and the confidence head's target
+    (`acceptance_target`), all shaped like `labels`."""
     import torch
 
     log_q = logits.log_softmax(-1)
     q = log_q.exp()
     tv = 0.5 * (q - target).abs().sum(-1)
     overlap = (1.0 - tv).detach().clamp(0.0, 1.0)
+    accept = overlap if confidence_target == "overlap" else acceptance_target(q, target, confidence_target)
     safe_labels = labels.clamp(min=0)
     per_slot = {
         "ce": lambda: -log_q.gather(-1, safe_labels[..., None]).squeeze(-1),
@@ -206,16 +256,19 @@ def _slot_losses(logits: torch.Tensor, target: torch.Tensor, labels: torch.Tenso
     }
     with torch.no_grad():
         correct = (logits.argmax(-1) == labels).float()
-    return {name: per_slot[name]() for name in terms}, overlap, correct
+    return {name: per_slot[name]() for name in terms}, overlap, correct, accept
 
 
 def _finish(sums: dict[str, torch.Tensor], confidence_logits: torch.Tensor | None, overlap: torch.Tensor,
-            hits: torch.Tensor, slot_mask: torch.Tensor, weights: torch.Tensor) -> LossSums:
+            hits: torch.Tensor, slot_mask: torch.Tensor, weights: torch.Tensor,
+            accept: torch.Tensor | None = None) -> LossSums:
+    """The sums with the confidence BCE against `accept` (default: the overlap) added, and the stats."""
     import torch
     import torch.nn.functional as F
 
     if confidence_logits is not None:
-        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), overlap, reduction="none")
+        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), overlap if accept is None else accept,
+                                                 reduction="none")
         sums["confidence"] = (bce * weights).sum()
     with torch.no_grad():
         stats = {"accuracy": hits, "overlap": (overlap * slot_mask).sum(),
@@ -225,7 +278,7 @@ def _finish(sums: dict[str, torch.Tensor], confidence_logits: torch.Tensor | Non
 
 def loss_sums(logits: torch.Tensor, confidence_logits: torch.Tensor | None, labels: torch.Tensor,
               target_positions: torch.Tensor, batch: Targets, lm_head_weight: torch.Tensor, *, terms: Sequence[str],
-              gamma: float) -> LossSums:
+              gamma: float, confidence_target: str = "overlap") -> LossSums:
     """Per-slot losses of a teacher-forced pass, weighted and summed (see the module docstring).
 
     Holds `[B, A, K, V]` logits and targets at once; `chunked_loss_sums` is the memory-bounded twin.
@@ -239,6 +292,7 @@ def loss_sums(logits: torch.Tensor, confidence_logits: torch.Tensor | None, labe
         lm_head_weight: the target's lm_head `[V, H]`.
         terms: which of `ce`, `kl`, `tv` to compute.
         gamma: decay constant of the slot weights.
+        confidence_target: what the confidence head learns (`CONFIDENCE_TARGETS`).
     """
     import torch
 
@@ -246,32 +300,34 @@ def loss_sums(logits: torch.Tensor, confidence_logits: torch.Tensor | None, labe
     flat_positions = target_positions.reshape(labels.shape[0], -1)
     hidden = batch.final_hidden.gather(1, flat_positions[..., None].expand(-1, -1, batch.final_hidden.shape[-1]))
     target = _target_distribution(hidden, lm_head_weight).reshape_as(logits)
-    losses, overlap, correct = _slot_losses(logits, target, labels, terms)
+    losses, overlap, correct, accept = _slot_losses(logits, target, labels, terms, confidence_target)
     sums = {name: (loss * weights).sum() for name, loss in losses.items()}
     with torch.no_grad():
         hits = (correct * slot_mask).sum()
-    return _finish(sums, confidence_logits, overlap, hits, slot_mask, weights)
+    return _finish(sums, confidence_logits, overlap, hits, slot_mask, weights, accept)
 
 
-def _chunk_sums(draft_logits: DraftLogits, lm_head_weight: torch.Tensor, terms: Sequence[str],
+def _chunk_sums(draft_logits: DraftLogits, lm_head_weight: torch.Tensor, terms: Sequence[str], confidence_target: str,
                 target_hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                *draft_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`([sum(w * l) per term], overlap [n], hits)` of n rows; nothing vocabulary-sized outlives it."""
+                *draft_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`([sum(w * l) per term], overlap [n], hits, the confidence target [n])` of n rows; nothing vocabulary-sized
+    outlives it."""
     import torch
 
     logits = draft_logits(*draft_rows).float()
     # As `loss_sums` after an autocast forward: bf16 may shape the draft logits, never the loss arithmetic.
     with torch.autocast(logits.device.type, enabled=False):
         target = _target_distribution(target_hidden, lm_head_weight)
-        losses, overlap, correct = _slot_losses(logits, target, labels, terms)
+        losses, overlap, correct, accept = _slot_losses(logits, target, labels, terms, confidence_target)
         sums = [(losses[name] * weights).sum() for name in terms]
-    return torch.stack(sums) if sums else weights.new_zeros(0), overlap, correct.sum()
+    return torch.stack(sums) if sums else weights.new_zeros(0), overlap, correct.sum(), accept
 
 
 def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[torch.Tensor],
                       confidence_logits: torch.Tensor | None, labels: torch.Tensor, target_positions: torch.Tensor,
                       batch: Targets, lm_head_weight: torch.Tensor, *,
-                      terms: Sequence[str], gamma: float, chunk_rows: int) -> LossSums:
+                      terms: Sequence[str], gamma: float, chunk_rows: int,
+                      confidence_target: str = "overlap") -> LossSums:
     """`loss_sums` without ever holding more than `chunk_rows` rows of `[rows, V]` logits or targets.
 
     Only supervised slots (non-zero weight) are computed; they are taken `chunk_rows` at a time,
@@ -284,8 +340,8 @@ def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[torch.Te
             gather the features once, outside, so no chunk back-propagates a `[vocab, rank]`
             embedding gradient of its own).
         draft_inputs: `[B, A, K, ...]` per-slot tensors `draft_logits` reads.
-        confidence_logits, labels, target_positions, batch, lm_head_weight, terms, gamma: as in
-            `loss_sums`.
+        confidence_logits, labels, target_positions, batch, lm_head_weight, terms, gamma, confidence_target: as
+            in `loss_sums`.
         chunk_rows: (anchor, position) rows per chunk, >= 1.
     """
     import torch
@@ -300,21 +356,24 @@ def chunked_loss_sums(draft_logits: DraftLogits, draft_inputs: Sequence[torch.Te
     target_hidden = batch.final_hidden[sequence.flatten()[rows], target_positions.flatten()[rows]]
     inputs = [target_hidden, labels.flatten()[rows], weights.flatten()[rows]]
     inputs += [tensor.flatten(0, labels.dim() - 1)[rows] for tensor in draft_inputs]
-    term_sums, overlaps, hits = [], [], []
+    term_sums, overlaps, hits, accepts = [], [], [], []
     # At least one (possibly empty) chunk, so a rank without supervised slots still back-propagates.
     for start in range(0, max(rows.numel(), 1), chunk_rows):
         part = [tensor[start:start + chunk_rows] for tensor in inputs]
-        chunk = checkpoint(_chunk_sums, draft_logits, lm_head_weight, terms, *part, use_reentrant=False,
-                           preserve_rng_state=False)
+        chunk = checkpoint(_chunk_sums, draft_logits, lm_head_weight, terms, confidence_target, *part,
+                           use_reentrant=False, preserve_rng_state=False)
         term_sums.append(chunk[0])
         overlaps.append(chunk[1])
         hits.append(chunk[2])
+        accepts.append(chunk[3])
     totals = torch.stack(term_sums).sum(0)
     sums = {name: totals[i] for i, name in enumerate(terms)}
-    overlap = torch.zeros(labels.numel(), device=labels.device)
+    overlap, accept = torch.zeros(labels.numel(), device=labels.device), torch.zeros(labels.numel(),
+                                                                                       device=labels.device)
     overlap[rows] = torch.cat(overlaps)
+    accept[rows] = torch.cat(accepts)
     return _finish(sums, confidence_logits, overlap.reshape_as(slot_mask), torch.stack(hits).sum(), slot_mask,
-                   weights)
+                   weights, accept.reshape_as(slot_mask))
 
 
 def combine(sums: LossSums, loss_weights: dict[str, float], alpha: float, global_weight: torch.Tensor,

@@ -16,7 +16,8 @@ against it by tests/test_speculators_objective.py in the library's own virtualen
    token at the same row;
 5. loss: each term of `loss` (KL by default) is `sum(l * m * w) / (sum(m) + 1e-5)` with
    `w_k = exp(-k / gamma)` (without `sample_from_anchor`: slot 0 is the anchor, weight 0, then
-   `exp(-(k - 1) / gamma)`), plus `alpha` times the confidence BCE against the detached overlap
+   `exp(-(k - 1) / gamma)`), plus `alpha` times the confidence BCE against the detached overlap (or, with
+   `confidence_target`, the acceptance the draft is served with: `objective.CONFIDENCE_TARGETS`)
    `1 - TV` with the same weights (denominator `sum(m) + 1e-8`).
 
 How it differs from the k3_dspark objective (`train.objective`): anchors there need a supervised
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub.errors import UsageError
 from dspark_hub.format import speculators as spec_format
 from dspark_hub.modeling.speculators_dspark import rms_norm, rotary_embedding
+from dspark_hub.train.finetuning.objective import acceptance_target
 
 if TYPE_CHECKING:
     import torch
@@ -66,6 +68,8 @@ class Objective:
     gamma: float = 4.0
     alpha: float = 1.0
     max_anchors: int = 3072
+    #: What the confidence head learns (`objective.CONFIDENCE_TARGETS`; the library's is the overlap).
+    confidence_target: str = "overlap"
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.loss) - set(LIBRARY_TERMS))
@@ -242,6 +246,30 @@ class SpeculatorsDSparkTrainer:
                 start = j
         return spans
 
+    def block_keys(self, row: PackedRow, anchors: torch.Tensor) -> list[int]:
+        """Per anchor, the keys each row of its block attends over: its group's context rows (`_spans`) and
+        its own block."""
+        return [hi - lo + self.block_size for group, lo, hi in self._spans(row, anchors)
+                for _ in range(group.stop - group.start)]
+
+    def slot_rows(self, anchors: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(rows, target_rows)`, both `[A*K]`: the packed row's index of each block slot, and the row whose
+        target distribution that slot is distilled at (the row before it without `sample_from_anchor`)."""
+        import torch
+
+        rows = (anchors[:, None] + torch.arange(self.block_size)[None, :]).reshape(-1)
+        return rows, rows if self.sample_from_anchor else (rows - 1) % length
+
+    def slot_mask(self, row: PackedRow, anchors: torch.Tensor) -> torch.Tensor:
+        """`[A*K]` float: 1 on the block slots whose own row is supervised (slot 0 never, without
+        `sample_from_anchor`: it is the anchor), the slots the library's loss counts."""
+        rows, _ = self.slot_rows(anchors, row.input_ids.shape[0])
+        mask = row.loss_mask[rows].float()
+        if not self.sample_from_anchor:
+            mask = mask.clone()
+            mask[:: self.block_size] = 0
+        return mask
+
     def hidden(self, row: PackedRow, anchors: torch.Tensor) -> torch.Tensor:
         """Final-normed block states `z` `[A, K, H]` for the anchors of one packed row."""
         import torch
@@ -304,9 +332,8 @@ class SpeculatorsDSparkTrainer:
         k = self.block_size
         z = self.hidden(row, anchors)
         logits = F.linear(z, self.lm_head)
-        rows = (anchors[:, None] + torch.arange(k)[None, :]).reshape(-1)
+        rows, target_rows = self.slot_rows(anchors, row.input_ids.shape[0])
         with torch.no_grad():
-            target_rows = rows if self.sample_from_anchor else (rows - 1) % row.input_ids.shape[0]
             # Overlapping blocks share rows: the target's log-distribution once per distinct row, then gathered.
             distinct, inverse = torch.unique(target_rows, return_inverse=True)
             last = row.last_hidden[distinct].to(self.target_norm.dtype)
@@ -328,11 +355,8 @@ class SpeculatorsDSparkTrainer:
 
     def loss(self, row: PackedRow, anchors: torch.Tensor, objective: Objective) -> LossResult:
         """The library's total loss and its terms for the given anchors."""
-        logits, targets, confidence, rows = self.forward(row, anchors)
-        mask = row.loss_mask[rows].float()
-        if not self.sample_from_anchor:
-            mask = mask.clone()
-            mask[:: self.block_size] = 0
+        logits, targets, confidence, _ = self.forward(row, anchors)
+        mask = self.slot_mask(row, anchors)
         return library_loss(logits, targets, confidence, mask, self.block_size, objective,
                             sample_from_anchor=self.sample_from_anchor)
 
@@ -392,7 +416,9 @@ def library_loss(logits: torch.Tensor, log_p: torch.Tensor, confidence: torch.Te
     accept_rate = overlap.detach()
     confidence_term = None
     if confidence is not None:
-        bce = F.binary_cross_entropy_with_logits(confidence, accept_rate.to(confidence.dtype), reduction="none")
+        learned = accept_rate if objective.confidence_target == "overlap" else \
+            acceptance_target(log_q.detach().exp(), log_p.exp(), objective.confidence_target)
+        bce = F.binary_cross_entropy_with_logits(confidence, learned.to(confidence.dtype), reduction="none")
         confidence_term = (bce * mask.to(bce.dtype) * decay).sum() / (mask.sum() + CONFIDENCE_EPS)
         total = total + objective.alpha * confidence_term
     return LossResult(total=total, terms=terms, confidence=confidence_term, accept_rate=accept_rate, mask=mask)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from dspark_hub.format.writer import write_file
+from dspark_hub.train.data.checks import prompt_lines as read_prompt_lines
 from dspark_hub.train.data.rollouts import RolloutData, make_rollouts
 from dspark_hub.train.finetuning.checkpointer import Checkpointer
 from dspark_hub.train.finetuning.config import TrainConfig
@@ -43,8 +45,8 @@ class Trainer(Protocol):
 
 
 def prompt_lines(path: str) -> list[str]:
-    """The non-blank lines of a prompts file."""
-    return [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The non-blank lines of a prompts file (strict UTF-8, never opened unless regular: `data.checks.prompt_lines`)."""
+    return [line for _, line in read_prompt_lines(path)]
 
 
 def share(total: int, parts: int, index: int) -> tuple[int, int]:
@@ -87,6 +89,6 @@ def roll_out(trainer: Trainer, engine: TargetEngine, folder: Path, chunk: list[s
     """One round's rollouts: its prompts to `folder/prompts.jsonl`, the target's continuations to `folder/data`."""
     config = trainer.config
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "prompts.jsonl").write_text("".join(line + "\n" for line in chunk), encoding="utf-8")
+    write_file(folder / "prompts.jsonl", "".join(line + "\n" for line in chunk))
     make_rollouts(trainer.target, folder / "prompts.jsonl", trainer.base_config, folder / "data",
                   max_new_tokens=config.max_new_tokens, engine=engine)

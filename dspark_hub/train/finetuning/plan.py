@@ -28,6 +28,16 @@ The counts were checked against what autograd actually saves (`torch.autograd.gr
 as `bench/bench_k3_memory.py` measures) at the tiny profile, and the total against the peak RSS
 of tiny runs; they are estimates, the process's own runtime (Python, torch, about 0.4 GB on CPU)
 comes on top, and GPU attention kernels keep less than the CPU math kernel counted here.
+
+A speculators DSpark packs the step's sequences into one row (`packed_step_plan`): its A anchors
+make `A x K` block rows that each attend only to their own sequence's rows before the anchor and
+to their block, so its attention grows with the sequences, not the packed row; its context rows
+(the fc projection of every tap, each layer's keys and values) grow with the row.
+
+Both plans also say what the run is worth: step 1's anchors and supervised block slots (slots
+whose label counts in the loss, `objective.supervised_slots` and
+`SpeculatorsDSparkTrainer.slot_mask`), and those times the run's steps (an estimate: later
+batches draw other sequences and anchors; the result counts what was trained).
 """
 
 from __future__ import annotations
@@ -48,7 +58,8 @@ class TrainPlan(Document):
 
     KEYS = ("sequences", "positions", "tokens", "supervised_tokens", "anchors", "block_size", "block_rows",
             "keys_per_row", "vocabulary", "vocabulary_rows", "flops", "total_flops", "dominant", "memory_bytes=memory",
-            "memory_total_bytes=memory_bytes", "world_size")
+            "memory_total_bytes=memory_bytes", "world_size", "layout", "step_anchors", "supervised_slots", "steps",
+            "run_anchors", "run_supervised_slots")
 
     sequences: int            # on this rank
     positions: int            # T, the padded sequence length
@@ -63,6 +74,10 @@ class TrainPlan(Document):
     flops: Mapping[str, float]        # per step, forward + backward, by part
     memory: Mapping[str, int]         # bytes, by part (estimate)
     world_size: int = 1
+    step_anchors: int = 0             # anchors of the step's batch (this rank's)
+    supervised_slots: int = 0         # of their block slots, those with a supervised label
+    steps: int = 0                    # the run's steps
+    layout: str = "padded"            # "padded": B sequences padded to T; "packed": one row of B sequences
 
     @property
     def dominant(self) -> str:
@@ -77,6 +92,16 @@ class TrainPlan(Document):
     def memory_bytes(self) -> int:
         return int(sum(self.memory.values()))
 
+    @property
+    def run_anchors(self) -> int:
+        """Step 1's anchors times the run's steps and ranks (an estimate of what the run trains)."""
+        return self.step_anchors * self.steps * self.world_size
+
+    @property
+    def run_supervised_slots(self) -> int:
+        """Step 1's supervised block slots times the run's steps and ranks (an estimate)."""
+        return self.supervised_slots * self.steps * self.world_size
+
 
 def _get(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
     value = config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)
@@ -86,7 +111,8 @@ def _get(config: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
 def step_plan(config: Mapping[str, Any] | Any, *, sequences: int, positions: int, tokens: int, supervised_tokens: int,
               anchors: int, valid_anchors: int, block_size: int, vocabulary: int, target_hidden_size: int,
               trained_parameters: int, frozen_parameters: int, loss_chunk: int, bf16: bool = False,
-              world_size: int = 1, sharded_states: bool = False) -> TrainPlan:
+              world_size: int = 1, sharded_states: bool = False, supervised_slots: int = 0,
+              steps: int = 0) -> TrainPlan:
     """The `TrainPlan` of one rank's step.
 
     Args:
@@ -100,6 +126,7 @@ def step_plan(config: Mapping[str, Any] | Any, *, sequences: int, positions: int
         loss_chunk: rows per loss chunk (0 = the whole `[B, A, K, V]` at once).
         bf16: the forward runs under bf16 autocast.
         world_size, sharded_states: ranks, and whether the states are sharded over them (FSDP2).
+        supervised_slots: block slots of the batch whose label is supervised; `steps`: the run's steps.
     """
     h = int(_get(config, "hidden_size"))
     inter = int(_get(config, "intermediate_size"))
@@ -152,4 +179,56 @@ def step_plan(config: Mapping[str, Any] | Any, *, sequences: int, positions: int
     }
     return TrainPlan(sequences=b, positions=t, tokens=tokens, supervised_tokens=supervised_tokens, anchors=anchors,
                      block_size=k, block_rows=block_rows, keys_per_row=keys, vocabulary=vocabulary,
-                     vocabulary_rows=vocab_rows, flops=flops, memory=memory, world_size=world_size)
+                     vocabulary_rows=vocab_rows, flops=flops, memory=memory, world_size=world_size,
+                     step_anchors=valid_anchors, supervised_slots=supervised_slots, steps=steps)
+
+
+def packed_step_plan(geometry: Any, *, sequences: int, positions: int, supervised_tokens: int, anchors: int,
+                     block_size: int, attention_keys: int, widest_keys: int, target_rows: int,
+                     trained_parameters: int, frozen_parameters: int, bf16: bool = False, supervised_slots: int = 0,
+                     steps: int = 0) -> TrainPlan:
+    """The `TrainPlan` of a speculators DSpark step: one packed row (see the module docstring).
+
+    Args:
+        geometry: the draft's `format.speculators.Geometry`.
+        sequences, positions, supervised_tokens: the packed row: its sequences, length N and supervised tokens.
+        anchors: A, the row's anchors; `block_size`: K.
+        attention_keys: keys summed over the block rows (each: its sequence's rows before the anchor, plus K);
+            `widest_keys`: the most any block row attends over.
+        target_rows: distinct rows whose target distribution the loss reads.
+        trained_parameters, frozen_parameters: the draft's parameter counts (the target's embedding and
+            lm_head are counted from the geometry).
+        bf16: the forward runs under bf16 autocast.
+        supervised_slots, steps: as in `step_plan`.
+    """
+    g = geometry
+    h, heads, kv, d, inter, layers = g.hidden_size, g.heads, g.kv_heads, g.head_dim, g.intermediate_size, g.layers
+    width = g.taps * g.tap_width
+    rank = max(0, g.markov_rank)
+    n, rows = positions, anchors * block_size
+    # Multiply-adds x 2, forward; backward ~2x forward where gradients flow: fc's only to its weight (the taps
+    # are data), the target's rows none.
+    fc = 2.0 * n * width * h
+    context = 2.0 * n * layers * h * 2 * kv * d
+    block = 2.0 * rows * layers * (h * heads * d + h * 2 * kv * d + heads * d * h + 3 * h * inter)
+    attention = 2.0 * layers * heads * d * 2 * attention_keys
+    draft_vocab = 2.0 * rows * g.draft_vocab_size * (h + rank)
+    target_vocab = 2.0 * target_rows * g.draft_vocab_size * g.tap_width
+    flops = {"attention": 3 * attention, "decoder": 2 * fc + 3 * (context + block),
+             "vocabulary": 3 * draft_vocab + target_vocab}
+    float_bytes = 2 if bf16 else 4
+    memory = {
+        "states": trained_parameters * 16 + frozen_parameters * 4,
+        "teacher_lm_head": g.draft_vocab_size * g.tap_width * 4,     # its rows of the draft vocabulary
+        "target_embedding": g.vocab_size * g.tap_width * 4,          # the blocks' token rows come from it
+        "loss": LOSS_TENSORS * (rows + target_rows) * g.draft_vocab_size * 4,
+        "attention": (layers + 2) * heads * attention_keys * float_bytes,
+        # context rows: the taps as stored (bf16) and cast, fc's output, each layer's keys and values
+        # (repeated to the query heads); block rows: what a decoder layer saves per row
+        "activations": n * (width * (2 + 4) + 4 * (3 * h + layers * 2 * (kv + heads) * d))
+                       + 4 * rows * (layers * (6 * h + 4 * heads * d + 2 * kv * d + 4 * inter) + 3 * h + rank),
+    }
+    return TrainPlan(sequences=sequences, positions=n, tokens=n, supervised_tokens=supervised_tokens, anchors=anchors,
+                     block_size=block_size, block_rows=rows, keys_per_row=widest_keys,
+                     vocabulary=g.draft_vocab_size, vocabulary_rows=rows, flops=flops, memory=memory,
+                     step_anchors=anchors, supervised_slots=supervised_slots, steps=steps, layout="packed")

@@ -43,10 +43,10 @@ from dspark_hub.format.checkpoint import LocalSource, open_checkpoint
 from dspark_hub.format.jsonio import read_json_input
 from dspark_hub.format.provenance import TRAINING_ARGS_NAME
 from dspark_hub.format.remote_code import require_k3_dspark
-from dspark_hub.format.writer import atomic_dir, check_writable
+from dspark_hub.format.writer import atomic_dir, check_writable, write_file
 from dspark_hub.progress import Progress, announce_plan, announce_total
 from dspark_hub.train.data.hidden_state_files import HiddenStateData, detect_format, open_training_data
-from dspark_hub.train.data.rollouts import RolloutData, require_file
+from dspark_hub.train.data.rollouts import RolloutData, read_prompts, require_file
 from dspark_hub.train.evaluation.drafters import measure_draft, measure_ngram
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.finetuning.checkpointer import Checkpointer, full_model_state, rotate_states, state_files
@@ -83,7 +83,8 @@ class TrainResult(Document):
 
     SCHEMA = schemas.command("finetune")
     KEYS = ("path", "steps", "tokens", "seconds", "tokens_per_second", "final_loss", "state_dir", "world_size", "eval",
-            "device", "peak_memory_bytes", "engine_releases", "plan", "states", "warnings")
+            "device", "peak_memory_bytes", "engine_releases", "plan", "states", "warnings", "anchors",
+            "supervised_slots")
 
     path: str
     steps: int
@@ -99,6 +100,8 @@ class TrainResult(Document):
     plan: TrainPlan | None = None
     states: tuple[str, ...] = ()      # the state files kept, oldest first
     warnings: tuple[str, ...] = ()    # what the output will meet when served (e.g. a head vLLM does not load)
+    anchors: int = 0                  # anchors trained, over every step and rank
+    supervised_slots: int = 0         # of their block slots, those whose label counted in the loss
 
     @property
     def tokens_per_second(self) -> float:
@@ -160,12 +163,12 @@ class Trainer:
         if config.loss_chunk < 0:
             raise UsageError(f"{config.loss_chunk}; use rows per chunk, or 0 for no chunking", param="loss_chunk")
         step = DraftStep(self.model, config.block_size, terms=list(self.loss_weights), gamma=config.gamma,
-                         loss_chunk=config.loss_chunk)
+                         loss_chunk=config.loss_chunk, confidence_target=config.confidence_target)
         uses_confidence = bool(self.model.confidence_head is not None and config.alpha)
         self.module = wrap(step, self.model.layers, self.device, self.world, fsdp=config.fsdp,
                            find_unused_parameters=not uses_confidence)
         trainable = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=(0.9, 0.95),
+        self.optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=config.betas,
                                            weight_decay=config.weight_decay)
         self.total_steps = self._total_steps()
         if self.rank == 0:
@@ -173,7 +176,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: objective.cosine_lr(
             s, total=self.total_steps, warmup=config.warmup, min_ratio=config.min_lr_ratio))
         self.step = 0
-        self.tokens = 0
+        self.tokens = self.trained_anchors = self.trained_slots = 0
         self.last_loss: float | None = None
         self.last_eval: dict[str, Any] | None = None
         self.peak_memory = 0
@@ -230,6 +233,7 @@ class Trainer:
             if not (config.prompts and config.target):
                 raise UsageError("needs `prompts` and `target`", param="on_policy")
             require_file(config.prompts, "a prompts JSONL file", param="prompts")
+            read_prompts(config.prompts, self.given_target, param="prompts", budget=config.max_new_tokens)  # every line
         if config.eval_data:
             detect_format(config.eval_data, param="eval_data")
 
@@ -268,7 +272,8 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
-        entry = self._log_entry(sums, global_weight, float(grad_norm), float(lr), batch.tokens)
+        entry = self._log_entry(sums, global_weight, float(grad_norm), float(lr), batch.tokens,
+                                int(batch.anchor_valid.sum()))
         seconds = time.perf_counter() - started     # float(grad_norm) above waited for the device
         peak = peak_memory_bytes(self.device)
         self.peak_memory = max(self.peak_memory, peak)
@@ -303,25 +308,30 @@ class Trainer:
                          block_size=config.block_size, vocabulary=int(self.lm_head.shape[0]),
                          target_hidden_size=int(self.lm_head.shape[1]), trained_parameters=trained,
                          frozen_parameters=frozen, loss_chunk=config.loss_chunk, bf16=config.bf16,
-                         world_size=self.world, sharded_states=config.fsdp and self.world > 1)
+                         world_size=self.world, sharded_states=config.fsdp and self.world > 1,
+                         supervised_slots=objective.supervised_slots(batch.loss_mask, batch.anchors, batch.anchor_valid,
+                                                                     config.block_size),
+                         steps=self.total_steps)
 
     def _log_entry(self, sums: objective.LossSums, global_weight: torch.Tensor, grad_norm: float, lr: float,
-                   tokens: int) -> dict[str, Any]:
+                   tokens: int, anchors: int) -> dict[str, Any]:
         names = sorted(sums.terms)
-        packed = torch.stack([sums.terms[n].detach().float() for n in names]
-                             + [sums.stats[k].float() for k in ("accuracy", "overlap", "slots")]
-                             + [torch.tensor(float(tokens), device=global_weight.device)])
+        counts = torch.tensor([float(tokens), float(anchors)], device=global_weight.device)
+        packed = torch.cat([torch.stack([sums.terms[n].detach().float() for n in names]
+                                        + [sums.stats[k].float() for k in ("accuracy", "overlap", "slots")]), counts])
         packed = all_reduce(packed)
         weight = float(global_weight.clamp_min(1e-8))
         values = {name: float(packed[i]) / weight for i, name in enumerate(names)}
-        slots = max(float(packed[-2]), 1.0)
+        accuracy, overlap, slots, tokens_sum, anchors_sum = (float(v) for v in packed[len(names):])
         loss = sum(self.loss_weights[n] * values[n] for n in self.loss_weights)
         loss += self.config.alpha * values.get("confidence", 0.0)
-        self.tokens += int(packed[-1])
+        self.tokens += int(tokens_sum)
+        self.trained_anchors += int(anchors_sum)
+        self.trained_slots += int(slots)
         self.last_loss = loss
         return {"step": self.step + 1, "loss": loss, **values, "lr": lr, "grad_norm": grad_norm,
-                "accuracy": float(packed[-4]) / slots, "overlap": float(packed[-3]) / slots,
-                "tokens": int(packed[-1])}
+                "accuracy": accuracy / max(slots, 1.0), "overlap": overlap / max(slots, 1.0),
+                "tokens": int(tokens_sum), "anchors": int(anchors_sum), "slots": int(slots)}
 
     # -- state and log -------------------------------------------------------------------------
 
@@ -329,6 +339,7 @@ class Trainer:
         """Write `state_dir/step-NNNNNN.pt` (rank 0), point `latest.json` at it, then rotate (`rotate_states`)."""
         return self.checkpointer.save(self.module, self.optimizer, {
             "scheduler": self.scheduler.state_dict(), "step": self.step, "tokens": self.tokens,
+            "anchors": self.trained_anchors, "slots": self.trained_slots,
             "rng": torch.get_rng_state(), "config": self.config.to_dict()})
 
     def load_state(self) -> bool:
@@ -338,6 +349,8 @@ class Trainer:
             return False
         self.scheduler.load_state_dict(rest["scheduler"])
         self.step, self.tokens = rest["step"], rest["tokens"]
+        # states written before the counts were kept say nothing of them: the result counts from the resume
+        self.trained_anchors, self.trained_slots = rest.get("anchors", 0), rest.get("slots", 0)
         torch.set_rng_state(rest["rng"])
         self.training_log.truncate(self.step)
         return True
@@ -396,7 +409,7 @@ class Trainer:
         return TrainResult(self.config.out, self.step, self.tokens, time.perf_counter() - started, self.last_loss,
                            None if self.state_dir is None else str(self.state_dir), self.world, self.last_eval,
                            str(self.device), self.peak_memory, tuple(self.releases), self.plan,
-                           self.checkpointer.kept())
+                           self.checkpointer.kept(), anchors=self.trained_anchors, supervised_slots=self.trained_slots)
 
     def write_output(self) -> None:
         """Rank 0 writes the draft (base layout and dtype) plus the log and the options, atomically."""
@@ -411,6 +424,6 @@ class Trainer:
             with atomic_dir(self.config.out, force=self.config.force, checked=self.out_checked) as tmp:
                 save_checkpoint(model, tmp, dtype=self.save_dtype, force=True)
                 self.training_log.copy_into(tmp)
-                (tmp / TRAINING_ARGS_NAME).write_text(json.dumps(self.config.public_dict(), indent=2) + "\n")
+                write_file(tmp / TRAINING_ARGS_NAME, json.dumps(self.config.public_dict(), indent=2) + "\n")
         barrier()
 

@@ -18,6 +18,7 @@ from typing import Any
 from dspark_hub.errors import UsageError
 from dspark_hub.format.folder import read_regular
 from dspark_hub.format.jsonio import loads_strict
+from dspark_hub.format.writer import write_file, writing
 
 LOG_NAME = "training_log.jsonl"
 #: Log keys that measure the machine (time, memory): they differ between runs that train identically.
@@ -48,7 +49,7 @@ class TrainingLog:
         if self.path is None:
             self._lines.append(line)
             return
-        with open(self.path, "a", encoding="utf-8") as handle:
+        with writing(self.path), open(self.path, "a", encoding="utf-8") as handle:
             handle.write(line)
 
     def text(self) -> str:
@@ -78,11 +79,11 @@ class TrainingLog:
                                  param="state_dir")
             if entry["step"] <= step:
                 kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
+        write_file(self.path, "".join(line + "\n" for line in kept))
 
     def copy_into(self, folder: Path) -> None:
         """Write the log into the output `folder` (nothing when nothing was logged)."""
         if self.path is not None and self.path.is_file():
             shutil.copyfile(self.path, folder / LOG_NAME)
         elif self._lines:
-            (folder / LOG_NAME).write_text("".join(self._lines), encoding="utf-8")
+            write_file(folder / LOG_NAME, "".join(self._lines))

@@ -1,7 +1,7 @@
 """One target sequence and its states (`Rollout`), and how a transformers target produces them.
 
 Shared by every engine (`train.engines`, `train.vllm_engine`) and by the rollouts folder
-(`train.rollouts`), which sit above it: greedy continuations captured with forward hooks
+(`train.data.rollouts`), which sit above it: greedy continuations captured with forward hooks
 (`generate_rollouts`), given sequences recorded as they are (`prefill_rollouts`), and the
 greedy-agreement count every rollout carries. A sampled continuation (`eval --temperature`) is the same
 greedy `generate` call with a `Draw` rule deciding each row's next token (the rule, vLLM's sampling, lives

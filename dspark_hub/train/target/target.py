@@ -40,10 +40,11 @@ from dspark_hub.documents import Document
 from dspark_hub.errors import CheckpointFormatError, CheckpointNotFoundError, UsageError, about
 from dspark_hub.format.contract import CONFIG_NAME, INDEX_NAME
 from dspark_hub.format.digests import sha256_file
-from dspark_hub.format.folder import list_folder
+from dspark_hub.format.folder import folder_files, list_folder
 from dspark_hub.format.jsonio import read_json_input
 from dspark_hub.format.taps import text_config
 from dspark_hub.format.tensorio import tensor_files
+from dspark_hub.train.target.tensors import read_tensor
 
 # torch, transformers and safetensors are imported inside the functions that load weights: config
 # checks and identities (and the CLI's `--help`) import this module without them.
@@ -132,15 +133,6 @@ def lm_head_name(names: Any, config: Mapping[str, Any]) -> str:
                      "pass a causal LM checkpoint folder")
 
 
-def read_tensor(file: str | os.PathLike[str], name: str) -> torch.Tensor:
-    """One tensor of a safetensors file (only its header and that tensor's bytes are read)."""
-    from safetensors import safe_open
-
-    with safe_open(str(file), framework="pt") as handle:
-        tensor: torch.Tensor = handle.get_tensor(name)
-    return tensor
-
-
 @dataclass(frozen=True)
 class FinalNorm:
     """The target's final RMSNorm, read from its files: what turns the last layer's output into the lm_head input.
@@ -225,6 +217,7 @@ def load_target(folder: str | os.PathLike[str], *, dtype: str = "float32") -> Ca
 
     if not (Path(folder) / CONFIG_NAME).is_file():
         raise CheckpointNotFoundError(f"{folder}: no config.json; pass a local transformers causal LM folder")
+    folder_files(folder)     # a model folder's rules before transformers opens its files natively
     try:   # weights_only: a `.bin` pickle is read as tensors only, never run (transformers' default, said here)
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), weights_only=True)
     except UnpicklingError as e:
@@ -306,6 +299,8 @@ class Target:
         """(the tokenizer, None), or (None, why it could not be loaded)."""
         from transformers import AutoTokenizer
 
+        if self.folder.is_dir():
+            folder_files(self.folder)   # a model folder's rules before the tokenizer library opens its files natively
         try:
             return AutoTokenizer.from_pretrained(self.path), None
         except (OSError, ValueError, TypeError) as exc:
