@@ -468,7 +468,7 @@ def compare_command(a: str, b: str, fail_if_worse: float | None, as_json: bool) 
 @json_option
 def probe_command(draft: str, target: str | None, prompts: str | None, data: str | None, block_size: int | None,
                   max_new_tokens: int, batch_size: int, threads: int | None, quiet: bool, as_json: bool) -> None:
-    """Name the conventions a draft's weights follow (taps, slot layout, d2t, ...) from their behaviour on the
+    """Name the conventions a draft's weights follow (taps, slot layout, d2t and the rest) from their behaviour on the
     target's greedy paths.
 
     Each convention is "as declared", the value the weights follow instead, or "cannot tell"; exit 1 when the weights
