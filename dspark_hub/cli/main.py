@@ -49,8 +49,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                      "toy training runs)."),
     "package": ("hub", "package", "Write SHA256SUMS, checksums.json, .gitattributes, a .torrent with Hub web seeds "
                 "and its magnet link."),
-    "probe": ("train", "probe_command", "Name the conventions a draft's weights follow (taps, slot layout, d2t and the rest) "
-              "from their behaviour on the target's greedy paths."),
+    "probe": ("train", "probe_command", "Name the conventions a draft's weights follow (taps, slot layout, d2t and "
+              "the rest) from their behaviour on the target's greedy paths."),
     "publish": ("hub", "publish", "Gate (verify + card lint), upload CKPT to ORG/NAME, then compare the Hub's files "
                 "with the local ones."),
     "rollouts": ("train", "rollouts", "Write the target's greedy continuations with the draft's tap states "
