@@ -108,9 +108,9 @@ def read_side(path: str | os.PathLike[str], param: str) -> Side:
     try:
         doc = load_json_file(path)
     except CheckpointNotFoundError:
-        raise UsageError(f"{path}: no such file; pass an 'eval --json' document", param=param) from None
+        raise UsageError(f"{path}: no such file; pass the output of 'dspark-hub eval --json'", param=param) from None
     except CheckpointFormatError as e:
-        raise UsageError(f"{path}: {e.detail}; pass an 'eval --json' document", param=param) from None
+        raise UsageError(f"{path}: {e.detail}; pass the output of 'dspark-hub eval --json'", param=param) from None
     if not isinstance(doc, dict) or doc.get("schema") not in schemas.EVAL_READ:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"{path}: is {found!r}, not an eval document; pass 'dspark-hub eval --json' output",

@@ -239,7 +239,7 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
                          "engine, or run the simulated engine", param="engine")
     if serving.asked and not sampling.greedy:
         raise UsageError("the k sweep, context buckets, costs and profile are greedy; drop them for a sampled eval "
-                         "(--temperature), or measure them in a greedy run", param="serving")
+                         "(a temperature above 0), or measure them in a greedy run", param="temperature")
     if serving.profile:
         check_profile_writable(draft, [("target", target), ("prompts", prompts), ("data", data),
                                        ("reference", reference)], force=serving.force)

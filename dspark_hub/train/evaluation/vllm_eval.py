@@ -214,7 +214,7 @@ def unit_stats(run: EngineRun, groups: list[list[int]], k: int) -> list[Acceptan
         histograms = run.report["groups"][g].get("histograms") or []
         if len(histograms) != len(group):
             raise EngineError(f"vLLM reported {len(histograms)} per-request counts for {len(group)} requests; "
-                              "its per_request_spec_decode_metrics did not work as in 0.32.0")
+                              f"its per_request_spec_decode_metrics did not work as in {PINNED_VERSION}")
         for histogram, output in zip(histograms, run.outputs[g], strict=True):
             accepted = [sum(histogram[j + 1:]) for j in range(k)]
             out.append(AcceptanceStats(k, drafts=sum(histogram), accepted_per_position=accepted,
