@@ -183,7 +183,7 @@ def test_the_drafting_method_is_part_of_the_decoding(tmp_path):
     ({"schema": "dspark-hub/eval/2", "k": 2}, "has no per-prompt units to pair"),
     ({"schema": "dspark-hub/verify/1"}, "not an eval document"),
     ([1, 2], "not an eval document"),
-    ("{not json", "pass an 'eval --json' document"),
+    ("{not json", "pass the output of 'dspark-hub eval --json'"),
     (None, "no such file"),
 ])
 def test_a_file_that_is_not_an_eval_with_units_is_refused(tmp_path, content, says):
