@@ -240,4 +240,4 @@ def test_a_teacher_whose_heads_cpu_attention_cannot_run_is_refused_before_the_en
             engine.start()
     finally:
         engine.close()
-    assert info.value.param == "teacher"
+    assert info.value.param == "target"
