@@ -7,13 +7,26 @@ gives the median ratio with its range.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 MIN_RUNS = 5
+#: The SmolLM2 world `.ci/real-target.sh` builds: the real-model benches' default target.
+WORLD = Path(os.environ.get("DSPARK_WORLD_CACHE", Path.home() / ".cache" / "dspark-hub")) / "smollm2-135m-instruct"
+
+
+def parse_rounds(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """`parser` with `--runs` added, parsed; fewer than MIN_RUNS rounds is a usage error."""
+    parser.add_argument("--runs", type=int, default=MIN_RUNS, help=f"alternating rounds (at least {MIN_RUNS})")
+    args = parser.parse_args()
+    if args.runs < MIN_RUNS:
+        parser.error(f"--runs: at least {MIN_RUNS}, so one disturbed round cannot decide the median")
+    return args
 
 
 def alternate(old: tuple[str, Callable[[], Any]], new: tuple[str, Callable[[], Any]], runs: int,

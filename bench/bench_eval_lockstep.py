@@ -22,9 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from _alternate import MIN_RUNS, alternate  # noqa: E402
-
-WORLD = Path(os.environ.get("DSPARK_WORLD_CACHE", Path.home() / ".cache" / "dspark-hub")) / "smollm2-135m-instruct"
+from _alternate import WORLD, alternate, parse_rounds  # noqa: E402
 
 
 def main() -> None:
@@ -33,11 +31,8 @@ def main() -> None:
     parser.add_argument("data", type=Path)
     parser.add_argument("--target", type=Path, default=WORLD / "f32", help="the target whose lm_head drafts")
     parser.add_argument("--rollouts", type=int, default=16, help="the first N held-out rollouts")
-    parser.add_argument("--runs", type=int, default=MIN_RUNS, help=f"alternating rounds (at least {MIN_RUNS})")
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    if args.runs < MIN_RUNS:
-        parser.error(f"--runs: at least {MIN_RUNS}, so one disturbed round cannot decide the median")
+    args = parse_rounds(parser)
     import torch
 
     from dspark_hub.modeling import load_checkpoint

@@ -22,9 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from _alternate import MIN_RUNS, alternate  # noqa: E402
+from _alternate import WORLD, alternate, parse_rounds  # noqa: E402
 
-WORLD = Path(os.environ.get("DSPARK_WORLD_CACHE", Path.home() / ".cache" / "dspark-hub")) / "smollm2-135m-instruct"
 TAPS = [1, 7, 14, 22, 27]
 
 
@@ -63,10 +62,7 @@ def main() -> None:
     parser.add_argument("--target", type=Path, default=WORLD / "bf16")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=24)
-    parser.add_argument("--runs", type=int, default=MIN_RUNS, help=f"alternating rounds (at least {MIN_RUNS})")
-    args = parser.parse_args()
-    if args.runs < MIN_RUNS:
-        parser.error(f"--runs: at least {MIN_RUNS}, so one disturbed round cannot decide the median")
+    args = parse_rounds(parser)
     import torch
 
     from dspark_hub.train.target.target import load_target

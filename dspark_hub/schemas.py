@@ -11,13 +11,18 @@ from __future__ import annotations
 #: `--json` output of each command.
 COMMANDS: dict[str, str] = {name: f"dspark-hub/{name}/1" for name in (
     "verify", "diff", "convert", "init", "init-teacher", "rollouts", "finetune", "golden-write", "golden-check",
-    "export-code", "checksums", "checksums-check", "package", "card", "card-lint", "publish", "error", "probe",
+    "export-code", "checksums", "checksums-check", "package", "card", "card-lint", "publish", "error", "compare",
+    "probe",
 )} | {
     # 2: vLLM's definitions and counts (`drafts` replaces `steps`; the last step counts in full), `engine`,
-    # `measured_by`, `lossless`. 3 (one bump for this release): sampled acceptance's per-unit records; the
-    # optional `sweep`, `speedup`, `by_context` and `calibration` (docs/acceptance.md).
+    # `measured_by`, `lossless`. 3 (one bump for this release): the decoding (`sampling`: greedy or a temperature,
+    # truncation, drafting method, samples, seed), `units` (one record per prompt and sample), `intervals` and
+    # `expected` (a number's meaning now depends on `sampling`; a /2 file is greedy), and the optional serving keys
+    # `sweep`, `speedup`, `by_context` and `calibration` (docs/acceptance.md). /2 files are still read.
     "eval": "dspark-hub/eval/3",
 }
+#: Eval documents of earlier versions that readers still take (all greedy; no units).
+EVAL_READ = ("dspark-hub/eval/1", "dspark-hub/eval/2", "dspark-hub/eval/3")
 
 #: `checksums.json`, the digest manifest beside the weights.
 CHECKSUMS = "dspark-hub/checksums-manifest/1"

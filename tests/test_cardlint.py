@@ -436,3 +436,66 @@ def test_a_python_repr_in_a_card_is_flagged(tmp_path, printed):
 ])
 def test_text_a_reader_expects_is_not_a_repr(tmp_path, printed):
     assert _only_errors(_lint(tmp_path, FRONT + "\n# Card\n\n" + printed + "\n")) == []
+
+
+# ------------------------------------------------------------------ sampled numbers
+
+SAMPLED = {"temperature": 1.0, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "draft_sample_method": "greedy",
+           "samples": 4, "seed": 0, "describe": "temperature 1, top-p 0.9; greedy drafting; 4 samples a prompt"}
+SAMPLED_PART = "temperature 1, top-p 0.9, greedy drafting, 4 samples x 8 prompts, AL 95% interval +-0.031"
+
+
+def _sampled_eval(tmp_path: Path, sampling: dict | None = SAMPLED) -> Path:
+    """The vLLM measurement of the fixtures, as a sampled eval/3 file says it (or greedy: `sampling` None)."""
+    doc = json.loads((SPECDEC / "vllm_eval.json").read_text())
+    doc.update(k=3, schema="dspark-hub/eval/3", prompts=8, intervals={"half_width": 0.0312},
+               sampling=sampling or {"temperature": 0.0, "describe": "greedy"})
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_sampled_eval_is_labelled_with_its_decoding_samples_and_interval(tmp_path):
+    from dspark_hub.cards.labels import acceptance_label, parse_label
+
+    label = acceptance_label(json.loads(_sampled_eval(tmp_path).read_text()))
+    assert label is not None and label.text.endswith(f"prompts c98977eaff7b, {SAMPLED_PART})")
+    read = parse_label(label.line)
+    assert read is not None and (read.text, read.decoding) == (label.text, label.decoding)
+    assert read.sampling == {"temperature": 1.0, "top-p": 0.9, "drafting": "greedy"}
+    greedy = acceptance_label(json.loads(_sampled_eval(tmp_path, None).read_text()))
+    assert greedy is not None and greedy.decoding is None and greedy.text == LABEL.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize("label, eval_sampling, said", [
+    (LABEL, SAMPLED, "greedy numbers, the eval file sampled at temperature 1"),                 # sampled as greedy
+    (f"{LABEL[:-1]}, {SAMPLED_PART})", None, "sampled at temperature 1 numbers, the eval file greedy"),  # reverse
+    (f"{LABEL[:-1]}, {SAMPLED_PART.replace('temperature 1', 'temperature 0.7')})", SAMPLED,
+     "sampled at temperature 0.7 numbers, the eval file sampled at temperature 1"),
+    (f"{LABEL[:-1]}, {SAMPLED_PART.replace(', top-p 0.9', '')})", SAMPLED, "top-p off, the eval file 0.9"),
+    (f"{LABEL[:-1]}, {SAMPLED_PART.replace('greedy drafting', 'probabilistic drafting')})", SAMPLED,
+     "drafting probabilistic, the eval file greedy"),
+])
+def test_lint_catches_a_sampled_number_presented_as_greedy_or_the_reverse(tmp_path, label, eval_sampling, said):
+    card = tmp_path / "README.md"
+    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", label=label))
+    report = lint_card(card, eval_json=_sampled_eval(tmp_path, eval_sampling))
+    assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_MISMATCH"], report.errors
+    assert said in report.errors[0].message
+
+
+@pytest.mark.parametrize("label, eval_sampling", [(LABEL, None), (f"{LABEL[:-1]}, {SAMPLED_PART})", SAMPLED)])
+def test_a_label_that_says_its_decoding_as_the_eval_file_does_passes(tmp_path, label, eval_sampling):
+    card = tmp_path / "README.md"
+    card.write_text(_acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", label=label))
+    assert lint_card(card, eval_json=_sampled_eval(tmp_path, eval_sampling)).ok
+
+
+@pytest.mark.parametrize("part, missing", [
+    ("greedy drafting, ", "the drafting method"), ("4 samples x 8 prompts, ", "the samples"),
+    (", AL 95% interval +-0.031", "the interval")])
+def test_a_sampled_label_must_state_its_drafting_samples_and_interval(tmp_path, part, missing):
+    label = f"{LABEL[:-1]}, {SAMPLED_PART.replace(part, '')})"
+    report = _lint(tmp_path, _acceptance_card("| code | 60.0% | 30.0% | 10.0% | 2.00 |", label=label))
+    assert [f.code for f in report.errors] == ["ACCEPTANCE_LABEL_INCOMPLETE"]
+    assert report.errors[0].message.endswith(f"does not state {missing}")

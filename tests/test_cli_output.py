@@ -137,7 +137,8 @@ def test_eval_numbers_and_drafter_names_are_never_cut(monkeypatch, capsys, colum
              "tokens": 12, "drafts": 9, "k": 7}
     doc = {**stats, "by_dataset": {"a-rather-long-dataset-name": {**stats, "baseline": stats}}, "baseline": stats,
            "reference": None, "harness": {"block_size": 7, "teacher": "t"}, "definition": "d", "plot": None,
-           "measured_by": None, "lossless": None}
+           "measured_by": None, "lossless": None, "sampling": {"temperature": 0.0, "describe": "greedy"},
+           "intervals": None, "expected": None}
     render_eval(SimpleNamespace(to_dict=lambda: doc))
     out = capsys.readouterr().out
     assert "1.0000" in out and "draft" in out and "prompt lookup" in out and "a-rather-long-dataset-name" in out

@@ -128,7 +128,8 @@ job = json.loads(sys.stdin.readline())["job"]
 spec = job["speculative_config"]
 groups = [{{"outputs": [[5, 6, 7 if spec is None else 8] for _ in group],
             "metrics": {{"vllm:spec_decode_num_drafts": 3 * len(group),
-                         "vllm:spec_decode_num_accepted_tokens_per_pos": [len(group), 0, 0, 0]}} if spec else {{}}}}
+                         "vllm:spec_decode_num_accepted_tokens_per_pos": [len(group), 0, 0, 0]}} if spec else {{}},
+            "histograms": [[2, 1, 0, 0, 0] for _ in group] if spec else None}}
           for group in job["groups"]]
 report = {{"ok": True, "vllm_version": "0.32.0", "untested_version": False, "torch": "2", "platform": "cpu",
            "speculative_config": spec, "dtype": job["dtype"], "model_runner": "v2" if spec else "v1",

@@ -118,6 +118,15 @@ def test_vllm_measures_what_the_simulation_counts(measured, simulated):
 
 
 @requires_vllm
+def test_vllm_counts_every_prompt_as_the_simulation_does(measured, simulated):
+    """vLLM's per-request counts (`per_request_spec_decode_metrics`) equal the simulation's, prompt by prompt."""
+    def by_key(doc: dict) -> dict:
+        return {u["prompt_key"]: (u["drafts"], u["accepted_per_position"]) for u in doc["units"]}
+
+    assert len(measured["units"]) == 8 and by_key(measured) == by_key(simulated)
+
+
+@requires_vllm
 def test_vllm_ran_the_dspark_speculator_on_model_runner_v2_through_the_interpreter(measured):
     by = measured["measured_by"]
     assert by["vllm_version"] == "0.32.0" and not by["untested_version"]

@@ -78,3 +78,37 @@ def test_only_a_speculators_dspark_is_accepted():
     config = json.loads((SPECULATORS_FIXTURES / "dflash" / "config.json").read_text())
     with pytest.raises(UsageError, match="speculators DSpark only"):
         SpeculatorsDSpark(config, {}, torch.zeros(1, 1), torch.zeros(1, 1))
+
+
+def test_margins_are_each_slots_lead_of_its_top_logit_over_the_second():
+    """`propose(margins=...)` (bench/parity_probe.py's near-tie finder) reports the lead of the logit it chose over
+    the runner-up, slot by slot, and drafts the same tokens as without it."""
+    draft = _draft("trained")
+    taps, ids = RECORDED["trained.aux"], RECORDED["trained.input_ids"]
+    kv = draft.context_kv(draft.context(taps))
+    p, margins = 12, []
+    drafts = draft.propose(kv, int(ids[p]), p, 4, margins=margins)
+    assert drafts == draft.propose(kv, int(ids[p]), p, 4)
+    forced = ids.clone()
+    forced[p + 1:p + 5] = torch.tensor(drafts)
+    top = draft.teacher_forced(taps, forced, p)[0].topk(2, dim=-1).values
+    torch.testing.assert_close(torch.tensor(margins), top[:, 0] - top[:, 1], atol=1e-5, rtol=1e-5)
+    assert all(m > 0 for m in margins)
+
+
+def test_a_bfloat16_stored_draft_is_computed_in_float32_from_its_exact_values():
+    """`finetune --dtype bfloat16` saves BF16 weights (config dtype bfloat16); vLLM runs a draft in its target's
+    dtype (vllm/config/speculative.py, `dtype=self.target_model_config.dtype`), float32 here, and so does the
+    simulation: the BF16 file gives exactly the logits of its values stored as float32. The twin: computing in
+    bfloat16 gives other logits, so the check sees the compute dtype."""
+    folder = SPECDEC / "dspark"
+    config = {**json.loads((folder / "config.json").read_text()), "dtype": "bfloat16"}
+    stored = {name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in read_tensors(folder).items()}
+    as_f32 = {name: t.float() if t.is_floating_point() else t for name, t in stored.items()}
+    weights = read_tensors(SPECDEC / "target")
+    embed, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
+    taps, ids, p = RECORDED["trained.aux"], RECORDED["trained.input_ids"], int(RECORDED["trained.anchors"][0])
+    from_bf16 = SpeculatorsDSpark(config, stored, embed, head).teacher_forced(taps, ids, p)[0]
+    assert torch.equal(from_bf16, SpeculatorsDSpark(config, as_f32, embed, head).teacher_forced(taps, ids, p)[0])
+    in_bf16 = SpeculatorsDSpark(config, stored, embed, head, dtype=torch.bfloat16).teacher_forced(taps, ids, p)[0]
+    assert not torch.equal(from_bf16, in_bf16.float())

@@ -1,7 +1,9 @@
 """The label under an acceptance table: which number it shows, `measured (...)` or `simulated (...)`.
 
 `acceptance_label` derives it from an eval document (what `render` prints); `parse_label` reads it
-back from a card (what `lint` checks).
+back from a card (what `lint` checks). A sampled number's label ends with its decoding: the temperature, the
+truncation, vLLM's drafting method, the samples and the 95% interval (`... , temperature 1, top-p 0.9, greedy
+drafting, 2 samples x 40 prompts, AL 95% interval +-0.018`); a label without a temperature is greedy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ _DTYPES = ("float32", "bfloat16", "float16", "fp8", "int8", "int4")
 #: A label part that is neither the engine nor the definition (stated, or written as "not stated").
 _OTHER_PART = re.compile(rf"^(?:(?:k|version|dtype|prompts)\b|(?:{'|'.join(_DTYPES)})$)")
 _K_PART = re.compile(r"\bk(?:=\d+| not stated)")
+#: The decoding parts of a sampled label, as `sampled_eval.EvalSampling` and `Sampling.describe` write them.
+_TEMPERATURE = re.compile(r"\btemperature (\d+(?:\.\d+)?(?:e-?\d+)?)")
+_TRUNCATION = re.compile(r"\b(top-p|top-k|min-p) (\d+(?:\.\d+)?(?:e-?\d+)?)")
+_DRAFTING = re.compile(r"\b(greedy|probabilistic) drafting\b")
 
 
 @dataclass(frozen=True)
@@ -37,10 +43,25 @@ class AcceptanceLabel:
     k: int | None = None
     dtype: str | None = None
     prompts: str | None = None       # 12 hex digits of the prompts' SHA-256
+    #: A sampled number's decoding (`temperature 1, top-p 0.9, greedy drafting, 2 samples x 40 prompts, AL 95%
+    #: interval +-0.018`); None: greedy.
+    decoding: str | None = None
     #: A table of several k (`eval --k`): the smallest and the largest, `k=1-7` (then `k` is None).
     k_range: tuple[int, int] | None = None
     #: Parts a label read from a card leaves out altogether (neither stated nor "not stated").
     missing: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The decoding as data: `temperature` (0 for greedy), the truncation parts and the drafting method."""
+        text = self.decoding or ""
+        found = _TEMPERATURE.search(text)
+        out: dict[str, Any] = {"temperature": float(found.group(1)) if found else 0.0}
+        out.update({name: float(value) for name, value in _TRUNCATION.findall(text)})
+        drafting = _DRAFTING.search(text)
+        if drafting:
+            out["drafting"] = drafting.group(1)
+        return out
 
     @property
     def text(self) -> str:
@@ -54,6 +75,8 @@ class AcceptanceLabel:
             else "k not stated"
         parts = [what, k, self.dtype or "dtype not stated",
                  f"prompts {self.prompts}" if self.prompts else "prompts not published"]
+        if self.decoding:
+            parts.append(self.decoding)
         return f"{self.kind} ({', '.join(parts)})"
 
     @property
@@ -72,10 +95,12 @@ def parse_label(line: str) -> AcceptanceLabel | None:
     dtype = next((d for d in _DTYPES if re.search(rf"\b{d}\b", inside)), None)
     prompts = re.search(r"\bprompts ([0-9a-f]{8,64})\b", inside)
     what = _what_part(inside)
+    temperature = _TEMPERATURE.search(inside)
     k_range = (int(k.group(1)), int(k.group(2))) if k and k.group(2) else None
     return AcceptanceLabel(kind=kind, what=what, version=version.group(1) if version else None,
                            k=int(k.group(1)) if k and not k_range else None, dtype=dtype,
                            prompts=prompts.group(1) if prompts else None, k_range=k_range,
+                           decoding=inside[temperature.start():] if temperature else None,
                            missing=_missing_parts(kind, what, inside, has_version=version is not None))
 
 
@@ -87,15 +112,21 @@ def _what_part(inside: str) -> str | None:
 
 def _missing_parts(kind: str, what: str | None, inside: str, *, has_version: bool) -> tuple[str, ...]:
     """What a label leaves out: a measurement its engine (a vLLM one also its version) and k, a
-    simulation its definition. A part written as "not stated" is not missing."""
+    simulation its definition; a sampled one its drafting method, samples and interval. A part written as
+    "not stated" is not missing."""
+    sampled = []
+    if _TEMPERATURE.search(inside):
+        sampled += [] if _DRAFTING.search(inside) else ["the drafting method"]
+        sampled += [] if re.search(r"\bsamples\b", inside) else ["the samples"]
+        sampled += [] if re.search(r"\binterval\b", inside) else ["the interval"]
     if kind == "simulated":
-        return () if what else ("the definition",)
+        return (*(() if what else ("the definition",)), *sampled)
     missing = [] if what else ["the engine"]
     if what and re.match(r"vLLM\b", what, re.IGNORECASE) and not has_version and "version not stated" not in inside:
         missing.append("the vLLM version")
     if not _K_PART.search(inside):
         missing.append("k")
-    return tuple(missing)
+    return (*missing, *sampled)
 
 
 def _scopes(sources: tuple[Mapping[str, Any] | None, ...]) -> list[Mapping[str, Any]]:
@@ -150,4 +181,28 @@ def acceptance_label(*sources: Mapping[str, Any] | None) -> AcceptanceLabel | No
     return AcceptanceLabel(kind=kind, what=str(what) if what else None, version=str(version) if version else None,
                            k=int(k) if isinstance(k, int) and not isinstance(k, bool) else None,
                            dtype=str(dtype) if dtype else None,
-                           prompts=str(digest)[:12] if isinstance(digest, str) and digest else None)
+                           prompts=str(digest)[:12] if isinstance(digest, str) and digest else None,
+                           decoding=sampled_decoding(first("sampling"), first("intervals"), first("prompts")))
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def sampled_decoding(sampling: Any, intervals: Any = None, prompts: Any = None) -> str | None:
+    """A sampled eval's decoding as its label states it (None when greedy or not stated): temperature, truncation,
+    drafting method, samples x prompts, and the AL interval's half-width."""
+    if not isinstance(sampling, Mapping) or not _number(sampling.get("temperature")):
+        return None
+    parts = [f"temperature {sampling['temperature']:g}"]
+    parts += [f"top-p {sampling['top_p']:g}"] if (_number(sampling.get("top_p")) or 1.0) < 1 else []
+    parts += [f"top-k {sampling['top_k']}"] if (_number(sampling.get("top_k")) or 0) > 0 else []
+    parts += [f"min-p {sampling['min_p']:g}"] if (_number(sampling.get("min_p")) or 0) > 0 else []
+    parts.append(f"{sampling.get('draft_sample_method') or 'greedy'} drafting")
+    if isinstance(sampling.get("samples"), int):
+        parts.append(f"{sampling['samples']} samples" + (f" x {prompts} prompts" if isinstance(prompts, int) else ""))
+    if isinstance(intervals, Mapping) and _number(intervals.get("half_width")) is not None:
+        parts.append(f"AL 95% interval +-{intervals['half_width']:.3f}")
+    else:
+        parts.append("interval not stated")
+    return ", ".join(parts)

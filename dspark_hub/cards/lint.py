@@ -307,7 +307,19 @@ def _label_differences(label: AcceptanceLabel, expected: AcceptanceLabel) -> lis
     if label.prompts and expected.prompts and not (label.prompts.startswith(expected.prompts)
                                                    or expected.prompts.startswith(label.prompts)):
         differences.append(f"prompts {label.prompts}, the eval file {expected.prompts}")
-    return differences
+    return differences + _decoding_differences(label.sampling, expected.sampling)
+
+
+def _decoding_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """A sampled number presented as greedy or the reverse, or sampled otherwise than its eval file says."""
+    def said(sampling: dict[str, Any]) -> str:
+        return "greedy" if not sampling["temperature"] else f"sampled at temperature {sampling['temperature']:g}"
+
+    if mine["temperature"] != theirs["temperature"]:
+        return [f"{said(mine)} numbers, the eval file {said(theirs)}"]
+    unset = {"drafting": "not stated"}
+    return [f"{name} {mine.get(name, unset.get(name, 'off'))}, the eval file {theirs.get(name, unset.get(name, 'off'))}"
+            for name in ("top-p", "top-k", "min-p", "drafting") if mine.get(name) != theirs.get(name)]
 
 
 def _consistency_findings(card: Card, said: list[Statement]) -> list[Finding]:

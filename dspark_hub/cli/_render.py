@@ -20,6 +20,7 @@ RENDERERS: dict[str, str] = {
     "render_card_lint": "_render_release",
     "render_checksum_check": "_render_release",
     "render_checksums": "_render_release",
+    "render_compare": "_render_train",
     "render_convert": "_render_ops",
     "render_diff": "_render_ops",
     "render_eval": "_render_train",

@@ -117,44 +117,107 @@ def render_training(result: Any) -> None:
 
 
 def render_eval(result: Any) -> None:
-    """Acceptance table (draft, reference, prompt lookup; overall and per dataset), then the counts."""
+    """Acceptance table (draft, reference, prompt lookup; overall and per dataset), then the counts; a sampled
+    eval also shows the 95% interval and the expected acceptance length."""
     data = result.to_dict()
     block = len(data["per_position"])
+    sampled = data["sampling"]["temperature"] > 0
     columns = [Column("data"), Column("drafter"), Column("AL", label=True, justify="right"),
+               *([Column("expected AL", label=True, justify="right")] if sampled else []),
                *[Column(f"a{k}", label=True, justify="right") for k in range(1, block + 1)],
                Column("drafts", label=True, justify="right")]
     rows: list[list[Cell]] = []
 
-    def row(scope: str, name: str, stats: dict[str, Any]) -> None:
-        rows.append([scope, name, f"{stats['acceptance_length']:.4f}", *[f"{a:.3f}" for a in stats["per_position"]],
-                     f"{stats['drafts']:,}"])
+    def row(scope: str, name: str, stats: dict[str, Any], expected: float | None = None) -> None:
+        rows.append([scope, name, f"{stats['acceptance_length']:.4f}",
+                     *([f"{expected:.4f}" if expected is not None else "-"] if sampled else []),
+                     *[f"{a:.3f}" for a in stats["per_position"]], f"{stats['drafts']:,}"])
 
+    overall_expected = data["expected"]["acceptance_length"] if data["expected"] else None
     for scope, stats in [("all", data), *data["by_dataset"].items()]:
-        row(scope, "draft", stats)
+        row(scope, "draft", stats, overall_expected if scope == "all" else None)
         if stats.get("reference") or (scope == "all" and data["reference"]):
             row(scope, "reference", stats.get("reference") or data["reference"])
         if stats.get("baseline"):
-            row(scope, "prompt lookup", stats["baseline"])
+            row(scope, "prompt lookup", stats["baseline"], stats["baseline"].get("expected_acceptance_length"))
     harness, measured = data["harness"], data["measured_by"]
-    title = (f"measured by vLLM {measured['vllm_version']} (greedy)" if measured
-             else "simulated acceptance (vLLM's verify loop, greedy)")
+    decoding = data["sampling"]["describe"]
+    title = (f"measured by vLLM {measured['vllm_version']} ({decoding})" if measured
+             else f"simulated acceptance (vLLM's verify loop, {decoding})")
     print_table(title, columns, rows)
     stdout.print(f"accepted per position {data['accepted_per_position']} of {plural(data['drafts'], 'draft')} "
                  f"(k {data['k']}); {plural(data['prompts'], 'prompt')}, {plural(data['tokens'], 'output token')}; "
                  f"target {harness['teacher']}")
+    for line in interval_lines(data):
+        stdout.print(line)
     if measured:
         spec = measured["speculative_config"]
         stdout.print(f"vLLM {measured['vllm_version']}, {measured['model_runner']} runner"
                      f"{', Triton interpreter' if measured['triton_interpret'] else ''}, {measured['dtype']}; "
                      f"speculative config {spec}")
-        stdout.print("lossless: the outputs equal plain greedy decoding's" if data["lossless"] else
-                     "NOT lossless: the outputs differ from plain greedy decoding's")
+        if data["lossless"] is not None:
+            stdout.print("lossless: the outputs equal plain greedy decoding's" if data["lossless"] else
+                         "NOT lossless: the outputs differ from plain greedy decoding's")
     if data["reference"]:
         stdout.print(f"ratio to reference: {data['reference']['ratio']:.4f}")
     if data["plot"]:
         stdout.print(f"wrote {data['plot']}")
     stdout.print(f"definition: {data['definition']}")
     render_serving(data)
+
+
+def interval_lines(data: dict[str, Any]) -> list[str]:
+    """A sampled eval's 95% intervals (counts, and the expected numbers: labelled) and the samples for +-0.02."""
+    intervals, expected = data["intervals"], data["expected"]
+    if data["sampling"]["temperature"] == 0 or intervals is None:
+        return []
+    units = f"{plural(intervals['prompts'], 'prompt')} x {data['sampling']['samples']} samples"
+    lines = [f"AL {intervals['acceptance_length']['estimate']:.4f}, 95% interval "
+             f"[{intervals['acceptance_length']['low']:.4f}, {intervals['acceptance_length']['high']:.4f}] over "
+             f"{units} (+-{intervals['half_width']:.4f})"]
+    if expected is not None and expected["intervals"] is not None:
+        band = expected["intervals"]
+        lines.append(f"expected AL {expected['acceptance_length']:.4f}, 95% interval "
+                     f"[{band['acceptance_length']['low']:.4f}, {band['acceptance_length']['high']:.4f}] "
+                     f"(+-{band['half_width']:.4f}): {expected['label']}")
+    needed = intervals.get("samples_for_half_width_0.02")
+    if intervals["units"] > intervals["prompts"]:
+        lines.append(f"samples a prompt for AL +-0.02 on these prompts: {needed}" if needed is not None else
+                     "AL +-0.02 needs more prompts: the spread between these prompts alone is wider")
+    return lines
+
+
+def render_compare(result: Any) -> None:
+    """B - A: acceptance length and each position with their paired 95% intervals, datasets, the prompts that
+    moved most, and the gate's verdict."""
+    data = result.to_dict()
+    columns = [Column("number"), Column("A", label=True, justify="right"), Column("B", label=True, justify="right"),
+               Column("B - A", label=True, justify="right"), Column("95% interval", label=True, justify="right")]
+
+    def cells(name: str, change: dict[str, Any], digits: int = 4) -> list[Cell]:
+        d = change["difference"]
+        return [name, f"{change['a']:.{digits}f}", f"{change['b']:.{digits}f}", f"{d['estimate']:+.{digits}f}",
+                f"[{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"]
+
+    rows = [cells(f"AL ({data['gated_on']})", data["acceptance_length"]),
+            *[cells(f"a{i}", change, 3) for i, change in enumerate(data["per_position"], 1)]]
+    if data["gated_on"] != "counts":
+        rows.append(cells("AL (counts)", data["counts"]))
+    rows += [cells(f"AL {name}", entry) for name, entry in data["by_dataset"].items()]
+    print_table(f"B - A, paired over {plural(data['prompts'], 'prompt')} ({data['decoding']}, k={data['k']})",
+                columns, rows)
+    stdout.print(f"A: {data['a']}")
+    stdout.print(f"B: {data['b']}")
+    for mover in data["movers"]:
+        where = f" ({mover['dataset']})" if mover["dataset"] else ""
+        stdout.print(f"moved: prompt {mover['prompt_index']}{where} AL {mover['a']:.3f} -> {mover['b']:.3f} "
+                     f"({mover['difference']:+.3f})")
+    high = data["acceptance_length"]["difference"]["high"]
+    if data["fail_if_worse"] is not None:
+        stdout.print(f"worse by more than {data['fail_if_worse']} with 95% confidence: B - A <= {high:+.4f}" if
+                     data["worse"] else f"not worse by more than {data['fail_if_worse']} with 95% confidence "
+                     f"(the interval reaches {high:+.4f})")
+    stdout.print(f"interval: {data['method']}")
 
 
 def _rate_cells(rates: list[float], width: int) -> list[Cell]:

@@ -29,6 +29,8 @@ from dspark_hub.cli._output import show_warning
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "card": ("cards", "card", "Render a model card from computed facts (default), or lint one: 'card lint README.md'."),
     "checksums": ("hub", "checksums", "Write SHA256SUMS and checksums.json for FOLDER (or --check it against them)."),
+    "compare": ("train", "compare_command", "Compare two eval measurements of the same prompts: B - A in acceptance "
+                "length, paired over prompts, with a 95% interval."),
     "convert": ("ops", "convert", "Rewrite a near-miss export in SRC as a contract checkpoint in DST, reporting every "
                 "change."),
     "diff": ("ops", "diff", "Compare checkpoint folders A and B: config keys, roster, and every common tensor's "
@@ -47,8 +49,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                      "toy training runs)."),
     "package": ("hub", "package", "Write SHA256SUMS, checksums.json, .gitattributes, a .torrent with Hub web seeds "
                 "and its magnet link."),
-    "probe": ("train", "probe_command", "Name the conventions a draft's weights follow (taps, slot layout, d2t, ...) "
-              "from their behaviour on the target's greedy paths."),
+    "probe": ("train", "probe_command", "Name the conventions a draft's weights follow (taps, slot layout, d2t and "
+              "the rest) from their behaviour on the target's greedy paths."),
     "publish": ("hub", "publish", "Gate (verify + card lint), upload CKPT to ORG/NAME, then compare the Hub's files "
                 "with the local ones."),
     "rollouts": ("train", "rollouts", "Write the target's greedy continuations with the draft's tap states "

@@ -1,4 +1,4 @@
-"""Training commands: `rollouts`, `finetune`, `eval`."""
+"""Training commands: `rollouts`, `finetune`, `eval`, `compare`."""
 
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ from dspark_hub.format.jsonio import loads_strict
 from dspark_hub.train.data.hidden_state_files import parse_layer_ids
 from dspark_hub.train.data.rollouts import make_rollouts
 from dspark_hub.train.evaluation.by_context import parse_edges
+from dspark_hub.train.evaluation.compare import compare
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
 from dspark_hub.train.evaluation.probe import probe as probe_conventions
+from dspark_hub.train.evaluation.sampled_acceptance import DRAFT_SAMPLE_METHODS
+from dspark_hub.train.evaluation.sampled_eval import DEFAULT_SAMPLES, eval_sampling
 from dspark_hub.train.evaluation.serving import MEASURE, ServingOptions
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.finetuning.allocator import steady_allocator
@@ -368,6 +371,20 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @click.option("--batch-size", "batch_size", type=POSITIVE, default=keyword_default(evaluate, "batch_size"),
               show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Write a PNG of acceptance by position (matplotlib).")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Sample the target at this temperature as vLLM does (0: greedy, the exact counts).")
+@click.option("--top-p", "top_p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True,
+              help="With --temperature: vLLM's top-p (1: off).")
+@click.option("--top-k", "top_k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --temperature: vLLM's top-k (0: off).")
+@click.option("--samples", type=POSITIVE, metavar="N",
+              help=f"With --temperature: sampled paths a prompt [{DEFAULT_SAMPLES}].")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --temperature: the seed of every path's random stream (per prompt and sample).")
+@click.option("--draft-sample-method", "draft_sample_method", type=click.Choice(DRAFT_SAMPLE_METHODS),
+              default="greedy", show_default=True,
+              help="vLLM's draft_sample_method: greedy drafts the argmax at any temperature (vLLM's default); "
+                   "probabilistic samples drafts from softmax(logits / T).")
 @click.option("--k", "ks", metavar="KS", help="Also measure these k in the same run (1,2,4 or 1-7 or block: 1 to the "
               "draft's k), sharing the target's rollouts and the draft's context; each k as --block-size k counts.")
 @click.option("--by-context", "by_context", is_flag=True,
@@ -388,15 +405,21 @@ def init_teacher(dst: Path, profile: str, draft: str | None, seed: int, head_dim
 @json_option
 def eval_command(draft: str, target: str | None, prompts: str | None, data: str | None, reference: str | None,
                  engine: str, vllm_python: str | None, dtype: str, block_size: int | None, max_new_tokens: int,
-                 ignore_eos: bool, batch_size: int, plot: Path | None, ks: str | None, by_context: bool,
+                 ignore_eos: bool, batch_size: int, plot: Path | None, temperature: float, top_p: float, top_k: int,
+                 samples: int | None, seed: int, draft_sample_method: str, ks: str | None, by_context: bool,
                  context_edges: list[int] | None, costs: str | None, draft_cost: list[float] | None,
                  verify_cost: list[float] | None, profile: bool, force: bool, threads: int | None, quiet: bool,
                  as_json: bool) -> None:
     """Acceptance of a draft with vLLM's definitions: simulated, or measured by vLLM serving it.
 
-    Exit 1 when a vLLM measurement's outputs differ from plain greedy decoding's (not lossless).
+    Greedy by default (exact counts). With --temperature the target samples as vLLM does, each prompt
+    --samples times, and the report gives 95% intervals over prompts and samples and the expected acceptance
+    beside the counts (docs/acceptance.md). Exit 1 when a greedy vLLM measurement's outputs differ from plain
+    greedy decoding's (not lossless).
     """
     quiet_transformers(quiet or as_json)
+    sampling = eval_sampling(temperature, top_k=top_k, top_p=top_p, draft_sample_method=draft_sample_method,
+                             samples=samples, seed=seed)
     choice = use_threads(threads)
     serving = ServingOptions(ks=ks, by_context=by_context, context_edges=context_edges, costs=costs,
                              draft_cost=draft_cost, verify_cost=verify_cost, profile=profile, force=force)
@@ -404,9 +427,27 @@ def eval_command(draft: str, target: str | None, prompts: str | None, data: str 
         result = evaluate(draft, target=target, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
-                          serving=serving if serving.asked else None, progress=bar)
+                          sampling=sampling, serving=serving if serving.asked else None, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
     emit(result, as_json=as_json, renderer="render_eval")
+
+
+@command(name="compare")
+@click.argument("a", metavar="A.json")
+@click.argument("b", metavar="B.json")
+@click.option("--fail-if-worse", "fail_if_worse", type=click.FloatRange(min=0), metavar="DELTA",
+              help="Exit 1 when B's acceptance length is below A's by more than DELTA with 95% confidence.")
+@json_option
+def compare_command(a: str, b: str, fail_if_worse: float | None, as_json: bool) -> None:
+    """Compare two eval measurements of the same prompts: B - A in acceptance length, paired over prompts, with a
+    95% interval.
+
+    A and B are 'eval --json' documents of the same prompts, k, decoding and target (two drafts, two revisions,
+    two engines or engine versions). Each prompt's samples are summed, and the difference gets a paired interval
+    over prompts; the expected acceptance is compared when both are simulations, else the counts. Exit 1 only
+    with --fail-if-worse when B is worse by more than DELTA with 95% confidence; 2 when the two cannot be paired.
+    """
+    emit(compare(a, b, fail_if_worse=fail_if_worse), as_json=as_json, renderer="render_compare")
 
 
 @command(name="probe")
@@ -427,7 +468,7 @@ def eval_command(draft: str, target: str | None, prompts: str | None, data: str 
 @json_option
 def probe_command(draft: str, target: str | None, prompts: str | None, data: str | None, block_size: int | None,
                   max_new_tokens: int, batch_size: int, threads: int | None, quiet: bool, as_json: bool) -> None:
-    """Name the conventions a draft's weights follow (taps, slot layout, d2t, ...) from their behaviour on the
+    """Name the conventions a draft's weights follow (taps, slot layout, d2t and the rest) from their behaviour on the
     target's greedy paths.
 
     Each convention is "as declared", the value the weights follow instead, or "cannot tell"; exit 1 when the weights

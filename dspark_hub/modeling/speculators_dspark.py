@@ -344,20 +344,45 @@ class SpeculatorsDSpark:
         return logits, (torch.stack(scores) if confidence[0] is not None else None)
 
     @torch.no_grad()
-    def propose(self, kv: list[LayerKV], anchor: int, p: int, k: int) -> list[int]:
-        """k greedy drafts (target ids) for positions `p+1 .. p+k`, as vLLM's DSpark speculator samples
-        (`propose_scored` without the confidence)."""
-        return self.propose_scored(kv, anchor, p, k)[0]
+    def path_logits(self, kv: list[LayerKV], chain: list[int], p: int, k: int) -> torch.Tensor:
+        """`[k, V]` the draft's raw logits for positions `p+1 .. p+k` over the TARGET vocabulary (-inf off a
+        pruned draft vocabulary), its Markov head chained on `chain` = `[x_p, x_{p+1}, ..., x_{p+k-1}]` (the
+        tokens of a path: what a probabilistic drafter's accepted drafts are)."""
+        anchored = self.sample_from_anchor
+        z = self.hidden(self._block(chain[0], k if anchored else 1 + k), p, kv)
+        z = z if anchored else z[1:]
+        base = self.base_logits(z)
+        rows, state = [], None
+        for i in range(k):
+            logits = base[i]
+            if self.markov:
+                bias, _, state = self.markov_step(torch.tensor(chain[i]), z[i], state)
+                logits = logits + bias
+            rows.append(logits)
+        draft_rows = torch.stack(rows)
+        if self.d2t is None:
+            return draft_rows
+        target_ids = torch.arange(draft_rows.shape[-1]) + self.d2t.long()
+        vocab = int(self.embed.shape[0])
+        return torch.full((k, vocab), -torch.inf).index_copy_(1, target_ids, draft_rows)
 
     @torch.no_grad()
-    def propose_scored(self, kv: list[LayerKV], anchor: int, p: int, k: int) -> tuple[list[int], list[float] | None]:
+    def propose(self, kv: list[LayerKV], anchor: int, p: int, k: int, margins: list[float] | None = None) -> list[int]:
+        """k greedy drafts (target ids) for positions `p+1 .. p+k`, as vLLM's DSpark speculator samples
+        (`propose_scored` without the confidence)."""
+        return self.propose_scored(kv, anchor, p, k, margins)[0]
+
+    @torch.no_grad()
+    def propose_scored(self, kv: list[LayerKV], anchor: int, p: int, k: int, margins: list[float] | None = None
+                       ) -> tuple[list[int], list[float] | None]:
         """k greedy drafts (target ids) for positions `p+1 .. p+k`, and the confidence head's estimate per slot
         (None without the head).
 
         The block has `k` rows with `sample_from_anchor` (every slot sampled, slot i predicting
         `x_{p+i+1}`) and `1 + k` rows without it (slots `1..k` sampled). The Markov head chains on
         the draft's own tokens: `prev` = the anchor, then each drafted token; slot i's confidence reads the
-        same `prev` (vLLM's compute_confidence at proposal time).
+        same `prev` (vLLM's compute_confidence at proposal time). `margins`, when given, gets each slot's lead
+        of its top logit over the second (how near a tie the argmax was).
         """
         anchored = self.sample_from_anchor
         z = self.hidden(self._block(anchor, k if anchored else 1 + k), p, kv)
@@ -375,6 +400,9 @@ class SpeculatorsDSpark:
             score = self.confidence_logit(z[i], e)
             if score is not None:
                 scores.append(float(torch.sigmoid(score)))
+            if margins is not None:
+                top = torch.topk(logits, 2).values
+                margins.append(float(top[0] - top[1]))
             prev = self.to_target(int(logits.argmax()))
             drafts.append(prev)
         return drafts, (scores if len(scores) == k else None)

@@ -20,15 +20,18 @@ the same paths, so a looping or degenerate dataset cannot pass for a good draft.
 
 `measure_batched` runs the loops of many rollouts in lockstep (`VerifyLoop`), drafting one step of
 each unfinished request per call, so a drafter can share work across requests; the counts are each
-request's own.
+request's own, and each rollout's are kept (`Measurement.units`). How a round's drafts are judged is
+its `verify` (default `exact_verify`, the greedy comparison above); a sampled eval passes vLLM's
+rejection sampling seen from the target's sampled path (`sampled_eval`), which also gives each draft's
+expected acceptance (`AcceptanceStats.expected_per_position`; under greedy decoding it is the count).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dspark_hub.documents import Document
 from dspark_hub.progress import Progress
@@ -42,8 +45,13 @@ DEFINITION = ("vLLM's spec-decoding metrics: drafts = verification steps that ca
               "(mean tokens per verification step, the 1 being the target's own token)")
 #: What the simulated numbers are, in a card's label: `simulated (<this>, k=K, float32, prompts F)`.
 SIMULATION = "vLLM's greedy verify loop replayed on the target's float32 greedy path"
-#: `propose_many([(i, p), ...])`: the drafts after position `p` of the i-th rollout, for each request.
-ProposeMany = Callable[[list[tuple[int, int]]], list[list[int]]]
+#: `propose_many([(i, p), ...])`: the drafts after position `p` of the i-th rollout, for each request (token
+#: lists; a drafter of the probabilistic kind gives its q logits along the path instead: `sampled_eval`).
+ProposeMany = Callable[[list[tuple[int, int]]], list[Any]]
+#: `verify(requests, proposals)`: each request's (accepted drafts, expected acceptance per position or None
+#: = the counts themselves) for one round; made per window of rollouts by a `Verifier`.
+VerifyRound = Callable[[list[tuple[int, int]], list[Any]], list[tuple[int, "list[float] | None"]]]
+Verifier = Callable[[list["Rollout"], int], VerifyRound]
 #: Rollouts simulated together (their requests drafted in one call per round).
 WINDOW = 64
 BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K tokens that followed the earliest "
@@ -62,23 +70,38 @@ class AcceptanceStats(Document):
     accepted_per_position: list[int] = field(default_factory=list)
     tokens: int = 0
     prompts: int = 0
+    #: Per position, the sum over drafts of the probability the draft was accepted that far given the path
+    #: before it (`sampled_acceptance.expected_prefix`); under greedy decoding the counts themselves.
+    expected_per_position: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.accepted_per_position:
             self.accepted_per_position = [0] * self.k
+        if not self.expected_per_position:
+            self.expected_per_position = [0.0] * self.k
 
-    def record(self, accepted: int) -> None:
-        """One draft of which the first `accepted` tokens were accepted."""
+    def record(self, accepted: int, expected: Sequence[float] | None = None) -> None:
+        """One draft of which the first `accepted` tokens were accepted (its expected acceptance per position,
+        or None when it is the count itself)."""
         self.drafts += 1
         for i in range(accepted):
             self.accepted_per_position[i] += 1
+        for i in range(self.k):
+            self.expected_per_position[i] += float(i < accepted) if expected is None else float(expected[i])
 
     def add(self, other: AcceptanceStats) -> None:
         self.drafts += other.drafts
         self.accepted_per_position = [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position,
                                                               strict=True)]
+        self.expected_per_position = [a + b for a, b in zip(self.expected_per_position, other.expected_per_position,
+                                                              strict=True)]
         self.tokens += other.tokens
         self.prompts += other.prompts
+
+    @property
+    def expected_acceptance_length(self) -> float:
+        """`1 + sum(expected_per_position) / drafts`: the expected acceptance length along these paths."""
+        return 1.0 + sum(self.expected_per_position) / self.drafts if self.drafts else float("nan")
 
     @property
     def accepted(self) -> int:
@@ -129,9 +152,14 @@ class VerifyLoop:
         return None if self.stopped or self.emitted >= self.budget else self.p
 
     def step(self, drafts: list[int]) -> None:
+        """Verify `drafts` by vLLM's greedy rule: the longest prefix equal to the path."""
+        self.step_accepted(longest_prefix(drafts[:self.k], self.tokens[self.p + 1:self.p + 1 + self.k]))
+
+    def step_accepted(self, accepted: int, expected: Sequence[float] | None = None) -> None:
+        """Record a step that accepted `accepted` drafts (with their expected acceptance, if sampled) and move on:
+        the step emits the accepted path tokens and the target's next one."""
         p = self.p
-        accepted = longest_prefix(drafts[:self.k], self.tokens[p + 1:p + 1 + self.k])
-        self.stats.record(accepted)
+        self.stats.record(accepted, expected)
         for token in self.tokens[p + 1:p + 2 + accepted]:       # the accepted drafts and the target's token
             if self.emitted >= self.budget:
                 break
@@ -163,12 +191,14 @@ def simulate(rollout: Rollout, propose: Callable[[int], list[int]], k: int, *, m
 
 @dataclass
 class Measurement(Document):
-    """Acceptance over a set of rollouts, overall and per dataset label."""
+    """Acceptance over a set of rollouts, overall and per dataset label; `units` holds each rollout's own counts
+    (in the order measured), for intervals and paired comparisons (not part of this document)."""
 
     KEYS = ("**overall", "by_dataset=datasets")
 
     overall: AcceptanceStats
     by_dataset: dict[str, AcceptanceStats]
+    units: list[AcceptanceStats] = field(default_factory=list)
 
     @property
     def datasets(self) -> dict[str, AcceptanceStats]:
@@ -176,25 +206,40 @@ class Measurement(Document):
         return dict(sorted(self.by_dataset.items()))
 
 
+def exact_verify(rollouts: list[Rollout], k: int) -> VerifyRound:
+    """vLLM's greedy verification (`SIMULATION`): each request's longest drafted prefix equal to the path."""
+    tokens = [rollout.input_ids.tolist() for rollout in rollouts]
+
+    def verify(requests: list[tuple[int, int]], proposals: list[Any]) -> list[tuple[int, list[float] | None]]:
+        return [(longest_prefix(drafts[:k], tokens[i][p + 1:p + 1 + k]), None)
+                for (i, p), drafts in zip(requests, proposals, strict=True)]
+
+    return verify
+
+
 def measure_batched(rollouts: Iterable[Rollout], make_batch_proposer: Callable[[list[Rollout]], ProposeMany], k: int,
                     progress: Progress | None = None, *, max_tokens: int | None = None,
-                    stop_ids: Iterable[int] = (), window: int = WINDOW) -> Measurement:
+                    stop_ids: Iterable[int] = (), window: int = WINDOW, verify: Verifier = exact_verify
+                    ) -> Measurement:
     """Simulate `window` rollouts at a time in lockstep: each round drafts one step of every unfinished
-    request with one `propose_many` call. The counts are those of `simulate` on each rollout alone."""
+    request with one `propose_many` call and judges them with one `verify` call. With `exact_verify` the
+    counts are those of `simulate` on each rollout alone."""
     stops = list(stop_ids)
     overall = AcceptanceStats(k)
     by_dataset: dict[str, AcceptanceStats] = {}
+    units: list[AcceptanceStats] = []
     pending = iter(rollouts)
     while chunk := list(itertools.islice(pending, window)):
         loops = [VerifyLoop(rollout, k, max_tokens=max_tokens, stop_ids=stops) for rollout in chunk]
-        propose_many = make_batch_proposer(chunk)
+        propose_many, judge = make_batch_proposer(chunk), verify(chunk, k)
         while requests := [(i, p) for i, loop in enumerate(loops) if (p := loop.anchor) is not None]:
-            for (i, _), drafts in zip(requests, propose_many(requests), strict=True):
-                loops[i].step(drafts)
+            for (i, _), (accepted, expected) in zip(requests, judge(requests, propose_many(requests)), strict=True):
+                loops[i].step_accepted(accepted, expected)
         for rollout, loop in zip(chunk, loops, strict=True):
             overall.add(loop.stats)
+            units.append(loop.stats)
             if rollout.dataset is not None:
                 by_dataset.setdefault(rollout.dataset, AcceptanceStats(k)).add(loop.stats)
             if progress:
                 progress(1)
-    return Measurement(overall, by_dataset)
+    return Measurement(overall, by_dataset, units)

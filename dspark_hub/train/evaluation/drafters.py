@@ -9,6 +9,10 @@ and the confidence head's estimate per slot when the draft has one. A k3_dspark 
 requests of a round together (`draft_batch_proposer`), a speculators DSpark one request at a time
 (its pruned vocabulary makes a request cheap), the baseline copies earlier tokens (`ngram_proposer`).
 `measure_draft` and `measure_ngram` are the two counts `finetune` logs on held-out data.
+
+`drafter_for(..., rows=True)` is the probabilistic kind (vLLM's `draft_sample_method="probabilistic"`): for
+each request it gives the draft's raw logits `[k, V]` over the target vocabulary along the rollout's path, the
+Markov head chained on the path's tokens, which `sampled_eval` verifies.
 """
 
 from __future__ import annotations
@@ -50,8 +54,7 @@ class Drafts(list[int]):
         return drafts
 
 
-def one_at_a_time(make_proposer: Callable[[Rollout], Callable[[int], list[int]]]
-                  ) -> Callable[[list[Rollout]], ProposeMany]:
+def one_at_a_time(make_proposer: Callable[[Rollout], Callable[[int], Any]]) -> Callable[[list[Rollout]], ProposeMany]:
     """A batch proposer maker from a per-rollout one: each request is drafted on its own."""
     def make(rollouts: list[Rollout]) -> ProposeMany:
         proposers = [make_proposer(r) for r in rollouts]
@@ -186,27 +189,37 @@ def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -
 # ----------------------------------------------------------------------------- a drafter per format
 
 
-def drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True) -> Drafter:
-    """rollouts -> propose_many (`acceptance.measure_batched`) for the draft's format, at the draft's k.
+def drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True, lm_head: torch.Tensor | None = None,
+                rows: bool = False) -> Drafter:
+    """rollouts -> propose_many (`acceptance.measure_batched`) for the draft's format, at the draft's k: greedy
+    drafts, or with `rows` the draft's logits along each path (probabilistic drafting). `lm_head`: the target's,
+    float32 (read from the target when not given).
 
     Raises:
         UsageError: `markov` False for a format whose Markov head is not optional.
     """
-    sweep = sweep_drafter_for(draft, target, markov=markov)
+    if rows:
+        return ROW_PROPOSERS[draft.format.name](draft, target, _lm_head(draft, target, markov, lm_head), markov)
+    sweep = sweep_drafter_for(draft, target, markov=markov, lm_head=lm_head)
     return lambda rollouts: sweep(rollouts, [draft.k])[draft.k]
 
 
-def sweep_drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True) -> SweepDrafter:
+def sweep_drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True,
+                      lm_head: torch.Tensor | None = None) -> SweepDrafter:
     """(rollouts, ks) -> {k: propose_many} for the draft's format: each rollout's context encoded once.
 
     Raises:
         UsageError: `markov` False for a format whose Markov head is not optional.
     """
+    return PROPOSERS[draft.format.name](draft, target, _lm_head(draft, target, markov, lm_head), markov)
+
+
+def _lm_head(draft: DraftUnderTest, target: Target, markov: bool, lm_head: torch.Tensor | None) -> torch.Tensor:
+    """The target's lm_head in float32, once `markov` is checked against the draft's format."""
     if not markov and not draft.format.markov_optional:
         raise UsageError(f"a {draft.format.title} draft always drafts with its Markov head; `markov` False is for "
                          "drafts whose head is optional")
-    lm_head = target.lm_head().float()
-    return PROPOSERS[draft.format.name](draft, target, lm_head, markov)
+    return target.lm_head().float() if lm_head is None else lm_head
 
 
 def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
@@ -220,13 +233,18 @@ def _load_draft(path: str | os.PathLike[str]) -> K3DSparkModel:
     return model
 
 
-def _speculators_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
+def _load_speculators(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool
+                      ) -> SpeculatorsDSpark:
     import torch  # heavy: only a measurement pays for it
 
     # modeling imports torch and transformers: only a measurement of a speculators draft pays for them
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
 
-    model = SpeculatorsDSpark.from_folder(draft.path, target.embedding(), lm_head, dtype=torch.float32, markov=markov)
+    return SpeculatorsDSpark.from_folder(draft.path, target.embedding(), lm_head, dtype=torch.float32, markov=markov)
+
+
+def _speculators_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
+    model = _load_speculators(draft, target, lm_head, markov)
 
     # its pruned vocabulary makes a request cheap (10 ms on SmolLM2): drafted one at a time
     def make(rollouts: list[Rollout], ks: Sequence[int]) -> dict[int, ProposeMany]:
@@ -245,6 +263,59 @@ def _k3_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, ma
     return lambda rollouts, ks: draft_batch_proposers(k3, lm_head, rollouts, ks)
 
 
-#: How a draft of each format drafts (the modeling classes sit above format/, so the table lives here).
+def _speculators_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+    model = _load_speculators(draft, target, lm_head, markov)
+    return one_at_a_time(lambda r: speculators_row_proposer(model, r, draft.k))
+
+
+def speculators_row_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], torch.Tensor]:
+    """`propose(p)` of the probabilistic kind for a speculators DSpark: its logits along the rollout's path."""
+    import torch  # heavy: only a measurement of a draft pays for it
+
+    with torch.no_grad():
+        kv = draft.context_kv(draft.context(rollout.aux_hidden_states))
+    ids = rollout.input_ids.tolist()
+    return lambda p: draft.path_logits(kv, path_chain(ids, p, k), p, k)
+
+
+def path_chain(ids: list[int], p: int, k: int) -> list[int]:
+    """`[x_p, ..., x_{p+k-1}]`, the last token repeated past the path's end (rows there are never verified)."""
+    chain = ids[p:p + k]
+    return chain + [chain[-1]] * (k - len(chain))
+
+
+def _k3_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+    k3 = _load_draft(draft.path)
+    return lambda rollouts: draft_row_proposer(k3, lm_head, rollouts, draft.k)
+
+
+def draft_row_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
+                       block_size: int) -> ProposeMany:
+    """`propose_many` of the probabilistic kind for a k3_dspark draft: each request's block logits `[k, V]`
+    along the path (the Markov bias of each slot from the path token before it)."""
+    import torch  # heavy: only a measurement of a draft pays for it
+
+    device = model.context_proj.weight.device
+    with torch.no_grad():
+        latents = [model.encode_context(r.aux_hidden_states[None].to(device=device,
+                                                                     dtype=model.context_proj.weight.dtype))
+                   for r in rollouts]
+    ids = [r.input_ids.tolist() for r in rollouts]
+
+    def propose_many(requests: list[tuple[int, int]]) -> list[torch.Tensor]:
+        anchors = torch.tensor([ids[i][p] for i, p in requests], device=device)
+        blocks = model.draft_block(anchors, block_size)
+        hidden = torch.cat([model(input_ids=blocks[n:n + 1], context_latents=tuple(x[:, :p] for x in latents[i])
+                                  ).last_hidden_state for n, (i, p) in enumerate(requests)])
+        chains = torch.tensor([path_chain(ids[i], p, block_size) for i, p in requests], device=device)
+        return list(model.draft_logits(hidden, lm_head_weight, chains).cpu())
+
+    return propose_many
+
+
+#: How a draft of each format drafts (the modeling classes sit above format/, so the tables live here): greedy
+#: drafts for every k of a sweep, and the draft's logits along a path (probabilistic drafting).
 PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], SweepDrafter]] = {
     K3.name: _k3_drafter, SPECULATORS.name: _speculators_drafter}
+ROW_PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], Drafter]] = {
+    K3.name: _k3_row_drafter, SPECULATORS.name: _speculators_row_drafter}

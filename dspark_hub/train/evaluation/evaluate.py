@@ -17,13 +17,20 @@ the prompt-lookup baseline), count (`serving.measure_serving`: every drafter, an
 and every k of a sweep, in one lockstep pass; acceptance by context length and the confidence head's
 calibration from the same steps; the expected speedup when costs are given); with the vllm engine, vLLM
 serving the draft is the drafter and its metrics are the count (`vllm_eval.measure_served`).
+
+With a temperature (`sampling`, `sampled_eval.eval_sampling`) the paths are the target's own samples,
+`samples` a prompt, and the count is vLLM's rejection sampling seen from each path (`sampled_eval`,
+through `acceptance.measure_batched`; the serving answers are greedy only); the document then carries 95%
+intervals over prompts and samples and the expected acceptance beside the counts (`EvalResult.intervals`,
+`expected`). Every document carries its decoding (`sampling`) and its units, one record per (prompt,
+sample), which `compare` pairs (docs/acceptance.md).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -42,13 +49,23 @@ from dspark_hub.train.evaluation.acceptance import (
     SIMULATION,
     AcceptanceStats,
     Measurement,
+    measure_batched,
 )
 from dspark_hub.train.evaluation.by_context import ByContext
 from dspark_hub.train.evaluation.calibration import Calibration
 from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for, sweep_drafter_for
 from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
+from dspark_hub.train.evaluation.sampled_eval import (
+    GREEDY,
+    SAMPLED_SIMULATION,
+    EvalSampling,
+    Unit,
+    count_prompts,
+    sampled_verify,
+)
 from dspark_hub.train.evaluation.serving import ServingOptions, Sweep, measure_serving
 from dspark_hub.train.evaluation.speedup import Speedup
+from dspark_hub.train.evaluation.units import expected_summary, unit_intervals, unit_records
 from dspark_hub.train.target.dtypes import canonical_dtype
 
 ENGINES = ("simulated", "vllm")
@@ -68,7 +85,8 @@ class EvalResult(Document):
     SCHEMA = schemas.command("eval")
     KEYS = ("ok", "engine", "**overall", "definition", "by_dataset=datasets", "baseline=baseline_overall",
             "harness=shown_harness", "reference=reference_overall", "plot", "measured_by", "lossless",
-            "sweep", "speedup", "by_context", "calibration", "profile")
+            "sampling", "intervals", "expected", "units=records", "sweep", "speedup", "by_context", "calibration",
+            "profile")
 
     draft: Measurement
     baseline: Measurement | None
@@ -80,6 +98,9 @@ class EvalResult(Document):
     engine: str = "simulated"
     measured_by: dict[str, Any] | None = None
     lossless: bool | None = None
+    #: How it decoded (greedy, or sampled as vLLM samples), and the (prompt, sample) of each of `draft.units`.
+    sampling: EvalSampling = GREEDY
+    units: list[Unit] = field(default_factory=list)
     #: `--k`: every k measured (the eval's own included); `--draft-cost`/`--costs measure`: the expected speedup
     sweep: Sweep | None = None
     speedup: Speedup | None = None
@@ -90,6 +111,24 @@ class EvalResult(Document):
     profile: str | None = None
 
     definition: ClassVar[str] = DEFINITION
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """One record per (prompt, sample): its key, dataset, drafts, accepted and expected per position."""
+        return unit_records(self.units, self.draft.units)
+
+    @property
+    def intervals(self) -> dict[str, Any] | None:
+        """95% intervals of AL and each per-position rate over prompts (and samples), None under 2 prompts."""
+        return unit_intervals(self.units, self.draft.units, expected=False)
+
+    @property
+    def expected(self) -> dict[str, Any] | None:
+        """The expected acceptance along the sampled paths (the low-variance number), labelled; None for a
+        measurement by vLLM (it counts only)."""
+        if self.engine != "simulated":
+            return None
+        return expected_summary(self.units, self.draft.units, self.draft.overall, self.sampling)
 
     @property
     def ok(self) -> bool:
@@ -114,7 +153,10 @@ class EvalResult(Document):
 
     @property
     def baseline_overall(self) -> dict[str, Any] | None:
-        return {"method": BASELINE, **self.baseline.overall.to_dict()} if self.baseline else None
+        if self.baseline is None:
+            return None
+        return {"method": BASELINE, **self.baseline.overall.to_dict(),
+                "expected_acceptance_length": self.baseline.overall.expected_acceptance_length}
 
     @property
     def ratio(self) -> float | None:
@@ -145,7 +187,8 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
              data: str | None = None, reference: str | None = None, block_size: int | None = None,
              max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
              ignore_eos: bool = False, engine: str = "simulated", vllm_python: str | os.PathLike[str] | None = None,
-             dtype: str = "float32", markov: bool = True, serving: ServingOptions | None = None,
+             dtype: str = "float32", markov: bool = True, sampling: EvalSampling = GREEDY,
+             serving: ServingOptions | None = None,
              progress: Progress | None = None) -> EvalResult:
     """Acceptance of a draft with vLLM's definitions: simulated (next to a prompt-lookup drafter) or measured by vLLM.
 
@@ -167,6 +210,8 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         dtype: the vllm engine's dtype (`DTYPES`, or fp32, bf16, fp16); the simulation runs in
             float32, so only a float32 measurement can equal it exactly.
         markov: False drafts without the Markov head (a control; speculators drafts only).
+        sampling: the decoding (`sampled_eval.eval_sampling`): greedy (the default, the counts of today), or
+            a temperature, truncation, drafting method, samples a prompt and seed.
         serving: the k sweep, acceptance by context length, the costs of the expected speedup and the
             profile (`serving.ServingOptions`; simulated only).
         progress: called per simulated prompt / generated prompt / engine run.
@@ -192,13 +237,16 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
     if serving.asked and engine != "simulated":
         raise UsageError("the k sweep, context buckets, costs and profile are simulated; drop them for the vllm "
                          "engine, or run the simulated engine", param="engine")
+    if serving.asked and not sampling.greedy:
+        raise UsageError("the k sweep, context buckets, costs and profile are greedy; drop them for a sampled eval "
+                         "(a temperature above 0), or measure them in a greedy run", param="temperature")
     if serving.profile:
         check_profile_writable(draft, [("target", target), ("prompts", prompts), ("data", data),
                                        ("reference", reference)], force=serving.force)
     inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
                          block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                         ignore_eos=ignore_eos, vllm_python=vllm_python, longest_k=serving.lookahead(),
-                         progress=progress)
+                         ignore_eos=ignore_eos, vllm_python=vllm_python, sampling=sampling,
+                         longest_k=serving.lookahead(), progress=progress)
     if engine == "simulated":
         outcome = _simulated(inputs, max_new_tokens=max_new_tokens if data is None else None, ignore_eos=ignore_eos,
                              markov=markov, serving=serving, progress=progress)
@@ -206,7 +254,7 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, dtype=dtype,
                                           progress=progress)
         outcome = EvalResult(served.measurement, None, served.harness, engine="vllm", measured_by=served.measured_by,
-                             lossless=served.lossless)
+                             lossless=served.lossless, sampling=sampling, units=served.units)
     if plot is not None:
         outcome.plot = str(plot_acceptance(outcome, plot))
     return outcome
@@ -220,26 +268,46 @@ def _simulated(inputs: EvalInputs, *, max_new_tokens: int | None, ignore_eos: bo
     """
     import torch  # heavy: only a simulated measurement pays for it
 
-    draft, rollouts, k = inputs.draft, inputs.rollouts, inputs.draft.k
+    draft, rollouts, k, sampling = inputs.draft, inputs.rollouts, inputs.draft.k, inputs.sampling
     assert rollouts is not None    # the simulation's inputs always hold rollouts
-    drafter = sweep_drafter_for(draft, inputs.target, markov=markov)
-    others = {"baseline": baseline_drafter(k)}
-    if inputs.reference is not None:
-        others["reference"] = drafter_for(inputs.reference, inputs.target)
+    if sampling.greedy:
+        drafter = sweep_drafter_for(draft, inputs.target, markov=markov)
+        others = {"baseline": baseline_drafter(k)}
+        if inputs.reference is not None:
+            others["reference"] = drafter_for(inputs.reference, inputs.target)
+    else:
+        lm_head = inputs.target.lm_head().float()
+        rows = sampling.draft_sample_method == "probabilistic"
+        drafters = {"draft": drafter_for(draft, inputs.target, markov=markov, lm_head=lm_head, rows=rows),
+                    "baseline": baseline_drafter(k)}
+        if inputs.reference is not None:
+            drafters["reference"] = drafter_for(inputs.reference, inputs.target, lm_head=lm_head, rows=rows)
+        verify = sampled_verify(inputs.path_targets, inputs.units, lm_head, sampling)
     bounds: dict[str, Any] = {} if max_new_tokens is None else {"max_tokens": max_new_tokens,
                                                                   "stop_ids": inputs.stop_ids}
     announce_stage(progress, "eval: draft", len(rollouts))
     with torch.no_grad():
-        measured = measure_serving(inputs, drafter, serving, others=others, bounds=bounds, progress=progress)
-    ref, prompt_lookup = measured.others.get("reference"), measured.others["baseline"]
-    harness = {"definition": DEFINITION, "mode": "simulated", "simulation": SIMULATION, "decoding": "greedy",
-               "temperature": 0.0, "block_size": k, "dtype": "float32", "format": draft.format.name,
-               "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
+        if sampling.greedy:
+            measured = measure_serving(inputs, drafter, serving, others=others, bounds=bounds, progress=progress)
+        else:
+            counts = {name: measure_batched(rollouts, made, k, progress if name == "draft" else None, verify=verify,
+                                            **bounds) for name, made in drafters.items()}
+    decoding = ({"decoding": "greedy", "temperature": 0.0, "simulation": SIMULATION} if sampling.greedy else
+                {"decoding": "sampled", "temperature": sampling.temperature, "simulation": SAMPLED_SIMULATION,
+                 "sampling": sampling.describe()})
+    harness = {"definition": DEFINITION, "mode": "simulated", **decoding, "block_size": k, "dtype": "float32",
+               "format": draft.format.name, "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
     ref_path = inputs.reference.path if inputs.reference else None
-    return EvalResult(measured.sweep.by_k[k].measurement, prompt_lookup, harness, ref, ref_path,
-                      identify(ref_path) if ref_path else None, sweep=measured.sweep if serving.ks else None,
-                      speedup=measured.speedup, by_context=measured.by_context, calibration=measured.calibration,
-                      profile=measured.profile)
+    identity = identify(ref_path) if ref_path else None
+    if not sampling.greedy:
+        for measurement in counts.values():
+            count_prompts(measurement, inputs.units)
+        return EvalResult(counts["draft"], counts["baseline"], harness, counts.get("reference"), ref_path, identity,
+                          sampling=sampling, units=inputs.units)
+    return EvalResult(measured.sweep.by_k[k].measurement, measured.others["baseline"], harness,
+                      measured.others.get("reference"), ref_path, identity, sampling=sampling, units=inputs.units,
+                      sweep=measured.sweep if serving.ks else None, speedup=measured.speedup,
+                      by_context=measured.by_context, calibration=measured.calibration, profile=measured.profile)
 
 
 def check_profile_writable(draft: str | os.PathLike[str], inputs: Sequence[tuple[str, Any]], *, force: bool) -> None:

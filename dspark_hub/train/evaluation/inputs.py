@@ -6,7 +6,8 @@ rollouts folder. For the simulation the rollouts are made here: the target, in t
 engine (`target.engines.open_engine`, the one way rollouts are made), continues each prompt greedily
 `max_new_tokens + k` tokens ignoring EOS with float32 taps, so the last step can overshoot as it does
 in vLLM; a rollouts folder is read as it is. The vllm engine makes its own continuations: it gets the
-prompts (`open_inputs(..., engine="vllm")`).
+prompts (`open_inputs(..., engine="vllm")`). A sampled eval (`sampling` not greedy) continues each prompt
+`samples` times by sampling (`sampled_eval.PathDraws`), one rollout per unit (prompt, sample).
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from dspark_hub.format.registry import DraftFormat
 from dspark_hub.progress import Progress, announce_stage, announce_total
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.data.rollouts import MemoryRollouts, RolloutData, read_prompts
+from dspark_hub.train.evaluation.sampled_eval import (
+    GREEDY,
+    EvalSampling,
+    PathDraws,
+    PathTarget,
+    Unit,
+    rollout_unit,
+    sampled_prompts,
+)
 from dspark_hub.train.target.engines import EngineOptions, open_engine
 from dspark_hub.train.target.generate import Prompt
 from dspark_hub.train.target.target import Target
@@ -81,7 +91,9 @@ class EvalInputs:
 
     `rollouts` is what the simulation runs on (None for the vllm engine, which continues `prompts`
     itself); `stop_ids` the target's EOS ids (`Target.eos_ids`; none with `ignore_eos`); `facts` the
-    harness facts about the data (prompts digest, chat template, target identity).
+    harness facts about the data (prompts digest, chat template, target identity). `units[i]` is the
+    prompt and sample of `rollouts[i]`; a sampled eval's `path_targets` what its sampling steps recorded
+    (`sampled_eval.PathTarget`, by rollout index).
     """
 
     draft: DraftUnderTest
@@ -92,12 +104,16 @@ class EvalInputs:
     stop_ids: list[int] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     python: str | None = None         # the vllm engine's interpreter
+    sampling: EvalSampling = GREEDY
+    units: list[Unit] = field(default_factory=list)
+    path_targets: dict[int, PathTarget] = field(default_factory=dict)
 
 
 def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str] | None, prompts: str | None,
                 data: str | None, reference: str | None = None, block_size: int | None = None,
                 engine: str = "simulated", max_new_tokens: int = 256, batch_size: int = 8, ignore_eos: bool = False,
-                vllm_python: str | os.PathLike[str] | None = None, longest_k: int | None = None,
+                vllm_python: str | os.PathLike[str] | None = None, sampling: EvalSampling = GREEDY,
+                longest_k: int | None = None,
                 progress: Progress | None = None) -> EvalInputs:
     """The draft, the target and the data of one eval, every input checked before any model loads.
 
@@ -114,32 +130,56 @@ def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str]
     """
     under_test = read_draft(draft, block_size)
     _refuse_for_engine(engine, prompts=prompts, data=data, reference=reference, target=target)
+    if data is not None and not sampling.greedy:
+        raise UsageError("a rollouts folder holds greedy paths; a sampled eval continues `prompts` by sampling",
+                         param="data")
     python = engine_python(vllm_python) if engine == "vllm" else None
     ref = read_draft(reference, under_test.k, param="reference") if reference else None
     if ref is not None and ref.taps != under_test.taps:
         raise UsageError(f"{reference}: taps layers {ref.taps}, the draft {under_test.taps}; a reference is "
                          "measured on the same rollouts, so it needs the same taps", param="reference")
     if data is not None:
-        return _folder_inputs(under_test, ref, data=data, target=target, ignore_eos=ignore_eos, progress=progress)
+        inputs = _folder_inputs(under_test, ref, data=data, target=target, ignore_eos=ignore_eos, progress=progress)
+        inputs.units = [rollout_unit(r) for r in inputs.rollouts or ()]
+        return inputs
     assert prompts is not None and target is not None    # `_refuse_for_engine` asked for both
     opened = Target.open(target, param="target")
     served = engine == "vllm"
     inputs = _paired(under_test, opened, prompts, reference=ref, ignore_eos=ignore_eos,
                      max_new_tokens=None if served else max_new_tokens)
+    inputs.sampling = sampling
     if served:
         inputs.python = python
         return inputs
-    runner = open_engine("transformers", opened, under_test.taps, EngineOptions(dtype="float32"))
-    announce_stage(progress, "eval: target continuations", len(inputs.prompts))
+    _continue(inputs, max_new_tokens=max_new_tokens, longest_k=longest_k, batch_size=batch_size, progress=progress)
+    return inputs
+
+
+def _continue(inputs: EvalInputs, *, max_new_tokens: int, longest_k: int | None, batch_size: int,
+              progress: Progress | None) -> None:
+    """The target's float32 continuations of every unit, `max_new_tokens + k` tokens ignoring EOS (k the largest of the
+    draft's and `longest_k`): greedy, one a prompt, or `samples` sampled paths a prompt (`batch_size` prompts a
+    `generate` call either way)."""
+    runner = open_engine("transformers", inputs.target, inputs.draft.taps, EngineOptions(dtype="float32"))
+    rows, draws = inputs.prompts, None
+    if not inputs.sampling.greedy:
+        rows, inputs.units = sampled_prompts(inputs.prompts, inputs.sampling.samples)
+        draws = PathDraws(inputs.units, inputs.sampling)
+        # a prompt's samples share its `generate` call: on a CPU a call's time grows little with its rows
+        batch_size *= inputs.sampling.samples
+    announce_stage(progress, "eval: target continuations", len(rows))
     try:
-        lookahead = max(under_test.k, longest_k or 0)
-        made = list(runner.rollouts(inputs.prompts, mode="generate", max_new_tokens=max_new_tokens + lookahead,
+        lookahead = max(inputs.draft.k, longest_k or 0)
+        made = list(runner.rollouts(rows, mode="generate", max_new_tokens=max_new_tokens + lookahead,
                                     ignore_eos=True, batch_size=batch_size, progress=progress,
-                                    states_dtype="float32"))
+                                    states_dtype="float32", draw=draws))
     finally:
         runner.close()
     inputs.rollouts = MemoryRollouts(sorted(made, key=lambda r: r.prompt_index))
-    return inputs
+    if draws is None:
+        inputs.units = [rollout_unit(r) for r in inputs.rollouts]
+    else:
+        inputs.path_targets = draws.targets
 
 
 def _refuse_for_engine(engine: str, *, prompts: str | None, data: str | None, reference: str | None,

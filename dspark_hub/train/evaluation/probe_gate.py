@@ -40,7 +40,7 @@ def add_to_report(report: Report, draft: str | os.PathLike[str], *, target: str 
             runs the target).
     """
     if target is None:
-        raise UsageError("the probe runs the draft on the target's greedy paths: pass --target", param="probe")
+        raise UsageError("the probe runs the draft on the target's greedy paths: pass `target`", param="probe")
     for path, what in ((draft, "draft"), (target, "target")):
         if str(path).startswith("hf://") or not Path(path).is_dir():
             raise UsageError(f"{path}: the probe needs the {what} as a local folder (it reads every weight and runs "

@@ -158,6 +158,7 @@ def measure_lanes(rollouts: Iterable[Rollout], lanes: Sequence[Lane], progress: 
     overall = {key: AcceptanceStats(key[1]) for key in keys}
     by_dataset: dict[tuple[str, int], dict[str, AcceptanceStats]] = {key: {} for key in keys}
     lengths: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+    units: dict[tuple[str, int], list[AcceptanceStats]] = {key: [] for key in keys}
     watchers = {lane.name: lane.observe for lane in lanes}
     pending = iter(rollouts)
     while chunk := list(itertools.islice(pending, window)):
@@ -180,13 +181,15 @@ def measure_lanes(rollouts: Iterable[Rollout], lanes: Sequence[Lane], progress: 
         for key in keys:
             for rollout, loop in zip(chunk, loops[key], strict=True):
                 overall[key].add(loop.stats)
+                units[key].append(loop.stats)
                 if loop.stats.drafts:
                     lengths[key].append(loop.stats.acceptance_length)
                 if rollout.dataset is not None:
                     by_dataset[key].setdefault(rollout.dataset, AcceptanceStats(key[1])).add(loop.stats)
         if progress:
             progress(len(chunk))
-    return {lane.name: Sweep({k: KMeasurement(Measurement(overall[(lane.name, k)], by_dataset[(lane.name, k)]),
+    return {lane.name: Sweep({k: KMeasurement(Measurement(overall[(lane.name, k)], by_dataset[(lane.name, k)],
+                                                          units[(lane.name, k)]),
                                               lengths[(lane.name, k)]) for k in sorted(set(lane.ks))})
             for lane in lanes}
 

@@ -10,14 +10,17 @@ JOB: `{"target", "prompts": [[ids]], "groups": [[prompt indices]], "max_tokens",
 "dtype", "max_model_len", "speculative_config" (null: plain greedy), "interpreter" (true, false or
 null = on when torch sees no CUDA device), "cpu_refusal" (null, or why the target cannot run on vLLM's
 CPU attention: refused as a `UsageError` about `target` when torch sees no CUDA device, before vLLM
-starts)}`.
+starts), "sampling" (null: greedy; else `{"temperature", "top_k", "top_p", "min_p", "seeds": [one per
+prompt], "cpu_refusal": null or what a CPU engine refuses, as a `UsageError` about `temperature`}`)}`.
 
 OUT: `{"ok": true, "vllm_version", "untested_version", "version_warning", "torch", "platform", "model_runner",
 "triton_interpret", "speculative_config" (as the engine resolved it), "dtype", "async_scheduling",
-"enable_prefix_caching", "timing_s", "groups": [{"outputs": [[ids]], "metrics": {name: value}}]}`,
-or the protocol's error reply. Metrics are the
-`vllm:spec_decode_*` counters of `llm.get_metrics()` (`disable_log_stats=False`), taken after
-each group's `generate` and reported as that group's increase.
+"enable_prefix_caching", "timing_s", "groups": [{"outputs": [[ids]], "metrics": {name: value},
+"histograms": [[steps by accepted drafts] per request] or null, "steps": [[accepted drafts of each step] per
+request] with `"request_metrics": "detailed"` in the job, else null}]}`, or the protocol's error reply. Metrics are
+the `vllm:spec_decode_*` counters of `llm.get_metrics()` (`disable_log_stats=False`), taken after each
+group's `generate` and reported as that group's increase; a histogram is a request's own
+(`per_request_spec_decode_metrics="summary"`, `CompletionOutput.spec_decode_metrics`).
 
 The interpreter route (vLLM 0.32.0's CPU wheel, whose Triton has no CPU backend): DSpark needs
 Model Runner V2, which needs Triton. `TRITON_INTERPRET=1` runs every Triton kernel V2 launches in
@@ -115,6 +118,9 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
     interpreter = on_cpu if job.get("interpreter") is None else job["interpreter"]
     if on_cpu and job.get("cpu_refusal"):      # before vLLM's slow start, which would fail on it
         raise UsageError(job["cpu_refusal"], param="target")
+    sampling = job.get("sampling")
+    if on_cpu and sampling and sampling.get("cpu_refusal"):      # what the CPU wheel's kernels cannot run
+        raise UsageError(sampling["cpu_refusal"], param="temperature")
     if importlib.util.find_spec("vllm") is None:
         raise missing_vllm(WHAT)
     if interpreter:
@@ -131,21 +137,31 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
     target = Path(job["target"])
     has_tokenizer = any((target / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
     started = time.perf_counter()
+    speculative = job.get("speculative_config")
     llm = LLM(model=str(target), dtype=job["dtype"], max_model_len=job["max_model_len"],
               max_num_seqs=max(len(group) for group in job["groups"]), enforce_eager=True, seed=0,
-              speculative_config=job.get("speculative_config"), disable_log_stats=False,
-              skip_tokenizer_init=not has_tokenizer)
+              speculative_config=speculative, disable_log_stats=False, skip_tokenizer_init=not has_tokenizer,
+              **({"per_request_spec_decode_metrics": job.get("request_metrics", "summary")} if speculative else {}))
     load_s = time.perf_counter() - started
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True,
-                            stop_token_ids=list(job["stop_token_ids"]) or None, detokenize=False)
+    common = {"max_tokens": job["max_tokens"], "ignore_eos": True,
+              "stop_token_ids": list(job["stop_token_ids"]) or None, "detokenize": False}
+
+    def params(i: int) -> Any:
+        if not sampling:
+            return SamplingParams(temperature=0.0, **common)
+        return SamplingParams(temperature=sampling["temperature"], top_k=sampling["top_k"] or 0,
+                              top_p=sampling["top_p"], min_p=sampling["min_p"], seed=sampling["seeds"][i], **common)
+
     groups, before, generate_s = [], spec_metrics(llm), 0.0
     for group in job["groups"]:
         started = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=job["prompts"][i]) for i in group], params,
-                            use_tqdm=False)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=job["prompts"][i]) for i in group],
+                            [params(i) for i in group], use_tqdm=False)
         generate_s += time.perf_counter() - started
         after = spec_metrics(llm)
-        groups.append({"outputs": [list(out.outputs[0].token_ids) for out in outs], "metrics": _delta(after, before)})
+        groups.append({"outputs": [list(out.outputs[0].token_ids) for out in outs], "metrics": _delta(after, before),
+                       "histograms": _histograms(outs) if speculative else None,
+                       "steps": _steps(outs) if speculative and job.get("request_metrics") == "detailed" else None})
         before = after
     config = llm.llm_engine.vllm_config
     spec = config.speculative_config
@@ -159,6 +175,17 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
             "async_scheduling": getattr(config.scheduler_config, "async_scheduling", None),
             "enable_prefix_caching": config.cache_config.enable_prefix_caching,
             "timing_s": {"load": round(load_s, 2), "generate": round(generate_s, 2)}, "groups": groups}
+
+
+def _histograms(outs: list[Any]) -> list[list[int]] | None:
+    """Each request's histogram of verification steps by accepted drafts, or None where vLLM gave none."""
+    found: list[Any] = [getattr(out.outputs[0], "spec_decode_metrics", None) for out in outs]
+    return None if None in found else [list(metrics.histogram) for metrics in found]
+
+
+def _steps(outs: list[Any]) -> list[list[int]]:
+    """Each request's accepted drafts, step by step (`per_request_spec_decode_metrics="detailed"`)."""
+    return [list(out.outputs[0].spec_decode_metrics.per_step_accepted) for out in outs]
 
 
 def _platform() -> str:

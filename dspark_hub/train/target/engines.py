@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dspark_hub.errors import UsageError
-from dspark_hub.train.target.generate import Prompt, Rollout, generate_rollouts, prefill_rollouts
+from dspark_hub.train.target.generate import Draw, Prompt, Rollout, generate_rollouts, prefill_rollouts
 from dspark_hub.train.target.target import Target, moved
 
 if TYPE_CHECKING:
@@ -79,9 +79,10 @@ class TargetEngine(Protocol):
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
                  batch_size: int, progress: Progress | None = None,
-                 states_dtype: str = "bfloat16") -> Iterator[Rollout]:
+                 states_dtype: str = "bfloat16", draw: Draw | None = None) -> Iterator[Rollout]:
         """One `Rollout` per prompt, in any order (each carries its prompt index), its states in `states_dtype`
-        (bfloat16: what a rollouts folder stores; eval keeps float32)."""
+        (bfloat16: what a rollouts folder stores; eval keeps float32). `draw`: sampled continuations
+        (`generate.Draw`; the transformers engine only)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -172,7 +173,7 @@ class TransformersEngine:
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
                  batch_size: int, progress: Progress | None = None,
-                 states_dtype: str = "bfloat16") -> Iterator[Rollout]:
+                 states_dtype: str = "bfloat16", draw: Draw | None = None) -> Iterator[Rollout]:
         import torch
 
         dtype = getattr(torch, states_dtype)
@@ -180,7 +181,8 @@ class TransformersEngine:
             return prefill_rollouts(self._model(), prompts, self.layer_ids, batch_size=batch_size, progress=progress,
                                     states_dtype=dtype)
         return generate_rollouts(self._model(), prompts, self.layer_ids, max_new_tokens=max_new_tokens,
-                                 batch_size=batch_size, ignore_eos=ignore_eos, progress=progress, states_dtype=dtype)
+                                 batch_size=batch_size, ignore_eos=ignore_eos, progress=progress, states_dtype=dtype,
+                                 draw=draw)
 
     def describe(self) -> dict[str, Any]:
         import torch

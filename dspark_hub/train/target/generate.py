@@ -3,7 +3,9 @@
 Shared by every engine (`train.engines`, `train.vllm_engine`) and by the rollouts folder
 (`train.data.rollouts`), which sit above it: greedy continuations captured with forward hooks
 (`generate_rollouts`), given sequences recorded as they are (`prefill_rollouts`), and the
-greedy-agreement count every rollout carries.
+greedy-agreement count every rollout carries. A sampled continuation (`eval --temperature`) is the same
+greedy `generate` call with a `Draw` rule deciding each row's next token (the rule, vLLM's sampling, lives
+with the evaluation that needs it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from dspark_hub.progress import Progress
 
 # torch and transformers are imported inside the functions that run the target: the CLI imports
 # this module (through `engines`) for `--help`.
+
+#: `draw(prompts)` -> `next_tokens(scores)`: for the rows of one `generate` call (`prompts`, in row order), the
+#: token each row continues with, from that step's `[rows, V]` float32 logits. None: greedy (the argmax).
+Draw = Callable[[list["Prompt"]], Callable[["torch.Tensor"], "torch.Tensor"]]
 
 if TYPE_CHECKING:
     import torch
@@ -167,15 +173,18 @@ def _generation_batches(prompts: list[Prompt], batch_size: int) -> Iterator[list
         yield ordered[i:i + batch_size]
 
 
-def _generate_left_padded(model: CausalLM, group: list[Prompt], config: Any, pad: int) -> list[torch.Tensor]:
+def _generate_left_padded(model: CausalLM, group: list[Prompt], config: Any, pad: int,
+                          draw: Draw | None = None) -> list[torch.Tensor]:
     """Each prompt with its greedy continuation (EOS-padded to one length), the left padding taken off.
 
     Prompts of several lengths share one `generate` call: a real prompt set has many lengths, and
     batching only equal ones leaves most batches nearly empty. The attention mask hides the padding and
     transformers derives the positions from it, so each row continues as it would alone (the greedy
-    agreement recorded per rollout checks it).
+    agreement recorded per rollout checks it). With `draw`, each step's tokens are `draw(group)`'s
+    (a logits processor leaves only that token finite, so the greedy step takes it).
     """
     import torch
+    from transformers import LogitsProcessorList
 
     device = model.get_output_embeddings().weight.device
     width = max(len(p.input_ids) for p in group)
@@ -184,19 +193,36 @@ def _generate_left_padded(model: CausalLM, group: list[Prompt], config: Any, pad
     for row, prompt in enumerate(group):
         ids[row, width - len(prompt.input_ids):] = torch.tensor(prompt.input_ids, dtype=torch.long)
         mask[row, width - len(prompt.input_ids):] = 1
+    processors = LogitsProcessorList([_Drawn(draw(group))] if draw is not None else [])
     with torch.no_grad():
-        sequences = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        sequences = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                   logits_processor=processors)
     return [sequences[row, width - len(prompt.input_ids):] for row, prompt in enumerate(group)]
+
+
+class _Drawn:
+    """A logits processor that leaves only the drawn token of each row finite (transformers calls it with the
+    step's float32 logits after its own processors; greedy decoding then takes the drawn token)."""
+
+    def __init__(self, next_tokens: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.next_tokens = next_tokens
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        tokens = self.next_tokens(scores).to(scores.device).long()
+        return torch.full_like(scores, -torch.inf).scatter_(1, tokens[:, None], 0.0)
 
 
 def generate_rollouts(model: CausalLM, prompts: list[Prompt], layer_ids: list[int], *, max_new_tokens: int,
                       batch_size: int = 8, ignore_eos: bool = False, progress: Progress | None = None,
-                      states_dtype: torch.dtype | None = None) -> Iterator[Rollout]:
+                      states_dtype: torch.dtype | None = None, draw: Draw | None = None) -> Iterator[Rollout]:
     """Greedy continuations and their states, one `Rollout` per prompt (order: by prompt length).
 
     Continuations are generated `batch_size` prompts at a time (left-padded); the states are then
     captured without padding, prompts of one length together, so every stored row is exact for its
-    tokens. They are kept in `states_dtype` (default bfloat16, what a rollouts folder stores).
+    tokens. They are kept in `states_dtype` (default bfloat16, what a rollouts folder stores). With `draw`
+    the continuations are sampled by that rule instead (`Draw`).
     """
     import torch
     from transformers import GenerationConfig
@@ -205,7 +231,8 @@ def generate_rollouts(model: CausalLM, prompts: list[Prompt], layer_ids: list[in
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else (eos[0] if eos else 0)
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad)
     for group in _generation_batches(prompts, batch_size):
-        continued = dict(zip((p.index for p in group), _generate_left_padded(model, group, config, pad), strict=True))
+        continued = dict(zip((p.index for p in group), _generate_left_padded(model, group, config, pad, draw),
+                             strict=True))
         for same_length in _batches(group, batch_size):
             sequences = torch.stack([continued[p.index] for p in same_length])
             yield from _captured(model, same_length, sequences, layer_ids, eos, states_dtype)

@@ -37,7 +37,7 @@ from typing import Any
 from dspark_hub.errors import EngineError, MissingDependencyError, UsageError, VllmInternalsMoved
 from dspark_hub.format.taps import residual_index
 from dspark_hub.train.target.engines import EngineOptions, Mode, Progress, option_param
-from dspark_hub.train.target.generate import Prompt, Rollout, greedy_agreement, prefill_rollout
+from dspark_hub.train.target.generate import Draw, Prompt, Rollout, greedy_agreement, prefill_rollout
 from dspark_hub.train.target.target import Target
 from dspark_hub.vllm.availability import missing_vllm, vllm_importable
 from dspark_hub.vllm.child import Child
@@ -220,9 +220,12 @@ class VllmEngine:
 
     def rollouts(self, prompts: list[Prompt], *, mode: Mode, max_new_tokens: int, ignore_eos: bool,
                  batch_size: int, progress: Progress | None = None,
-                 states_dtype: str = "bfloat16") -> Iterator[Rollout]:
+                 states_dtype: str = "bfloat16", draw: Draw | None = None) -> Iterator[Rollout]:
         import torch
 
+        if draw is not None:
+            raise UsageError("the vllm rollouts engine continues greedily; sampled continuations are the "
+                             "transformers engine's", param="engine")
         dtype = getattr(torch, states_dtype)
 
         for start in range(0, len(prompts), REQUEST_SIZE):
