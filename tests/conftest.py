@@ -30,22 +30,11 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "run under $(.ci/venv-vllm.sh) or unset it")
 
 
-def _group(item: pytest.Item) -> str:
-    """The worker group of a test under pytest-xdist: its file (module fixtures are built once), except that
-    every test of the real-model drafts shares one worker (the session fixture trains them once)."""
-    if "real_drafts" in getattr(item, "fixturenames", ()):
-        return "real-drafts"
-    return item.nodeid.split("::")[0]
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests that need a slow fixture (so `-m "not slow"` skips building it); without vllm, skip
     every `vllm` test by one mark, which pytest's summary folds into one line a file."""
     skip = pytest.mark.skip(reason=VLLM_SKIP)
-    spread = config.pluginmanager.hasplugin("xdist") and bool(config.getoption("numprocesses", None))
     for item in items:
-        if spread:   # `-n 2 --dist loadgroup` (.ci/run): one worker per group, so a fixture is built once
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if VLLM_MISSING and item.get_closest_marker("vllm") is not None:
