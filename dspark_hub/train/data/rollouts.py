@@ -140,6 +140,8 @@ def read_prompts(path: str | os.PathLike[str], target: str | os.PathLike[str] | 
     tokenizer = None
     prompts: list[Prompt] = []
     require_file(path, "a prompts JSONL file (one messages, text or input_ids object per line)", param=param)
+    if target is not None and not isinstance(target, Target) and (Path(target) / CONFIG_NAME).exists():
+        target = Target.open(target, param="target")      # once: its limits here, its tokenizer when a line asks
     limits = _target_limits(target)
     for number, line in prompt_lines(path):
         where = f"{path}:{number}"
@@ -163,11 +165,11 @@ def read_prompts(path: str | os.PathLike[str], target: str | os.PathLike[str] | 
 
 
 def _target_limits(target: str | os.PathLike[str] | Target | None) -> tuple[int | None, int | None]:
-    """(vocabulary size, context length) of the target's config, where it states them (a tokenizer-only folder
-    states neither)."""
-    if target is None or not (isinstance(target, Target) or (Path(target) / CONFIG_NAME).exists()):
+    """(vocabulary size, context length) of an opened target's config, where it states them (a folder without
+    config.json, which read_prompts leaves unopened, states neither)."""
+    if not isinstance(target, Target):
         return None, None
-    config = Target.open(target, param="target").text
+    config = target.text
 
     def positive(key: str) -> int | None:
         value = config.get(key)
