@@ -38,8 +38,8 @@ def main() -> None:
     args = parse_rounds(parser)
     import torch
 
+    from dspark_hub.train.evaluation.decoding import eval_sampling
     from dspark_hub.train.evaluation.evaluate import evaluate
-    from dspark_hub.train.evaluation.sampled_eval import eval_sampling
 
     torch.set_num_threads(args.threads)
     sampled = eval_sampling(args.temperature, samples=args.samples)

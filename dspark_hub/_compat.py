@@ -33,7 +33,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "pairing": ("verify.pairing",), "family": ("verify.family",), "golden": ("verify.golden",),
     "convert": ("ops.convert",), "diff": ("ops.diff",),
     "teacher": ("train.target.target", "errors"), "rollouts": ("train.data.rollouts",),
-    "objective": ("train.finetuning.objective",), "evaluate": ("train.evaluation.evaluate",),
+    "objective": ("train.finetuning.objective",), "evaluate": ("train.evaluation.evaluate", "train.evaluation.plot"),
     "card_results": ("cards.results",), "cardlint": ("cards.lint",), "hub_vocab": ("cards.hub_vocab",),
     "release": ("hub.release",), "package": ("hub.package",),
 }
@@ -45,7 +45,8 @@ MOVED_IN_0_3: dict[str, tuple[str, ...]] = {
         ("vllm_worker", ("target.vllm_worker",)), ("vllm_connector", ("target.vllm_connector",)),
         ("toy", ("target.toy",)), ("rollouts", ("data.rollouts",)),
         ("hidden_state_files", ("data.hidden_state_files",)), ("draft_taps", ("data.draft_taps",)),
-        ("evaluate", ("evaluation.evaluate", "evaluation.acceptance", "evaluation.drafters", "evaluation.inputs")),
+        ("evaluate", ("evaluation.evaluate", "evaluation.acceptance", "evaluation.drafters", "evaluation.inputs",
+                      "evaluation.plot")),
         ("acceptance", ("evaluation.acceptance", "evaluation.drafters")),
         ("eval_inputs", ("evaluation.inputs", "evaluation.drafters")), ("vllm_eval", ("evaluation.vllm_eval",)),
         ("vllm_eval_worker", ("evaluation.vllm_eval_worker",)),

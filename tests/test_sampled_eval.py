@@ -20,18 +20,10 @@ from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
 from dspark_hub.train.evaluation import sampled_acceptance as sa
 from dspark_hub.train.evaluation.acceptance import AcceptanceStats
+from dspark_hub.train.evaluation.decoding import GREEDY, eval_sampling
 from dspark_hub.train.evaluation.evaluate import evaluate
-from dspark_hub.train.evaluation.sampled_eval import (
-    GREEDY,
-    PathDraws,
-    PathTarget,
-    Unit,
-    _Path,
-    _verify_round,
-    eval_sampling,
-    prompt_key,
-    sampled_prompts,
-)
+from dspark_hub.train.evaluation.paths import PathDraws, PathTarget, Unit, prompt_key, sampled_prompts
+from dspark_hub.train.evaluation.sampled_eval import _Path, _verify_round
 from dspark_hub.train.target.generate import Prompt
 from tests.sampling_toys import chi_square, chi_square_limit
 

@@ -30,10 +30,10 @@ from dspark_hub.format.speculation_profile import (
     expected_speedup_by_k,
     trained_k,
 )
+from dspark_hub.train.evaluation.acceptance import measure_sweep
 from dspark_hub.train.evaluation.by_context import ContextTally
 from dspark_hub.train.evaluation.calibration import CalibrationTally
 from dspark_hub.train.evaluation.evaluate import check_profile_writable
-from dspark_hub.train.evaluation.serving import measure_sweep
 from dspark_hub.train.evaluation.speedup import expected_speedup, given_costs, speedup_table
 from dspark_hub.verify.checks import verify
 from tests.test_serving_sweep import _block_drafter, _world

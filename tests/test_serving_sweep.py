@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dspark_hub.errors import UsageError
-from dspark_hub.train.evaluation.acceptance import AcceptanceStats, VerifyLoop, measure_batched
+from dspark_hub.train.evaluation.acceptance import AcceptanceStats, VerifyLoop, measure_batched, measure_sweep
 from dspark_hub.train.evaluation.by_context import (
     ALL,
     ContextTally,
@@ -32,7 +32,7 @@ from dspark_hub.train.evaluation.calibration import (
     prefix_survival,
 )
 from dspark_hub.train.evaluation.drafters import Drafts, ngram_proposer
-from dspark_hub.train.evaluation.serving import MAX_KS, measure_sweep, parse_ks
+from dspark_hub.train.evaluation.serving import MAX_KS, parse_ks
 from dspark_hub.train.target.generate import Rollout
 
 

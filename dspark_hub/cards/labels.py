@@ -21,7 +21,7 @@ _DTYPES = ("float32", "bfloat16", "float16", "fp8", "int8", "int4")
 #: A label part that is neither the engine nor the definition (stated, or written as "not stated").
 _OTHER_PART = re.compile(rf"^(?:(?:k|version|dtype|prompts)\b|(?:{'|'.join(_DTYPES)})$)")
 _K_PART = re.compile(r"\bk(?:=\d+| not stated)")
-#: The decoding parts of a sampled label, as `sampled_eval.EvalSampling` and `Sampling.describe` write them.
+#: The decoding parts of a sampled label, as `decoding.EvalSampling` and `Sampling.describe` write them.
 _TEMPERATURE = re.compile(r"\btemperature (\d+(?:\.\d+)?(?:e-?\d+)?)")
 _TRUNCATION = re.compile(r"\b(top-p|top-k|min-p) (\d+(?:\.\d+)?(?:e-?\d+)?)")
 _DRAFTING = re.compile(r"\b(greedy|probabilistic) drafting\b")

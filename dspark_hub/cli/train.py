@@ -19,10 +19,10 @@ from dspark_hub.train.data.hidden_state_files import parse_layer_ids
 from dspark_hub.train.data.rollouts import make_rollouts
 from dspark_hub.train.evaluation.by_context import parse_edges
 from dspark_hub.train.evaluation.compare import compare
+from dspark_hub.train.evaluation.decoding import DEFAULT_SAMPLES, eval_sampling
 from dspark_hub.train.evaluation.evaluate import DTYPES, ENGINES, evaluate
 from dspark_hub.train.evaluation.probe import probe as probe_conventions
 from dspark_hub.train.evaluation.sampled_acceptance import DRAFT_SAMPLE_METHODS
-from dspark_hub.train.evaluation.sampled_eval import DEFAULT_SAMPLES, eval_sampling
 from dspark_hub.train.evaluation.serving import MEASURE, ServingOptions
 from dspark_hub.train.finetuning import objective
 from dspark_hub.train.finetuning.allocator import steady_allocator

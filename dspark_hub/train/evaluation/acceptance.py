@@ -18,12 +18,14 @@ accepted, IN FULL even when it crosses `max_tokens`; it emits `j + 1` tokens and
 A prompt-lookup drafter (n-gram copy, `BASELINE`, in `drafters`) runs through the same simulation on
 the same paths, so a looping or degenerate dataset cannot pass for a good draft.
 
-`measure_batched` runs the loops of many rollouts in lockstep (`VerifyLoop`), drafting one step of
-each unfinished request per call, so a drafter can share work across requests; the counts are each
-request's own, and each rollout's are kept (`Measurement.units`). How a round's drafts are judged is
-its `verify` (default `exact_verify`, the greedy comparison above); a sampled eval passes vLLM's
-rejection sampling seen from the target's sampled path (`sampled_eval`), which also gives each draft's
-expected acceptance (`AcceptanceStats.expected_per_position`; under greedy decoding it is the count).
+`measure_lanes` runs the loops of many rollouts in lockstep (`VerifyLoop`): every drafter of an eval (a
+*lane*: the draft at each k of a sweep, a reference, the baseline) drafts one step of each unfinished
+request per call, so a drafter can share work across requests; the counts are each request's own, and
+each rollout's are kept (`Measurement.units`). How a round's drafts are judged is its `verify` (default
+`exact_verify`, the greedy comparison above); a sampled eval passes vLLM's rejection sampling seen from
+the target's sampled path (`sampled_eval`), which also gives each draft's expected acceptance
+(`AcceptanceStats.expected_per_position`; under greedy decoding it is the count). `measure_batched` and
+`measure_sweep` are its one-lane forms.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dspark_hub.documents import Document
 from dspark_hub.progress import Progress
@@ -52,6 +54,12 @@ ProposeMany = Callable[[list[tuple[int, int]]], list[Any]]
 #: = the counts themselves) for one round; made per window of rollouts by a `Verifier`.
 VerifyRound = Callable[[list[tuple[int, int]], list[Any]], list[tuple[int, "list[float] | None"]]]
 Verifier = Callable[[list["Rollout"], int], VerifyRound]
+#: rollouts -> propose_many: a drafter at one k (its requests drafted together, one call a round).
+Drafter = Callable[[list["Rollout"]], ProposeMany]
+#: (rollouts, ks) -> {k: propose_many}: the context of each rollout encoded once for every k.
+SweepDrafter = Callable[[list["Rollout"], Sequence[int]], dict[int, ProposeMany]]
+#: `(k, rollout, anchor p, the drafts, how many were accepted)`: one verification step of one request.
+Observer = Callable[[int, "Rollout", int, Any, int], None]
 #: Rollouts simulated together (their requests drafted in one call per round).
 WINDOW = 64
 BASELINE = ("prompt lookup (as transformers prompt_lookup_decoding): copy the K tokens that followed the earliest "
@@ -217,29 +225,140 @@ def exact_verify(rollouts: list[Rollout], k: int) -> VerifyRound:
     return verify
 
 
-def measure_batched(rollouts: Iterable[Rollout], make_batch_proposer: Callable[[list[Rollout]], ProposeMany], k: int,
+def one_k(drafter: Drafter, k: int) -> SweepDrafter:
+    """A one-k drafter (rollouts -> propose_many) as a lane's drafter."""
+    return lambda rollouts, ks: {k: drafter(rollouts)}
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One drafter of a lockstep pass: its name, how it drafts at each k, the k it is counted at, and who else is
+    told of each of its verification steps."""
+
+    name: str
+    drafter: SweepDrafter
+    ks: tuple[int, ...]
+    observe: Observer | None = None
+
+
+@dataclass
+class KMeasurement(Document):
+    """One k of a sweep: its counts (overall and per dataset) and the mean of each request's acceptance length."""
+
+    KEYS = ("**measurement", "per_request_acceptance_length")
+
+    measurement: Measurement
+    request_lengths: list[float]
+
+    @property
+    def overall(self) -> AcceptanceStats:
+        return self.measurement.overall
+
+    @property
+    def per_request_acceptance_length(self) -> float | None:
+        """Model-Optimizer's `mean_accept_length_per_request`: every request weighs the same."""
+        return sum(self.request_lengths) / len(self.request_lengths) if self.request_lengths else None
+
+
+@dataclass
+class Sweep(Document):
+    """Acceptance at every k of `eval --k`, measured on the same rollouts in one run."""
+
+    KEYS = ("ks", "shared", "by_k=rows")
+
+    by_k: dict[int, KMeasurement]
+
+    shared: ClassVar[str] = ("the target's rollouts and each rollout's draft context, once for every k; each k "
+                             "drafts its own blocks and verifies on its own path")
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted(self.by_k)
+
+    @property
+    def rows(self) -> dict[str, KMeasurement]:
+        return {str(k): self.by_k[k] for k in self.ks}
+
+
+class _Tally:
+    """One (lane, k)'s counts: overall, per dataset, each rollout's, and each request's acceptance length."""
+
+    def __init__(self, k: int) -> None:
+        self.overall = AcceptanceStats(k)
+        self.by_dataset: dict[str, AcceptanceStats] = {}
+        self.units: list[AcceptanceStats] = []
+        self.lengths: list[float] = []
+
+    def add(self, rollout: Rollout, stats: AcceptanceStats) -> None:
+        self.overall.add(stats)
+        self.units.append(stats)
+        if stats.drafts:
+            self.lengths.append(stats.acceptance_length)
+        if rollout.dataset is not None:
+            self.by_dataset.setdefault(rollout.dataset, AcceptanceStats(stats.k)).add(stats)
+
+    def result(self) -> KMeasurement:
+        return KMeasurement(Measurement(self.overall, self.by_dataset, self.units), self.lengths)
+
+
+def measure_lanes(rollouts: Iterable[Rollout], lanes: Sequence[Lane], progress: Progress | None = None, *,
+                  max_tokens: int | None = None, stop_ids: Iterable[int] = (), window: int = WINDOW,
+                  verify: Verifier = exact_verify) -> dict[str, Sweep]:
+    """Every lane's verify loops at each of its k over the same rollouts, `window` rollouts at a time, in lockstep:
+    each round drafts one step of every unfinished request of every lane and k (one `propose_many` call each) and
+    judges them with one `verify` call per lane and k (the judges made once per window and k, shared by the lanes).
+    Each lane's counts at a k are those of its drafter at that k alone; with `exact_verify` those of `simulate` on
+    each rollout alone."""
+    stops = list(stop_ids)
+    keys = [(lane.name, k) for lane in lanes for k in sorted(set(lane.ks))]
+    tallies = {key: _Tally(key[1]) for key in keys}
+    watchers = {lane.name: lane.observe for lane in lanes}
+    pending = iter(rollouts)
+    while chunk := list(itertools.islice(pending, window)):
+        proposers: dict[tuple[str, int], ProposeMany] = {}
+        for lane in lanes:
+            made = lane.drafter(chunk, sorted(set(lane.ks)))
+            proposers.update({(lane.name, k): made[k] for k in lane.ks})
+        judges = {k: verify(chunk, k) for k in sorted({k for _, k in keys})}
+        loops = {key: [VerifyLoop(r, key[1], max_tokens=max_tokens, stop_ids=stops) for r in chunk] for key in keys}
+        stepped = True
+        while stepped:          # one round: a step of every unfinished request of every lane and k
+            stepped = False
+            for key, these in loops.items():
+                requests = [(i, p) for i, loop in enumerate(these) if (p := loop.anchor) is not None]
+                if not requests:
+                    continue
+                stepped, watch = True, watchers[key[0]]
+                proposals = proposers[key](requests)
+                for (i, p), drafts, (accepted, expected) in zip(requests, proposals,
+                                                                 judges[key[1]](requests, proposals), strict=True):
+                    these[i].step_accepted(accepted, expected)
+                    if watch is not None:
+                        watch(key[1], chunk[i], p, drafts, accepted)
+        for key in keys:
+            for rollout, loop in zip(chunk, loops[key], strict=True):
+                tallies[key].add(rollout, loop.stats)
+        if progress:
+            progress(len(chunk))
+    return {lane.name: Sweep({k: tallies[(lane.name, k)].result() for k in sorted(set(lane.ks))}) for lane in lanes}
+
+
+def measure_sweep(rollouts: Iterable[Rollout], drafter: SweepDrafter, ks: Sequence[int],
+                  progress: Progress | None = None, *, max_tokens: int | None = None, stop_ids: Iterable[int] = (),
+                  window: int = WINDOW, observe: Observer | None = None) -> Sweep:
+    """One drafter at every k of `ks` (`measure_lanes` with one lane)."""
+    lane = Lane("draft", drafter, tuple(ks), observe)
+    return measure_lanes(rollouts, [lane], progress, max_tokens=max_tokens, stop_ids=stop_ids,
+                         window=window)["draft"]
+
+
+def measure_batched(rollouts: Iterable[Rollout], make_batch_proposer: Drafter, k: int,
                     progress: Progress | None = None, *, max_tokens: int | None = None,
                     stop_ids: Iterable[int] = (), window: int = WINDOW, verify: Verifier = exact_verify
                     ) -> Measurement:
-    """Simulate `window` rollouts at a time in lockstep: each round drafts one step of every unfinished
-    request with one `propose_many` call and judges them with one `verify` call. With `exact_verify` the
-    counts are those of `simulate` on each rollout alone."""
-    stops = list(stop_ids)
-    overall = AcceptanceStats(k)
-    by_dataset: dict[str, AcceptanceStats] = {}
-    units: list[AcceptanceStats] = []
-    pending = iter(rollouts)
-    while chunk := list(itertools.islice(pending, window)):
-        loops = [VerifyLoop(rollout, k, max_tokens=max_tokens, stop_ids=stops) for rollout in chunk]
-        propose_many, judge = make_batch_proposer(chunk), verify(chunk, k)
-        while requests := [(i, p) for i, loop in enumerate(loops) if (p := loop.anchor) is not None]:
-            for (i, _), (accepted, expected) in zip(requests, judge(requests, propose_many(requests)), strict=True):
-                loops[i].step_accepted(accepted, expected)
-        for rollout, loop in zip(chunk, loops, strict=True):
-            overall.add(loop.stats)
-            units.append(loop.stats)
-            if rollout.dataset is not None:
-                by_dataset.setdefault(rollout.dataset, AcceptanceStats(k)).add(loop.stats)
-            if progress:
-                progress(1)
-    return Measurement(overall, by_dataset, units)
+    """One drafter at one k (`measure_lanes` with one lane): `window` rollouts at a time in lockstep, each round
+    drafting one step of every unfinished request with one `propose_many` call and judging them with one `verify`
+    call. With `exact_verify` the counts are those of `simulate` on each rollout alone."""
+    lane = Lane("draft", one_k(make_batch_proposer, k), (k,))
+    return measure_lanes(rollouts, [lane], progress, max_tokens=max_tokens, stop_ids=stop_ids, window=window,
+                         verify=verify)["draft"].by_k[k].measurement

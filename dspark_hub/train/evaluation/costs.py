@@ -29,7 +29,7 @@ from dspark_hub.train.evaluation.acceptance import ProposeMany
 from dspark_hub.train.evaluation.speedup import Costs
 
 if TYPE_CHECKING:
-    from dspark_hub.train.evaluation.drafters import SweepDrafter
+    from dspark_hub.train.evaluation.acceptance import SweepDrafter
     from dspark_hub.train.target.generate import Rollout
     from dspark_hub.train.target.target import CausalLM
 

@@ -3,9 +3,10 @@
 `sweep_drafter_for(draft, target)` picks the drafter by the draft's format (`PROPOSERS`, keyed by
 `DraftFormat.name`: the modeling classes sit above `format/`, so the table lives here) and returns
 (rollouts, ks) -> `propose_many` per k: each rollout's draft context is encoded once and drafted from at every
-k (`eval --k`, `serving.measure_lanes`); `drafter_for(draft, target)` is its one k, what
-`acceptance.measure_batched` takes: rollouts -> `propose_many`. A draft's proposals are `Drafts`: the tokens,
-and the confidence head's estimate per slot when the draft has one. A k3_dspark draft drafts the
+k (`eval --k`, `acceptance.measure_lanes`); `drafter_for(draft, target)` is its one k: rollouts ->
+`propose_many`. `choose_drafters(inputs)` is eval's choice: the draft's, the reference's and the baseline.
+A draft's proposals are `Drafts`: the tokens, and the confidence head's estimate per slot when the draft has
+one. A k3_dspark draft drafts the
 requests of a round together (`draft_batch_proposer`), a speculators DSpark one request at a time
 (its pruned vocabulary makes a request cheap), the baseline copies earlier tokens (`ngram_proposer`).
 `measure_draft` and `measure_ngram` are the two counts `finetune` logs on held-out data.
@@ -19,27 +20,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dspark_hub.errors import UsageError
 from dspark_hub.format.registry import K3, SPECULATORS
 from dspark_hub.progress import Progress
-from dspark_hub.train.evaluation.acceptance import Measurement, ProposeMany, measure_batched
+from dspark_hub.train.evaluation.acceptance import (
+    Drafter,
+    Measurement,
+    ProposeMany,
+    SweepDrafter,
+    measure_batched,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from dspark_hub.modeling import K3DSparkModel
     from dspark_hub.modeling.speculators_dspark import SpeculatorsDSpark
-    from dspark_hub.train.evaluation.inputs import DraftUnderTest
+    from dspark_hub.train.evaluation.inputs import DraftUnderTest, EvalInputs
     from dspark_hub.train.target.generate import Rollout
     from dspark_hub.train.target.target import Target
-
-#: rollouts -> propose_many: what `acceptance.measure_batched` drafts with.
-Drafter = Callable[[list["Rollout"]], ProposeMany]
-#: (rollouts, ks) -> {k: propose_many}: the context of each rollout encoded once for every k.
-SweepDrafter = Callable[[list["Rollout"], Sequence[int]], dict[int, ProposeMany]]
-
 
 class Drafts(list[int]):
     """A request's drafted tokens (a list), with the confidence head's estimate for each slot (the probability
@@ -189,29 +191,54 @@ def measure_ngram(rollouts: Iterable[Rollout], block_size: int, **bounds: Any) -
 # ----------------------------------------------------------------------------- a drafter per format
 
 
+@dataclass(frozen=True)
+class EvalDrafters:
+    """What one eval counts: the draft at every k it is measured at, and the other drafters at the draft's k by
+    name (the prompt-lookup `baseline`, and the `reference` draft when there is one)."""
+
+    draft: SweepDrafter
+    others: dict[str, Drafter]
+
+
+def choose_drafters(inputs: EvalInputs, *, markov: bool = True, lm_head: torch.Tensor | None = None
+                    ) -> EvalDrafters:
+    """The drafters of an eval, each by its draft's format: greedy drafts (the draft's at every k of a sweep), or
+    under a sampled eval's probabilistic drafting the drafts' logits along each path. `lm_head`: the target's,
+    float32 (read from the target when not given).
+
+    Raises:
+        UsageError: `markov` False for a format whose Markov head is not optional.
+    """
+    draft, target, sampling = inputs.draft, inputs.target, inputs.sampling
+    rows = sampling.draft_sample_method == "probabilistic"
+    others: dict[str, Drafter] = {"baseline": baseline_drafter(draft.k)}
+    if inputs.reference is not None:
+        others["reference"] = drafter_for(inputs.reference, target, lm_head=lm_head, rows=rows)
+    return EvalDrafters(sweep_drafter_for(draft, target, markov=markov, lm_head=lm_head, rows=rows), others)
+
+
 def drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True, lm_head: torch.Tensor | None = None,
                 rows: bool = False) -> Drafter:
-    """rollouts -> propose_many (`acceptance.measure_batched`) for the draft's format, at the draft's k: greedy
+    """rollouts -> propose_many for the draft's format, at the draft's k (`sweep_drafter_for` at one k).
+
+    Raises:
+        UsageError: `markov` False for a format whose Markov head is not optional.
+    """
+    sweep = sweep_drafter_for(draft, target, markov=markov, lm_head=lm_head, rows=rows)
+    return lambda rollouts: sweep(rollouts, [draft.k])[draft.k]
+
+
+def sweep_drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True,
+                      lm_head: torch.Tensor | None = None, rows: bool = False) -> SweepDrafter:
+    """(rollouts, ks) -> {k: propose_many} for the draft's format, each rollout's context encoded once: greedy
     drafts, or with `rows` the draft's logits along each path (probabilistic drafting). `lm_head`: the target's,
     float32 (read from the target when not given).
 
     Raises:
         UsageError: `markov` False for a format whose Markov head is not optional.
     """
-    if rows:
-        return ROW_PROPOSERS[draft.format.name](draft, target, _lm_head(draft, target, markov, lm_head), markov)
-    sweep = sweep_drafter_for(draft, target, markov=markov, lm_head=lm_head)
-    return lambda rollouts: sweep(rollouts, [draft.k])[draft.k]
-
-
-def sweep_drafter_for(draft: DraftUnderTest, target: Target, *, markov: bool = True,
-                      lm_head: torch.Tensor | None = None) -> SweepDrafter:
-    """(rollouts, ks) -> {k: propose_many} for the draft's format: each rollout's context encoded once.
-
-    Raises:
-        UsageError: `markov` False for a format whose Markov head is not optional.
-    """
-    return PROPOSERS[draft.format.name](draft, target, _lm_head(draft, target, markov, lm_head), markov)
+    table = ROW_PROPOSERS if rows else PROPOSERS
+    return table[draft.format.name](draft, target, _lm_head(draft, target, markov, lm_head), markov)
 
 
 def _lm_head(draft: DraftUnderTest, target: Target, markov: bool, lm_head: torch.Tensor | None) -> torch.Tensor:
@@ -263,9 +290,19 @@ def _k3_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, ma
     return lambda rollouts, ks: draft_batch_proposers(k3, lm_head, rollouts, ks)
 
 
-def _speculators_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+def _speculators_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool
+                             ) -> SweepDrafter:
     model = _load_speculators(draft, target, lm_head, markov)
-    return one_at_a_time(lambda r: speculators_row_proposer(model, r, draft.k))
+
+    def make(rollouts: list[Rollout], ks: Sequence[int]) -> dict[int, ProposeMany]:
+        proposers = {k: [speculators_row_proposer(model, r, k) for r in rollouts] for k in ks}
+
+        def at(k: int) -> ProposeMany:
+            return lambda requests: [proposers[k][i](p) for i, p in requests]
+
+        return {k: at(k) for k in ks}
+
+    return make
 
 
 def speculators_row_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], torch.Tensor]:
@@ -284,9 +321,9 @@ def path_chain(ids: list[int], p: int, k: int) -> list[int]:
     return chain + [chain[-1]] * (k - len(chain))
 
 
-def _k3_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> Drafter:
+def _k3_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
     k3 = _load_draft(draft.path)
-    return lambda rollouts: draft_row_proposer(k3, lm_head, rollouts, draft.k)
+    return lambda rollouts, ks: {k: draft_row_proposer(k3, lm_head, rollouts, k) for k in ks}
 
 
 def draft_row_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
@@ -317,5 +354,5 @@ def draft_row_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollo
 #: drafts for every k of a sweep, and the draft's logits along a path (probabilistic drafting).
 PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], SweepDrafter]] = {
     K3.name: _k3_drafter, SPECULATORS.name: _speculators_drafter}
-ROW_PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], Drafter]] = {
+ROW_PROPOSERS: dict[str, Callable[[DraftUnderTest, Target, torch.Tensor, bool], SweepDrafter]] = {
     K3.name: _k3_row_drafter, SPECULATORS.name: _speculators_row_drafter}

@@ -18,7 +18,7 @@ and every k of a sweep, in one lockstep pass; acceptance by context length and t
 calibration from the same steps; the expected speedup when costs are given); with the vllm engine, vLLM
 serving the draft is the drafter and its metrics are the count (`vllm_eval.measure_served`).
 
-With a temperature (`sampling`, `sampled_eval.eval_sampling`) the paths are the target's own samples,
+With a temperature (`sampling`, `decoding.eval_sampling`) the paths are the target's own samples,
 `samples` a prompt, and the count is vLLM's rejection sampling seen from each path (`sampled_eval`,
 through `acceptance.measure_batched`; the serving answers are greedy only); the document then carries 95%
 intervals over prompts and samples and the expected acceptance beside the counts (`EvalResult.intervals`,
@@ -37,10 +37,10 @@ from typing import Any, ClassVar
 from dspark_hub import schemas
 from dspark_hub._compat import renamed_keywords
 from dspark_hub.documents import Document
-from dspark_hub.errors import MissingDependencyError, UsageError
+from dspark_hub.errors import UsageError
 from dspark_hub.format.provenance import describe, identify
 from dspark_hub.format.speculation_profile import PROFILE_NAME
-from dspark_hub.format.writer import atomic_path, check_writable, refuse_own_inputs
+from dspark_hub.format.writer import check_writable, refuse_own_inputs
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train.evaluation import vllm_eval
 from dspark_hub.train.evaluation.acceptance import (
@@ -49,23 +49,20 @@ from dspark_hub.train.evaluation.acceptance import (
     SIMULATION,
     AcceptanceStats,
     Measurement,
-    measure_batched,
+    Sweep,
+    exact_verify,
 )
 from dspark_hub.train.evaluation.by_context import ByContext
 from dspark_hub.train.evaluation.calibration import Calibration
-from dspark_hub.train.evaluation.drafters import baseline_drafter, drafter_for, sweep_drafter_for
-from dspark_hub.train.evaluation.inputs import EvalInputs, open_inputs
-from dspark_hub.train.evaluation.sampled_eval import (
-    GREEDY,
-    SAMPLED_SIMULATION,
-    EvalSampling,
-    Unit,
-    count_prompts,
-    sampled_verify,
-)
-from dspark_hub.train.evaluation.serving import ServingOptions, Sweep, measure_serving
+from dspark_hub.train.evaluation.decoding import GREEDY, EvalSampling
+from dspark_hub.train.evaluation.drafters import choose_drafters
+from dspark_hub.train.evaluation.inputs import open_inputs
+from dspark_hub.train.evaluation.paths import Unit
+from dspark_hub.train.evaluation.plot import plot_acceptance, require_matplotlib
+from dspark_hub.train.evaluation.sampled_eval import SAMPLED_SIMULATION, sampled_verify
+from dspark_hub.train.evaluation.serving import ServingOptions, measure_serving
 from dspark_hub.train.evaluation.speedup import Speedup
-from dspark_hub.train.evaluation.units import expected_summary, unit_intervals, unit_records
+from dspark_hub.train.evaluation.units import count_prompts, expected_summary, unit_intervals, unit_records
 from dspark_hub.train.target.dtypes import canonical_dtype
 
 ENGINES = ("simulated", "vllm")
@@ -195,12 +192,11 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
     Args:
         draft: a k3_dspark or speculators DSpark checkpoint folder.
         target: local target folder; with `data`, defaults to the manifest's target.
-        prompts: prompts JSONL (continued greedily by the target).
+        prompts: prompts JSONL (the target continues each: greedily, or sampled as `sampling` says).
         data: a rollouts folder instead of `prompts` (simulated only; bfloat16 taps, and no tokens past
             its end, so the last step of each sequence can only undercount).
         reference: another draft measured on the same rollouts in the same run (simulated only).
-        block_size: k, the drafted tokens per step (default: the speculators `speculative_tokens`,
-            or 7 for k3_dspark, the reference draft's).
+        block_size: k, the drafted tokens per step (default: the draft's own, e.g. `speculative_tokens`).
         max_new_tokens: output tokens per prompt (vLLM's `max_tokens`).
         batch_size: target generation batch.
         plot: also write a PNG of acceptance by position there (needs matplotlib; checked first).
@@ -210,7 +206,7 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         dtype: the vllm engine's dtype (`DTYPES`, or fp32, bf16, fp16); the simulation runs in
             float32, so only a float32 measurement can equal it exactly.
         markov: False drafts without the Markov head (a control; speculators drafts only).
-        sampling: the decoding (`sampled_eval.eval_sampling`): greedy (the default, the counts of today), or
+        sampling: the decoding (`decoding.eval_sampling`): greedy (the default, the counts of today), or
             a temperature, truncation, drafting method, samples a prompt and seed.
         serving: the k sweep, acceptance by context length, the costs of the expected speedup and the
             profile (`serving.ServingOptions`; simulated only).
@@ -223,16 +219,68 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         MissingDependencyError: `plot` without matplotlib, or `vllm` without vLLM (before any work).
         EngineError: the vLLM engine failed (its log is kept and named).
     """
+    serving = serving or ServingOptions()
+    _check_arguments(draft, engine=engine, dtype=dtype, plot=plot, sampling=sampling, serving=serving,
+                     inputs=[("target", target), ("prompts", prompts), ("data", data), ("reference", reference),
+                             ("vllm_python", vllm_python)])
+    inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
+                         block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                         ignore_eos=ignore_eos, vllm_python=vllm_python, sampling=sampling,
+                         longest_k=serving.lookahead(), progress=progress)
+    if engine == "vllm":
+        served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
+                                          dtype=canonical_dtype(dtype, DTYPES), progress=progress)
+        outcome = EvalResult(served.measurement, None, served.harness, engine="vllm", measured_by=served.measured_by,
+                             lossless=served.lossless, sampling=sampling, units=served.units)
+    else:
+        import torch  # heavy: only a simulated measurement pays for it
+
+        # a rollouts folder's sequences are measured to their end (no tokens past it)
+        bounds = {} if data is not None else {"max_tokens": max_new_tokens, "stop_ids": inputs.stop_ids}
+        lm_head = None if sampling.greedy else inputs.target.lm_head().float()
+        drafters = choose_drafters(inputs, markov=markov, lm_head=lm_head)
+        verify = exact_verify if lm_head is None else sampled_verify(inputs.path_targets, inputs.units, lm_head,
+                                                                      sampling)
+        announce_stage(progress, "eval: draft", len(inputs.rollouts or ()))
+        with torch.no_grad():
+            counted = measure_serving(inputs, drafters, serving, verify=verify, bounds=bounds, progress=progress)
+        if not sampling.greedy:
+            for measurement in [counted.sweep.by_k[inputs.draft.k].measurement, *counted.others.values()]:
+                count_prompts(measurement, inputs.units)
+        harness = {"definition": DEFINITION, "mode": "simulated", **_decoding(sampling), "block_size": inputs.draft.k,
+                   "dtype": "float32", "format": inputs.draft.format.name, "draft": inputs.draft.path,
+                   "ignore_eos": ignore_eos, **inputs.facts}
+        ref_path = inputs.reference.path if inputs.reference else None
+        outcome = EvalResult(counted.sweep.by_k[inputs.draft.k].measurement, counted.others["baseline"], harness,
+                             counted.others.get("reference"), ref_path, identify(ref_path) if ref_path else None,
+                             sampling=sampling, units=inputs.units, sweep=counted.sweep if serving.ks else None,
+                             speedup=counted.speedup, by_context=counted.by_context,
+                             calibration=counted.calibration, profile=counted.profile)
+    if plot is not None:
+        outcome.plot = str(plot_acceptance(outcome.draft, plot, baseline=outcome.baseline,
+                                           reference=outcome.reference))
+    return outcome
+
+
+def _decoding(sampling: EvalSampling) -> dict[str, Any]:
+    """How a simulated eval decoded, in its harness."""
+    if sampling.greedy:
+        return {"decoding": "greedy", "temperature": 0.0, "simulation": SIMULATION}
+    return {"decoding": "sampled", "temperature": sampling.temperature, "simulation": SAMPLED_SIMULATION,
+            "sampling": sampling.describe()}
+
+
+def _check_arguments(draft: str | os.PathLike[str], *, engine: str, dtype: str, plot: str | os.PathLike[str] | None,
+                     sampling: EvalSampling, serving: ServingOptions, inputs: Sequence[tuple[str, Any]]) -> None:
+    """What can be refused before any input is read: the engine, dtype and serving combinations, and the plot and
+    profile paths (an input's own path, a profile there without `force`, no matplotlib)."""
     if engine not in ENGINES:
         raise UsageError(f"engine {engine!r}; use one of {', '.join(ENGINES)}", param="engine")
-    dtype = canonical_dtype(dtype, DTYPES)
-    if dtype != "float32" and engine != "vllm":
+    if canonical_dtype(dtype, DTYPES) != "float32" and engine != "vllm":
         raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
     if plot is not None:
-        refuse_own_inputs(plot, [("draft", draft), ("target", target), ("prompts", prompts), ("data", data),
-                                 ("reference", reference), ("vllm_python", vllm_python)], param="plot", folder=False)
+        refuse_own_inputs(plot, [("draft", draft), *inputs], param="plot", folder=False)
         require_matplotlib()   # fail before the long run, not after it
-    serving = serving or ServingOptions()
     serving.check()
     if serving.asked and engine != "simulated":
         raise UsageError("the k sweep, context buckets, costs and profile are simulated; drop them for the vllm "
@@ -241,78 +289,12 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         raise UsageError("the k sweep, context buckets, costs and profile are greedy; drop them for a sampled eval "
                          "(a temperature above 0), or measure them in a greedy run", param="temperature")
     if serving.profile:
-        check_profile_writable(draft, [("target", target), ("prompts", prompts), ("data", data),
-                                       ("reference", reference)], force=serving.force)
-    inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
-                         block_size=block_size, engine=engine, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                         ignore_eos=ignore_eos, vllm_python=vllm_python, sampling=sampling,
-                         longest_k=serving.lookahead(), progress=progress)
-    if engine == "simulated":
-        outcome = _simulated(inputs, max_new_tokens=max_new_tokens if data is None else None, ignore_eos=ignore_eos,
-                             markov=markov, serving=serving, progress=progress)
-    else:
-        served = vllm_eval.measure_served(inputs, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, dtype=dtype,
-                                          progress=progress)
-        outcome = EvalResult(served.measurement, None, served.harness, engine="vllm", measured_by=served.measured_by,
-                             lossless=served.lossless, sampling=sampling, units=served.units)
-    if plot is not None:
-        outcome.plot = str(plot_acceptance(outcome, plot))
-    return outcome
-
-
-def _simulated(inputs: EvalInputs, *, max_new_tokens: int | None, ignore_eos: bool, markov: bool,
-               serving: ServingOptions, progress: Progress | None) -> EvalResult:
-    """Choose the drafters (the draft's, the reference's, the prompt-lookup baseline), then count each on the
-    rollouts: the draft at its k and every k of the sweep in one pass (`serving.measure_serving`).
-    `max_new_tokens` None: a rollouts folder's sequences are measured to their end (no tokens past it).
-    """
-    import torch  # heavy: only a simulated measurement pays for it
-
-    draft, rollouts, k, sampling = inputs.draft, inputs.rollouts, inputs.draft.k, inputs.sampling
-    assert rollouts is not None    # the simulation's inputs always hold rollouts
-    if sampling.greedy:
-        drafter = sweep_drafter_for(draft, inputs.target, markov=markov)
-        others = {"baseline": baseline_drafter(k)}
-        if inputs.reference is not None:
-            others["reference"] = drafter_for(inputs.reference, inputs.target)
-    else:
-        lm_head = inputs.target.lm_head().float()
-        rows = sampling.draft_sample_method == "probabilistic"
-        drafters = {"draft": drafter_for(draft, inputs.target, markov=markov, lm_head=lm_head, rows=rows),
-                    "baseline": baseline_drafter(k)}
-        if inputs.reference is not None:
-            drafters["reference"] = drafter_for(inputs.reference, inputs.target, lm_head=lm_head, rows=rows)
-        verify = sampled_verify(inputs.path_targets, inputs.units, lm_head, sampling)
-    bounds: dict[str, Any] = {} if max_new_tokens is None else {"max_tokens": max_new_tokens,
-                                                                  "stop_ids": inputs.stop_ids}
-    announce_stage(progress, "eval: draft", len(rollouts))
-    with torch.no_grad():
-        if sampling.greedy:
-            measured = measure_serving(inputs, drafter, serving, others=others, bounds=bounds, progress=progress)
-        else:
-            counts = {name: measure_batched(rollouts, made, k, progress if name == "draft" else None, verify=verify,
-                                            **bounds) for name, made in drafters.items()}
-    decoding = ({"decoding": "greedy", "temperature": 0.0, "simulation": SIMULATION} if sampling.greedy else
-                {"decoding": "sampled", "temperature": sampling.temperature, "simulation": SAMPLED_SIMULATION,
-                 "sampling": sampling.describe()})
-    harness = {"definition": DEFINITION, "mode": "simulated", **decoding, "block_size": k, "dtype": "float32",
-               "format": draft.format.name, "draft": draft.path, "ignore_eos": ignore_eos, **inputs.facts}
-    ref_path = inputs.reference.path if inputs.reference else None
-    identity = identify(ref_path) if ref_path else None
-    if not sampling.greedy:
-        for measurement in counts.values():
-            count_prompts(measurement, inputs.units)
-        return EvalResult(counts["draft"], counts["baseline"], harness, counts.get("reference"), ref_path, identity,
-                          sampling=sampling, units=inputs.units)
-    return EvalResult(measured.sweep.by_k[k].measurement, measured.others["baseline"], harness,
-                      measured.others.get("reference"), ref_path, identity, sampling=sampling, units=inputs.units,
-                      sweep=measured.sweep if serving.ks else None, speedup=measured.speedup,
-                      by_context=measured.by_context, calibration=measured.calibration, profile=measured.profile)
+        check_profile_writable(draft, [item for item in inputs if item[0] != "vllm_python"], force=serving.force)
 
 
 def check_profile_writable(draft: str | os.PathLike[str], inputs: Sequence[tuple[str, Any]], *, force: bool) -> None:
     """Before the long run: `speculation_profile.json` may be written beside the draft (the one file of the draft's
-    folder eval writes: `serving.write_profile`) and is not there already, unless `force`.
+    folder eval writes: `profile.write_profile`) and is not there already, unless `force`.
 
     Raises:
         UsageError: the path is (a link to) one of the inputs.
@@ -321,40 +303,3 @@ def check_profile_writable(draft: str | os.PathLike[str], inputs: Sequence[tuple
     path = Path(draft) / PROFILE_NAME
     refuse_own_inputs(path, [("draft", draft), *inputs], param="profile", folder=False, keep=(PROFILE_NAME,))
     check_writable(path, force=force)
-
-
-def require_matplotlib() -> Any:
-    """`matplotlib.pyplot` (Agg backend), or a `MissingDependencyError` naming the package."""
-    try:
-        import matplotlib  # heavy and optional: only `plot` needs it
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise MissingDependencyError("needs matplotlib, which is not installed; pip install matplotlib",
-                                     param="plot") from exc
-    return plt
-
-
-def plot_acceptance(result: EvalResult, path: str | os.PathLike[str]) -> Path:
-    """PNG of per-position acceptance (draft, baseline, reference). Needs matplotlib."""
-    plt = require_matplotlib()
-    figure, axes = plt.subplots(figsize=(6, 4))
-    series = [("draft", result.draft)]
-    if result.baseline is not None:
-        series.append(("prompt lookup", result.baseline))
-    if result.reference is not None:
-        series.append(("reference", result.reference))
-    for label, measurement in series:
-        rates = measurement.overall.per_position
-        axes.plot(range(1, len(rates) + 1), rates, marker="o",
-                  label=f"{label} (AL {measurement.overall.acceptance_length:.3f})")
-    axes.set_xlabel("draft position k")
-    axes.set_ylabel("a_k: fraction of steps accepting k drafts")
-    axes.set_ylim(0, 1)
-    axes.legend()
-    figure.tight_layout()
-    with atomic_path(path, force=True) as tmp:
-        figure.savefig(tmp, dpi=120, format="png")
-    plt.close(figure)
-    return Path(path)

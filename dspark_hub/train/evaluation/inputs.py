@@ -2,12 +2,10 @@
 
 A draft is a k3_dspark or a speculators DSpark checkpoint (`read_draft`: its format, taps and k);
 its target (`target.Target`, opened once) must pair with it; the data is a prompts file or a
-rollouts folder. For the simulation the rollouts are made here: the target, in the `transformers`
-engine (`target.engines.open_engine`, the one way rollouts are made), continues each prompt greedily
-`max_new_tokens + k` tokens ignoring EOS with float32 taps, so the last step can overshoot as it does
-in vLLM; a rollouts folder is read as it is. The vllm engine makes its own continuations: it gets the
-prompts (`open_inputs(..., engine="vllm")`). A sampled eval (`sampling` not greedy) continues each prompt
-`samples` times by sampling (`sampled_eval.PathDraws`), one rollout per unit (prompt, sample).
+rollouts folder. For the simulation the rollouts are made here, by the target's continuations of the
+prompts (`paths.continue_prompts`: greedy, or `samples` sampled paths a prompt, one rollout per unit);
+a rollouts folder is read as it is. The vllm engine makes its own continuations: it gets the prompts
+(`open_inputs(..., engine="vllm")`).
 """
 
 from __future__ import annotations
@@ -22,19 +20,11 @@ from dspark_hub.format.contract import CONFIG_NAME
 from dspark_hub.format.digests import sha256_file
 from dspark_hub.format.jsonio import read_json_input
 from dspark_hub.format.registry import DraftFormat
-from dspark_hub.progress import Progress, announce_stage, announce_total
+from dspark_hub.progress import Progress, announce_total
 from dspark_hub.train.data.draft_taps import tap_view
 from dspark_hub.train.data.rollouts import MemoryRollouts, RolloutData, read_prompts
-from dspark_hub.train.evaluation.sampled_eval import (
-    GREEDY,
-    EvalSampling,
-    PathDraws,
-    PathTarget,
-    Unit,
-    rollout_unit,
-    sampled_prompts,
-)
-from dspark_hub.train.target.engines import EngineOptions, open_engine
+from dspark_hub.train.evaluation.decoding import GREEDY, EvalSampling
+from dspark_hub.train.evaluation.paths import PathTarget, Unit, continue_prompts, rollout_unit
 from dspark_hub.train.target.generate import Prompt
 from dspark_hub.train.target.target import Target
 from dspark_hub.verify.family import detect
@@ -93,7 +83,7 @@ class EvalInputs:
     itself); `stop_ids` the target's EOS ids (`Target.eos_ids`; none with `ignore_eos`); `facts` the
     harness facts about the data (prompts digest, chat template, target identity). `units[i]` is the
     prompt and sample of `rollouts[i]`; a sampled eval's `path_targets` what its sampling steps recorded
-    (`sampled_eval.PathTarget`, by rollout index).
+    (`paths.PathTarget`, by rollout index).
     """
 
     draft: DraftUnderTest
@@ -151,35 +141,10 @@ def open_inputs(draft: str | os.PathLike[str], *, target: str | os.PathLike[str]
     if served:
         inputs.python = python
         return inputs
-    _continue(inputs, max_new_tokens=max_new_tokens, longest_k=longest_k, batch_size=batch_size, progress=progress)
+    paths = continue_prompts(opened, inputs.prompts, under_test.taps, sampling, max_new_tokens=max_new_tokens,
+                             lookahead=max(under_test.k, longest_k or 0), batch_size=batch_size, progress=progress)
+    inputs.rollouts, inputs.units, inputs.path_targets = paths.rollouts, paths.units, paths.targets
     return inputs
-
-
-def _continue(inputs: EvalInputs, *, max_new_tokens: int, longest_k: int | None, batch_size: int,
-              progress: Progress | None) -> None:
-    """The target's float32 continuations of every unit, `max_new_tokens + k` tokens ignoring EOS (k the largest of the
-    draft's and `longest_k`): greedy, one a prompt, or `samples` sampled paths a prompt (`batch_size` prompts a
-    `generate` call either way)."""
-    runner = open_engine("transformers", inputs.target, inputs.draft.taps, EngineOptions(dtype="float32"))
-    rows, draws = inputs.prompts, None
-    if not inputs.sampling.greedy:
-        rows, inputs.units = sampled_prompts(inputs.prompts, inputs.sampling.samples)
-        draws = PathDraws(inputs.units, inputs.sampling)
-        # a prompt's samples share its `generate` call: on a CPU a call's time grows little with its rows
-        batch_size *= inputs.sampling.samples
-    announce_stage(progress, "eval: target continuations", len(rows))
-    try:
-        lookahead = max(inputs.draft.k, longest_k or 0)
-        made = list(runner.rollouts(rows, mode="generate", max_new_tokens=max_new_tokens + lookahead,
-                                    ignore_eos=True, batch_size=batch_size, progress=progress,
-                                    states_dtype="float32", draw=draws))
-    finally:
-        runner.close()
-    inputs.rollouts = MemoryRollouts(sorted(made, key=lambda r: r.prompt_index))
-    if draws is None:
-        inputs.units = [rollout_unit(r) for r in inputs.rollouts]
-    else:
-        inputs.path_targets = draws.targets
 
 
 def _refuse_for_engine(engine: str, *, prompts: str | None, data: str | None, reference: str | None,

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from dspark_hub.train.evaluation.acceptance_intervals import acceptance_intervals, samples_for_half_width
 
 if TYPE_CHECKING:
-    from dspark_hub.train.evaluation.acceptance import AcceptanceStats
-    from dspark_hub.train.evaluation.sampled_eval import EvalSampling, Unit
+    from dspark_hub.train.evaluation.acceptance import AcceptanceStats, Measurement
+    from dspark_hub.train.evaluation.decoding import EvalSampling
+    from dspark_hub.train.evaluation.paths import Unit
 
 #: The interval level every eval and comparison reports.
 LEVEL = 0.95
@@ -28,6 +29,14 @@ EXPECTED_LABEL = ("expected acceptance along the sampled paths (each draft's pro
                   "path, summed; unbiased for the counts, lower variance; not a count)")
 #: The same under greedy decoding, where the two are one number.
 EXPECTED_GREEDY_LABEL = "greedy: the expected acceptance is the count itself"
+
+
+def count_prompts(measurement: Measurement, units: Sequence[Unit]) -> Measurement:
+    """A sampled measurement with `prompts` counting distinct prompts (each loop counted its request as one)."""
+    measurement.overall.prompts = len({u.prompt_key for u in units})
+    for name, stats in measurement.by_dataset.items():
+        stats.prompts = len({u.prompt_key for u in units if u.dataset == name})
+    return measurement
 
 
 def unit_records(units: Sequence[Unit], stats: Sequence[AcceptanceStats]) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ native CPU path (Model Runner V1), measured 22x faster than the interpreted V2 r
 outputs (vLLM 0.32.0, 8 SmolLM2 prompts x 96 tokens: 3.1 s against 67.9 s), and it is what plain greedy
 decoding on that machine is.
 
-With a temperature (`sampled_eval.EvalSampling`) each prompt is served `samples` times with vLLM's sampling
+With a temperature (`decoding.EvalSampling`) each prompt is served `samples` times with vLLM's sampling
 parameters (temperature, top-k, top-p, min-p) and a seed per request (`stream_seed(seed, prompt key, sample,
 "path")`: a request's draws are reproducible, never the simulation's own, which agree with vLLM's in
 distribution only); `draft_sample_method` goes into the speculative config when it is not vLLM's default.
@@ -39,9 +39,10 @@ from typing import Any
 from dspark_hub.errors import EngineError
 from dspark_hub.progress import Progress, announce_stage
 from dspark_hub.train.evaluation.acceptance import DEFINITION, AcceptanceStats, Measurement
+from dspark_hub.train.evaluation.decoding import EvalSampling
 from dspark_hub.train.evaluation.inputs import EvalInputs
+from dspark_hub.train.evaluation.paths import Unit, sampled_prompts
 from dspark_hub.train.evaluation.sampled_acceptance import stream_seed
-from dspark_hub.train.evaluation.sampled_eval import EvalSampling, Unit, sampled_prompts
 from dspark_hub.train.target.generate import Prompt
 from dspark_hub.vllm.availability import cpu_head_dim_problem, engine_python
 from dspark_hub.vllm.child import Child, session
