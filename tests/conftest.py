@@ -61,6 +61,14 @@ def real_drafts(tmp_path_factory):
     return trained_or_given(tmp_path_factory.mktemp("real-run"))
 
 
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+    """docs/training.md's toy block, run as written once a session in a fresh folder (`tests/toy_run.py`)."""
+    from tests.toy_run import run_toy_block
+
+    return run_toy_block(tmp_path_factory.mktemp("toy-run"))
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
