@@ -21,18 +21,25 @@ TORCH_VERSION=2.13.0          # the CPU build the project's own venv uses; specu
 TRANSFORMERS_VERSION=5.19.0   # the newest speculators 0.9.0 allows; fixture bytes depend on it (to_diff_dict)
 VENV="${DSPARK_VENV_CACHE:-$HOME/.cache/dspark-hub}/speculators-${SPECULATORS_VERSION}"
 
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import speculators" 2>/dev/null; then
-    rm -rf "$VENV"
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q "torch==${TORCH_VERSION}" "speculators==${SPECULATORS_VERSION}" \
-        "transformers==${TRANSFORMERS_VERSION}"
-    # speculators requires torchvision and torchaudio, which do not work beside the CPU torch build
-    # (they are built against another torch) and are never imported by the fixture script.
-    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio
+# Checked once, then remembered in the stamp (with the versions it found): the checks import speculators, torch
+# and transformers, 12 s on the 2-core machine, which every `.ci/run` paid.
+STAMP="$VENV/.dspark-hub-ready-1"
+if [ ! -f "$STAMP" ]; then
+    if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import speculators" 2>/dev/null; then
+        rm -rf "$VENV"
+        python3 -m venv "$VENV"
+        "$VENV/bin/pip" install -q "torch==${TORCH_VERSION}" "speculators==${SPECULATORS_VERSION}" \
+            "transformers==${TRANSFORMERS_VERSION}"
+        # speculators requires torchvision and torchaudio, which do not work beside the CPU torch build
+        # (they are built against another torch) and are never imported by the fixture script.
+        "$VENV/bin/pip" uninstall -q -y torchvision torchaudio
+    fi
+    # The equality tests against the library (tests/test_speculators_objective.py) run in this venv.
+    "$VENV/bin/python" -c "import pytest, hypothesis" 2>/dev/null || "$VENV/bin/pip" install -q "pytest>=8" "hypothesis>=6.100" >&2
+    "$VENV/bin/python" -c "from speculators.version import version; import torch, transformers; print('speculators', version, 'torch', torch.__version__, 'transformers', transformers.__version__)" > "$STAMP.tmp"
+    mv "$STAMP.tmp" "$STAMP"
 fi
-# The equality tests against the library (tests/test_speculators_objective.py) run in this venv.
-"$VENV/bin/python" -c "import pytest, hypothesis" 2>/dev/null || "$VENV/bin/pip" install -q "pytest>=8" "hypothesis>=6.100" >&2
-"$VENV/bin/python" -c "from speculators.version import version; import torch, transformers; print('speculators', version, 'torch', torch.__version__, 'transformers', transformers.__version__)" >&2
+cat "$STAMP" >&2
 echo "$VENV/bin/python"
 
 case "${1:-}" in

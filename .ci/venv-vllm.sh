@@ -22,4 +22,6 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/python" -c "import vllm, torch; assert vllm.__version__ == '$VLLM_VERSION', vllm.__version__" >&2
   touch "$stamp"
 fi
+# .ci/run runs the vLLM step on two pytest-xdist workers; a virtualenv built before that gets it added here.
+"$venv/bin/python" -c "import xdist" 2>/dev/null || "$venv/bin/pip" install -q "pytest-xdist>=3.5" >&2
 echo "$venv/bin/python"

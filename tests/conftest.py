@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -15,6 +16,12 @@ settings.register_profile("ci", max_examples=200, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci")
 
+
+#: pytest-xdist's workers share the cores: each worker's torch, and every process it starts, gets its share of them
+#: (torch's default, a thread per core in every worker, makes the threads of an op wait for each other).
+_WORKERS = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+if _WORKERS:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(_WORKERS))))
 
 #: Fixtures that take more than 5 s to build; every test using one is marked `slow`.
 SLOW_FIXTURES = {"world"}      # tests/test_train.py: a trained teacher plus rollouts (~15 s)
@@ -32,13 +39,63 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests that need a slow fixture (so `-m "not slow"` skips building it); without vllm, skip
-    every `vllm` test by one mark, which pytest's summary folds into one line a file."""
+    every `vllm` test by one mark, which pytest's summary folds into one line a file. Under pytest-xdist, the
+    longest units of work go first (`pytest_xdist_make_scheduler`)."""
     skip = pytest.mark.skip(reason=VLLM_SKIP)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _long_units_first(items)
     for item in items:
+        for fixture, unit in SHARED_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()) and _unit(item.nodeid) != unit:
+                raise pytest.UsageError(f"{item.nodeid} uses the {fixture} fixture: add its file to UNITS in "
+                                        "tests/conftest.py, so that pytest-xdist builds the fixture once")
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if VLLM_MISSING and item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
+
+
+# ---- pytest-xdist (`-n 2 --dist loadfile`, .ci/run) -------------------------------------------------------------
+#: Each test file is one unit of work, run on one worker (its module fixtures are built once), except that the files
+#: that share a costly session fixture are one unit together: `real_drafts` (tests/real_drafts.py) trains the
+#: real-model drafts, `toy_run` runs docs/training.md's toy block (tests/toy_run.py).
+REAL_DRAFTS, TOY_RUN = "real drafts", "toy run"
+SHARED_FIXTURES = {"real_drafts": REAL_DRAFTS, "toy_run": TOY_RUN}
+UNITS = {**{f"tests/{name}": REAL_DRAFTS for name in ("test_probe_real.py", "test_real_mistakes.py",
+                                                     "test_real_world.py")},
+         **{f"tests/{name}": TOY_RUN for name in ("test_recipe.py", "test_docs_numbers.py")}}
+#: The longest units, handed out first so that they run side by side (a serial CI on the 2-core machine: the real
+#: drafts' build and tests about 300 s, the speculators quality run 175 s; no other file takes a minute).
+LONGEST = (REAL_DRAFTS, "tests/test_real_speculators_quality.py")
+
+
+def _unit(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0]
+    return UNITS.get(file, file)
+
+
+@pytest.hookimpl(optionalhook=True)     # the vLLM and speculators virtualenvs run the suite without pytest-xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with `UNITS`, the units handed out in the workers' collection order (`LONGEST` first,
+    `_long_units_first`): the longest start at once, one on each worker, and the rest fill in around them.
+    (`--dist loadgroup` with `xdist_group` marks would say the same, but pytest-xdist 3.8 does not group under
+    pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Units(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    config.option.loadscopereorder = False      # not by test count: the order `_long_units_first` chose
+    return Units(config, log)
+
+
+def _long_units_first(items: list[pytest.Item]) -> None:
+    """The tests of `LONGEST`'s units first, in its order, then the rest; in collection order within each unit."""
+    first = {unit: rank for rank, unit in enumerate(LONGEST)}
+    items.sort(key=lambda item: first.get(_unit(item.nodeid), len(LONGEST)))
 
 
 @pytest.fixture
@@ -59,6 +116,14 @@ def real_drafts(tmp_path_factory):
     from tests.real_drafts import real_drafts as trained_or_given
 
     return trained_or_given(tmp_path_factory.mktemp("real-run"))
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+    """docs/training.md's toy block, run as written once a session in a fresh folder (`tests/toy_run.py`)."""
+    from tests.toy_run import run_toy_block
+
+    return run_toy_block(tmp_path_factory.mktemp("toy-run"))
 
 
 @pytest.fixture(autouse=True)

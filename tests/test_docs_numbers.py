@@ -11,11 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -47,11 +43,10 @@ def _eval_rows(text: str) -> dict[str, list[float]]:
     return {row[1]: [float(cell.replace(",", "")) for cell in row[2:]] for row in table_rows(text, "data")}
 
 
-def _documented_toy() -> tuple[str, dict[str, list[float]]]:
+def _documented_toy() -> dict[str, list[float]]:
     toy = section(read("docs/training.md"), "Toy run")
-    ((_, block), *_) = fenced_blocks(toy, "bash")
     (shown,) = [body for _, body in fenced_blocks(toy, "console") if body.startswith("$ dspark-hub eval")]
-    return block, _eval_rows(shown)
+    return _eval_rows(shown)
 
 
 def close_enough(documented: dict[str, list[float]], printed: dict[str, list[float]]) -> list[str]:
@@ -67,7 +62,7 @@ def close_enough(documented: dict[str, list[float]], printed: dict[str, list[flo
 
 def test_the_documented_toy_table_is_seen_and_the_tolerance_bites():
     """The failing twin of the slow test: a documented number off by more than the tolerance is named."""
-    _, documented = _documented_toy()
+    documented = _documented_toy()
     assert set(documented) == {"draft", "reference", "prompt lookup"}
     assert documented["reference"][0] == 1.0 and documented["draft"][0] > documented["prompt lookup"][0]
     assert close_enough(documented, documented) == []
@@ -78,19 +73,9 @@ def test_the_documented_toy_table_is_seen_and_the_tolerance_bites():
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_torch_thread")
-def test_the_toy_run_prints_the_documented_eval_table(tmp_path):
-    bin_dir = Path(sys.executable).parent
-    if shutil.which("dspark-hub", path=str(bin_dir)) is None:
-        pytest.skip(f"no dspark-hub script beside {sys.executable} (install the package: pip install -e .)")
-    block, documented = _documented_toy()
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1",
-           "COLUMNS": "120"}
-    env.pop("OMP_NUM_THREADS", None)          # the block sets what it needs
-    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=1800)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert close_enough(documented, _eval_rows(done.stdout)) == [], done.stdout
+def test_the_toy_run_prints_the_documented_eval_table(toy_run):
+    """The session's one run of the block (`tests/toy_run.py`; tests/test_recipe.py checks what it writes)."""
+    assert close_enough(_documented_toy(), _eval_rows(toy_run.stdout)) == [], toy_run.stdout
 
 
 # ----------------------------------------------------------------------------- acceptance parity

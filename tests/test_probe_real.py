@@ -2,8 +2,9 @@
 
 Each row is a draft a user could hand a runtime (`bench/_probe_matrix.py`): the trained draft, a mistake of
 docs/convention-mistakes.md made to it as a user would (the config or one tensor changed, the rest bit for bit),
-or the untrained base. All rows of a format are judged on one set of the target's greedy paths of the probe's
-default prompts (the target runs once), as `bench/real_probe_matrix.py` does. Each row must never name a wrong
+or the untrained base. All rows of both formats are judged on one set of the target's greedy paths of the probe's
+default prompts (the target runs once: the drafts tap the same layers, and each row's anchors are the positions its
+longest block fits behind), as `bench/real_probe_matrix.py` does for one format. Each row must never name a wrong
 value, must name the values `NAMED` lists, and the untrained base must be "cannot tell" everywhere; a probe that
 trusts the config fails the mutants (the twin below).
 """
@@ -47,17 +48,16 @@ def matrix(real_drafts, tmp_path_factory) -> dict[tuple[str, str], tuple[Row, An
     from dspark_hub.train.target.target import Target
 
     target = Target.open(TARGET)
-    out = {}
+    rows = {}
     for fmt, wanted in ROWS.items():
         trained = real_drafts[fmt].draft
         base = Path(trained).parent / FOLDERS[fmt][0]
-        rows = [row for row in mutants(trained, base, tmp_path_factory.mktemp(fmt), target_layers(TARGET))
-                if row.name in wanted]
-        plans = {row.name: plan_probe(row.draft, target, block_size=row.block_size) for row in rows}
-        paths = greedy_paths(target, set().union(*(p.layers for p in plans.values())), prompts=DEFAULT_PROMPTS,
-                             max_new_tokens=DEFAULT_NEW_TOKENS + max(p.longest for p in plans.values()))
-        out.update({(fmt, row.name): (row, judge(plans[row.name], paths)) for row in rows})
-    return out
+        rows.update({(fmt, row.name): row for row in mutants(trained, base, tmp_path_factory.mktemp(fmt),
+                                                             target_layers(TARGET)) if row.name in wanted})
+    plans = {key: plan_probe(row.draft, target, block_size=row.block_size) for key, row in rows.items()}
+    paths = greedy_paths(target, set().union(*(p.layers for p in plans.values())), prompts=DEFAULT_PROMPTS,
+                         max_new_tokens=DEFAULT_NEW_TOKENS + max(p.longest for p in plans.values()))
+    return {key: (row, judge(plans[key], paths)) for key, row in rows.items()}
 
 
 def test_every_row_gets_no_wrong_value_and_the_named_ones(matrix):

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +14,7 @@ from dspark_hub.format import contract
 from dspark_hub.train.finetuning.plan import step_plan
 
 from .progress_recorder import RecordedProgress
+from .toy_run import toy_block
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -27,35 +24,18 @@ def run(*args: object):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-def toy_block() -> str:
-    """The first ```bash block of docs/training.md's "## Toy run" section."""
-    training = (ROOT / "docs" / "training.md").read_text()
-    section = re.search(r"^## Toy run[^\n]*\n(.*?)(?=^# |^## )", training, flags=re.M | re.S)
-    assert section, "docs/training.md has no '## Toy run' section"
-    block = re.search(r"^```bash\n(.*?)^```", section.group(1), flags=re.M | re.S)
-    assert block, "the toy run section has no ```bash block"
-    return block.group(1)
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.slow
-def test_the_readme_toy_recipe_runs_as_written(tmp_path):
-    """What it produces, never how long it took (its time: `bench/bench_toy_recipe.py`)."""
-    bin_dir = Path(sys.executable).parent
-    if shutil.which("dspark-hub", path=str(bin_dir)) is None:
-        pytest.skip(f"no dspark-hub script beside {sys.executable} (install the package: pip install -e .)")
-    block = toy_block()
-    commands = [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+def test_the_readme_toy_recipe_runs_as_written(toy_run):
+    """What it produces, never how long it took (its time: `bench/bench_toy_recipe.py`). The session's one run of
+    the block (`tests/toy_run.py`), in a fresh folder."""
+    commands = [line for line in toy_block().splitlines() if line.strip() and not line.lstrip().startswith("#")]
     assert any(line.startswith("dspark-hub init-teacher") for line in commands)
     assert any(line.startswith("dspark-hub finetune") for line in commands)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
-    env.pop("OMP_NUM_THREADS", None)          # the block sets what it needs
-    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    toy = tmp_path / "toy"
+    done = toy_run
+    toy = done.folder / "toy"
     assert (toy / "tuned" / "model.safetensors").is_file()
     assert {"training_log.jsonl", "training_args.json"} <= {p.name for p in (toy / "tuned").iterdir()}
     assert not (toy / "tuned.state").exists()                   # no states asked for, no state folder

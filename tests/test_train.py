@@ -636,6 +636,26 @@ def test_a_torchrun_resume_reads_the_state_on_rank_0_only_and_reproduces_the_run
         assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
 
 
+def test_a_run_leaves_the_process_group_it_joined_and_keeps_one_joined_before(world, tmp_path, monkeypatch):
+    """A gloo group left to the interpreter's exit can abort a rank after a good run (SIGABRT): `finetune` leaves
+    the group its trainer joined, and only that one. One rank in this process, started as torchrun starts it."""
+    import torch.distributed as dist
+
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():   # port 0: a free one
+        monkeypatch.setenv(name, value)
+    joined: list[int] = []
+    monkeypatch.setattr(Trainer, "fit", lambda self: joined.append(dist.get_world_size()) or "ran")
+    assert finetune(small_config(world, tmp_path / "joined-here")) == "ran"
+    assert joined == [1] and not dist.is_initialized()        # the trainer joined a group; the run left it
+    dist.init_process_group("gloo")
+    try:
+        assert finetune(small_config(world, tmp_path / "joined-before")) == "ran"
+        assert joined == [1, 1] and dist.is_initialized()     # the caller's group stays the caller's
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("device, backend", [("cpu", "gloo"), ("cuda:1", "nccl")])
 def test_dist_timeout_reaches_the_process_group(monkeypatch, device, backend):
     from datetime import timedelta

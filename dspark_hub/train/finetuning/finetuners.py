@@ -58,9 +58,12 @@ def finetuner_for(base: str | os.PathLike[str]) -> Finetuner | None:
 
 
 def _k3_dspark(config: TrainConfig, progress: Progress | None) -> TrainResult:
-    from dspark_hub.train.finetuning.trainer import Trainer  # torch: only a run pays for it
+    # torch: only a run pays for it
+    from dspark_hub.train.finetuning.distributed import leaving_process_group
+    from dspark_hub.train.finetuning.trainer import Trainer
 
-    return Trainer(config, progress).fit()
+    with leaving_process_group():     # the Trainer joins torchrun's group; the run leaves it
+        return Trainer(config, progress).fit()
 
 
 def finetune(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
