@@ -232,13 +232,43 @@ def test_eval_refuses_a_plot_over_its_inputs(ws, name):
     plot = {"the draft's config.json": ws / "ckpt" / "config.json", "the draft folder": ws / "ckpt",
             "the prompts file": ws / "prompts.jsonl", "the target's config.json": ws / "target" / "config.json"}
     refused(ws, "eval", "--draft", ws / "ckpt", "--target", ws / "target", "--prompts", ws / "prompts.jsonl",
-            "--plot", plot[name], force=False)        # eval has no --force: a plot is never an input
+            "--plot", plot[name])         # --force or not: a plot is never written over an input
 
 
 def test_eval_takes_a_new_plot_path(ws):
     result = run("eval", "--draft", ws / "ckpt", "--target", ws / "target", "--prompts", ws / "prompts.jsonl",
                  "--plot", ws / "plot.png")
     assert REFUSED not in result.output                 # past the check (then it needs matplotlib, or runs)
+    assert "already exists" not in result.output
+
+
+def _existing(plot: Path, kind: str) -> None:
+    if kind == "a file":
+        plot.write_bytes(b"last run's png")
+    elif kind == "a dangling link":
+        plot.symlink_to(plot.parent / "gone.png")
+    else:
+        plot.mkdir()
+
+
+@pytest.mark.parametrize("kind", ["a file", "a dangling link", "a folder"])
+def test_eval_refuses_to_replace_a_plot_without_force_before_any_work(ws, kind):
+    plot = ws / "plot.png"
+    _existing(plot, kind)
+    before = tree_digest(ws)
+    result = run("eval", "--draft", ws / "ckpt", "--target", ws / "target", "--prompts", ws / "prompts.jsonl",
+                 "--plot", plot)
+    assert_one_line_error(result, str(plot), "already exists", "--force")
+    assert tree_digest(ws) == before
+
+
+@pytest.mark.parametrize("kind", ["a file", "a dangling link"])
+def test_the_twin_eval_with_force_goes_past_an_existing_plot(ws, kind):
+    plot = ws / "plot.png"
+    _existing(plot, kind)
+    result = run("eval", "--draft", ws / "ckpt", "--target", ws / "target", "--prompts", ws / "prompts.jsonl",
+                 "--plot", plot, "--force")
+    assert "already exists" not in result.output and REFUSED not in result.output
 
 
 # ---------------------------------------------------------------- the rule itself

@@ -427,7 +427,7 @@ def eval_command(draft: str, target: str | None, prompts: str | None, data: str 
         result = evaluate(draft, target=target, prompts=prompts, data=data, reference=reference,
                           block_size=block_size, max_new_tokens=max_new_tokens, batch_size=batch_size,
                           plot=plot, ignore_eos=ignore_eos, engine=engine, vllm_python=vllm_python, dtype=dtype,
-                          sampling=sampling, serving=serving if serving.asked else None, progress=bar)
+                          sampling=sampling, serving=serving if serving.asked else None, force=force, progress=bar)
     say_threads(choice, show=not (quiet or as_json))
     emit(result, as_json=as_json, renderer="render_eval")
 

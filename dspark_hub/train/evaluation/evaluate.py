@@ -185,7 +185,7 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
              max_new_tokens: int = 256, batch_size: int = 8, plot: str | os.PathLike[str] | None = None,
              ignore_eos: bool = False, engine: str = "simulated", vllm_python: str | os.PathLike[str] | None = None,
              dtype: str = "float32", markov: bool = True, sampling: EvalSampling = GREEDY,
-             serving: ServingOptions | None = None,
+             serving: ServingOptions | None = None, force: bool = False,
              progress: Progress | None = None) -> EvalResult:
     """Acceptance of a draft with vLLM's definitions: simulated (next to a prompt-lookup drafter) or measured by vLLM.
 
@@ -199,7 +199,8 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         block_size: k, the drafted tokens per step (default: the draft's own, e.g. `speculative_tokens`).
         max_new_tokens: output tokens per prompt (vLLM's `max_tokens`).
         batch_size: target generation batch.
-        plot: also write a PNG of acceptance by position there (needs matplotlib; checked first).
+        plot: also write a PNG of acceptance by position there (needs matplotlib; checked first, as is a file
+            there already, refused without `force`).
         ignore_eos: never stop a request at the target's EOS.
         engine: `simulated` or `vllm` (`dspark_hub.train.evaluation.vllm_eval`).
         vllm_python: the interpreter of a vLLM virtualenv (default: this one, when it has vllm).
@@ -210,17 +211,19 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
             a temperature, truncation, drafting method, samples a prompt and seed.
         serving: the k sweep, acceptance by context length, the costs of the expected speedup and the
             profile (`serving.ServingOptions`; simulated only).
+        force: replace a plot at `plot` (the profile's is `serving.force`).
         progress: called per simulated prompt / generated prompt / engine run.
 
     Raises:
         UsageError: not exactly one of `prompts` and `data`, no target, an engine that cannot do
             what was asked, or a draft eval cannot measure.
-        RefusedOverwriteError: a profile beside the draft already, without `serving.force` (before any work).
+        RefusedOverwriteError: a file at `plot` without `force`, or a profile beside the draft already without
+            `serving.force` (before any work).
         MissingDependencyError: `plot` without matplotlib, or `vllm` without vLLM (before any work).
         EngineError: the vLLM engine failed (its log is kept and named).
     """
     serving = serving or ServingOptions()
-    _check_arguments(draft, engine=engine, dtype=dtype, plot=plot, sampling=sampling, serving=serving,
+    _check_arguments(draft, engine=engine, dtype=dtype, plot=plot, force=force, sampling=sampling, serving=serving,
                      inputs=[("target", target), ("prompts", prompts), ("data", data), ("reference", reference),
                              ("vllm_python", vllm_python)])
     inputs = open_inputs(draft, target=target, prompts=prompts, data=data, reference=reference,
@@ -258,7 +261,7 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
                              calibration=counted.calibration, profile=counted.profile)
     if plot is not None:
         outcome.plot = str(plot_acceptance(outcome.draft, plot, baseline=outcome.baseline,
-                                           reference=outcome.reference))
+                                           reference=outcome.reference, force=force))
     return outcome
 
 
@@ -271,15 +274,17 @@ def _decoding(sampling: EvalSampling) -> dict[str, Any]:
 
 
 def _check_arguments(draft: str | os.PathLike[str], *, engine: str, dtype: str, plot: str | os.PathLike[str] | None,
-                     sampling: EvalSampling, serving: ServingOptions, inputs: Sequence[tuple[str, Any]]) -> None:
+                     force: bool, sampling: EvalSampling, serving: ServingOptions,
+                     inputs: Sequence[tuple[str, Any]]) -> None:
     """What can be refused before any input is read: the engine, dtype and serving combinations, and the plot and
-    profile paths (an input's own path, a profile there without `force`, no matplotlib)."""
+    profile paths (an input's own path, a file there without its `force`, no matplotlib)."""
     if engine not in ENGINES:
         raise UsageError(f"engine {engine!r}; use one of {', '.join(ENGINES)}", param="engine")
     if canonical_dtype(dtype, DTYPES) != "float32" and engine != "vllm":
         raise UsageError("the simulation runs in float32; another dtype is for the vllm engine", param="dtype")
     if plot is not None:
         refuse_own_inputs(plot, [("draft", draft), *inputs], param="plot", folder=False)
+        check_writable(plot, force=force)
         require_matplotlib()   # fail before the long run, not after it
     serving.check()
     if serving.asked and engine != "simulated":

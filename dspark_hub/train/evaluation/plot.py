@@ -31,9 +31,14 @@ def require_matplotlib() -> Any:
 
 
 def plot_acceptance(draft: Measurement, path: str | os.PathLike[str], *, baseline: Measurement | None = None,
-                    reference: Measurement | None = None) -> Path:
-    """PNG of per-position acceptance (draft, baseline, reference) at `path`, replacing a file there. Needs
-    matplotlib."""
+                    reference: Measurement | None = None, force: bool = False) -> Path:
+    """PNG of per-position acceptance (draft, baseline, reference) at `path`, written atomically; a file there is
+    replaced only with `force`. Needs matplotlib.
+
+    Raises:
+        MissingDependencyError: no matplotlib.
+        RefusedOverwriteError: a file at `path` and `force` off.
+    """
     plt = require_matplotlib()
     figure, axes = plt.subplots(figsize=(6, 4))
     series = [("draft", draft), ("prompt lookup", baseline), ("reference", reference)]
@@ -48,7 +53,7 @@ def plot_acceptance(draft: Measurement, path: str | os.PathLike[str], *, baselin
     axes.set_ylim(0, 1)
     axes.legend()
     figure.tight_layout()
-    with atomic_path(path, force=True) as tmp:
+    with atomic_path(path, force=force) as tmp:
         figure.savefig(tmp, dpi=120, format="png")
     plt.close(figure)
     return Path(path)
