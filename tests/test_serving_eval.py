@@ -18,7 +18,9 @@ from dspark_hub.cli.main import cli
 from dspark_hub.errors import UsageError
 from dspark_hub.format.speculation_profile import PROFILE_NAME
 from dspark_hub.train.evaluation.costs import context_rollout, measure_costs
+from dspark_hub.train.evaluation.decoding import eval_sampling
 from dspark_hub.train.evaluation.evaluate import evaluate
+from dspark_hub.train.evaluation.serving import ServingOptions
 from dspark_hub.train.target.generate import Rollout
 from tests.cli_errors import assert_one_line_error
 
@@ -35,6 +37,38 @@ def _counts(doc: dict) -> dict:
 
 def _run(*args: str):
     return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _copied_draft(tmp_path: Path) -> Path:
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (draft / name).write_bytes((DRAFT / name).read_bytes())
+    return draft
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["greedy", "probabilistic"])
+def test_a_sampled_sweep_counts_each_k_as_a_sampled_eval_at_that_k_alone(tmp_path, one_torch_thread, method):
+    """At a temperature the sweep's paths are the target's samples (continued for the largest k) and each k is
+    judged by vLLM's rejection sampling: every k's counts, prompts counted once however many samples, equal a
+    sampled `eval --block-size k` with the same seed; the buckets and the profile say how it decoded."""
+    draft = _copied_draft(tmp_path)
+    sampling = eval_sampling(0.3, draft_sample_method=method, samples=2, seed=5)
+    swept = evaluate(draft, target=str(TARGET), prompts=str(PROMPTS), max_new_tokens=MAX_TOKENS, sampling=sampling,
+                     serving=ServingOptions(ks="2,4", by_context=True, profile=True)).to_dict()
+    for k in (2, 4):
+        alone = evaluate(draft, target=str(TARGET), prompts=str(PROMPTS), max_new_tokens=MAX_TOKENS,
+                         sampling=sampling, block_size=k).to_dict()
+        assert _counts(swept["sweep"]["by_k"][str(k)] | {"k": k}) == _counts(alone)
+        assert alone["prompts"] == 8 and alone["intervals"]["units"] == 16
+    assert sum(row["drafts"] for row in swept["by_context"]["rows"]
+               if row["dataset"] == "all prompts") == swept["drafts"]
+    assert swept["calibration"] is None                 # a confidence head's calibration is greedy only
+    conditions = json.loads((draft / PROFILE_NAME).read_text())["measurement_conditions"]
+    assert conditions["decoding"] == "sampled" and conditions["temperature"] == 0.3
+    assert conditions["sampling"] == sampling.describe() and "rejection-sampling" in conditions["engine"]
+    assert conditions["prompts"] == 8
 
 
 @pytest.mark.slow
@@ -57,6 +91,8 @@ def test_a_sweep_counts_each_k_as_its_own_eval_and_writes_the_profile(tmp_path, 
     assert profile["accept_length_by_k"]["4"] == pytest.approx(doc["acceptance_length"], abs=1e-6)
     assert profile["max_supported_k"] == 4 and doc["profile"] == str(draft / PROFILE_NAME)
     assert str(tmp_path) not in json.dumps(profile)                  # the draft by its digests, never its path
+    assert profile["measurement_conditions"]["decoding"] == "greedy"
+    assert profile["measurement_conditions"]["temperature"] == 0.0
     again = _run(*[a for a in args if a != "--json"])                 # refused before any work, nothing changed
     assert_one_line_error(again, PROFILE_NAME, "--force")
     assert json.loads((draft / PROFILE_NAME).read_text()) == profile

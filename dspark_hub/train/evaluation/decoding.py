@@ -8,10 +8,15 @@ method (`sampled_eval`), and `compare` pairs two evals only when they sample the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from dspark_hub.documents import Document
 from dspark_hub.errors import UsageError
+from dspark_hub.train.evaluation.acceptance import SIMULATION
 from dspark_hub.train.evaluation.sampled_acceptance import DRAFT_SAMPLE_METHODS, Sampling
+
+#: What a sampled simulated number is, in a card's label (`simulated (<this>, k=K, ...)`).
+SAMPLED_SIMULATION = "vLLM's rejection-sampling verify loop on the target's float32 sampled paths"
 
 #: Samples per prompt when a temperature is given and `samples` is not (docs/acceptance.md says why).
 DEFAULT_SAMPLES = 2
@@ -91,3 +96,11 @@ def eval_sampling(temperature: float = 0.0, *, top_k: int = 0, top_p: float = 1.
     if samples is not None and samples < 1:
         raise UsageError(f"{samples}; pass 1 or more samples a prompt", param="samples")
     return EvalSampling(sampling, draft_sample_method, DEFAULT_SAMPLES if samples is None else samples, seed)
+
+
+def simulated_decoding(sampling: EvalSampling) -> dict[str, Any]:
+    """How a simulated eval decoded, as its harness and its profile's conditions say it."""
+    if sampling.greedy:
+        return {"decoding": "greedy", "temperature": 0.0, "simulation": SIMULATION}
+    return {"decoding": "sampled", "temperature": sampling.temperature, "simulation": SAMPLED_SIMULATION,
+            "sampling": sampling.describe()}

@@ -14,13 +14,13 @@ the same counts from vLLM's metrics, plus `measured_by` and `lossless`.
 `evaluate` is three steps: open the inputs (`inputs.open_inputs`: the draft, the target, the
 rollouts), choose the drafters (`drafters.sweep_drafter_for` for the draft's format, the reference's and
 the prompt-lookup baseline), count (`serving.measure_serving`: every drafter, and the draft at the eval's k
-and every k of a sweep, in one lockstep pass; acceptance by context length and the confidence head's
+and every k of a sweep, in one lockstep pass; acceptance by context length and, greedy, the confidence head's
 calibration from the same steps; the expected speedup when costs are given); with the vllm engine, vLLM
 serving the draft is the drafter and its metrics are the count (`vllm_eval.measure_served`).
 
 With a temperature (`sampling`, `decoding.eval_sampling`) the paths are the target's own samples,
-`samples` a prompt, and the count is vLLM's rejection sampling seen from each path (`sampled_eval`,
-through `acceptance.measure_batched`; the serving answers are greedy only); the document then carries 95%
+`samples` a prompt, and the count is vLLM's rejection sampling seen from each path (`sampled_eval`'s
+verifier judges the same lockstep pass, k sweep included); the document then carries 95%
 intervals over prompts and samples and the expected acceptance beside the counts (`EvalResult.intervals`,
 `expected`). Every document carries its decoding (`sampling`) and its units, one record per (prompt,
 sample), which `compare` pairs (docs/acceptance.md).
@@ -46,7 +46,6 @@ from dspark_hub.train.evaluation import vllm_eval
 from dspark_hub.train.evaluation.acceptance import (
     BASELINE,
     DEFINITION,
-    SIMULATION,
     AcceptanceStats,
     Measurement,
     Sweep,
@@ -54,15 +53,15 @@ from dspark_hub.train.evaluation.acceptance import (
 )
 from dspark_hub.train.evaluation.by_context import ByContext
 from dspark_hub.train.evaluation.calibration import Calibration
-from dspark_hub.train.evaluation.decoding import GREEDY, EvalSampling
+from dspark_hub.train.evaluation.decoding import GREEDY, EvalSampling, simulated_decoding
 from dspark_hub.train.evaluation.drafters import choose_drafters
 from dspark_hub.train.evaluation.inputs import open_inputs
 from dspark_hub.train.evaluation.paths import Unit
 from dspark_hub.train.evaluation.plot import plot_acceptance, require_matplotlib
-from dspark_hub.train.evaluation.sampled_eval import SAMPLED_SIMULATION, sampled_verify
+from dspark_hub.train.evaluation.sampled_eval import sampled_verify
 from dspark_hub.train.evaluation.serving import ServingOptions, measure_serving
 from dspark_hub.train.evaluation.speedup import Speedup
-from dspark_hub.train.evaluation.units import count_prompts, expected_summary, unit_intervals, unit_records
+from dspark_hub.train.evaluation.units import expected_summary, unit_intervals, unit_records
 from dspark_hub.train.target.dtypes import canonical_dtype
 
 ENGINES = ("simulated", "vllm")
@@ -247,12 +246,9 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         announce_stage(progress, "eval: draft", len(inputs.rollouts or ()))
         with torch.no_grad():
             counted = measure_serving(inputs, drafters, serving, verify=verify, bounds=bounds, progress=progress)
-        if not sampling.greedy:
-            for measurement in [counted.sweep.by_k[inputs.draft.k].measurement, *counted.others.values()]:
-                count_prompts(measurement, inputs.units)
-        harness = {"definition": DEFINITION, "mode": "simulated", **_decoding(sampling), "block_size": inputs.draft.k,
-                   "dtype": "float32", "format": inputs.draft.format.name, "draft": inputs.draft.path,
-                   "ignore_eos": ignore_eos, **inputs.facts}
+        harness = {"definition": DEFINITION, "mode": "simulated", **simulated_decoding(sampling),
+                   "block_size": inputs.draft.k, "dtype": "float32", "format": inputs.draft.format.name,
+                   "draft": inputs.draft.path, "ignore_eos": ignore_eos, **inputs.facts}
         ref_path = inputs.reference.path if inputs.reference else None
         outcome = EvalResult(counted.sweep.by_k[inputs.draft.k].measurement, counted.others["baseline"], harness,
                              counted.others.get("reference"), ref_path, identify(ref_path) if ref_path else None,
@@ -263,14 +259,6 @@ def evaluate(draft: str | os.PathLike[str], *, target: str | None = None, prompt
         outcome.plot = str(plot_acceptance(outcome.draft, plot, baseline=outcome.baseline,
                                            reference=outcome.reference, force=force))
     return outcome
-
-
-def _decoding(sampling: EvalSampling) -> dict[str, Any]:
-    """How a simulated eval decoded, in its harness."""
-    if sampling.greedy:
-        return {"decoding": "greedy", "temperature": 0.0, "simulation": SIMULATION}
-    return {"decoding": "sampled", "temperature": sampling.temperature, "simulation": SAMPLED_SIMULATION,
-            "sampling": sampling.describe()}
 
 
 def _check_arguments(draft: str | os.PathLike[str], *, engine: str, dtype: str, plot: str | os.PathLike[str] | None,
@@ -290,9 +278,6 @@ def _check_arguments(draft: str | os.PathLike[str], *, engine: str, dtype: str, 
     if serving.asked and engine != "simulated":
         raise UsageError("the k sweep, context buckets, costs and profile are simulated; drop them for the vllm "
                          "engine, or run the simulated engine", param="engine")
-    if serving.asked and not sampling.greedy:
-        raise UsageError("the k sweep, context buckets, costs and profile are greedy; drop them for a sampled eval "
-                         "(a temperature above 0), or measure them in a greedy run", param="temperature")
     if serving.profile:
         check_profile_writable(draft, [item for item in inputs if item[0] != "vllm_python"], force=serving.force)
 

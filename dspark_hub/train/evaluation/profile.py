@@ -16,7 +16,8 @@ from dspark_hub.format.checkpoint import LocalSource
 from dspark_hub.format.provenance import describe, identify
 from dspark_hub.format.speculation_profile import PROFILE_NAME, KCounts, ProfileInputs, build_profile, trained_k
 from dspark_hub.format.writer import atomic_file
-from dspark_hub.train.evaluation.acceptance import DEFINITION, SIMULATION
+from dspark_hub.train.evaluation.acceptance import DEFINITION
+from dspark_hub.train.evaluation.decoding import simulated_decoding
 
 if TYPE_CHECKING:
     from dspark_hub.train.evaluation.acceptance import Sweep
@@ -36,16 +37,18 @@ def write_profile(inputs: EvalInputs, sweep: Sweep, speedup: Speedup | None, *, 
 def profile_inputs(inputs: EvalInputs, sweep: Sweep, speedup: Speedup | None) -> ProfileInputs:
     """The profile's facts: the counts per k, the draft by its digests (never its path), the target by its identity."""
     draft = inputs.draft
+    named = _draft_id(draft)
     by_k = {k: KCounts(k, m.overall.drafts, m.overall.accepted_per_position, m.per_request_acceptance_length)
             for k, m in sweep.by_k.items()}
     trained, _ = trained_k(draft.format, draft.config, LocalSource(draft.path))
     facts = inputs.facts
-    conditions = {"engine": f"dspark-hub eval, simulated ({SIMULATION})", "decoding": "greedy", "temperature": 0.0,
+    decoding = simulated_decoding(inputs.sampling)
+    conditions = {"engine": f"dspark-hub eval, simulated ({decoding.pop('simulation')})", **decoding,
                   "dtype": "float32", "prompts": sweep.by_k[draft.k].overall.prompts,
                   "prompts_sha256": facts.get("prompts_sha256"), "max_new_tokens": facts.get("max_new_tokens"),
                   "datasets": sorted(sweep.by_k[draft.k].measurement.by_dataset)}
     return ProfileInputs(
-        by_k=by_k, num_speculative_tokens=draft.k, draft_checkpoint=_draft_id(draft),
+        by_k=by_k, num_speculative_tokens=draft.k, draft_checkpoint=named,
         target_model=facts.get("teacher"), block_size=draft.format.block_size(draft.config) or trained,
         trained_k=trained,
         per_category={name: stats.acceptance_length

@@ -39,10 +39,6 @@ if TYPE_CHECKING:
     from dspark_hub.train.evaluation.paths import PathTarget, Unit
     from dspark_hub.train.target.generate import Rollout
 
-#: What a sampled simulated number is, in a card's label (`simulated (<this>, k=K, ...)`).
-SAMPLED_SIMULATION = "vLLM's rejection-sampling verify loop on the target's float32 sampled paths"
-
-
 # ----------------------------------------------------------------------------- verification on the paths
 
 

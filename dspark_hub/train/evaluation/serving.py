@@ -43,6 +43,7 @@ from dspark_hub.train.evaluation.drafters import EvalDrafters
 from dspark_hub.train.evaluation.inputs import EvalInputs
 from dspark_hub.train.evaluation.profile import write_profile
 from dspark_hub.train.evaluation.speedup import Costs, Speedup, given_costs, speedup_table
+from dspark_hub.train.evaluation.units import count_prompts
 from dspark_hub.train.target.target import load_target
 
 if TYPE_CHECKING:
@@ -174,6 +175,9 @@ def measure_serving(inputs: EvalInputs, drafters: EvalDrafters, options: Serving
     lanes = [Lane("draft", drafters.draft, tuple(ks), observe if tallies else None),
              *(Lane(name, one_k(other, k), (k,)) for name, other in drafters.others.items())]
     measured = measure_lanes(rollouts, lanes, progress, verify=verify, **bounds)
+    if not inputs.sampling.greedy:      # a loop counts its request; a prompt has `samples` of them
+        for counted in [*measured["draft"].by_k.values(), *(measured[name].by_k[k] for name in drafters.others)]:
+            count_prompts(counted.measurement, inputs.units)
     sweep = measured["draft"]
     out = ServingResults(sweep, {name: measured[name].by_k[k].measurement for name in drafters.others})
     for tally in tallies:
