@@ -50,10 +50,10 @@ SIMULATION = "vLLM's greedy verify loop replayed on the target's float32 greedy 
 #: `propose_many([(i, p), ...])`: the drafts after position `p` of the i-th rollout, for each request (token
 #: lists; a drafter of the probabilistic kind gives its q logits along the path instead: `sampled_eval`).
 ProposeMany = Callable[[list[tuple[int, int]]], list[Any]]
-#: `verify(requests, proposals)`: each request's (accepted drafts, expected acceptance per position or None
-#: = the counts themselves) for one round; made per window of rollouts by a `Verifier`.
-VerifyRound = Callable[[list[tuple[int, int]], list[Any]], list[tuple[int, "list[float] | None"]]]
-Verifier = Callable[[list["Rollout"], int], VerifyRound]
+#: `verify(requests, proposals, k)`: each request's (accepted drafts, expected acceptance per position or None
+#: = the counts themselves) for one round at k; made once per window of rollouts (for every k) by a `Verifier`.
+VerifyRound = Callable[[list[tuple[int, int]], list[Any], int], list[tuple[int, "list[float] | None"]]]
+Verifier = Callable[[list["Rollout"]], VerifyRound]
 #: rollouts -> propose_many: a drafter at one k (its requests drafted together, one call a round).
 Drafter = Callable[[list["Rollout"]], ProposeMany]
 #: (rollouts, ks) -> {k: propose_many}: the context of each rollout encoded once for every k.
@@ -214,11 +214,11 @@ class Measurement(Document):
         return dict(sorted(self.by_dataset.items()))
 
 
-def exact_verify(rollouts: list[Rollout], k: int) -> VerifyRound:
+def exact_verify(rollouts: list[Rollout]) -> VerifyRound:
     """vLLM's greedy verification (`SIMULATION`): each request's longest drafted prefix equal to the path."""
     tokens = [rollout.input_ids.tolist() for rollout in rollouts]
 
-    def verify(requests: list[tuple[int, int]], proposals: list[Any]) -> list[tuple[int, list[float] | None]]:
+    def verify(requests: list[tuple[int, int]], proposals: list[Any], k: int) -> list[tuple[int, list[float] | None]]:
         return [(longest_prefix(drafts[:k], tokens[i][p + 1:p + 1 + k]), None)
                 for (i, p), drafts in zip(requests, proposals, strict=True)]
 
@@ -306,7 +306,7 @@ def measure_lanes(rollouts: Iterable[Rollout], lanes: Sequence[Lane], progress: 
                   verify: Verifier = exact_verify) -> dict[str, Sweep]:
     """Every lane's verify loops at each of its k over the same rollouts, `window` rollouts at a time, in lockstep:
     each round drafts one step of every unfinished request of every lane and k (one `propose_many` call each) and
-    judges them with one `verify` call per lane and k (the judges made once per window and k, shared by the lanes).
+    judges them with one `verify` call per lane and k (the window's judge made once, for every lane and k).
     Each lane's counts at a k are those of its drafter at that k alone; with `exact_verify` those of `simulate` on
     each rollout alone."""
     stops = list(stop_ids)
@@ -319,7 +319,7 @@ def measure_lanes(rollouts: Iterable[Rollout], lanes: Sequence[Lane], progress: 
         for lane in lanes:
             made = lane.drafter(chunk, sorted(set(lane.ks)))
             proposers.update({(lane.name, k): made[k] for k in lane.ks})
-        judges = {k: verify(chunk, k) for k in sorted({k for _, k in keys})}
+        judge = verify(chunk)
         loops = {key: [VerifyLoop(r, key[1], max_tokens=max_tokens, stop_ids=stops) for r in chunk] for key in keys}
         stepped = True
         while stepped:          # one round: a step of every unfinished request of every lane and k
@@ -331,7 +331,7 @@ def measure_lanes(rollouts: Iterable[Rollout], lanes: Sequence[Lane], progress: 
                 stepped, watch = True, watchers[key[0]]
                 proposals = proposers[key](requests)
                 for (i, p), drafts, (accepted, expected) in zip(requests, proposals,
-                                                                 judges[key[1]](requests, proposals), strict=True):
+                                                                 judge(requests, proposals, key[1]), strict=True):
                     these[i].step_accepted(accepted, expected)
                     if watch is not None:
                         watch(key[1], chunk[i], p, drafts, accepted)

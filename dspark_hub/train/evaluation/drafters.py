@@ -211,6 +211,7 @@ def choose_drafters(inputs: EvalInputs, *, markov: bool = True, lm_head: torch.T
     """
     draft, target, sampling = inputs.draft, inputs.target, inputs.sampling
     rows = sampling.draft_sample_method == "probabilistic"
+    lm_head = _lm_head(draft, target, markov, lm_head)      # read once, for the draft and the reference
     others: dict[str, Drafter] = {"baseline": baseline_drafter(draft.k)}
     if inputs.reference is not None:
         others["reference"] = drafter_for(inputs.reference, target, lm_head=lm_head, rows=rows)
@@ -272,10 +273,15 @@ def _load_speculators(draft: DraftUnderTest, target: Target, lm_head: torch.Tens
 
 def _speculators_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
     model = _load_speculators(draft, target, lm_head, markov)
+    return _each_request_alone(lambda rollout, ks: speculators_proposers(model, rollout, ks))
 
-    # its pruned vocabulary makes a request cheap (10 ms on SmolLM2): drafted one at a time
+
+def _each_request_alone(proposers_of: Callable[[Rollout, Sequence[int]], dict[int, Callable[[int], Any]]]
+                        ) -> SweepDrafter:
+    """A sweep drafter that drafts each request on its own (a speculators DSpark's pruned vocabulary makes a request
+    cheap: 10 ms on SmolLM2), from each rollout's proposers at every k (its context encoded once)."""
     def make(rollouts: list[Rollout], ks: Sequence[int]) -> dict[int, ProposeMany]:
-        proposers = [speculators_proposers(model, r, ks) for r in rollouts]
+        proposers = [proposers_of(r, ks) for r in rollouts]
 
         def at(k: int) -> ProposeMany:
             return lambda requests: [proposers[i][k](p) for i, p in requests]
@@ -293,26 +299,23 @@ def _k3_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, ma
 def _speculators_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool
                              ) -> SweepDrafter:
     model = _load_speculators(draft, target, lm_head, markov)
-
-    def make(rollouts: list[Rollout], ks: Sequence[int]) -> dict[int, ProposeMany]:
-        proposers = {k: [speculators_row_proposer(model, r, k) for r in rollouts] for k in ks}
-
-        def at(k: int) -> ProposeMany:
-            return lambda requests: [proposers[k][i](p) for i, p in requests]
-
-        return {k: at(k) for k in ks}
-
-    return make
+    return _each_request_alone(lambda rollout, ks: speculators_row_proposers(model, rollout, ks))
 
 
-def speculators_row_proposer(draft: SpeculatorsDSpark, rollout: Rollout, k: int) -> Callable[[int], torch.Tensor]:
-    """`propose(p)` of the probabilistic kind for a speculators DSpark: its logits along the rollout's path."""
+def speculators_row_proposers(draft: SpeculatorsDSpark, rollout: Rollout,
+                              ks: Sequence[int]) -> dict[int, Callable[[int], torch.Tensor]]:
+    """`propose(p)` per k of the probabilistic kind for a speculators DSpark: its logits along the rollout's path,
+    from the rollout's context keys and values computed once for every k."""
     import torch  # heavy: only a measurement of a draft pays for it
 
     with torch.no_grad():
         kv = draft.context_kv(draft.context(rollout.aux_hidden_states))
     ids = rollout.input_ids.tolist()
-    return lambda p: draft.path_logits(kv, path_chain(ids, p, k), p, k)
+
+    def at(k: int) -> Callable[[int], torch.Tensor]:
+        return lambda p: draft.path_logits(kv, path_chain(ids, p, k), p, k)
+
+    return {k: at(k) for k in ks}
 
 
 def path_chain(ids: list[int], p: int, k: int) -> list[int]:
@@ -323,13 +326,14 @@ def path_chain(ids: list[int], p: int, k: int) -> list[int]:
 
 def _k3_row_drafter(draft: DraftUnderTest, target: Target, lm_head: torch.Tensor, markov: bool) -> SweepDrafter:
     k3 = _load_draft(draft.path)
-    return lambda rollouts, ks: {k: draft_row_proposer(k3, lm_head, rollouts, k) for k in ks}
+    return lambda rollouts, ks: draft_row_proposers(k3, lm_head, rollouts, ks)
 
 
-def draft_row_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
-                       block_size: int) -> ProposeMany:
-    """`propose_many` of the probabilistic kind for a k3_dspark draft: each request's block logits `[k, V]`
-    along the path (the Markov bias of each slot from the path token before it)."""
+def draft_row_proposers(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollouts: list[Rollout],
+                        ks: Sequence[int]) -> dict[int, ProposeMany]:
+    """`propose_many` per k of the probabilistic kind for a k3_dspark draft: each request's block logits `[k, V]`
+    along the path (the Markov bias of each slot from the path token before it), from the context latents
+    encoded once for every k."""
     import torch  # heavy: only a measurement of a draft pays for it
 
     device = model.context_proj.weight.device
@@ -339,15 +343,18 @@ def draft_row_proposer(model: K3DSparkModel, lm_head_weight: torch.Tensor, rollo
                    for r in rollouts]
     ids = [r.input_ids.tolist() for r in rollouts]
 
-    def propose_many(requests: list[tuple[int, int]]) -> list[torch.Tensor]:
-        anchors = torch.tensor([ids[i][p] for i, p in requests], device=device)
-        blocks = model.draft_block(anchors, block_size)
-        hidden = torch.cat([model(input_ids=blocks[n:n + 1], context_latents=tuple(x[:, :p] for x in latents[i])
-                                  ).last_hidden_state for n, (i, p) in enumerate(requests)])
-        chains = torch.tensor([path_chain(ids[i], p, block_size) for i, p in requests], device=device)
-        return list(model.draft_logits(hidden, lm_head_weight, chains).cpu())
+    def at(block_size: int) -> ProposeMany:
+        def propose_many(requests: list[tuple[int, int]]) -> list[torch.Tensor]:
+            anchors = torch.tensor([ids[i][p] for i, p in requests], device=device)
+            blocks = model.draft_block(anchors, block_size)
+            hidden = torch.cat([model(input_ids=blocks[n:n + 1], context_latents=tuple(x[:, :p] for x in latents[i])
+                                      ).last_hidden_state for n, (i, p) in enumerate(requests)])
+            chains = torch.tensor([path_chain(ids[i], p, block_size) for i, p in requests], device=device)
+            return list(model.draft_logits(hidden, lm_head_weight, chains).cpu())
 
-    return propose_many
+        return propose_many
+
+    return {k: at(k) for k in ks}
 
 
 #: How a draft of each format drafts (the modeling classes sit above format/, so the tables live here): greedy

@@ -53,14 +53,16 @@ class _Path:
 
 
 def sampled_verify(targets: dict[int, PathTarget], units: Sequence[Unit], lm_head: torch.Tensor,
-                   settings: EvalSampling) -> Callable[[list[Rollout], int], VerifyRound]:
+                   settings: EvalSampling) -> Callable[[list[Rollout]], VerifyRound]:
     """The `acceptance.Verifier` of a sampled eval (module docstring): rollouts carry their unit index as
-    `prompt_index` (`sampled_prompts`); `targets` are `PathDraws.targets`."""
-    def verifier(rollouts: list[Rollout], k: int) -> VerifyRound:
+    `prompt_index` (`sampled_prompts`); `targets` are `PathDraws.targets`. A window's paths are read once, for
+    every k it is judged at."""
+    def verifier(rollouts: list[Rollout]) -> VerifyRound:
         paths = [_Path(r.input_ids.tolist(), r.final_hidden_states.float(), targets[r.prompt_index],
                        units[r.prompt_index]) for r in rollouts]
 
-        def verify(requests: list[tuple[int, int]], proposals: list[Any]) -> list[tuple[int, list[float] | None]]:
+        def verify(requests: list[tuple[int, int]], proposals: list[Any],
+                   k: int) -> list[tuple[int, list[float] | None]]:
             return _verify_round(paths, requests, proposals, k, lm_head, settings)
 
         return verify
