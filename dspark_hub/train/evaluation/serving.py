@@ -164,9 +164,10 @@ def measure_serving(inputs: EvalInputs, drafters: EvalDrafters, options: Serving
     k, rollouts = inputs.draft.k, inputs.rollouts
     assert rollouts is not None    # the simulation's inputs always hold rollouts
     ks = options.sweep_ks(k)
-    tallies: list[Any] = [CalibrationTally(k)] if inputs.sampling.greedy else []
-    if options.by_context or options.context_edges:
-        tallies.append(ContextTally(k, list(options.context_edges) if options.context_edges else None))
+    calibration = CalibrationTally(k) if inputs.sampling.greedy else None     # a confidence head's: greedy only
+    by_context = (ContextTally(k, list(options.context_edges) if options.context_edges else None)
+                  if options.by_context or options.context_edges else None)
+    tallies = [tally for tally in (calibration, by_context) if tally is not None]
 
     def observe(*step: Any) -> None:
         for tally in tallies:
@@ -179,12 +180,9 @@ def measure_serving(inputs: EvalInputs, drafters: EvalDrafters, options: Serving
         for counted in [*measured["draft"].by_k.values(), *(measured[name].by_k[k] for name in drafters.others)]:
             count_prompts(counted.measurement, inputs.units)
     sweep = measured["draft"]
-    out = ServingResults(sweep, {name: measured[name].by_k[k].measurement for name in drafters.others})
-    for tally in tallies:
-        if isinstance(tally, CalibrationTally):
-            out.calibration = tally.result()
-        else:
-            out.by_context = tally.result()
+    out = ServingResults(sweep, {name: measured[name].by_k[k].measurement for name in drafters.others},
+                         calibration=calibration.result() if calibration is not None else None,
+                         by_context=by_context.result() if by_context is not None else None)
     costs: Costs | None = None
     if options.costs == MEASURE:
         from dspark_hub.train.evaluation.costs import measure_costs  # torch and timing: only here
